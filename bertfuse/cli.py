@@ -1,0 +1,188 @@
+"""bertfuse command line: one entry point, subcommands, grouped options, --json for CI."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Callable
+
+from bertfuse.errors import BertfuseError
+
+
+def _add_source_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("TF source")
+    g.add_argument("--format", dest="kind", default="auto",
+                   choices=("auto", "checkpoint", "savedmodel", "frozen", "keras"),
+                   help="source format (default: detect from the path)")
+    g.add_argument("--signature", default="serving_default", help="SavedModel signature")
+    g.add_argument("--config", help="bert_config.json (checkpoint; default: beside it)")
+    g.add_argument("--inputs", help="role mapping, e.g. input_ids=ids,input_mask=mask,"
+                                    "segment_ids=types")
+    g.add_argument("--outputs", help="comma-separated output names (frozen: node names)")
+
+
+def _add_verify_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("verification")
+    g.add_argument("--batch", type=int, default=4, help="verification batch (default 4)")
+    g.add_argument("--seq", type=int, default=32, help="verification sequence length")
+    g.add_argument("--seed", type=int, help="seed for the random inputs (default: fresh)")
+
+
+def _add_output_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("output")
+    g.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+    g.add_argument("--debug", action="store_true", help="show tracebacks")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="bertfuse", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("example", help="write a Google-layout BERT checkpoint with random weights")
+    p.add_argument("--config", default="tiny", help="tiny | shenma-3l | base | large")
+    p.add_argument("-o", "--output", required=True, help="output directory")
+    p.add_argument("--head", action="store_true", help="add a ranking head (MLP + output layer)")
+    p.add_argument("--hidden-act", help="override hidden_act (gelu = erf, gelu_new = tanh)")
+    p.add_argument("--seed", type=int, default=0)
+    _add_output_args(p)
+
+    p = sub.add_parser("convert", help="TF BERT -> fused ONNX, verified against TF")
+    p.add_argument("source", help="checkpoint dir/prefix, SavedModel dir, .pb, or .keras")
+    p.add_argument("-o", "--output", required=True, help="output .onnx")
+    _add_source_args(p)
+    g = p.add_argument_group("conversion")
+    g.add_argument("--opset", type=int, default=17, help="ONNX opset, 17 or 18 (default 17)")
+    _add_verify_args(p)
+    g = p.add_argument_group("parity gate")
+    g.add_argument("--no-verify", action="store_true", help="skip the TF comparison")
+    g.add_argument("--force", action="store_true", help="write even if parity fails")
+    _add_output_args(p)
+
+    p = sub.add_parser("optimize", help="run the fusion passes on a raw tf2onnx model")
+    p.add_argument("model", help="raw ONNX exported by tf2onnx")
+    p.add_argument("-o", "--output", required=True, help="output .onnx")
+    _add_output_args(p)
+
+    p = sub.add_parser("verify", help="compare an ONNX model with its TF source")
+    p.add_argument("model", help="ONNX model")
+    p.add_argument("--against", required=True, help="the TF source")
+    _add_source_args(p)
+    _add_verify_args(p)
+    _add_output_args(p)
+    return parser
+
+
+def _status_printer(args: argparse.Namespace, console) -> tuple[Callable[[str], None] | None, object]:
+    """A spinner on stderr naming the running stage (not with --json or when not a TTY)."""
+    if args.json or not console.is_terminal:
+        return None, None
+    status = console.status("starting")
+    status.start()
+    return (lambda msg: status.update(f"[bold]{msg}[/bold] ...")), status
+
+
+def _cmd_example(args, console) -> int:
+    from bertfuse.converter.example import write_example
+
+    out = write_example(args.config, args.output, seed=args.seed, head=args.head,
+                        hidden_act=args.hidden_act)
+    if args.json:
+        print(json.dumps({"output": str(out), "config": args.config}))
+    else:
+        console.print(f"wrote {args.config} example to [bold]{out}[/bold]")
+    return 0
+
+
+def _options(args):
+    from bertfuse.pipeline import ConvertOptions
+
+    return ConvertOptions(
+        opset=getattr(args, "opset", 17), signature=args.signature, kind=args.kind,
+        inputs=args.inputs, outputs=args.outputs.split(",") if args.outputs else None,
+        config=args.config, verify=not getattr(args, "no_verify", False),
+        force=getattr(args, "force", False), seed=args.seed, batch=args.batch, seq=args.seq)
+
+
+def _run_with_report(args, console, fn: Callable) -> int:
+    from bertfuse.report import print_report
+
+    update, spinner = _status_printer(args, console)
+    try:
+        report = fn(update)
+    finally:
+        if spinner is not None:
+            spinner.stop()
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2, default=str))
+    else:
+        print_report(report, console)
+    if report.parity is not None and not report.parity.ok:
+        return 1
+    return 0
+
+
+def _cmd_convert(args, console) -> int:
+    from bertfuse import pipeline
+
+    _check_output_path(args.output)
+    return _run_with_report(args, console, lambda up: pipeline.convert(
+        args.source, args.output, _options(args), up))
+
+
+def _cmd_optimize(args, console) -> int:
+    from bertfuse import pipeline
+
+    _check_output_path(args.output)
+    return _run_with_report(args, console, lambda up: pipeline.optimize(
+        args.model, args.output, up))
+
+
+def _cmd_verify(args, console) -> int:
+    from bertfuse import pipeline
+
+    return _run_with_report(args, console, lambda up: pipeline.verify(
+        args.model, args.against, _options(args), up))
+
+
+def _check_output_path(path: str) -> None:
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise BertfuseError(f"{path}: output directory {parent} does not exist")
+    if os.path.isdir(path):
+        raise BertfuseError(f"{path}: is a directory, expected a .onnx file path")
+
+
+COMMANDS = {"example": _cmd_example, "convert": _cmd_convert, "optimize": _cmd_optimize,
+            "verify": _cmd_verify}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from rich.console import Console
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    args = build_parser().parse_args(argv)
+    console = Console(stderr=args.json)
+    err = Console(stderr=True)
+    try:
+        return COMMANDS[args.command](args, console)
+    except BertfuseError as exc:
+        if args.debug:
+            raise
+        err.print(f"[red]bertfuse: error:[/red] {exc}", highlight=False, soft_wrap=True)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        err.print("bertfuse: interrupted")
+        return 130
+    except Exception as exc:  # a bug of ours: one line, the traceback with --debug
+        if args.debug:
+            raise
+        err.print(f"[red]bertfuse: internal error:[/red] {type(exc).__name__}: "
+                  f"{str(exc).splitlines()[0] if str(exc) else ''} (rerun with --debug)",
+                  highlight=False, soft_wrap=True)
+        return 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""TF sources -> one canonical TFSource -> raw ONNX. TensorFlow is imported lazily, here only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bertfuse.errors import BertfuseError
+
+KINDS = ("auto", "checkpoint", "savedmodel", "frozen", "keras")
+
+
+def detect_kind(path: str) -> str:
+    p = Path(path)
+    if p.is_dir():
+        if (p / "saved_model.pb").exists():
+            return "savedmodel"
+        if (p / "bert_config.json").exists() or any(p.glob("*.index")):
+            return "checkpoint"
+        raise BertfuseError(f"{path}: directory holds neither a SavedModel nor a checkpoint")
+    if p.suffix == ".keras":
+        return "keras"
+    if p.suffix in (".pb", ".pbtxt"):
+        return "frozen"
+    if p.suffix == ".index" or Path(str(p) + ".index").exists():
+        return "checkpoint"
+    if not p.exists():
+        raise BertfuseError(f"{path}: no such file or directory")
+    raise BertfuseError(f"{path}: cannot tell the model format; pass --format")
+
+
+def load_source(path: str, kind: str = "auto", signature: str = "serving_default",
+                inputs: str | None = None, outputs: list[str] | None = None,
+                config: str | None = None):
+    """Reads any supported TF BERT into a TFSource."""
+    from bertfuse.converter.roles import parse_override
+
+    override = parse_override(inputs)
+    if kind == "auto":
+        kind = detect_kind(path)
+    if not Path(path).exists() and kind != "checkpoint":
+        raise BertfuseError(f"{path}: no such file or directory")
+    if kind == "checkpoint":
+        from bertfuse.converter.checkpoint import load_checkpoint
+
+        return load_checkpoint(path, config)
+    if kind == "frozen":
+        from bertfuse.converter.frozen import load_frozen
+
+        return load_frozen(path, outputs, override)
+    if kind == "savedmodel":
+        from bertfuse.converter.savedmodel import load_savedmodel
+
+        # Keras-exported SavedModels (model.export) are plain SavedModels with a signature.
+        return load_savedmodel(path, signature, override, outputs)
+    if kind == "keras":
+        from bertfuse.converter.savedmodel import load_keras
+
+        return load_keras(path, override, outputs)
+    raise BertfuseError(f"unknown --format {kind!r} (choose from {', '.join(KINDS)})")

@@ -1,0 +1,127 @@
+"""TF1 checkpoint + bert_config.json in Google's layout -> TFSource.
+
+The graph is rebuilt from the config with modeling.py's math (modeling.py in this package);
+variables are read from the checkpoint by name. Fine-tuning extras (adam slots, global_step,
+cls/ pre-training heads) are ignored. A classifier/ranking head is detected by its variables:
+Google's `output_weights`/`output_bias`, and dense layers `<scope>/dense[_N]/kernel|bias`
+outside bert/ and cls/ (a ranking MLP), applied in order after the pooler.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+
+from bertfuse.converter.config import BertConfig
+from bertfuse.converter.modeling import HeadSpec, build_bert_graph, expected_shapes
+from bertfuse.converter.source import TFSource
+from bertfuse.errors import BertfuseError
+
+_SLOT = re.compile(r"(/adam_[mv]|/Adam(_1)?|/Momentum|/ExponentialMovingAverage)$")
+_HEAD_DENSE = re.compile(r"^(?!bert/|cls/)(.+/dense(_\d+)?)/kernel$")
+
+
+def find_checkpoint(path: str) -> tuple[str, str]:
+    """Returns (checkpoint prefix, bert_config.json path) from a dir or a prefix."""
+    p = Path(path)
+    if p.is_dir():
+        config = p / "bert_config.json"
+        prefix = _latest_prefix(p)
+    else:
+        prefix = str(p)
+        if prefix.endswith(".index") or ".data-" in prefix:
+            prefix = re.sub(r"(\.index|\.data-\d+-of-\d+)$", "", prefix)
+        config = Path(prefix).parent / "bert_config.json"
+        if not os.path.exists(prefix + ".index"):
+            raise BertfuseError(f"{path}: no checkpoint found (expected {prefix}.index)")
+    if not config.exists():
+        raise BertfuseError(f"{path}: no bert_config.json beside the checkpoint")
+    return prefix, str(config)
+
+
+def _latest_prefix(directory: Path) -> str:
+    indexes = sorted(glob.glob(str(directory / "*.index")), key=os.path.getmtime)
+    if not indexes:
+        raise BertfuseError(f"{directory}: no TF checkpoint (*.index) in this directory")
+    return indexes[-1][: -len(".index")]
+
+
+def _head_spec(names: set[str], cfg: BertConfig) -> HeadSpec | None:
+    mlp = []
+    for name in names:
+        m = _HEAD_DENSE.match(name)
+        if m and f"{m.group(1)}/bias" in names and not _SLOT.search(name):
+            mlp.append(m.group(1))
+    # dense, dense_1, dense_2 ... in numeric order
+    mlp.sort(key=lambda s: (s.rsplit("/", 1)[0], int(s.rsplit("_", 1)[1]) if s[-1].isdigit() else 0))
+    has_output = "output_weights" in names and "output_bias" in names
+    if not mlp and not has_output:
+        return None
+    return HeadSpec(mlp, has_output, cfg.head_activation)
+
+
+def load_checkpoint(path: str, config_path: str | None = None) -> TFSource:
+    import tensorflow as tf
+
+    prefix, default_config = find_checkpoint(path)
+    cfg = BertConfig.from_json(config_path or default_config)
+    try:
+        reader = tf.train.load_checkpoint(prefix)
+        var_shapes = reader.get_variable_to_shape_map()
+    except Exception as exc:  # TF raises DataLossError/NotFoundError/... on corrupt files
+        raise BertfuseError(f"{prefix}: cannot read checkpoint ({type(exc).__name__}: "
+                            f"{str(exc).splitlines()[0][:200]})") from None
+    names = set(var_shapes)
+    wanted = expected_shapes(cfg)
+    missing = sorted(n for n in wanted if n not in names)
+    if missing:
+        raise BertfuseError(f"{prefix}: checkpoint lacks {len(missing)} BERT variables, "
+                            f"e.g. {missing[0]} (is it Google's layout?)")
+    for name, shp in wanted.items():
+        if tuple(var_shapes[name]) != shp:
+            raise BertfuseError(f"config does not match checkpoint: {name} has shape "
+                                f"{list(var_shapes[name])}, config implies {list(shp)}")
+    head = _head_spec(names, cfg)
+    head_vars = []
+    if head:
+        head_vars = [f"{p}/{s}" for p in head.mlp for s in ("kernel", "bias")]
+        if head.has_output:
+            head_vars += ["output_weights", "output_bias"]
+    weights: dict[str, np.ndarray] = {}
+    try:
+        for name in list(wanted) + head_vars:
+            weights[name] = np.ascontiguousarray(reader.get_tensor(name), dtype=np.float32)
+    except Exception as exc:
+        raise BertfuseError(f"{prefix}: cannot read variable values ({type(exc).__name__})") \
+            from None
+
+    graph = tf.Graph()
+    with graph.as_default():
+        placeholders = {
+            name: tf.compat.v1.placeholder(tf.float32, value.shape, name=f"w/{name}")
+            for name, value in weights.items()
+        }
+        ids = tf.compat.v1.placeholder(tf.int32, [None, None], name="input_ids")
+        mask = tf.compat.v1.placeholder(tf.int32, [None, None], name="input_mask")
+        segs = tf.compat.v1.placeholder(tf.int32, [None, None], name="segment_ids")
+        outputs = build_bert_graph(tf, cfg, placeholders.__getitem__, ids, mask, segs, head)
+    graph_def = graph.as_graph_def()
+    return TFSource(
+        kind="checkpoint",
+        path=prefix,
+        graph_def=graph_def,
+        weights={f"w/{k}": v for k, v in weights.items()},
+        inputs={"input_ids": "input_ids:0", "input_mask": "input_mask:0",
+                "segment_ids": "segment_ids:0"},
+        input_dtypes={r: np.dtype(np.int32) for r in ("input_ids", "input_mask", "segment_ids")},
+        outputs={k: t.name for k, t in outputs.items()},
+        original_names={"input_ids": "input_ids", "input_mask": "input_mask",
+                        "segment_ids": "segment_ids"},
+        vocab_size=cfg.vocab_size,
+        type_vocab_size=cfg.type_vocab_size,
+        max_positions=cfg.max_position_embeddings,
+    )

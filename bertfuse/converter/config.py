@@ -1,0 +1,86 @@
+"""bert_config.json (Google's layout) and the built-in example configurations."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from bertfuse.errors import BertfuseError
+
+GELU_ERF = ("gelu", "gelu_exact", "gelu_erf")
+GELU_TANH = ("gelu_new", "gelu_tanh", "gelu_fast", "gelu_pytorch_tanh", "gelu_approximate")
+ACTIVATIONS = GELU_ERF + GELU_TANH + ("relu", "tanh")
+
+
+@dataclass
+class BertConfig:
+    vocab_size: int
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    initializer_range: float = 0.02
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    # Not in Google's file: the activation between dense layers of a ranking MLP head.
+    head_activation: str = "relu"
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def head_size(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    def validate(self) -> None:
+        if self.hidden_size % self.num_attention_heads:
+            raise BertfuseError(
+                f"bert_config: hidden_size {self.hidden_size} is not a multiple of "
+                f"num_attention_heads {self.num_attention_heads}")
+        if self.hidden_act not in ACTIVATIONS:
+            raise BertfuseError(f"bert_config: unsupported hidden_act {self.hidden_act!r} "
+                                f"(supported: {', '.join(ACTIVATIONS)})")
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "intermediate_size",
+                     "max_position_embeddings", "type_vocab_size"):
+            if getattr(self, name) <= 0:
+                raise BertfuseError(f"bert_config: {name} must be positive")
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> "BertConfig":
+        path = Path(path)
+        try:
+            raw = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise BertfuseError(f"{path}: bert_config.json not found") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise BertfuseError(f"{path}: not valid JSON ({exc})") from None
+        if not isinstance(raw, dict) or "vocab_size" not in raw:
+            raise BertfuseError(f"{path}: not a BERT config (no vocab_size)")
+        known = {k: v for k, v in raw.items() if k in cls.__dataclass_fields__ and k != "extra"}
+        extra = {k: v for k, v in raw.items() if k not in cls.__dataclass_fields__}
+        try:
+            cfg = cls(**known, extra=extra)
+        except TypeError as exc:
+            raise BertfuseError(f"{path}: bad config ({exc})") from None
+        cfg.validate()
+        return cfg
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data.update(data.pop("extra"))
+        return json.dumps(data, indent=2, sort_keys=True) + "\n"
+
+
+EXAMPLE_CONFIGS: dict[str, BertConfig] = {
+    "tiny": BertConfig(vocab_size=1000, hidden_size=128, num_hidden_layers=2,
+                       num_attention_heads=2, intermediate_size=512,
+                       max_position_embeddings=128),
+    "shenma-3l": BertConfig(vocab_size=21128, hidden_size=768, num_hidden_layers=3,
+                            num_attention_heads=12, intermediate_size=3072),
+    "base": BertConfig(vocab_size=30522, hidden_size=768, num_hidden_layers=12,
+                       num_attention_heads=12, intermediate_size=3072),
+    "large": BertConfig(vocab_size=30522, hidden_size=1024, num_hidden_layers=24,
+                        num_attention_heads=16, intermediate_size=4096),
+}

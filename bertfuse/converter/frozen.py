@@ -1,0 +1,153 @@
+"""Frozen GraphDef sources (.pb), and the freezing that SavedModel/Keras sources share.
+
+Every non-checkpoint source ends as a frozen GraphDef. Its large constants are then turned
+into placeholders (`externalize_weights`) so tf2onnx converts structure only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from bertfuse.converter.roles import assign_roles
+from bertfuse.converter.source import TFSource
+from bertfuse.errors import BertfuseError
+
+# Constants at least this large are weights: they bypass tf2onnx (see export.py).
+WEIGHT_BYTES = 16 * 1024
+_OUTPUT_ALIASES = {
+    "sequence_output": ("sequence_output", "last_hidden_state", "encoder_output",
+                        "encoder_outputs", "hidden_states"),
+    "pooled_output": ("pooled_output", "pooler_output", "pooled"),
+}
+
+
+def externalize_weights(graph_def) -> dict[str, np.ndarray]:
+    """Replaces large float Const nodes by Placeholders of the same name, shape and dtype."""
+    import tensorflow as tf
+
+    weights: dict[str, np.ndarray] = {}
+    for node in graph_def.node:
+        if node.op != "Const":
+            continue
+        tensor = node.attr["value"].tensor
+        if tensor.dtype not in (tf.float32.as_datatype_enum, tf.float16.as_datatype_enum):
+            continue
+        numel = int(np.prod([d.size for d in tensor.tensor_shape.dim])) if \
+            tensor.tensor_shape.dim else 1
+        if numel * 4 < WEIGHT_BYTES:
+            continue
+        weights[node.name] = tf.make_ndarray(tensor)
+        dtype = node.attr["dtype"].type
+        shape = tensor.tensor_shape
+        node.op = "Placeholder"
+        node.attr.clear()
+        node.attr["dtype"].type = dtype
+        node.attr["shape"].shape.CopyFrom(shape)
+    return weights
+
+
+def canonical_output_name(name: str, rank: int | None, used: set[str]) -> str:
+    """sequence_output / pooled_output by alias (or rank), else the model's own name."""
+    base = name.split(":")[0].rsplit("/", 1)[-1].lower()
+    for canon, aliases in _OUTPUT_ALIASES.items():
+        if canon not in used and (base in aliases or any(base.endswith(a) for a in aliases)):
+            return canon
+    return base
+
+
+def _placeholders(graph_def) -> list:
+    return [n for n in graph_def.node if n.op == "Placeholder"]
+
+
+def _detect_outputs(graph_def) -> list[str]:
+    """Nodes nothing consumes, minus constants/no-ops: a frozen graph's outputs."""
+    consumed = set()
+    for node in graph_def.node:
+        for inp in node.input:
+            consumed.add(inp.lstrip("^").split(":")[0])
+    return [n.name for n in graph_def.node
+            if n.name not in consumed and n.op not in ("Const", "NoOp", "Placeholder", "Assert",
+                                                        "SaveV2", "RestoreV2")]
+
+
+def source_from_graph_def(graph_def, kind: str, path: str, inputs: dict[str, str] | None,
+                          outputs: list[str] | None, role_override: dict[str, str],
+                          output_names: dict[str, str] | None = None) -> TFSource:
+    """Shared tail of frozen/SavedModel/Keras: roles, outputs, externalised weights."""
+    import tensorflow as tf
+
+    int_types = {tf.int32.as_datatype_enum, tf.int64.as_datatype_enum}
+    phs = {n.name: n for n in _placeholders(graph_def)}
+    if inputs is None:
+        names = list(phs)
+        roles = assign_roles(names, role_override,
+                             {n for n, p in phs.items() if p.attr["dtype"].type in int_types})
+        inputs = {r: f"{n}:0" for r, n in roles.items()}
+    dtypes = {}
+    fixed_seq = None
+    for role, tensor in inputs.items():
+        node = phs.get(tensor.split(":")[0])
+        if node is None:
+            raise BertfuseError(f"{path}: input {tensor!r} is not a placeholder of the graph")
+        dtypes[role] = np.dtype(tf.dtypes.as_dtype(node.attr["dtype"].type).as_numpy_dtype)
+        dims = node.attr["shape"].shape.dim
+        if len(dims) == 2 and dims[1].size > 0:
+            fixed_seq = dims[1].size
+    if outputs is None:
+        outputs = [f"{n}:0" for n in _detect_outputs(graph_def)]
+    if not outputs:
+        raise BertfuseError(f"{path}: no outputs found; name them with --outputs")
+    node_names = {n.name for n in graph_def.node}
+    for out in outputs:
+        if out.split(":")[0] not in node_names:
+            raise BertfuseError(f"{path}: no node {out.split(':')[0]!r} in the graph")
+    canon: dict[str, str] = {}
+    original: dict[str, str] = {r: t.split(":")[0] for r, t in inputs.items()}
+    for out in outputs:
+        shown = (output_names or {}).get(out, out)
+        name = canonical_output_name(shown, None, set(canon))
+        canon[name] = out
+        original[name] = shown
+    weights = externalize_weights(graph_def)
+    vocab, type_vocab, max_pos = _table_sizes(graph_def, weights)
+    return TFSource(kind=kind, path=path, graph_def=graph_def, weights=weights, inputs=inputs,
+                    input_dtypes=dtypes, outputs=canon, original_names=original,
+                    vocab_size=vocab, type_vocab_size=type_vocab, max_positions=max_pos,
+                    fixed_seq=fixed_seq)
+
+
+def _table_sizes(graph_def, weights: dict[str, np.ndarray]) -> tuple[int | None, int, int | None]:
+    """Vocab size = rows of the largest 2-D table read by a gather (for valid random ids)."""
+    gathered = set()
+    for node in graph_def.node:
+        if node.op in ("GatherV2", "Gather", "ResourceGather"):
+            gathered.add(node.input[0].split(":")[0])
+    tables = sorted((w.shape[0] for n, w in weights.items() if w.ndim == 2 and
+                     (n in gathered or not gathered)), reverse=True)
+    vocab = tables[0] if tables else None
+    type_vocab = 2
+    for name, w in weights.items():
+        if w.ndim == 2 and ("type" in name.lower() or "segment" in name.lower()) and w.shape[0] < 16:
+            type_vocab = w.shape[0]
+    max_pos = None
+    for name, w in weights.items():
+        if w.ndim == 2 and "position" in name.lower():
+            max_pos = w.shape[0]
+    return vocab, type_vocab, max_pos
+
+
+def load_frozen(path: str, outputs: list[str] | None,
+                role_override: dict[str, str]) -> TFSource:
+    import tensorflow as tf
+
+    data = Path(path).read_bytes()
+    graph_def = tf.compat.v1.GraphDef()
+    try:
+        graph_def.ParseFromString(data)
+    except Exception:
+        raise BertfuseError(f"{path}: not a TensorFlow GraphDef (protobuf parse failed)") from None
+    if not graph_def.node:
+        raise BertfuseError(f"{path}: empty or not a TensorFlow GraphDef")
+    return source_from_graph_def(graph_def, "frozen", path, None, outputs, role_override)

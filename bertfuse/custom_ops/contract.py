@@ -1,0 +1,161 @@
+"""Shared contract dataclasses and the one-node model builder for the fused ops bertfuse emits.
+
+A contract records what ONNX Runtime's kernel really does (checked against ORT's own schema
+and kernels), not what a fusion pass hopes it does; the README renders the same facts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+import onnx
+from onnx import helper
+
+MS_DOMAIN = "com.microsoft"
+ONNX_DOMAIN = ""  # ai.onnx
+ONNX_OPSET = 17  # LayerNormalization first appears in opset 17
+MS_OPSET = 1  # every com.microsoft op here is version 1
+# IR 8 is the IR of opset 17 (ONNX 1.12); newer onnx writes IR versions older ORT builds refuse.
+IR_VERSION = 8
+
+# Shape symbols used throughout the contracts.
+#   B batch, S sequence length, H hidden size, N num_heads, D head size (H/N),
+#   V vocab size, P max positions, T type-vocab (segments), K/M/N generic matmul dims.
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One input or output slot. Slots are positional: an omitted optional one is ''."""
+
+    name: str
+    shape: tuple[str, ...]
+    dtypes: tuple[str, ...]
+    optional: bool = False
+    doc: str = ""
+
+    def shape_str(self) -> str:
+        return "[" + ", ".join(self.shape) + "]"
+
+
+@dataclass(frozen=True)
+class AttrSpec:
+    """One node attribute. default=None together with required=False means 'unset by default'."""
+
+    name: str
+    type: str  # "int" | "float" | "ints"
+    default: Any
+    meaning: str
+    required: bool = False
+
+
+@dataclass(frozen=True)
+class OpContract:
+    op_type: str
+    domain: str
+    since_version: int
+    summary: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    attributes: tuple[AttrSpec, ...] = ()
+    # Float types for which ORT's CPU EP registers a *native* kernel (checked by a test against
+    # ORT's kernel registry). Other float types still "run" on CPU because ORT's mandatory
+    # InsertCastTransformer wraps the node in Casts to float32: that is emulation, not a kernel.
+    cpu_kernel_types: tuple[str, ...] = ()
+    pitfalls: tuple[str, ...] = field(default=())
+
+    @property
+    def qualified_name(self) -> str:
+        return f"{self.domain or 'ai.onnx'}.{self.op_type}"
+
+    def input(self, name: str) -> TensorSpec:
+        return _by_name(self.inputs, name, self.op_type)
+
+    def output(self, name: str) -> TensorSpec:
+        return _by_name(self.outputs, name, self.op_type)
+
+    def attribute(self, name: str) -> AttrSpec:
+        for a in self.attributes:
+            if a.name == name:
+                return a
+        raise KeyError(f"{self.op_type} has no attribute {name!r}")
+
+    def to_markdown(self) -> str:
+        """Input/output/attribute tables in the README's format."""
+        lines = ["| slot | name | shape | dtype | optional | notes |", "|---|---|---|---|---|---|"]
+        for kind, specs in (("in", self.inputs), ("out", self.outputs)):
+            for i, t in enumerate(specs):
+                lines.append(
+                    f"| {kind} {i} | `{t.name}` | `{t.shape_str()}` | {', '.join(t.dtypes)} | "
+                    f"{'yes' if t.optional else 'no'} | {t.doc} |"
+                )
+        if self.attributes:
+            lines += ["", "| attribute | type | default | meaning |", "|---|---|---|---|"]
+            for a in self.attributes:
+                default = "required" if a.required else ("unset" if a.default is None else repr(a.default))
+                lines.append(f"| `{a.name}` | {a.type} | {default} | {a.meaning} |")
+        return "\n".join(lines)
+
+
+def _by_name(specs: Sequence[TensorSpec], name: str, op: str) -> TensorSpec:
+    for t in specs:
+        if t.name == name:
+            return t
+    raise KeyError(f"{op} has no slot {name!r}")
+
+
+# (name, dtype, shape) of a graph input/output; None in a node slot means "optional, omitted".
+ValueSpec = tuple[str, "np.dtype[Any] | type", "Sequence[int | str | None] | None"]
+
+
+def _value_info(spec: ValueSpec) -> onnx.ValueInfoProto:
+    name, dtype, shape = spec
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    return helper.make_tensor_value_info(name, elem, None if shape is None else list(shape))
+
+
+def one_node_model(
+    op_type: str,
+    domain: str,
+    inputs: Sequence[ValueSpec | None],
+    outputs: Sequence[ValueSpec | None],
+    attrs: dict[str, Any] | None = None,
+) -> onnx.ModelProto:
+    """A model with one node whose graph inputs/outputs are exactly the node's present slots.
+
+    ``None`` entries become '' in the node (ONNX's way to skip an optional positional slot);
+    trailing ``None`` entries are dropped so the node carries no dangling empty names.
+    """
+    ins = list(inputs)
+    outs = list(outputs)
+    while ins and ins[-1] is None:
+        ins.pop()
+    while outs and outs[-1] is None:
+        outs.pop()
+    attrs = {k: v for k, v in (attrs or {}).items() if v is not None}
+    node = helper.make_node(
+        op_type,
+        [s[0] if s is not None else "" for s in ins],
+        [s[0] if s is not None else "" for s in outs],
+        domain=domain,
+        **attrs,
+    )
+    graph = helper.make_graph(
+        [node],
+        f"{op_type}_single",
+        [_value_info(s) for s in ins if s is not None],
+        [_value_info(s) for s in outs if s is not None],
+    )
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid(ONNX_DOMAIN, ONNX_OPSET), helper.make_opsetid(MS_DOMAIN, MS_OPSET)],
+        producer_name="bertfuse.custom_ops",
+    )
+    model.ir_version = IR_VERSION
+    return model
+
+
+def as_dtype(x: np.ndarray, like: np.ndarray) -> np.ndarray:
+    """Cast a float64 reference result back to the op's tensor dtype (T)."""
+    return np.asarray(x).astype(like.dtype, copy=False)

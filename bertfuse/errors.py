@@ -1,0 +1,19 @@
+"""Errors the CLI turns into one clear line and an exit code (never a traceback)."""
+
+
+class BertfuseError(Exception):
+    """Bad input from the user: missing/corrupt files, mismatched config, unknown names."""
+
+    exit_code = 2
+
+
+class ParityError(BertfuseError):
+    """The converted model drifts from the source model past tolerance."""
+
+    exit_code = 1
+
+
+class FusionIncomplete(BertfuseError):
+    """--strict and at least one layer was left unfused."""
+
+    exit_code = 1

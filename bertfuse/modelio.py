@@ -1,0 +1,85 @@
+"""Loading and writing ONNX models: validated, atomic, external data past 2 GB."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import onnx
+
+from bertfuse.errors import BertfuseError
+
+# Protobuf cannot serialise a message over 2 GB; keep a margin.
+EXTERNAL_DATA_THRESHOLD = 1_800_000_000
+
+
+def model_bytes(model: onnx.ModelProto) -> int:
+    return sum(t.ByteSize() for t in model.graph.initializer) + sum(
+        n.ByteSize() for n in model.graph.node)
+
+
+def load_model(path: str | Path, load_weights: bool = True) -> onnx.ModelProto:
+    path = Path(path)
+    if not path.exists():
+        raise BertfuseError(f"{path}: no such file")
+    try:
+        return onnx.load(str(path), load_external_data=load_weights)
+    except Exception as exc:
+        raise BertfuseError(f"{path}: not a readable ONNX model ({type(exc).__name__})") from None
+
+
+def check_model(model: onnx.ModelProto, providers: list[str] | None = None) -> None:
+    """onnx's checker, then an ORT session: a model that fails either is never written."""
+    import onnxruntime as ort
+
+    with tempfile.TemporaryDirectory(prefix="bertfuse-check-") as tmp:
+        path = Path(tmp) / "model.onnx"
+        _save(model, path)
+        try:
+            onnx.checker.check_model(str(path))
+        except Exception as exc:
+            raise BertfuseError(f"the ONNX model fails onnx's checker: "
+                                f"{str(exc).splitlines()[0][:300]}") from None
+        try:
+            opts = ort.SessionOptions()
+            opts.log_severity_level = 3
+            ort.InferenceSession(str(path), opts, providers=providers or ["CPUExecutionProvider"])
+        except Exception as exc:
+            raise BertfuseError(f"ONNX Runtime cannot load the model: "
+                                f"{str(exc).splitlines()[0][:300]}") from None
+
+
+def _save(model: onnx.ModelProto, path: Path) -> None:
+    if model_bytes(model) > EXTERNAL_DATA_THRESHOLD:
+        onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=path.name + ".data", size_threshold=1024)
+    else:
+        onnx.save_model(model, str(path))
+
+
+def save_model(model: onnx.ModelProto, path: str | Path) -> Path:
+    """Writes to a temporary name beside the target, then renames: never a half-written file."""
+    path = Path(path)
+    if path.parent and not path.parent.exists():
+        raise BertfuseError(f"{path.parent}: output directory does not exist")
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
+    os.close(fd)
+    tmp = Path(tmp_name)
+    data_tmp = Path(str(tmp) + ".data")
+    try:
+        external = model_bytes(model) > EXTERNAL_DATA_THRESHOLD
+        if external:
+            # The data file name is recorded inside the model: write it under its final name.
+            onnx.save_model(model, str(tmp), save_as_external_data=True,
+                            all_tensors_to_one_file=True, location=path.name + ".data",
+                            size_threshold=1024)
+        else:
+            onnx.save_model(model, str(tmp))
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        for p in (tmp, data_tmp):
+            p.unlink(missing_ok=True)
+        raise
+    return path

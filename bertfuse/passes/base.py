@@ -1,0 +1,136 @@
+"""What every pass shares: its result type, diagnostics, and small graph helpers."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Iterable, Protocol
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+MS_DOMAIN = "com.microsoft"
+
+
+@dataclass
+class Diagnostic:
+    """One finding of a pass about a place in the model ("layer 2 attention: ...")."""
+
+    component: str  # attention | skip_layernorm | gelu | embed_layernorm | layernorm | ...
+    fused: bool
+    layer: int | None = None
+    reason: str = ""
+
+    def __str__(self) -> str:
+        where = f"layer {self.layer} " if self.layer is not None else ""
+        state = "fused" if self.fused else f"not fused: {self.reason}"
+        return f"{where}{self.component}: {state}"
+
+
+@dataclass
+class PassResult:
+    """What a pass changed: how many rewrites, and what it found along the way."""
+
+    rewrites: int = 0
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+
+    def fused(self, component: str, layer: int | None = None) -> None:
+        self.rewrites += 1
+        self.diagnostics.append(Diagnostic(component, True, layer))
+
+    def missed(self, component: str, reason: str, layer: int | None = None) -> None:
+        self.diagnostics.append(Diagnostic(component, False, layer, reason))
+
+
+class Pass(Protocol):
+    name: str
+
+    def __call__(self, graph: gs.Graph) -> PassResult: ...
+
+
+def census(graph: gs.Graph) -> Counter:
+    """Op histogram keyed by op (contrib ops prefixed with their domain)."""
+    return Counter(op_key(n) for n in graph.nodes)
+
+
+def op_key(node: gs.Node) -> str:
+    return f"{node.domain}.{node.op}" if node.domain not in ("", "ai.onnx", None) else node.op
+
+
+# -- graph helpers ---------------------------------------------------------------------------
+
+def consumers(tensor: gs.Tensor) -> list[gs.Node]:
+    return list(tensor.outputs)
+
+
+def producer(tensor: gs.Tensor) -> gs.Node | None:
+    return tensor.inputs[0] if tensor.inputs else None
+
+
+def const_value(tensor: gs.Tensor) -> np.ndarray | None:
+    """The value of a Constant tensor or of a Constant node's output, else None."""
+    if isinstance(tensor, gs.Constant):
+        return np.asarray(tensor.values)
+    node = producer(tensor)
+    if node is not None and node.op == "Constant" and "value" in node.attrs:
+        return np.asarray(node.attrs["value"].values)
+    return None
+
+
+def scalar_value(tensor: gs.Tensor) -> float | None:
+    """The single value of a constant tensor (any shape with one distinct value), else None."""
+    value = const_value(tensor)
+    if value is None or value.size == 0:
+        return None
+    flat = value.reshape(-1)
+    if not np.all(flat == flat[0]):
+        return None
+    return float(flat[0])
+
+
+def split_const(node: gs.Node) -> tuple[gs.Tensor, np.ndarray] | None:
+    """For a binary node with exactly one constant operand: (the other operand, the constant)."""
+    if len(node.inputs) != 2:
+        return None
+    a, b = node.inputs
+    va, vb = const_value(a), const_value(b)
+    if vb is not None and va is None:
+        return a, vb
+    if va is not None and vb is None:
+        return b, va
+    return None
+
+
+def only_consumer(tensor: gs.Tensor, op: str | None = None) -> gs.Node | None:
+    outs = tensor.outputs
+    if len(outs) != 1 or (op is not None and outs[0].op != op):
+        return None
+    return outs[0]
+
+
+def is_graph_output(graph: gs.Graph, tensor: gs.Tensor) -> bool:
+    return any(t is tensor for t in graph.outputs)
+
+
+def detach(nodes: Iterable[gs.Node]) -> None:
+    """Disconnects nodes so graph.cleanup() drops them."""
+    for node in nodes:
+        node.outputs.clear()
+        node.inputs.clear()
+
+
+def replace_tensor(graph: gs.Graph, old: gs.Tensor, new: gs.Tensor) -> None:
+    """Makes every consumer of `old` (and the graph outputs) read `new` instead."""
+    for node in list(old.outputs):
+        for i, t in enumerate(node.inputs):
+            if t is old:
+                node.inputs[i] = new
+    for i, t in enumerate(graph.outputs):
+        if t is old:
+            # Keep the public name: the graph output is renamed onto the new producer's tensor.
+            new.name, old.name = old.name, f"{old.name}__replaced"
+            graph.outputs[i] = new
+
+
+def const(name: str, value: np.ndarray) -> gs.Constant:
+    return gs.Constant(name, np.ascontiguousarray(value))

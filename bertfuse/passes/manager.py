@@ -1,0 +1,107 @@
+"""The pass manager: orders passes, cleans up, toposorts, checks the graph, keeps a census."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import onnx
+import onnx_graphsurgeon as gs
+
+from bertfuse.passes.base import Diagnostic, Pass, census
+from bertfuse.passes.cleanup import Cleanup
+
+# gs logs every folded tensor at INFO.
+gs.logger.G_LOGGER.severity = gs.logger.G_LOGGER.ERROR
+logging.getLogger("onnx_graphsurgeon").setLevel(logging.ERROR)
+
+
+@dataclass
+class PassRecord:
+    name: str
+    seconds: float
+    rewrites: int
+    nodes_before: int
+    nodes_after: int
+    delta: dict[str, int]  # op -> change in count
+
+
+@dataclass
+class PipelineReport:
+    records: list[PassRecord] = field(default_factory=list)
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+    census_before: Counter = field(default_factory=Counter)
+    census_after: Counter = field(default_factory=Counter)
+
+    @property
+    def nodes_before(self) -> int:
+        return sum(self.census_before.values())
+
+    @property
+    def nodes_after(self) -> int:
+        return sum(self.census_after.values())
+
+    def to_json(self) -> dict:
+        return {
+            "passes": [r.__dict__ for r in self.records],
+            "ops_before": dict(sorted(self.census_before.items())),
+            "ops_after": dict(sorted(self.census_after.items())),
+            "diagnostics": [d.__dict__ for d in self.diagnostics],
+        }
+
+
+def default_passes() -> list[Pass]:
+    """Passes in the order they must run (later fusions match on earlier ones' output)."""
+    return [Cleanup()]
+
+
+def run_passes(model: onnx.ModelProto, passes: Sequence[Pass] | None = None,
+               progress: Callable[[str], None] | None = None) -> tuple[onnx.ModelProto, PipelineReport]:
+    """Runs the passes over a model; returns the rewritten model and what each pass did."""
+    passes = list(passes) if passes is not None else default_passes()
+    model = _with_shapes(model)
+    graph = gs.import_onnx(model)
+    report = PipelineReport(census_before=census(graph))
+    for p in passes:
+        if progress:
+            progress(p.name)
+        before = census(graph)
+        start = time.perf_counter()
+        result = p(graph)
+        graph.cleanup(remove_unused_graph_inputs=False).toposort()
+        after = census(graph)
+        delta = {op: after[op] - before[op] for op in sorted(set(before) | set(after))
+                 if after[op] != before[op]}
+        report.records.append(PassRecord(p.name, round(time.perf_counter() - start, 3),
+                                         result.rewrites, sum(before.values()),
+                                         sum(after.values()), delta))
+        report.diagnostics.extend(result.diagnostics)
+    report.census_after = census(graph)
+    out = gs.export_onnx(graph, do_type_check=False)
+    out.ir_version = model.ir_version
+    del out.metadata_props[:]
+    out.metadata_props.extend(model.metadata_props)
+    out.producer_name, out.producer_version = model.producer_name, model.producer_version
+    _ensure_opsets(out, model)
+    return out, report
+
+
+def _with_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Shape inference gives passes dtypes and static dims; a model it cannot infer still runs."""
+    try:
+        return onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except Exception:
+        return model
+
+
+def _ensure_opsets(out: onnx.ModelProto, original: onnx.ModelProto) -> None:
+    have = {o.domain for o in out.opset_import}
+    for o in original.opset_import:
+        if o.domain not in have:
+            out.opset_import.append(o)
+    if any(n.domain == "com.microsoft" for n in out.graph.node) and "com.microsoft" not in \
+            {o.domain for o in out.opset_import}:
+        out.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))

@@ -1,0 +1,162 @@
+"""convert / optimize / verify as stages, each timed and counted for the report."""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import onnx
+
+from bertfuse.errors import ParityError
+from bertfuse.modelio import check_model, save_model
+from bertfuse.passes.manager import PipelineReport, default_passes, run_passes
+from bertfuse.verify import ParityReport, verify_against_tf
+
+
+@dataclass
+class Stage:
+    name: str
+    seconds: float = 0.0
+    nodes: int | None = None
+    detail: str = ""
+
+
+@dataclass
+class RunReport:
+    stages: list[Stage] = field(default_factory=list)
+    passes: PipelineReport | None = None
+    parity: ParityReport | None = None
+    original_names: dict[str, str] = field(default_factory=dict)
+    output: str | None = None
+    written: bool = False
+
+    @contextmanager
+    def stage(self, name: str, status: Callable[[str], None] | None = None) -> Iterator[Stage]:
+        if status:
+            status(name)
+        st = Stage(name)
+        start = time.perf_counter()
+        try:
+            yield st
+        finally:
+            st.seconds = round(time.perf_counter() - start, 3)
+            self.stages.append(st)
+
+    def to_json(self) -> dict:
+        return {
+            "output": self.output,
+            "written": self.written,
+            "stages": [s.__dict__ for s in self.stages],
+            "original_names": self.original_names,
+            "passes": self.passes.to_json() if self.passes else None,
+            "parity": self.parity.to_json() if self.parity else None,
+        }
+
+
+@dataclass
+class ConvertOptions:
+    opset: int = 17
+    signature: str = "serving_default"
+    kind: str = "auto"
+    inputs: str | None = None
+    outputs: list[str] | None = None
+    config: str | None = None
+    verify: bool = True
+    force: bool = False
+    precision: str = "fp32"
+    seed: int | None = None
+    batch: int = 4
+    seq: int = 32
+
+
+def convert(src_path: str, out_path: str, opts: ConvertOptions,
+            status: Callable[[str], None] | None = None) -> RunReport:
+    """Export, passes, verification; writes only a model that passed (unless forced)."""
+    from bertfuse.converter import load_source
+    from bertfuse.converter.export import tf_to_onnx
+
+    report = RunReport(output=out_path)
+    with report.stage("load TF model", status) as st:
+        source = load_source(src_path, opts.kind, opts.signature, opts.inputs, opts.outputs,
+                             opts.config)
+        st.nodes = source.tf_node_count
+        st.detail = f"{source.kind}, {len(source.weights)} weight tensors"
+        report.original_names = source.original_names
+    try:
+        with report.stage("tf2onnx export", status) as st:
+            raw = tf_to_onnx(source, opts.opset)
+            st.nodes = len(raw.graph.node)
+            st.detail = f"opset {opts.opset}"
+        model = _optimize(raw, report, status)
+        del raw
+        with report.stage("check (onnx checker + ORT load)", status) as st:
+            check_model(model)
+        if opts.verify:
+            with report.stage("verify vs TensorFlow", status) as st:
+                report.parity = verify_against_tf(model, source, opts.precision, opts.batch,
+                                                  opts.seq, opts.seed)
+                st.detail = "ok" if report.parity.ok else "DRIFT"
+    finally:
+        source.close()
+    _write(model, out_path, report, opts.force, status)
+    return report
+
+
+def _optimize(raw: onnx.ModelProto, report: RunReport,
+              status: Callable[[str], None] | None) -> onnx.ModelProto:
+    with report.stage("passes", status) as st:
+        model, report.passes = run_passes(raw, default_passes(),
+                                          progress=(lambda n: status(f"pass: {n}")) if status
+                                          else None)
+        st.nodes = len(model.graph.node)
+    return model
+
+
+def _write(model: onnx.ModelProto, out_path: str, report: RunReport, force: bool,
+           status: Callable[[str], None] | None) -> None:
+    if report.parity is not None and not report.parity.ok and not force:
+        worst = max(report.parity.outputs, key=lambda o: o.max_abs)
+        raise ParityError(f"parity check failed: {worst.name} max |diff| {worst.max_abs:.3g} "
+                          f"exceeds tolerance; model not written (use --force to write anyway)")
+    with report.stage("write", status):
+        save_model(model, out_path)
+    report.written = True
+
+
+def optimize(in_path: str, out_path: str, status: Callable[[str], None] | None = None) -> RunReport:
+    """Passes on an ONNX model a user exported themselves."""
+    from bertfuse.modelio import load_model
+
+    report = RunReport(output=out_path)
+    with report.stage("load ONNX", status) as st:
+        raw = load_model(in_path)
+        st.nodes = len(raw.graph.node)
+    model = _optimize(raw, report, status)
+    with report.stage("check (onnx checker + ORT load)", status):
+        check_model(model)
+    _write(model, out_path, report, True, status)
+    return report
+
+
+def verify(model_path: str, src_path: str, opts: ConvertOptions,
+           status: Callable[[str], None] | None = None) -> RunReport:
+    from bertfuse.converter import load_source
+    from bertfuse.modelio import load_model
+
+    report = RunReport()
+    with report.stage("load TF model", status) as st:
+        source = load_source(src_path, opts.kind, opts.signature, opts.inputs, opts.outputs,
+                             opts.config)
+        st.nodes = source.tf_node_count
+    with report.stage("load ONNX", status) as st:
+        model = load_model(model_path)
+        st.nodes = len(model.graph.node)
+    try:
+        with report.stage("verify vs TensorFlow", status) as st:
+            report.parity = verify_against_tf(model, source, opts.precision, opts.batch,
+                                              opts.seq, opts.seed)
+    finally:
+        source.close()
+    return report
