@@ -129,8 +129,10 @@ def replace_tensor(graph: gs.Graph, old: gs.Tensor, new: gs.Tensor) -> None:
         if t is old:
             # Keep the public name: the graph output is renamed onto the new producer's tensor.
             new.name, old.name = old.name, f"{old.name}__replaced"
+            new.shape = new.shape if new.shape is not None else old.shape
+            new.dtype = new.dtype if new.dtype is not None else old.dtype
             graph.outputs[i] = new
 
 
 def const(name: str, value: np.ndarray) -> gs.Constant:
-    return gs.Constant(name, np.ascontiguousarray(value))
+    return gs.Constant(name, np.array(value, order="C"))  # keeps 0-d scalars 0-d

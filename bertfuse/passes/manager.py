@@ -55,7 +55,17 @@ class PipelineReport:
 
 def default_passes() -> list[Pass]:
     """Passes in the order they must run (later fusions match on earlier ones' output)."""
-    return [Cleanup()]
+    from bertfuse.passes.attention import AttentionFusion
+    from bertfuse.passes.dense_gemm import DenseGemmFusion
+    from bertfuse.passes.embed_layernorm import EmbedLayerNormFusion
+    from bertfuse.passes.gelu import GeluFusion
+    from bertfuse.passes.hidden_3d import Hidden3DPass
+    from bertfuse.passes.layernorm import LayerNormFusion
+    from bertfuse.passes.skip_layernorm import SkipLayerNormFusion
+
+    return [Cleanup(), LayerNormFusion(), EmbedLayerNormFusion(), GeluFusion(),
+            AttentionFusion(), SkipLayerNormFusion(), Cleanup(), Hidden3DPass(),
+            DenseGemmFusion(), Cleanup()]
 
 
 def run_passes(model: onnx.ModelProto, passes: Sequence[Pass] | None = None,

@@ -1,0 +1,102 @@
+"""Pooler and heads: first-token Slice+Squeeze -> Gather, 2-D MatMul + bias -> Gemm.
+
+    sequence_output ─► Slice(axis 1, 0:1) ─► Squeeze(1)   ==>  Gather(axis 1, index 0)
+    x[N,K] ─► MatMul(W[K,M]) ─► Add(b[M])                  ==>  Gemm(x, W, b)
+
+Gemm carries the bias in the GEMM epilogue (one kernel instead of two). Only 2-D inputs:
+Gemm is rank-2 by definition, and encoder MatMuls on [B,S,H] stay for SkipLayerNorm/BiasGelu
+to absorb their bias.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from bertfuse.passes.base import PassResult, const, const_value, replace_tensor
+
+
+class DenseGemmFusion:
+    name = "dense_gemm"
+
+    def __call__(self, graph: gs.Graph) -> PassResult:
+        result = PassResult()
+        for node in list(graph.nodes):
+            if node.op == "Squeeze" and self._first_token(graph, node):
+                result.rewrites += 1
+        for node in list(graph.nodes):
+            if node.op == "MatMul" and self._gemm(graph, node):
+                result.rewrites += 1
+        return result
+
+    @staticmethod
+    def _first_token(graph: gs.Graph, squeeze: gs.Node) -> bool:
+        axes = squeeze.attrs.get("axes")
+        if axes is None and len(squeeze.inputs) > 1:
+            axes = const_value(squeeze.inputs[1])
+        sl = squeeze.inputs[0].inputs[0] if squeeze.inputs[0].inputs else None
+        if axes is None or list(np.ravel(axes)) != [1] or sl is None or sl.op != "Slice":
+            return False
+        if len(squeeze.inputs[0].outputs) != 1:
+            return False
+        vals = [const_value(t) for t in sl.inputs[1:]]
+        if len(vals) < 3 or any(v is None for v in vals[:3]):
+            return False
+        starts, ends, axes_s = (np.ravel(v).tolist() for v in vals[:3])
+        steps = np.ravel(vals[3]).tolist() if len(vals) > 3 and vals[3] is not None else [1]
+        # Slices on other axes must be full ranges; on axis 1 exactly [0, 1).
+        for s, e, a, st in zip(starts, ends, axes_s, steps * len(axes_s)):
+            if st != 1:
+                return False
+            if a == 1:
+                if (s, e) != (0, 1):
+                    return False
+            elif s != 0 or e < 2**31 - 1:
+                return False
+        if 1 not in axes_s:
+            return False
+        out = gs.Variable(f"{squeeze.outputs[0].name}_first", dtype=squeeze.outputs[0].dtype)
+        graph.nodes.append(gs.Node("Gather", f"{squeeze.name}_first_token", {"axis": 1},
+                                   inputs=[sl.inputs[0], const(f"{squeeze.name}_index0",
+                                                               np.array(0, np.int64))],
+                                   outputs=[out]))
+        replace_tensor(graph, squeeze.outputs[0], out)
+        return True
+
+    @staticmethod
+    def _gemm(graph: gs.Graph, matmul: gs.Node) -> bool:
+        x, w_t = matmul.inputs
+        w = const_value(w_t)
+        rank = _rank2(x)
+        if w is None or w.ndim != 2 or not rank:
+            return False
+        y = matmul.outputs[0]
+        if len(y.outputs) != 1 or y.outputs[0].op != "Add":
+            return False
+        add = y.outputs[0]
+        other = add.inputs[1] if add.inputs[0] is y else add.inputs[0]
+        b = const_value(other)
+        if b is None or b.ndim != 1 or b.shape[0] != w.shape[1]:
+            return False
+        out = gs.Variable(f"{add.outputs[0].name}_gemm", dtype=add.outputs[0].dtype)
+        graph.nodes.append(gs.Node("Gemm", f"{matmul.name}_Gemm", {}, inputs=[
+            x, w_t if isinstance(w_t, gs.Constant) else const(f"{matmul.name}_W", w),
+            other if isinstance(other, gs.Constant) else const(f"{matmul.name}_b", b)],
+            outputs=[out]))
+        replace_tensor(graph, add.outputs[0], out)
+        return True
+
+
+def _rank2(t: gs.Tensor) -> bool:
+    if t.shape is not None:
+        return len(t.shape) == 2
+    node = t.inputs[0] if t.inputs else None
+    if node is None:
+        return False
+    if node.op in ("Gemm",):
+        return True
+    if node.op == "Gather" and node.attrs.get("axis") == 1:
+        return True  # first-token gather of [B,S,H]
+    if node.op in ("Tanh", "Relu", "Sigmoid", "Gelu", "Add", "Mul"):
+        return _rank2(node.inputs[0])
+    return False

@@ -1,0 +1,178 @@
+"""EmbedLayerNormalization: word + position + token-type lookups + LayerNorm -> one node.
+
+    input_ids ─► [Reshape] ─► Gather(word_table) ─► [Reshape] ─┐
+    segment_ids ─► Gather(type_table) | OneHot ─► MatMul(type_table) ─► [Reshape] ─► Add ─┐
+    Slice(position_table, 0, S) | Gather(position_table, Range(0, S)) ─► [Unsqueeze] ──► Add ─► LayerNormalization
+
+The lookups are found structurally (a constant 2-D table read by a Gather or a one-hot
+MatMul whose index is a model input; a position table read by a Slice/Gather that no
+token-valued input feeds), then the whole sum is evaluated with ONNX Runtime on probe ids
+and compared with word[ids] + type[segments] + position[0:S]; positions must start at 0.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from bertfuse.passes.base import MS_DOMAIN, PassResult, const, const_value, replace_tensor
+from bertfuse.passes.evaluate import ancestors, eval_with_ort
+from bertfuse.passes.probe import PROBE_SEQ, probe_feeds
+
+_WRAPPERS = ("Reshape", "Unsqueeze", "Squeeze", "Cast", "Flatten", "Identity")
+
+
+class EmbedLayerNormFusion:
+    name = "embed_layernorm"
+
+    def __call__(self, graph: gs.Graph) -> PassResult:
+        result = PassResult()
+        for ln in [n for n in graph.nodes if n.op == "LayerNormalization"]:
+            leaves = _add_leaves(ln.inputs[0])
+            if len(leaves) < 2:
+                continue
+            found = _match(graph, leaves)
+            if found is None:
+                continue  # not an embedding sum (e.g. a residual add)
+            if isinstance(found, str):
+                result.missed("embed_layernorm", found)
+                continue
+            word, position, segment, ids, segs = found
+            check = _check_numerically(graph, ln.inputs[0], word, position, segment, ids, segs)
+            if check:
+                result.missed("embed_layernorm", check)
+                continue
+            self._rewrite(graph, ln, word, position, segment, ids, segs)
+            result.fused("embed_layernorm")
+            break  # one embedding per model
+        return result
+
+    @staticmethod
+    def _rewrite(graph, ln, word, position, segment, ids, segs) -> None:
+        y = ln.outputs[0]
+        hidden = word.shape[1]
+        inputs = [_int32(graph, ids), _int32(graph, segs) if segs is not None else gs.Variable.empty(),
+                  const("embeddings_word", word), const("embeddings_position", position),
+                  const("embeddings_segment", segment) if segment is not None else gs.Variable.empty(),
+                  ln.inputs[1], ln.inputs[2]]
+        out = gs.Variable("embeddings_output", dtype=y.dtype)
+        mask_index = gs.Variable("embeddings_mask_index", dtype=np.int32)
+        graph.nodes.append(gs.Node("EmbedLayerNormalization", "EmbedLayerNormalization",
+                                   {"epsilon": float(ln.attrs.get("epsilon", 1e-5))},
+                                   inputs=inputs, outputs=[out, mask_index], domain=MS_DOMAIN))
+        if y.shape is not None and len(y.shape) == 2:
+            flat = gs.Variable("embeddings_output2d", dtype=y.dtype)
+            graph.nodes.append(gs.Node("Reshape", "embeddings_to2d", inputs=[
+                out, const("embeddings_shape2", np.array([-1, hidden], np.int64))], outputs=[flat]))
+            out = flat
+        replace_tensor(graph, y, out)
+
+
+def _add_leaves(t: gs.Tensor) -> list[gs.Tensor]:
+    node = t.inputs[0] if t.inputs else None
+    if node is None or node.op != "Add" or len(t.outputs) > 1 and t.outputs[0].op != "Add":
+        return [t]
+    leaves: list[gs.Tensor] = []
+    for inp in node.inputs:
+        sub = inp.inputs[0] if inp.inputs else None
+        if sub is not None and sub.op == "Add" and len(inp.outputs) == 1:
+            leaves.extend(_add_leaves(inp))
+        else:
+            leaves.append(inp)
+    return leaves
+
+
+def _unwrap(t: gs.Tensor) -> gs.Tensor:
+    while t.inputs and t.inputs[0].op in _WRAPPERS:
+        t = t.inputs[0].inputs[0]
+    return t
+
+
+def _graph_input(t: gs.Tensor, graph: gs.Graph) -> gs.Variable | None:
+    t = _unwrap(t)
+    return t if any(t is i for i in graph.inputs) else None
+
+
+def _lookup(t: gs.Tensor, graph: gs.Graph):
+    """(table, model input) for Gather(table, ids) or OneHot(ids) @ table, else None."""
+    node = t.inputs[0] if t.inputs else None
+    if node is None:
+        return None
+    if node.op == "Gather" and node.attrs.get("axis", 0) == 0:
+        table, inp = const_value(node.inputs[0]), _graph_input(node.inputs[1], graph)
+        if table is not None and table.ndim == 2 and inp is not None:
+            return table, inp
+    if node.op == "MatMul":
+        onehot = node.inputs[0].inputs[0] if node.inputs[0].inputs else None
+        table = const_value(node.inputs[1])
+        if onehot is not None and onehot.op == "OneHot" and table is not None:
+            depth, values = const_value(onehot.inputs[1]), const_value(onehot.inputs[2])
+            inp = _graph_input(onehot.inputs[0], graph)
+            if depth is not None and int(np.ravel(depth)[0]) == table.shape[0] and \
+                    values is not None and list(np.ravel(values)) == [0, 1] and inp is not None:
+                return table, inp
+    return None
+
+
+def _position_table(t: gs.Tensor) -> np.ndarray | None:
+    node = t.inputs[0] if t.inputs else None
+    if node is not None and node.op in ("Slice", "Gather"):
+        table = const_value(node.inputs[0])
+        if table is not None and table.ndim == 2:
+            return table
+    return None
+
+
+def _match(graph: gs.Graph, leaves: list[gs.Tensor]):
+    lookups, positions = [], []
+    for leaf in leaves:
+        core = _unwrap(leaf)
+        hit = _lookup(core, graph)
+        if hit is not None:
+            lookups.append(hit)
+            continue
+        table = _position_table(core)
+        if table is None:
+            return None if not lookups else "an embedding term is neither a lookup nor positions"
+        positions.append(table)
+    if not lookups:
+        return None
+    if len(positions) != 1:
+        return f"expected one position table, found {len(positions)}"
+    lookups.sort(key=lambda h: -h[0].shape[0])  # the word table has the most rows
+    word, ids = lookups[0]
+    segment, segs = (lookups[1] if len(lookups) > 1 else (None, None))
+    if len(lookups) > 2:
+        return f"{len(lookups)} lookups: more than words and token types"
+    if ids is segs:
+        return "word and token-type lookups read the same input"
+    return word, positions[0], segment, ids, segs
+
+
+def _check_numerically(graph, total, word, position, segment, ids, segs) -> str:
+    rng = np.random.default_rng(5)
+    feeds = probe_feeds(graph)
+    id_vals = rng.integers(0, min(word.shape[0], 97), size=feeds[ids.name].shape)
+    feeds[ids.name] = id_vals.astype(feeds[ids.name].dtype)
+    expected = word[id_vals] + position[None, :PROBE_SEQ]
+    if segs is not None:
+        seg_vals = rng.integers(0, segment.shape[0], size=feeds[segs.name].shape)
+        feeds[segs.name] = seg_vals.astype(feeds[segs.name].dtype)
+        expected = expected + segment[seg_vals]
+    try:
+        (got,) = eval_with_ort(graph, [total], feeds)
+    except Exception as exc:
+        return f"cannot evaluate the embedding sum ({type(exc).__name__})"
+    got = np.asarray(got).reshape(expected.shape) if np.size(got) == expected.size else got
+    if np.shape(got) != expected.shape or np.abs(got - expected).max() > 1e-5:
+        return "sum is not word[ids] + type[segments] + position[0:S]"
+    return ""
+
+
+def _int32(graph: gs.Graph, t: gs.Variable) -> gs.Tensor:
+    if t.dtype is None or np.dtype(t.dtype) == np.int32:
+        return t
+    out = gs.Variable(f"{t.name}_int32", dtype=np.int32, shape=t.shape)
+    graph.nodes.append(gs.Node("Cast", f"{t.name}_cast_int32", {"to": 6}, inputs=[t],
+                               outputs=[out]))
+    return out

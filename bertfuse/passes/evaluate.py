@@ -1,0 +1,200 @@
+"""Match on math: evaluate candidate subgraphs on probe inputs and check what they compute.
+
+Structural patterns break on every exporter quirk (operand order, Neg vs Sub, Div vs Mul by
+a reciprocal, GlobalAveragePool vs ReduceMean). Instead, a fusion finds a candidate region
+and an anchor structurally, then evaluates the region on random probes and checks that it
+computes the fused op's function. Two evaluators:
+
+* `eval_elementwise`: float64 NumPy over elementwise/reduce ops, exact enough to read the
+  affine parameters of a LayerNorm back out of its outputs;
+* `eval_with_ort`: any ops, through ONNX Runtime, for mask and shape subgraphs that start at
+  the model's inputs.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+
+from bertfuse.passes.base import const_value
+
+ELEMENTWISE = {"Add", "Sub", "Mul", "Div", "Neg", "Sqrt", "Reciprocal", "Pow", "Erf", "Tanh",
+               "ReduceMean", "GlobalAveragePool", "Cast", "Identity"}
+
+
+def closed_region(start: Iterable[gs.Tensor], ops: set[str] = ELEMENTWISE,
+                  limit: int = 64) -> list[gs.Node]:
+    """Nodes reachable from `start` whose every non-constant input comes from `start` or the
+    region itself, restricted to `ops`; in topological order."""
+    known = {id(t) for t in start}
+    region: list[gs.Node] = []
+    frontier = [n for t in start for n in t.outputs]
+    seen: set[int] = set()
+    changed = True
+    while changed and len(region) < limit:
+        changed = False
+        for node in list(frontier):
+            if id(node) in seen or node.op not in ops:
+                continue
+            if all(id(t) in known or const_value(t) is not None for t in node.inputs):
+                seen.add(id(node))
+                region.append(node)
+                for out in node.outputs:
+                    known.add(id(out))
+                    frontier.extend(out.outputs)
+                changed = True
+    return region
+
+
+def region_outputs(graph: gs.Graph, region: list[gs.Node]) -> list[gs.Tensor]:
+    """Tensors made inside the region that something outside it reads (or graph outputs)."""
+    inside = {id(n) for n in region}
+    outs = []
+    graph_outs = {id(t) for t in graph.outputs}
+    for node in region:
+        for t in node.outputs:
+            if id(t) in graph_outs or any(id(c) not in inside for c in t.outputs):
+                outs.append(t)
+    return outs
+
+
+def eval_elementwise(region: list[gs.Node], feeds: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+    """Evaluates a region in float64; feeds and result are keyed by id(tensor)."""
+    env = dict(feeds)
+
+    def val(t: gs.Tensor) -> np.ndarray:
+        if id(t) in env:
+            return env[id(t)]
+        c = const_value(t)
+        if c is None:
+            raise KeyError(t.name)
+        return c.astype(np.float64) if c.dtype.kind == "f" else c
+
+    for node in region:
+        ins = [val(t) for t in node.inputs]
+        op = node.op
+        if op == "Add":
+            r = ins[0] + ins[1]
+        elif op == "Sub":
+            r = ins[0] - ins[1]
+        elif op == "Mul":
+            r = ins[0] * ins[1]
+        elif op == "Div":
+            r = ins[0] / ins[1]
+        elif op == "Neg":
+            r = -ins[0]
+        elif op == "Sqrt":
+            r = np.sqrt(ins[0])
+        elif op == "Reciprocal":
+            r = 1.0 / ins[0]
+        elif op == "Pow":
+            r = np.power(ins[0], ins[1])
+        elif op == "Erf":
+            from math import erf
+
+            r = np.vectorize(erf)(ins[0])
+        elif op == "Tanh":
+            r = np.tanh(ins[0])
+        elif op in ("Cast", "Identity"):
+            r = ins[0]
+        elif op == "GlobalAveragePool":
+            r = ins[0].mean(axis=tuple(range(2, ins[0].ndim)), keepdims=True)
+        elif op == "ReduceMean":
+            axes = node.attrs.get("axes")
+            if axes is None and len(ins) > 1:
+                axes = ins[1]
+            keep = bool(node.attrs.get("keepdims", 1))
+            r = ins[0].mean(axis=None if axes is None else tuple(int(a) for a in np.ravel(axes)),
+                            keepdims=keep)
+        else:
+            raise KeyError(op)
+        env[id(node.outputs[0])] = np.asarray(r, dtype=np.float64)
+    return env
+
+
+def ancestors(tensors: Iterable[gs.Tensor]) -> tuple[list[gs.Node], list[gs.Variable]]:
+    """All nodes feeding `tensors` (topological order) and the graph inputs they start from."""
+    nodes: dict[int, gs.Node] = {}
+    sources: dict[int, gs.Variable] = {}
+    stack = list(tensors)
+    while stack:
+        t = stack.pop()
+        if not t.inputs:
+            if isinstance(t, gs.Variable):
+                sources[id(t)] = t
+            continue
+        node = t.inputs[0]
+        if id(node) in nodes:
+            continue
+        nodes[id(node)] = node
+        stack.extend(node.inputs)
+    order = _topo(list(nodes.values()))
+    return order, list(sources.values())
+
+
+def _topo(nodes: list[gs.Node]) -> list[gs.Node]:
+    ids = {id(n) for n in nodes}
+    done: set[int] = set()
+    out: list[gs.Node] = []
+
+    def visit(n: gs.Node) -> None:
+        if id(n) in done:
+            return
+        done.add(id(n))
+        for t in n.inputs:
+            if t.inputs and id(t.inputs[0]) in ids:
+                visit(t.inputs[0])
+        out.append(n)
+
+    for n in nodes:
+        visit(n)
+    return out
+
+
+def eval_with_ort(graph: gs.Graph, outputs: list[gs.Tensor],
+                  feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """Evaluates `outputs` from the graph inputs with ONNX Runtime (CPU, no optimisation)."""
+    import onnxruntime as ort
+
+    nodes, sources = ancestors(outputs)
+    missing = [s.name for s in sources if s.name not in feeds]
+    if missing:
+        raise KeyError(f"needs {', '.join(missing)}")
+    sub = gs.Graph(nodes=[_copy(n) for n in nodes], opset=graph.opset)
+    tensor_map: dict[int, gs.Tensor] = {}
+    for orig, copy in zip(nodes, sub.nodes):
+        copy.inputs = [_mapped(t, tensor_map) for t in orig.inputs]
+        copy.outputs = [_mapped(t, tensor_map) for t in orig.outputs]
+    sub.inputs = [tensor_map[id(s)] for s in sources]
+    for s in sub.inputs:
+        s.dtype, s.shape = np.asarray(feeds[s.name]).dtype, list(np.shape(feeds[s.name]))
+    sub.outputs = [tensor_map[id(t)] for t in outputs]
+    for o in sub.outputs:
+        o.dtype = o.dtype or np.float32
+    model = gs.export_onnx(sub, do_type_check=False)
+    model.ir_version = min(model.ir_version, 10)
+    del model.opset_import[:]
+    model.opset_import.extend([onnx.helper.make_opsetid("", graph.opset),
+                               onnx.helper.make_opsetid("com.microsoft", 1)])
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 4
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(model.SerializeToString(), opts,
+                                providers=["CPUExecutionProvider"])
+    return sess.run([o.name for o in sub.outputs], {s.name: feeds[s.name] for s in sub.inputs})
+
+
+def _copy(node: gs.Node) -> gs.Node:
+    return gs.Node(node.op, node.name, dict(node.attrs), domain=node.domain)
+
+
+def _mapped(t: gs.Tensor, tensor_map: dict[int, gs.Tensor]) -> gs.Tensor:
+    if id(t) not in tensor_map:
+        if isinstance(t, gs.Constant):
+            tensor_map[id(t)] = t
+        else:
+            tensor_map[id(t)] = gs.Variable(t.name, dtype=t.dtype, shape=None)
+    return tensor_map[id(t)]

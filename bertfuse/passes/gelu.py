@@ -1,0 +1,121 @@
+"""GELU, exact or tanh-approximated, with the preceding bias folded: BiasGelu / FastGelu.
+
+Exact (modeling.py's original, HF, Keras via erfc rewritten to erf), any operand order:
+
+    h ─► Add(bias) ─► x ─┬─► Mul(1/√2)|Div(√2) ─► Erf ─► Add(1) ─► Mul(0.5) ─┐
+                         └───────────────────────────────────────────────► Mul ─► y
+
+Tanh approximation (modeling.py's current form, Keras approximate=True):
+
+    x ─┬─► Pow(3)|Mul(x·x·x) ─► Mul(0.044715) ─► Add(x) ─► Mul(√(2/π)) ─► Tanh ─► Add(1) ─► Mul(0.5) ─┐
+       └────────────────────────────────────────────────────────────────────────────────────────► Mul ─► y
+
+Structure only finds the candidate: the closed elementwise region around an Erf/Tanh whose
+one external input is x. The region is then evaluated on probes in float64 and must equal
+x·Φ(x) (→ BiasGelu, or Gelu without a bias) or the tanh form (→ FastGelu) to 1e-7.
+"""
+
+from __future__ import annotations
+
+from math import erf
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from bertfuse.passes.base import MS_DOMAIN, PassResult, const_value, detach, replace_tensor
+from bertfuse.passes.evaluate import closed_region, eval_elementwise, region_outputs
+
+_erf = np.vectorize(erf)
+
+
+def gelu_exact(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + _erf(x / np.sqrt(2.0)))
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+class GeluFusion:
+    name = "gelu"
+
+    def __call__(self, graph: gs.Graph) -> PassResult:
+        result = PassResult()
+        for anchor in [n for n in graph.nodes if n.op in ("Erf", "Tanh")]:
+            if not anchor.outputs or not anchor.inputs:
+                continue  # consumed by an earlier match
+            found = self._match(graph, anchor)
+            if isinstance(found, str):
+                if anchor.op == "Erf":
+                    result.missed("gelu", found)
+                continue
+            x, y, region, kind = found
+            self._rewrite(graph, x, y, region, kind)
+            result.rewrites += 1
+        return result
+
+    @staticmethod
+    def _match(graph: gs.Graph, anchor: gs.Node):
+        # x is the tensor that both the Erf/Tanh branch and the final Mul read: walk up from
+        # the anchor through ops with one variable input, trying each tensor as x.
+        t = anchor.inputs[0]
+        for _ in range(6):
+            region = closed_region([t])
+            if anchor in region:
+                outs = region_outputs(graph, region)
+                if len(outs) == 1:
+                    kind = _classify(region, t, outs[0])
+                    if kind:
+                        return t, outs[0], region, kind
+            node = t.inputs[0] if t.inputs else None
+            if node is None or node.op not in ("Mul", "Div", "Add", "Pow", "Cast"):
+                break
+            var_inputs = [i for i in node.inputs if const_value(i) is None]
+            if len(var_inputs) != 1:
+                break
+            t = var_inputs[0]
+        return "Erf is not part of x·Φ(x) (no region that computes GELU)"
+
+    @staticmethod
+    def _rewrite(graph: gs.Graph, x: gs.Tensor, y: gs.Tensor, region: list[gs.Node],
+                 kind: str) -> None:
+        bias = None
+        src = x
+        producer = x.inputs[0] if x.inputs else None
+        if producer is not None and producer.op == "Add" and len(x.outputs) == len(region_consumers(x, region)):
+            consts = [(i, const_value(t)) for i, t in enumerate(producer.inputs)]
+            c = [(i, v) for i, v in consts if v is not None and v.ndim == 1]
+            if len(c) == 1 and len(producer.inputs) == 2:
+                bias = producer.inputs[c[0][0]]
+                src = producer.inputs[1 - c[0][0]]
+        out = gs.Variable(f"{y.name}_gelu", dtype=y.dtype, shape=y.shape)
+        if kind == "exact":
+            op, inputs = ("BiasGelu", [src, bias]) if bias is not None else ("Gelu", [x])
+        else:
+            op, inputs = "FastGelu", ([src, bias] if bias is not None else [x])
+        graph.nodes.append(gs.Node(op, f"{y.name}_{op}", {}, inputs=inputs, outputs=[out],
+                                   domain=MS_DOMAIN))
+        replace_tensor(graph, y, out)
+        detach(region)
+        if bias is not None and producer is not None and not x.outputs:
+            detach([producer])
+
+
+def region_consumers(x: gs.Tensor, region: list[gs.Node]) -> list[gs.Node]:
+    inside = {id(n) for n in region}
+    return [c for c in x.outputs if id(c) in inside]
+
+
+def _classify(region: list[gs.Node], x: gs.Tensor, y: gs.Tensor) -> str | None:
+    probe = np.linspace(-6.0, 6.0, 97).reshape(1, 97)
+    try:
+        got = eval_elementwise(region, {id(x): probe})[id(y)]
+    except (KeyError, ValueError):
+        return None
+    if got.shape != probe.shape:
+        return None
+    if np.abs(got - gelu_exact(probe)).max() < 1e-7:
+        return "exact"
+    if np.abs(got - gelu_tanh(probe)).max() < 1e-7:
+        return "tanh"
+    return None

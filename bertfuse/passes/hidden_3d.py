@@ -1,0 +1,151 @@
+"""3-D hidden states: drop the [B,S,H] -> [B*S,H] -> [B,S,H] Reshape round trips.
+
+Google's modeling.py (and tf2onnx after it) keeps hidden states 2-D [B*S, H] between layers;
+Attention, EmbedLayerNormalization and SkipLayerNormalization want [B, S, H]. After the
+fusions the encoder is a chain of row-wise ops between flattening and unflattening Reshapes:
+
+    [B,S,H] ─► Reshape[-1,H] ─► MatMul / Add(bias) / SkipLayerNorm / BiasGelu ... ─► Reshape[B,S,H'] ─►
+
+Every row-wise op computes the same on [B,S,H] as on [B*S,H], so when every path from the
+flattening Reshapes reaches only row-wise ops and Reshapes back to [B,S,·] (checked by
+evaluating their target shapes on probe inputs), all of those Reshapes are removed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from bertfuse.passes.base import PassResult, const_value, replace_tensor
+from bertfuse.passes.evaluate import eval_with_ort
+from bertfuse.passes.probe import PROBE_BATCH, PROBE_SEQ, probe_feeds
+
+ROWWISE = {"MatMul", "Add", "Sub", "Mul", "Div", "SkipLayerNormalization",
+           "LayerNormalization", "BiasGelu", "FastGelu", "Gelu", "Relu", "Tanh", "Erf", "Cast",
+           "Sigmoid"}
+RANK3_PRODUCERS = {"Attention", "EmbedLayerNormalization"}
+
+
+class Hidden3DPass:
+    name = "hidden_3d"
+
+    def __call__(self, graph: gs.Graph) -> PassResult:
+        result = PassResult()
+        flattens = [n for n in graph.nodes if _is_flatten(n)]
+        if not flattens:
+            return result
+        region, terminals, reason = _region(graph, flattens)
+        if reason:
+            result.missed("hidden_3d", reason)
+            return result
+        reason = _check_terminals(graph, terminals)
+        if reason:
+            result.missed("hidden_3d", reason)
+            return result
+        for node in region:
+            for t in node.outputs:
+                t.shape = None  # the 2-D shapes recorded by shape inference no longer hold
+        for f in flattens:
+            replace_tensor(graph, f.outputs[0], f.inputs[0])
+            result.rewrites += 1
+        for term in terminals:
+            replace_tensor(graph, term.outputs[0], term.inputs[0])
+            result.rewrites += 1
+        return result
+
+
+def _rank(t: gs.Tensor, depth: int = 0) -> int | None:
+    if t.shape is not None:
+        return len(t.shape)
+    node = t.inputs[0] if t.inputs else None
+    if node is None or depth > 50:
+        return None
+    if node.op in RANK3_PRODUCERS:
+        return 3
+    if node.op == "Reshape":
+        shape = const_value(node.inputs[1])
+        return None if shape is None else int(np.size(shape))
+    if node.op in ROWWISE:
+        return _rank(node.inputs[0], depth + 1)
+    return None
+
+
+def _is_flatten(node: gs.Node) -> bool:
+    if node.op != "Reshape":
+        return False
+    shape = const_value(node.inputs[1])
+    return shape is not None and shape.size == 2 and int(shape[0]) == -1 and \
+        _rank(node.inputs[0]) == 3
+
+
+def _region(graph: gs.Graph, flattens: list[gs.Node]):
+    known = {id(f.outputs[0]) for f in flattens}
+    graph_outputs = {id(t) for t in graph.outputs}
+    region: list[gs.Node] = []
+    terminals: list[gs.Node] = []
+    seen: set[int] = set()
+    stack = [c for f in flattens for c in f.outputs[0].outputs]
+    pending: list[gs.Node] = []
+    while stack or pending:
+        if not stack:
+            # Nodes waiting for another region input (SkipLN's residual): retry once more.
+            ready = [n for n in pending if _inputs_ready(n, known)]
+            if not ready:
+                n = pending[0]
+                return [], [], f"{n.op} {n.name} mixes 2-D hidden states with other tensors"
+            pending = [n for n in pending if n not in ready]
+            stack.extend(ready)
+            continue
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        if node.op == "Reshape":
+            shape_is_var = const_value(node.inputs[1]) is None
+            if shape_is_var or int(np.size(const_value(node.inputs[1]))) == 3:
+                seen.add(id(node))
+                terminals.append(node)
+                continue
+            return [], [], f"Reshape {node.name} of 2-D hidden states is not back to [B,S,H]"
+        if node.op not in ROWWISE:
+            return [], [], f"{node.op} {node.name} reads 2-D hidden states"
+        if node.op == "MatMul":
+            w = const_value(node.inputs[1])
+            if w is None or w.ndim != 2 or id(node.inputs[0]) not in known:
+                return [], [], f"MatMul {node.name} is not a dense layer on hidden states"
+        if node.op == "LayerNormalization" and node.attrs.get("axis", -1) != -1:
+            return [], [], f"LayerNormalization {node.name} is not over the last axis"
+        if not _inputs_ready(node, known):
+            if node not in pending:
+                pending.append(node)
+            continue
+        for t in node.inputs[:1] if node.op == "MatMul" else node.inputs:
+            value = const_value(t)
+            if value is not None and value.ndim > 1:
+                return [], [], f"{node.op} {node.name} has a {value.ndim}-D constant operand"
+        seen.add(id(node))
+        region.append(node)
+        for t in node.outputs:
+            if id(t) in graph_outputs:
+                return [], [], f"2-D tensor {t.name} is a model output"
+            known.add(id(t))
+            stack.extend(t.outputs)
+    return region, terminals, ""
+
+
+def _inputs_ready(node: gs.Node, known: set[int]) -> bool:
+    return all(id(t) in known or const_value(t) is not None or t.name == ""
+               for t in node.inputs)
+
+
+def _check_terminals(graph: gs.Graph, terminals: list[gs.Node]) -> str:
+    shapes = [t.inputs[1] for t in terminals if const_value(t.inputs[1]) is None]
+    consts = [const_value(t.inputs[1]) for t in terminals if const_value(t.inputs[1]) is not None]
+    try:
+        values = eval_with_ort(graph, shapes, probe_feeds(graph)) if shapes else []
+    except Exception as exc:
+        return f"cannot evaluate the unflatten shapes ({type(exc).__name__})"
+    for v in list(values) + consts:
+        v = [int(x) for x in np.ravel(v)]
+        if len(v) != 3 or v[:2] != [PROBE_BATCH, PROBE_SEQ] and v[:2] != [PROBE_BATCH, -1]:
+            return f"an unflatten Reshape targets {v}, not [B, S, H]"
+    return ""

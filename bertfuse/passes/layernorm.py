@@ -1,0 +1,139 @@
+"""LayerNormalization from any elementwise form a TF graph takes.
+
+TF's tf.nn.moments + batch_normalization (Google's modeling.py, Keras) as tf2onnx exports it:
+
+    x ─┬─► ReduceMean|GlobalAveragePool ─► m ─┬───────────────────────► Mul(m, g) ─► Sub(beta, ·) ─┐
+       ├─► Sub(x, m) ─► Mul(self)|Pow(2) ─► ReduceMean ─► Add(eps) ─► Sqrt ─► Reciprocal ─► g=Mul(γ)│
+       └─► Mul(x, g) ──────────────────────────────────────────────────────────────────► Add ◄────┘ ─► y
+
+and Keras/HF's direct form  y = (x - m) / Sqrt(var + eps) * γ + β  (or Neg(m)*g + β, ...).
+
+Matching is on math, not shape: from each mean-like reduce the pass takes the closed
+elementwise region that x feeds, requires it to have one output y and exactly two reductions,
+reads eps off the Add on the variance, then evaluates the region in float64 on random probes:
+y must equal normalize(x) * γ + β for some per-channel γ, β, which it solves for and checks on
+a fresh probe. Reductions over anything but the last axis fail that check.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from bertfuse.passes.base import PassResult, const, detach, replace_tensor, scalar_value
+from bertfuse.passes.evaluate import closed_region, eval_elementwise, region_outputs
+
+REDUCE = ("ReduceMean", "GlobalAveragePool")
+
+
+class LayerNormFusion:
+    name = "layernorm"
+
+    def __call__(self, graph: gs.Graph) -> PassResult:
+        result = PassResult()
+        claimed: set[int] = set()
+        for node in list(graph.nodes):
+            if node.op not in REDUCE or id(node) in claimed or not node.inputs:
+                continue
+            x = node.inputs[0]
+            if not any(c.op == "Sub" for c in node.outputs[0].outputs):
+                continue  # a plain mean (pooling), not the start of a normalisation
+            outcome = match_layernorm(graph, x)
+            if isinstance(outcome, str):
+                result.missed("layernorm", outcome)
+                continue
+            region, y, gamma, beta, eps = outcome
+            claimed.update(id(n) for n in region)
+            ln_out = gs.Variable(f"{y.name}_ln", dtype=y.dtype, shape=y.shape)
+            ln = gs.Node("LayerNormalization", f"{region[-1].name}_LayerNorm",
+                         {"axis": -1, "epsilon": eps},
+                         inputs=[x, const(f"{y.name}_gamma", gamma),
+                                 const(f"{y.name}_beta", beta)],
+                         outputs=[ln_out])
+            graph.nodes.append(ln)
+            replace_tensor(graph, y, ln_out)
+            detach(region)
+            result.rewrites += 1
+        return result
+
+
+def match_layernorm(graph: gs.Graph, x: gs.Tensor):
+    """Returns (region, y, gamma, beta, eps) or a reason string."""
+    region = closed_region([x])
+    outs = region_outputs(graph, region)
+    if not outs:
+        return "normalisation output not found"
+    y = outs[-1]
+    region = _ancestors_within(region, y)
+    if region_outputs(graph, region) != [y]:
+        return "an intermediate of the normalisation is read outside it"
+    reduces = [n for n in region if n.op in REDUCE]
+    if len(reduces) != 2:
+        return f"expected 2 reductions (mean, variance), found {len(reduces)}"
+    eps = _epsilon(reduces[1])
+    if eps is None:
+        return "variance is not followed by Add(epsilon)"
+    hidden = _hidden_size(x, region)
+    if hidden is None:
+        return "hidden size unknown"
+    rank = len(x.shape) if x.shape is not None else 2
+    rng = np.random.default_rng(1234)
+    probes = [rng.standard_normal((2,) * (max(rank, 2) - 1) + (hidden,)) * s + o
+              for s, o in ((1.0, 0.0), (3.0, 0.5), (0.5, -1.0))]
+    try:
+        ys = [eval_elementwise(region, {id(x): p})[id(y)] for p in probes]
+    except (KeyError, ValueError, FloatingPointError) as exc:
+        return f"cannot evaluate the pattern ({exc})"
+    ns = [_normalize(p, eps) for p in probes]
+    if any(yv.shape != p.shape for yv, p in zip(ys, probes)):
+        return "output shape differs from input: not a last-axis normalisation"
+    axes = tuple(range(ys[0].ndim - 1))
+    dn = (ns[0] - ns[1]).reshape(-1, hidden)
+    dy = (ys[0] - ys[1]).reshape(-1, hidden)
+    gamma = (dn * dy).sum(0) / (dn * dn).sum(0)
+    beta = (ys[0] - ns[0] * gamma).reshape(-1, hidden).mean(0)
+    check = ns[2] * gamma + beta
+    err = np.abs(check - ys[2]).max() / (1.0 + np.abs(ys[2]).max())
+    if not np.isfinite(err) or err > 1e-6:
+        return f"does not compute a last-axis LayerNorm (rel. error {err:.2g})"
+    del axes
+    return region, y, gamma.astype(np.float32), beta.astype(np.float32), float(eps)
+
+
+def _normalize(x: np.ndarray, eps: float) -> np.ndarray:
+    m = x.mean(-1, keepdims=True)
+    v = ((x - m) ** 2).mean(-1, keepdims=True)
+    return (x - m) / np.sqrt(v + eps)
+
+
+def _epsilon(variance: gs.Node) -> float | None:
+    for c in variance.outputs[0].outputs:
+        if c.op == "Add":
+            other = [t for t in c.inputs if t is not variance.outputs[0]]
+            if other:
+                eps = scalar_value(other[0])
+                if eps is not None and 0 <= eps < 1e-2:
+                    return eps
+    return None
+
+
+def _hidden_size(x: gs.Tensor, region: list[gs.Node]) -> int | None:
+    if x.shape and isinstance(x.shape[-1], int) and x.shape[-1] > 0:
+        return int(x.shape[-1])
+    for node in region:
+        for t in node.inputs:
+            if isinstance(t, gs.Constant) and t.values.ndim >= 1 and t.values.size > 1:
+                return int(t.values.shape[-1])
+    return None
+
+
+def _ancestors_within(region: list[gs.Node], y: gs.Tensor) -> list[gs.Node]:
+    inside = {id(n): n for n in region}
+    keep: set[int] = set()
+    stack = [y]
+    while stack:
+        t = stack.pop()
+        if t.inputs and id(t.inputs[0]) in inside and id(t.inputs[0]) not in keep:
+            keep.add(id(t.inputs[0]))
+            stack.extend(t.inputs[0].inputs)
+    return [n for n in region if id(n) in keep]

@@ -1,0 +1,68 @@
+"""SkipLayerNormalization with bias: dense output + bias + residual, then LayerNorm.
+
+    h ─► MatMul(W) ─► Add(bias) ─┐
+                    residual ──► Add ─► LayerNormalization(γ, β) ─► y
+    ==>  SkipLayerNormalization(MatMul out, residual, γ, β, bias) ─► y
+
+Either Add operand order, bias Add on either side. The sublayer side must be a dense layer's
+output (a MatMul, with or without its bias Add): that is what tells a residual connection
+apart from the embedding sum, which stays for EmbedLayerNormalization.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from bertfuse.passes.base import MS_DOMAIN, PassResult, const_value, replace_tensor
+
+
+class SkipLayerNormFusion:
+    name = "skip_layernorm"
+
+    def __call__(self, graph: gs.Graph) -> PassResult:
+        result = PassResult()
+        for ln in [n for n in graph.nodes if n.op == "LayerNormalization"]:
+            if ln.attrs.get("axis", -1) != -1:
+                continue
+            s = ln.inputs[0]
+            add = s.inputs[0] if s.inputs else None
+            if add is None or add.op != "Add" or len(s.outputs) != 1:
+                continue
+            found = _sublayer_and_residual(add)
+            if found is None:
+                continue
+            dense, bias, residual = found
+            inputs = [dense, residual, ln.inputs[1], ln.inputs[2]]
+            if bias is not None:
+                inputs.append(bias)
+            y = ln.outputs[0]
+            out = gs.Variable(f"{y.name}_skipln", dtype=y.dtype, shape=y.shape)
+            graph.nodes.append(gs.Node("SkipLayerNormalization", f"{ln.name}_Skip",
+                                       {"epsilon": float(ln.attrs.get("epsilon", 1e-5))},
+                                       inputs=inputs, outputs=[out], domain=MS_DOMAIN))
+            replace_tensor(graph, y, out)
+            result.rewrites += 1
+        return result
+
+
+def _sublayer_and_residual(add: gs.Node):
+    """(dense output, bias constant or None, residual) for Add(dense [+ bias], residual)."""
+    for i in (0, 1):
+        side, residual = add.inputs[i], add.inputs[1 - i]
+        if const_value(residual) is not None or not side.inputs:
+            continue
+        node = side.inputs[0]
+        if node.op == "MatMul":
+            return side, None, residual
+        if node.op == "Add" and len(side.outputs) == 1:
+            for j in (0, 1):
+                bias = node.inputs[j]
+                inner = node.inputs[1 - j]
+                value = const_value(bias)
+                if value is not None and value.ndim == 1 and inner.inputs and \
+                        inner.inputs[0].op == "MatMul":
+                    if not isinstance(bias, gs.Constant):
+                        bias = gs.Constant(f"{node.name}_bias", np.asarray(value))
+                    return inner, bias, residual
+    return None
