@@ -8,7 +8,26 @@ import os
 import sys
 from typing import Callable
 
-from bertfuse.errors import BertfuseError
+from bertfuse.errors import BertfuseError, UsageError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error as one line (exit 2) instead of usage + message."""
+
+    def error(self, message: str):  # type: ignore[override]
+        raise UsageError(f"{self.prog}: error: {message} (see {self.prog} --help)")
+
+
+def _int_at_least(low: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        return value
+    return parse
 
 
 def _add_source_args(p: argparse.ArgumentParser) -> None:
@@ -25,9 +44,15 @@ def _add_source_args(p: argparse.ArgumentParser) -> None:
 
 def _add_verify_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("verification")
-    g.add_argument("--batch", type=int, default=4, help="verification batch (default 4)")
-    g.add_argument("--seq", type=int, default=32, help="verification sequence length")
+    g.add_argument("--batch", type=_int_at_least(1), default=4, help="verification batch (default 4)")
+    g.add_argument("--seq", type=_int_at_least(2), default=32, help="verification sequence length")
     g.add_argument("--seed", type=int, help="seed for the random inputs (default: fresh)")
+
+
+def _add_fusion_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("fusion")
+    g.add_argument("--strict", action="store_true",
+                   help="fail (exit 1, nothing written) if any layer is left unfused")
 
 
 def _add_output_args(p: argparse.ArgumentParser) -> None:
@@ -37,7 +62,7 @@ def _add_output_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="bertfuse", description=__doc__)
+    parser = _Parser(prog="bertfuse", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("example", help="write a Google-layout BERT checkpoint with random weights")
@@ -54,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_source_args(p)
     g = p.add_argument_group("conversion")
     g.add_argument("--opset", type=int, default=17, help="ONNX opset, 17 or 18 (default 17)")
+    g.add_argument("--no-fuse", action="store_true",
+                   help="write the raw tf2onnx graph (canonical I/O, no fusion passes)")
+    _add_fusion_args(p)
     _add_verify_args(p)
     g = p.add_argument_group("parity gate")
     g.add_argument("--no-verify", action="store_true", help="skip the TF comparison")
@@ -63,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("optimize", help="run the fusion passes on a raw tf2onnx model")
     p.add_argument("model", help="raw ONNX exported by tf2onnx")
     p.add_argument("-o", "--output", required=True, help="output .onnx")
+    _add_fusion_args(p)
     _add_output_args(p)
 
     p = sub.add_parser("verify", help="compare an ONNX model with its TF source")
@@ -102,7 +131,8 @@ def _options(args):
         opset=getattr(args, "opset", 17), signature=args.signature, kind=args.kind,
         inputs=args.inputs, outputs=args.outputs.split(",") if args.outputs else None,
         config=args.config, verify=not getattr(args, "no_verify", False),
-        force=getattr(args, "force", False), seed=args.seed, batch=args.batch, seq=args.seq)
+        force=getattr(args, "force", False), seed=args.seed, batch=args.batch, seq=args.seq,
+        strict=getattr(args, "strict", False), fuse=not getattr(args, "no_fuse", False))
 
 
 def _run_with_report(args, console, fn: Callable) -> int:
@@ -136,7 +166,7 @@ def _cmd_optimize(args, console) -> int:
 
     _check_output_path(args.output)
     return _run_with_report(args, console, lambda up: pipeline.optimize(
-        args.model, args.output, up))
+        args.model, args.output, up, args.strict))
 
 
 def _cmd_verify(args, console) -> int:
@@ -148,6 +178,8 @@ def _cmd_verify(args, console) -> int:
 
 def _check_output_path(path: str) -> None:
     parent = os.path.dirname(os.path.abspath(path))
+    if os.path.exists(parent) and not os.path.isdir(parent):
+        raise BertfuseError(f"{path}: {parent} is not a directory")
     if not os.path.isdir(parent):
         raise BertfuseError(f"{path}: output directory {parent} does not exist")
     if os.path.isdir(path):
@@ -158,20 +190,39 @@ COMMANDS = {"example": _cmd_example, "convert": _cmd_convert, "optimize": _cmd_o
             "verify": _cmd_verify}
 
 
+def _one_line(text: str) -> str:
+    """A message as one line, safe for rich (user paths/names may hold [markup])."""
+    from rich.markup import escape
+
+    return escape("; ".join(ln.strip() for ln in str(text).splitlines() if ln.strip()))
+
+
 def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    args = build_parser().parse_args(argv)
-    console = Console(stderr=args.json)
     err = Console(stderr=True)
+    try:
+        args = build_parser().parse_args(argv)
+    except UsageError as exc:
+        err.print(_one_line(exc), highlight=False, soft_wrap=True)
+        return exc.exit_code
+    console = Console(stderr=args.json)
     try:
         return COMMANDS[args.command](args, console)
     except BertfuseError as exc:
         if args.debug:
             raise
-        err.print(f"[red]bertfuse: error:[/red] {exc}", highlight=False, soft_wrap=True)
+        err.print(f"[red]bertfuse: error:[/red] {_one_line(exc)}", highlight=False,
+                  soft_wrap=True)
         return exc.exit_code
+    except OSError as exc:  # unreadable/unwritable user paths: bad input, not a bug
+        if args.debug:
+            raise
+        where = f"{exc.filename}: " if exc.filename else ""
+        err.print(f"[red]bertfuse: error:[/red] {_one_line(where + (exc.strerror or str(exc)))}",
+                  highlight=False, soft_wrap=True)
+        return 2
     except KeyboardInterrupt:
         err.print("bertfuse: interrupted")
         return 130
@@ -179,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             raise
         err.print(f"[red]bertfuse: internal error:[/red] {type(exc).__name__}: "
-                  f"{str(exc).splitlines()[0] if str(exc) else ''} (rerun with --debug)",
+                  f"{_one_line(str(exc).splitlines()[0]) if str(exc).strip() else ''} (rerun with --debug)",
                   highlight=False, soft_wrap=True)
         return 3
 

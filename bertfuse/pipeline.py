@@ -9,7 +9,7 @@ from typing import Callable, Iterator
 
 import onnx
 
-from bertfuse.errors import ParityError
+from bertfuse.errors import BertfuseError, FusionIncomplete, ParityError
 from bertfuse.modelio import check_model, save_model
 from bertfuse.passes.manager import PipelineReport, default_passes, run_passes
 from bertfuse.verify import ParityReport, verify_against_tf
@@ -69,14 +69,19 @@ class ConvertOptions:
     seed: int | None = None
     batch: int = 4
     seq: int = 32
+    strict: bool = False
+    fuse: bool = True
 
 
 def convert(src_path: str, out_path: str, opts: ConvertOptions,
             status: Callable[[str], None] | None = None) -> RunReport:
     """Export, passes, verification; writes only a model that passed (unless forced)."""
     from bertfuse.converter import load_source
-    from bertfuse.converter.export import tf_to_onnx
+    from bertfuse.converter.export import SUPPORTED_OPSETS, tf_to_onnx
 
+    if opts.opset not in SUPPORTED_OPSETS:  # before the (slow) TF load
+        raise BertfuseError(f"--opset {opts.opset} is not supported by tf2onnx 1.17 "
+                            f"(choose {' or '.join(map(str, SUPPORTED_OPSETS))})")
     report = RunReport(output=out_path)
     with report.stage("load TF model", status) as st:
         source = load_source(src_path, opts.kind, opts.signature, opts.inputs, opts.outputs,
@@ -89,7 +94,7 @@ def convert(src_path: str, out_path: str, opts: ConvertOptions,
             raw = tf_to_onnx(source, opts.opset)
             st.nodes = len(raw.graph.node)
             st.detail = f"opset {opts.opset}"
-        model = _optimize(raw, report, status)
+        model = _optimize(raw, report, status) if opts.fuse else raw
         del raw
         with report.stage("check (onnx checker + ORT load)", status) as st:
             check_model(model)
@@ -100,7 +105,7 @@ def convert(src_path: str, out_path: str, opts: ConvertOptions,
                 st.detail = "ok" if report.parity.ok else "DRIFT"
     finally:
         source.close()
-    _write(model, out_path, report, opts.force, status)
+    _write(model, out_path, report, opts.force, status, opts.strict)
     return report
 
 
@@ -115,17 +120,23 @@ def _optimize(raw: onnx.ModelProto, report: RunReport,
 
 
 def _write(model: onnx.ModelProto, out_path: str, report: RunReport, force: bool,
-           status: Callable[[str], None] | None) -> None:
+           status: Callable[[str], None] | None, strict: bool = False) -> None:
+    table = report.passes.table if report.passes else None
+    if strict and table is not None and not table.fully_fused:
+        raise FusionIncomplete(f"{out_path}: not written (--strict): "
+                               + "; ".join(table.unfused()))
     if report.parity is not None and not report.parity.ok and not force:
         worst = max(report.parity.outputs, key=lambda o: o.max_abs)
-        raise ParityError(f"parity check failed: {worst.name} max |diff| {worst.max_abs:.3g} "
-                          f"exceeds tolerance; model not written (use --force to write anyway)")
+        raise ParityError(f"{out_path}: not written: parity check failed, {worst.name} "
+                          f"max |diff| {worst.max_abs:.3g} exceeds tolerance "
+                          f"(use --force to write anyway)")
     with report.stage("write", status):
         save_model(model, out_path)
     report.written = True
 
 
-def optimize(in_path: str, out_path: str, status: Callable[[str], None] | None = None) -> RunReport:
+def optimize(in_path: str, out_path: str, status: Callable[[str], None] | None = None,
+             strict: bool = False) -> RunReport:
     """Passes on an ONNX model a user exported themselves."""
     from bertfuse.modelio import load_model
 
@@ -136,7 +147,7 @@ def optimize(in_path: str, out_path: str, status: Callable[[str], None] | None =
     model = _optimize(raw, report, status)
     with report.stage("check (onnx checker + ORT load)", status):
         check_model(model)
-    _write(model, out_path, report, True, status)
+    _write(model, out_path, report, True, status, strict)
     return report
 
 
@@ -146,17 +157,42 @@ def verify(model_path: str, src_path: str, opts: ConvertOptions,
     from bertfuse.modelio import load_model
 
     report = RunReport()
+    # The ONNX first: a missing/corrupt model fails before the slow TF load.
+    with report.stage("load ONNX", status) as st:
+        model = load_model(model_path)
+        st.nodes = len(model.graph.node)
     with report.stage("load TF model", status) as st:
         source = load_source(src_path, opts.kind, opts.signature, opts.inputs, opts.outputs,
                              opts.config)
         st.nodes = source.tf_node_count
-    with report.stage("load ONNX", status) as st:
-        model = load_model(model_path)
-        st.nodes = len(model.graph.node)
     try:
+        _check_interface(model, source, model_path, src_path)
         with report.stage("verify vs TensorFlow", status) as st:
-            report.parity = verify_against_tf(model, source, opts.precision, opts.batch,
-                                              opts.seq, opts.seed)
+            try:
+                report.parity = verify_against_tf(model, source, opts.precision, opts.batch,
+                                                  opts.seq, opts.seed)
+            except Exception as exc:
+                if not type(exc).__module__.startswith("onnxruntime"):
+                    raise
+                # The user's pairing of model and source is wrong (e.g. another vocab size).
+                first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+                raise BertfuseError(f"{model_path}: ONNX Runtime fails on inputs for "
+                                    f"{src_path} ({first}); is it converted from that "
+                                    f"source?") from None
     finally:
         source.close()
     return report
+
+
+def _check_interface(model: onnx.ModelProto, source, model_path: str, src_path: str) -> None:
+    """The ONNX must take (a subset of) the source's input roles and share an output."""
+    inits = {i.name for i in model.graph.initializer}
+    inputs = [i.name for i in model.graph.input if i.name not in inits]
+    extra = [n for n in inputs if n not in source.inputs]
+    if extra:
+        raise BertfuseError(f"{model_path}: inputs {', '.join(extra)} are not among {src_path}'s "
+                            f"inputs ({', '.join(source.inputs)})")
+    outputs = [o.name for o in model.graph.output]
+    if not set(outputs) & set(source.outputs):
+        raise BertfuseError(f"{model_path}: outputs {', '.join(outputs)} share no name with "
+                            f"{src_path}'s outputs ({', '.join(source.outputs)})")

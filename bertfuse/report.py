@@ -24,6 +24,8 @@ def print_report(report: RunReport, console: Console) -> None:
     console.print(stages)
     if report.passes is not None:
         _print_passes(report, console)
+        if report.passes.table is not None:
+            print_encoder_table(report.passes.table, console)
     if report.parity is not None:
         par = Table(title=f"parity vs TensorFlow ({report.parity.precision}, batch "
                           f"{report.parity.batch}, seq {report.parity.seq}, padded)")
@@ -46,7 +48,33 @@ def _print_passes(report: RunReport, console: Console) -> None:
     passes.add_column("nodes", justify="right")
     passes.add_column("op changes")
     for r in report.passes.records:
-        delta = ", ".join(f"{op} {d:+d}" for op, d in r.delta.items())
-        passes.add_row(r.name, str(r.rewrites), f"{r.nodes_before} -> {r.nodes_after}",
-                       delta[:120])
+        added = [f"+{d} {op.split('.')[-1]}" for op, d in r.delta.items() if d > 0]
+        removed = -sum(d for d in r.delta.values() if d < 0)
+        summary = ", ".join(added + ([f"-{removed} other"] if removed else []))
+        passes.add_row(r.name, str(r.rewrites), f"{r.nodes_before} -> {r.nodes_after}", summary)
     console.print(passes)
+
+
+def print_encoder_table(table, console: Console) -> None:
+    """layer N: attention / skip-LN x2 / GELU, fused or not and why; embeddings first."""
+    t = Table(title="encoder fusion")
+    t.add_column("layer")
+    t.add_column("attention")
+    t.add_column("skip-LN")
+    t.add_column("GELU")
+    t.add_column("not fused because")
+
+    def mark(ok: bool, text: str = "") -> str:
+        return f"[green]{text or 'fused'}[/green]" if ok else f"[red]{text or 'no'}[/red]"
+
+    t.add_row("embed", mark(table.embed_layernorm, "EmbedLayerNorm" if table.embed_layernorm
+                                else "not fused"), "", "", "; ".join(table.embed_reasons))
+    for l in table.layers:
+        left = ", ".join(f"{op} x{n}" for op, n in l.leftovers.items())
+        why = "; ".join(l.reasons) + (f" [dim](left: {left})[/dim]" if left else "")
+        t.add_row(str(l.layer), mark(l.attention), mark(l.skip_layernorm == 2,
+                                                         f"{l.skip_layernorm}/2"),
+                  mark(l.gelu), why if not l.fused else "")
+    console.print(t)
+    for line in table.unfused():
+        console.print(f"[yellow]warning:[/yellow] {line}", highlight=False)

@@ -46,7 +46,7 @@ class GeluFusion:
                 continue  # consumed by an earlier match
             found = self._match(graph, anchor)
             if isinstance(found, str):
-                if anchor.op == "Erf":
+                if anchor.op == "Erf" or _near_cubic(anchor):
                     result.missed("gelu", found)
                 continue
             x, y, region, kind = found
@@ -56,25 +56,18 @@ class GeluFusion:
 
     @staticmethod
     def _match(graph: gs.Graph, anchor: gs.Node):
-        # x is the tensor that both the Erf/Tanh branch and the final Mul read: walk up from
-        # the anchor through ops with one variable input, trying each tensor as x.
-        t = anchor.inputs[0]
-        for _ in range(6):
+        # x is a tensor upstream of the Erf/Tanh that both its branch and the final Mul
+        # read. Try the anchor's elementwise ancestors, nearest first, as x.
+        for t in _upstream(anchor, steps=8):
             region = closed_region([t])
-            if anchor in region:
-                outs = region_outputs(graph, region)
-                if len(outs) == 1:
-                    kind = _classify(region, t, outs[0])
-                    if kind:
-                        return t, outs[0], region, kind
-            node = t.inputs[0] if t.inputs else None
-            if node is None or node.op not in ("Mul", "Div", "Add", "Pow", "Cast"):
-                break
-            var_inputs = [i for i in node.inputs if const_value(i) is None]
-            if len(var_inputs) != 1:
-                break
-            t = var_inputs[0]
-        return "Erf is not part of x·Φ(x) (no region that computes GELU)"
+            if anchor not in region:
+                continue
+            outs = region_outputs(graph, region)
+            if len(outs) == 1:
+                kind = _classify(region, t, outs[0])
+                if kind:
+                    return t, outs[0], region, kind
+        return f"{anchor.op} is not part of x·Φ(x) (no region computes GELU)"
 
     @staticmethod
     def _rewrite(graph: gs.Graph, x: gs.Tensor, y: gs.Tensor, region: list[gs.Node],
@@ -99,6 +92,36 @@ class GeluFusion:
         detach(region)
         if bias is not None and producer is not None and not x.outputs:
             detach([producer])
+
+
+def _upstream(anchor: gs.Node, steps: int) -> list[gs.Tensor]:
+    """Variable tensors feeding the anchor through elementwise ops, breadth first."""
+    order: list[gs.Tensor] = []
+    seen: set[int] = set()
+    frontier = [anchor.inputs[0]]
+    for _ in range(steps):
+        nxt = []
+        for t in frontier:
+            if id(t) in seen or const_value(t) is not None:
+                continue
+            seen.add(id(t))
+            order.append(t)
+            node = t.inputs[0] if t.inputs else None
+            if node is not None and node.op in ("Mul", "Div", "Add", "Sub", "Pow", "Neg", "Cast"):
+                nxt.extend(node.inputs)
+        frontier = nxt
+    return order
+
+
+def _near_cubic(anchor: gs.Node) -> bool:
+    """A Tanh whose input path holds GELU's 0.044715 (for diagnostics; pooler Tanh has none)."""
+    for t in _upstream(anchor, steps=4):
+        node = t.inputs[0] if t.inputs else None
+        for i in (node.inputs if node is not None else []):
+            v = const_value(i)
+            if v is not None and v.size == 1 and abs(float(v.ravel()[0]) - 0.044715) < 1e-6:
+                return True
+    return False
 
 
 def region_consumers(x: gs.Tensor, region: list[gs.Node]) -> list[gs.Node]:

@@ -11,6 +11,7 @@ from typing import Callable, Sequence
 import onnx
 import onnx_graphsurgeon as gs
 
+from bertfuse.encoder_table import EncoderTable, encoder_table
 from bertfuse.passes.base import Diagnostic, Pass, census
 from bertfuse.passes.cleanup import Cleanup
 
@@ -35,6 +36,7 @@ class PipelineReport:
     diagnostics: list[Diagnostic] = field(default_factory=list)
     census_before: Counter = field(default_factory=Counter)
     census_after: Counter = field(default_factory=Counter)
+    table: "EncoderTable | None" = None
 
     @property
     def nodes_before(self) -> int:
@@ -50,6 +52,7 @@ class PipelineReport:
             "ops_before": dict(sorted(self.census_before.items())),
             "ops_after": dict(sorted(self.census_after.items())),
             "diagnostics": [d.__dict__ for d in self.diagnostics],
+            "encoder": self.table.to_json() if self.table else None,
         }
 
 
@@ -96,6 +99,7 @@ def run_passes(model: onnx.ModelProto, passes: Sequence[Pass] | None = None,
     out.metadata_props.extend(model.metadata_props)
     out.producer_name, out.producer_version = model.producer_name, model.producer_version
     _ensure_opsets(out, model)
+    report.table = encoder_table([n.op_type for n in out.graph.node], report.diagnostics)
     return out, report
 
 
