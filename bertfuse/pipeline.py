@@ -94,7 +94,7 @@ def convert(src_path: str, out_path: str, opts: ConvertOptions,
             raw = tf_to_onnx(source, opts.opset)
             st.nodes = len(raw.graph.node)
             st.detail = f"opset {opts.opset}"
-        model = _optimize(raw, report, status) if opts.fuse else raw
+        model = _optimize(raw, report, status, opts.precision) if opts.fuse else raw
         del raw
         with report.stage("check (onnx checker + ORT load)", status) as st:
             check_model(model)
@@ -109,10 +109,10 @@ def convert(src_path: str, out_path: str, opts: ConvertOptions,
     return report
 
 
-def _optimize(raw: onnx.ModelProto, report: RunReport,
-              status: Callable[[str], None] | None) -> onnx.ModelProto:
+def _optimize(raw: onnx.ModelProto, report: RunReport, status: Callable[[str], None] | None,
+              precision: str = "fp32") -> onnx.ModelProto:
     with report.stage("passes", status) as st:
-        model, report.passes = run_passes(raw, default_passes(),
+        model, report.passes = run_passes(raw, default_passes(precision),
                                           progress=(lambda n: status(f"pass: {n}")) if status
                                           else None)
         st.nodes = len(model.graph.node)
@@ -136,7 +136,7 @@ def _write(model: onnx.ModelProto, out_path: str, report: RunReport, force: bool
 
 
 def optimize(in_path: str, out_path: str, status: Callable[[str], None] | None = None,
-             strict: bool = False) -> RunReport:
+             strict: bool = False, precision: str = "fp32") -> RunReport:
     """Passes on an ONNX model a user exported themselves."""
     from bertfuse.modelio import load_model
 
@@ -144,7 +144,7 @@ def optimize(in_path: str, out_path: str, status: Callable[[str], None] | None =
     with report.stage("load ONNX", status) as st:
         raw = load_model(in_path)
         st.nodes = len(raw.graph.node)
-    model = _optimize(raw, report, status)
+    model = _optimize(raw, report, status, precision)
     with report.stage("check (onnx checker + ORT load)", status):
         check_model(model)
     _write(model, out_path, report, True, status, strict)
@@ -169,8 +169,8 @@ def verify(model_path: str, src_path: str, opts: ConvertOptions,
         _check_interface(model, source, model_path, src_path)
         with report.stage("verify vs TensorFlow", status) as st:
             try:
-                report.parity = verify_against_tf(model, source, opts.precision, opts.batch,
-                                                  opts.seq, opts.seed)
+                report.parity = verify_against_tf(model, source, _precision_of(model),
+                                                  opts.batch, opts.seq, opts.seed)
             except Exception as exc:
                 if not type(exc).__module__.startswith("onnxruntime"):
                     raise
@@ -182,6 +182,12 @@ def verify(model_path: str, src_path: str, opts: ConvertOptions,
     finally:
         source.close()
     return report
+
+
+def _precision_of(model: onnx.ModelProto) -> str:
+    """fp16 tolerances for a model that holds fp16 weights."""
+    half = onnx.TensorProto.FLOAT16
+    return "fp16" if any(i.data_type == half for i in model.graph.initializer) else "fp32"
 
 
 def _check_interface(model: onnx.ModelProto, source, model_path: str, src_path: str) -> None:

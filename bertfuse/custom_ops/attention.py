@@ -22,14 +22,15 @@ CONTRACT = OpContract(
     inputs=(
         TensorSpec("input", ("B", "S", "H"), _T, doc="hidden states"),
         TensorSpec("weights", ("H", "3H"), _T,
-                   doc="[Wq | Wk | Wv] concatenated along columns; each block is head-major (head n = cols n*D..n*D+D)"),
+                   doc="[Wq | Wk | Wv] along columns; each block head-major (head n = cols n*D..n*D+D-1)"),
         TensorSpec("bias", ("3H",), _T, optional=True, doc="[bq | bk | bv], same order"),
         TensorSpec("mask_index", ("B", "S"), ("int32",), optional=True,
-                   doc="raw key mask [B,S] (1 attend / 0 pad, any position) — or [B] lengths, [2B], [B,S,S]; see README"),
+                   doc="raw key mask [B,S]: >0 attends, 0 pads, any position. Also [B], [2B], [B,S,S] forms"),
         TensorSpec("past", ("2", "B", "N", "P", "D"), _T, optional=True, doc="KV cache; bertfuse never sets it"),
         TensorSpec("attention_bias", ("B|1", "N|1", "S", "S"), _T, optional=True,
                    doc="added to Q K^T; bertfuse never sets it"),
-        TensorSpec("past_sequence_length", ("1",), ("int32",), optional=True, doc="only with past_present_share_buffer"),
+        TensorSpec("past_sequence_length", ("1",), ("int32",), optional=True,
+                   doc="only with past_present_share_buffer"),
     ),
     outputs=(
         TensorSpec("output", ("B", "S", "H"), _T, doc="heads merged back: [B,S,N*D]"),
@@ -50,7 +51,7 @@ CONTRACT = OpContract(
     pitfalls=(
         "Packing order is Q, K, V along the columns of weights (and bias). A Q/K swap still produces a "
         "plausible-looking tensor: only a numeric check catches it.",
-        "mask_index is int32 only; an int64 mask (TF's default) is a type error.",
+        "mask_index is int32 only; an int64 mask (common in exported TF/HF graphs) is a type error: Cast it.",
         "A 2-D raw mask [B,S] is a key-padding mask: value > 0 attends, <= 0 gets mask_filter_value added. "
         "Padding may be anywhere in the row.",
         "A 1-D [B] mask holds key lengths and assumes right padding: key j is masked iff j >= len[b]. "

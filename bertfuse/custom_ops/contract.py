@@ -83,18 +83,22 @@ class OpContract:
 
     def to_markdown(self) -> str:
         """Input/output/attribute tables in the README's format."""
+
+        def cell(text: str) -> str:  # a bare '|' would end the table cell
+            return text.replace("|", "\\|")
+
         lines = ["| slot | name | shape | dtype | optional | notes |", "|---|---|---|---|---|---|"]
         for kind, specs in (("in", self.inputs), ("out", self.outputs)):
             for i, t in enumerate(specs):
                 lines.append(
-                    f"| {kind} {i} | `{t.name}` | `{t.shape_str()}` | {', '.join(t.dtypes)} | "
-                    f"{'yes' if t.optional else 'no'} | {t.doc} |"
+                    f"| {kind} {i} | `{t.name}` | `{cell(t.shape_str())}` | {', '.join(t.dtypes)} | "
+                    f"{'yes' if t.optional else 'no'} | {cell(t.doc)} |"
                 )
         if self.attributes:
             lines += ["", "| attribute | type | default | meaning |", "|---|---|---|---|"]
             for a in self.attributes:
                 default = "required" if a.required else ("unset" if a.default is None else repr(a.default))
-                lines.append(f"| `{a.name}` | {a.type} | {default} | {a.meaning} |")
+                lines.append(f"| `{a.name}` | {a.type} | {default} | {cell(a.meaning)} |")
         return "\n".join(lines)
 
 

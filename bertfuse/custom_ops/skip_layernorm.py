@@ -96,6 +96,7 @@ def make_model(
 ) -> onnx.ModelProto:
     """One SkipLayerNormalization node; all_outputs=True also exposes mean/inv_std_var/sum."""
     h = shape[-1]
+    stat_shape = tuple(shape[:-1]) + (1,)
     return one_node_model(
         "SkipLayerNormalization",
         MS_DOMAIN,
@@ -108,8 +109,8 @@ def make_model(
         ],
         [
             ("output", dtype, shape),
-            ("mean", np.float32, None) if all_outputs else None,
-            ("inv_std_var", np.float32, None) if all_outputs else None,
+            ("mean", np.float32, stat_shape) if all_outputs else None,
+            ("inv_std_var", np.float32, stat_shape) if all_outputs else None,
             ("input_skip_bias_sum", dtype, shape) if all_outputs else None,
         ],
         {"epsilon": float(epsilon)},

@@ -56,7 +56,7 @@ class PipelineReport:
         }
 
 
-def default_passes() -> list[Pass]:
+def default_passes(precision: str = "fp32") -> list[Pass]:
     """Passes in the order they must run (later fusions match on earlier ones' output)."""
     from bertfuse.passes.attention import AttentionFusion
     from bertfuse.passes.dense_gemm import DenseGemmFusion
@@ -66,9 +66,14 @@ def default_passes() -> list[Pass]:
     from bertfuse.passes.layernorm import LayerNormFusion
     from bertfuse.passes.skip_layernorm import SkipLayerNormFusion
 
-    return [Cleanup(), LayerNormFusion(), EmbedLayerNormFusion(), GeluFusion(),
-            AttentionFusion(), SkipLayerNormFusion(), Cleanup(), Hidden3DPass(),
-            DenseGemmFusion(), Cleanup()]
+    passes: list[Pass] = [Cleanup(), LayerNormFusion(), EmbedLayerNormFusion(), GeluFusion(),
+                          AttentionFusion(), SkipLayerNormFusion(), Cleanup(), Hidden3DPass(),
+                          DenseGemmFusion(), Cleanup()]
+    if precision == "fp16":
+        from bertfuse.passes.fp16 import Fp16Pass
+
+        passes += [Fp16Pass(), Cleanup()]
+    return passes
 
 
 def run_passes(model: onnx.ModelProto, passes: Sequence[Pass] | None = None,

@@ -1,0 +1,41 @@
+"""Contracts and NumPy references for the ONNX Runtime ops bertfuse emits.
+
+``CONTRACTS`` maps op_type -> OpContract. Each op module also exposes ``reference(...)`` (float64
+inside, result in the input dtype) and ``make_model(...)`` (a one-node ONNX model, opsets
+ai.onnx 17 + com.microsoft 1). No TensorFlow anywhere: this must import on the GPU serving host.
+"""
+
+from __future__ import annotations
+
+from . import attention, embed_layernorm, gelu, layernorm, skip_layernorm
+from .contract import MS_DOMAIN, MS_OPSET, ONNX_OPSET, AttrSpec, OpContract, TensorSpec, one_node_model
+
+CONTRACTS: dict[str, OpContract] = {
+    c.op_type: c
+    for c in (
+        attention.CONTRACT,
+        skip_layernorm.CONTRACT,
+        embed_layernorm.CONTRACT,
+        gelu.BIAS_GELU,
+        gelu.FAST_GELU,
+        gelu.GELU,
+        gelu.GEMM_FAST_GELU,
+        layernorm.CONTRACT,
+    )
+}
+
+__all__ = [
+    "CONTRACTS",
+    "MS_DOMAIN",
+    "MS_OPSET",
+    "ONNX_OPSET",
+    "AttrSpec",
+    "OpContract",
+    "TensorSpec",
+    "attention",
+    "embed_layernorm",
+    "gelu",
+    "layernorm",
+    "one_node_model",
+    "skip_layernorm",
+]

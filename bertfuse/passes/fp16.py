@@ -1,0 +1,58 @@
+"""FP16: weights and activations in half precision; int32 ids in, fp32 outputs out.
+
+    input_ids (int32) ─► EmbedLayerNorm(fp16 tables) ─► Attention(fp16) ─► ... ─► Cast(fp32) ─► output
+
+Every float initializer and Constant becomes fp16, Casts to float inside the graph cast to
+fp16 instead, and each float graph output gets one Cast back to fp32 at the very end, so no
+Cast sits between fused ops. Constants are clamped to fp16's finite range (a -1e9 or
+float32-min mask constant would otherwise become -inf and turn a fully padded row into NaN).
+Attention's mask_filter_value is already at most -10000 in magnitude (attention.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+from onnx import TensorProto
+
+from bertfuse.passes.base import PassResult
+
+FP16_MAX = float(np.finfo(np.float16).max)
+
+
+def _half(values: np.ndarray) -> np.ndarray:
+    return np.clip(values, -FP16_MAX, FP16_MAX).astype(np.float16)
+
+
+class Fp16Pass:
+    name = "fp16"
+
+    def __call__(self, graph: gs.Graph) -> PassResult:
+        result = PassResult()
+        tensors = graph.tensors()
+        for t in tensors.values():
+            if isinstance(t, gs.Constant) and t.values.dtype == np.float32:
+                t.values = _half(np.asarray(t.values))
+                result.rewrites += 1
+            elif isinstance(t, gs.Variable) and t.dtype is not None and \
+                    np.dtype(t.dtype) == np.float32:
+                t.dtype = np.float16
+        for node in graph.nodes:
+            if node.op == "Constant" and "value" in node.attrs:
+                value = node.attrs["value"]
+                if np.asarray(value.values).dtype == np.float32:
+                    node.attrs["value"] = gs.Constant(value.name, _half(np.asarray(value.values)))
+            if node.op == "Cast" and node.attrs.get("to") == TensorProto.FLOAT:
+                node.attrs["to"] = TensorProto.FLOAT16
+        for i, out in enumerate(list(graph.outputs)):
+            if out.dtype is None or np.dtype(out.dtype) != np.float16:
+                continue
+            half = gs.Variable(f"{out.name}_fp16", dtype=np.float16, shape=out.shape)
+            for node in list(out.inputs):
+                node.outputs = [half if o is out else o for o in node.outputs]
+            for node in list(out.outputs):
+                node.inputs = [half if x is out else x for x in node.inputs]
+            out.dtype = np.float32
+            graph.nodes.append(gs.Node("Cast", f"{out.name}_to_fp32", {"to": TensorProto.FLOAT},
+                                       inputs=[half], outputs=[out]))
+        return result
