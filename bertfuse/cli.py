@@ -96,6 +96,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_fusion_args(p)
     _add_output_args(p)
 
+    p = sub.add_parser("strip-weights", help="drop large initializers' bytes (keep shape/dtype)")
+    p.add_argument("model", help="ONNX model")
+    p.add_argument("-o", "--output", required=True, help="output skeleton .onnx")
+    p.add_argument("--fill", type=int, metavar="SEED",
+                   help="instead: refill a stripped model with seeded random weights")
+    _add_output_args(p)
+
+    # `bench` takes its own arguments (bertfuse/runtime/bench.py); listed here for --help.
+    sub.add_parser("bench", help="GPU benchmark: ORT raw / ORT optimizer / bertfuse "
+                                 "(bertfuse bench --help)", add_help=False)
+
     p = sub.add_parser("verify", help="compare an ONNX model with its TF source")
     p.add_argument("model", help="ONNX model")
     p.add_argument("--against", required=True, help="the TF source")
@@ -179,6 +190,27 @@ def _cmd_verify(args, console) -> int:
         args.model, args.against, _options(args), up))
 
 
+def _cmd_strip(args, console) -> int:
+    from bertfuse.modelio import load_model, save_model
+    from bertfuse.runtime.weights import fill_weights, is_stripped, strip_weights
+
+    _check_output_path(args.output)
+    model = load_model(args.model)
+    if args.fill is not None:
+        if not is_stripped(model):
+            raise BertfuseError(f"{args.model}: not a stripped model (no bertfuse_stripped "
+                                f"metadata)")
+        count, verb = fill_weights(model, args.fill), "refilled"
+    else:
+        count, verb = strip_weights(model), "stripped"
+    save_model(model, args.output)
+    if args.json:
+        print(json.dumps({"output": args.output, verb: count}))
+    else:
+        console.print(f"{verb} {count} initializers -> [bold]{args.output}[/bold]")
+    return 0
+
+
 def _check_output_path(path: str) -> None:
     parent = os.path.dirname(os.path.abspath(path))
     if os.path.exists(parent) and not os.path.isdir(parent):
@@ -190,7 +222,7 @@ def _check_output_path(path: str) -> None:
 
 
 COMMANDS = {"example": _cmd_example, "convert": _cmd_convert, "optimize": _cmd_optimize,
-            "verify": _cmd_verify}
+            "verify": _cmd_verify, "strip-weights": _cmd_strip}
 
 
 def _one_line(text: str) -> str:
@@ -205,6 +237,11 @@ def main(argv: list[str] | None = None) -> int:
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     err = Console(stderr=True)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:
+        from bertfuse.runtime.bench import main as bench_main
+
+        return bench_main(argv[1:])
     try:
         args = build_parser().parse_args(argv)
     except UsageError as exc:

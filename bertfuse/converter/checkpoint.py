@@ -10,6 +10,7 @@ outside bert/ and cls/ (a ranking MLP), applied in order after the pooler.
 from __future__ import annotations
 
 import glob
+import json
 import os
 import re
 from pathlib import Path
@@ -96,8 +97,8 @@ def load_checkpoint(path: str, config_path: str | None = None) -> TFSource:
         for name in list(wanted) + head_vars:
             weights[name] = np.ascontiguousarray(reader.get_tensor(name), dtype=np.float32)
     except Exception as exc:
-        raise BertfuseError(f"{prefix}: cannot read variable values ({type(exc).__name__})") \
-            from None
+        raise BertfuseError(f"{prefix}: cannot read variable values ({type(exc).__name__}); "
+                            f"is the .data file truncated or corrupt?") from None
 
     graph = tf.Graph()
     with graph.as_default():
@@ -120,8 +121,9 @@ def load_checkpoint(path: str, config_path: str | None = None) -> TFSource:
         input_dtypes={r: np.dtype(np.int32) for r in ("input_ids", "input_mask", "segment_ids")},
         outputs={k: t.name for k, t in outputs.items()},
         original_names={"input_ids": "input_ids", "input_mask": "input_mask",
-                        "segment_ids": "segment_ids"},
+                        "segment_ids": "segment_ids", **{k: k for k in outputs}},
         vocab_size=cfg.vocab_size,
         type_vocab_size=cfg.type_vocab_size,
         max_positions=cfg.max_position_embeddings,
+        config=json.loads(cfg.to_json()),
     )

@@ -35,6 +35,18 @@ class BertConfig:
         return self.hidden_size // self.num_attention_heads
 
     def validate(self) -> None:
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                     "intermediate_size", "max_position_embeddings", "type_vocab_size"):
+            value = getattr(self, name)
+            if isinstance(value, float) and value.is_integer():
+                value = int(value)
+                setattr(self, name, value)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise BertfuseError(f"bert_config: {name} must be a positive integer, "
+                                    f"got {value!r}")
+        if self.head_activation not in ACTIVATIONS:
+            raise BertfuseError(f"bert_config: unsupported head_activation "
+                                f"{self.head_activation!r} (supported: {', '.join(ACTIVATIONS)})")
         if self.hidden_size % self.num_attention_heads:
             raise BertfuseError(
                 f"bert_config: hidden_size {self.hidden_size} is not a multiple of "
@@ -42,10 +54,6 @@ class BertConfig:
         if self.hidden_act not in ACTIVATIONS:
             raise BertfuseError(f"bert_config: unsupported hidden_act {self.hidden_act!r} "
                                 f"(supported: {', '.join(ACTIVATIONS)})")
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "intermediate_size",
-                     "max_position_embeddings", "type_vocab_size"):
-            if getattr(self, name) <= 0:
-                raise BertfuseError(f"bert_config: {name} must be positive")
 
     @classmethod
     def from_json(cls, path: str | Path) -> "BertConfig":
@@ -56,6 +64,9 @@ class BertConfig:
             raise BertfuseError(f"{path}: bert_config.json not found") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise BertfuseError(f"{path}: not valid JSON ({exc})") from None
+        except OSError as exc:  # a directory, unreadable, ...
+            raise BertfuseError(f"{path}: cannot read bert_config.json "
+                                f"({exc.strerror or exc})") from None
         if not isinstance(raw, dict) or "vocab_size" not in raw:
             raise BertfuseError(f"{path}: not a BERT config (no vocab_size)")
         known = {k: v for k, v in raw.items() if k in cls.__dataclass_fields__ and k != "extra"}

@@ -28,6 +28,15 @@ def write_example(config: str | BertConfig, out_dir: str, seed: int = 0, head: b
         cfg.hidden_act = hidden_act
     cfg.validate()
     out = Path(out_dir)
+    # The directory is replaced as a whole: never one that holds anything but an example.
+    if out.exists() and not out.is_dir():
+        raise BertfuseError(f"{out}: exists and is not a directory")
+    if out.is_dir():
+        other = [f.name for f in out.iterdir() if f.name not in ("bert_config.json", "checkpoint")
+                 and not f.name.startswith("bert_model.ckpt.")]
+        if other:
+            raise BertfuseError(f"{out}: directory holds other files (e.g. {other[0]}); "
+                                f"not replacing it: pick a new or empty directory")
     out.parent.mkdir(parents=True, exist_ok=True)
     # Build in a sibling temp dir and rename: no half-written example on failure.
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))

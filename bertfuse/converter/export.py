@@ -60,6 +60,8 @@ def tf_to_onnx(src: TFSource, opset: int = 17) -> onnx.ModelProto:
     _canonicalise_io(model, src)
     meta = {"bertfuse_version": __version__, "source_kind": src.kind,
             "original_names": json.dumps(src.original_names, sort_keys=True)}
+    if src.config:
+        meta["bert_config"] = json.dumps(src.config, sort_keys=True)
     del model.metadata_props[:]
     for k, v in meta.items():
         model.metadata_props.add(key=k, value=v)

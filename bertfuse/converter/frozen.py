@@ -97,6 +97,8 @@ def source_from_graph_def(graph_def, kind: str, path: str, inputs: dict[str, str
             fixed_seq = dims[1].size
     if outputs is None:
         outputs = [f"{n}:0" for n in _detect_outputs(graph_def)]
+    # `--outputs` names nodes; tf2onnx wants tensors.
+    outputs = [o if ":" in o else f"{o}:0" for o in outputs]
     if not outputs:
         raise BertfuseError(f"{path}: no outputs found; name them with --outputs")
     node_names = {n.name for n in graph_def.node}
@@ -106,7 +108,7 @@ def source_from_graph_def(graph_def, kind: str, path: str, inputs: dict[str, str
     canon: dict[str, str] = {}
     original: dict[str, str] = {r: t.split(":")[0] for r, t in inputs.items()}
     for out in outputs:
-        shown = (output_names or {}).get(out, out)
+        shown = (output_names or {}).get(out, out[:-2] if out.endswith(":0") else out)
         name = canonical_output_name(shown, None, set(canon))
         canon[name] = out
         original[name] = shown
@@ -119,11 +121,27 @@ def source_from_graph_def(graph_def, kind: str, path: str, inputs: dict[str, str
 
 
 def _table_sizes(graph_def, weights: dict[str, np.ndarray]) -> tuple[int | None, int, int | None]:
-    """Vocab size = rows of the largest 2-D table read by a gather (for valid random ids)."""
-    gathered = set()
+    """Vocab size = rows of the largest 2-D table read by a gather (for valid random ids);
+    max positions = rows of a table named `position`, else of a 2-D weight read by a slice
+    (modeling.py's and keras-hub's position tables)."""
+    nodes = {n.name: n for n in graph_def.node}
+
+    def source(name: str) -> str:
+        # Frozen SavedModels read weights through Identity chains (ReadVariableOp, function
+        # inputs); weights there are named `unknown_N`.
+        name = name.lstrip("^").split(":")[0]
+        seen = 0
+        while name in nodes and nodes[name].op == "Identity" and nodes[name].input and seen < 64:
+            name = nodes[name].input[0].lstrip("^").split(":")[0]
+            seen += 1
+        return name
+
+    gathered, sliced = set(), set()
     for node in graph_def.node:
         if node.op in ("GatherV2", "Gather", "ResourceGather"):
-            gathered.add(node.input[0].split(":")[0])
+            gathered.add(source(node.input[0]))
+        elif node.op in ("Slice", "StridedSlice"):
+            sliced.add(source(node.input[0]))
     tables = sorted((w.shape[0] for n, w in weights.items() if w.ndim == 2 and
                      (n in gathered or not gathered)), reverse=True)
     vocab = tables[0] if tables else None
@@ -135,6 +153,10 @@ def _table_sizes(graph_def, weights: dict[str, np.ndarray]) -> tuple[int | None,
     for name, w in weights.items():
         if w.ndim == 2 and "position" in name.lower():
             max_pos = w.shape[0]
+    if max_pos is None:
+        rows = [w.shape[0] for n, w in weights.items() if w.ndim == 2 and n in sliced
+                and w.shape[0] != vocab]
+        max_pos = min(rows) if rows else None
     return vocab, type_vocab, max_pos
 
 
@@ -142,10 +164,17 @@ def load_frozen(path: str, outputs: list[str] | None,
                 role_override: dict[str, str]) -> TFSource:
     import tensorflow as tf
 
+    if Path(path).is_dir():
+        raise BertfuseError(f"{path}: is a directory, expected a frozen GraphDef (.pb) file")
     data = Path(path).read_bytes()
     graph_def = tf.compat.v1.GraphDef()
     try:
-        graph_def.ParseFromString(data)
+        if path.endswith(".pbtxt"):  # detect_kind maps .pbtxt here: text format
+            from google.protobuf import text_format
+
+            text_format.Parse(data.decode("utf-8"), graph_def)
+        else:
+            graph_def.ParseFromString(data)
     except Exception:
         raise BertfuseError(f"{path}: not a TensorFlow GraphDef (protobuf parse failed)") from None
     if not graph_def.node:

@@ -16,20 +16,45 @@ def _freeze(concrete) -> tuple[object, dict[str, str], dict[str, str]]:
         convert_variables_to_constants_v2,
     )
 
+    from tensorflow.python.util import nest
+
     frozen = convert_variables_to_constants_v2(concrete)
     graph_def = frozen.graph.as_graph_def()
     arg_names = [t.name for t in frozen.inputs]
-    # Signature keys, flattened in sorted order as tf.nest does, name the flat inputs.
-    _, kwargs = concrete.structured_input_signature
-    if kwargs and len(kwargs) == len(arg_names):
-        structured = dict(zip(sorted(kwargs), arg_names))
-    else:
-        structured = {n.split(":")[0]: n for n in arg_names}
-    outs = concrete.structured_outputs
-    if isinstance(outs, dict):
-        out_map = {k: frozen.outputs[i].name for i, k in enumerate(sorted(outs))}
-    else:
-        out_map = {t.name.split(":")[0]: t.name for t in frozen.outputs}
+    # A function's flat inputs are its structured signature flattened by tf.nest (dict keys
+    # sorted), captures removed by freezing. A signature placeholder is named after its key,
+    # so match by name first and use the flat position only for specs whose name is not a
+    # placeholder (renamed or uniquified ones).
+    flat_in = nest.flatten_with_tuple_paths(concrete.structured_input_signature)
+    if len(flat_in) != len(arg_names):
+        raise BertfuseError(f"cannot match the {len(flat_in)} signature inputs to the "
+                            f"{len(arg_names)} graph inputs of the frozen function")
+    by_name = {n.split(":")[0]: n for n in arg_names}
+    structured: dict[str, str] = {}
+    for i, (path, spec) in enumerate(flat_in):
+        spec_name = getattr(spec, "name", None)
+        if path[0] == 1:  # a keyword argument (what signatures have): its key names it
+            key = "_".join(str(p) for p in path[1:])
+        else:  # positional: the TensorSpec's name, else the placeholder's
+            key = spec_name or arg_names[i].split(":")[0]
+        tensor = (by_name.get(spec_name) if spec_name else None) or by_name.get(key)
+        structured[key] = tensor or arg_names[i]
+    if len(set(structured.values())) != len(structured):
+        # Names collide (uniquified placeholders): the flat order is TF's contract.
+        structured = dict(zip(structured, arg_names))
+    # Outputs: structured_outputs flattened by tf.nest, in the order of the function's outputs.
+    flat_out = nest.flatten_with_tuple_paths(concrete.structured_outputs)
+    if len(flat_out) != len(frozen.outputs):
+        raise BertfuseError(f"cannot match the {len(flat_out)} signature outputs to the "
+                            f"{len(frozen.outputs)} graph outputs of the frozen function")
+    out_map = {}
+    for i, (path, _) in enumerate(flat_out):
+        key = "_".join(str(p) for p in path)
+        if not key:  # a single tensor
+            key = frozen.outputs[i].name.split(":")[0]
+        elif all(isinstance(p, int) for p in path):  # a list/tuple of tensors
+            key = f"output_{key}"
+        out_map[key] = frozen.outputs[i].name
     return graph_def, structured, out_map
 
 
@@ -77,18 +102,45 @@ def load_keras(path: str, role_override: dict[str, str], outputs: list[str] | No
     except Exception as exc:
         raise BertfuseError(f"{path}: cannot load Keras model ({type(exc).__name__}: "
                             f"{str(exc).splitlines()[0][:200] if str(exc) else ''})") from None
+    try:
+        structure = model.input
+    except (AttributeError, ValueError):
+        structure = None
+    if structure is None:
+        raise BertfuseError(f"{path}: the Keras model has no defined inputs (a subclassed model "
+                            f"that was never built); export it as a SavedModel instead")
+    # A functional model is called with its inputs in the structure it was built with: a dict
+    # keyed by the dict's keys (not necessarily the Input layers' names), or a list / a tensor.
+    if isinstance(structure, dict):
+        named = list(structure.items())
+    else:
+        flat = list(structure) if isinstance(structure, (list, tuple)) else [structure]
+        named = [(t.name.split(":")[0], t) for t in flat]
+    if len({k for k, _ in named}) != len(named):
+        raise BertfuseError(f"{path}: Keras inputs have duplicate names "
+                            f"({', '.join(k for k, _ in named)})")
     specs = {}
-    inputs = model.inputs if isinstance(model.inputs, (list, tuple)) else [model.inputs]
-    for t in inputs:
-        name = t.name.split(":")[0]
-        specs[name] = tf.TensorSpec([None, t.shape[1]], t.dtype, name=name)
-    input_struct = model.input if isinstance(model.input, dict) else None
+    for name, t in named:
+        # Batch always dynamic; a fixed sequence length the model was built with stays.
+        specs[name] = tf.TensorSpec([None, *t.shape[1:]], t.dtype, name=name)
 
     @tf.function
     def serve(**kwargs):
-        args = kwargs if input_struct is not None else [kwargs[k] for k in specs]
+        if isinstance(structure, dict):
+            args = {k: kwargs[k] for k in structure}
+        elif isinstance(structure, (list, tuple)):
+            args = [kwargs[k] for k, _ in named]
+        else:
+            args = kwargs[named[0][0]]
         out = model(args, training=False)
-        return out if isinstance(out, dict) else {"output": out}
+        if isinstance(out, dict):
+            return out
+        if isinstance(out, (list, tuple)):
+            names = getattr(model, "output_names", None) or []
+            if len(names) != len(out):
+                names = [f"output_{i}" for i in range(len(out))]
+            return dict(zip(names, out))
+        return {"output": out}
 
     concrete = serve.get_concrete_function(**specs)
     return _source_from_concrete(concrete, "keras", path, role_override, outputs)

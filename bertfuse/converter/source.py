@@ -31,6 +31,7 @@ class TFSource:
     type_vocab_size: int = 2
     max_positions: int | None = None
     fixed_seq: int | None = None
+    config: dict | None = None  # bert_config.json contents, where the source has one
     _session: Any = None
 
     @property

@@ -1,0 +1,304 @@
+"""A serving session: preallocated IO buffers per shape bucket, IO binding, CUDA graphs.
+
+    request [B, S] ─► validate ─► smallest bucket (b ≥ B, s ≥ S) ─► copy into its input buffers
+                      (pad: mask 0) ─► replay the bucket's CUDA graph ─► outputs sliced [:B, :S]
+
+Each bucket owns device buffers for every input and output, allocated once and bound once
+with IO binding; with `cuda_graph=True` each bucket's run is captured as its own CUDA graph
+(ONNX Runtime's `gpu_graph_id`) and replayed. After `warmup()` a request allocates no device
+memory. On the CPU EP the same API runs without graphs, so CI exercises it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import onnx
+
+from bertfuse.errors import BertfuseError
+
+ROLES = ("input_ids", "input_mask", "segment_ids")
+DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32)
+DEFAULT_SEQ_BUCKETS = (32, 64, 128, 256, 512)
+
+
+class RequestError(BertfuseError, ValueError):
+    """A request that would reach a kernel with bad data: refused before it runs."""
+
+
+@dataclass
+class ModelFacts:
+    inputs: list[str]
+    outputs: list[str]
+    vocab_size: int | None
+    type_vocab_size: int | None
+    max_positions: int | None
+
+
+def model_facts(model: onnx.ModelProto) -> ModelFacts:
+    """Input/output names and embedding table sizes, read without running the model."""
+    inits = {i.name: i for i in model.graph.initializer}
+    inputs = [i.name for i in model.graph.input if i.name not in inits]
+    vocab = types = positions = None
+    for node in model.graph.node:
+        if node.op_type == "EmbedLayerNormalization":
+            dims = [list(inits[n].dims) if n in inits else None for n in node.input[2:5]]
+            vocab = dims[0][0] if dims[0] else None
+            positions = dims[1][0] if len(dims) > 1 and dims[1] else None
+            types = dims[2][0] if len(dims) > 2 and dims[2] else None
+            break
+    if vocab is None:  # raw graph: the largest table read by a Gather
+        tables = [list(inits[n.input[0]].dims) for n in model.graph.node
+                  if n.op_type == "Gather" and n.input[0] in inits and len(inits[n.input[0]].dims) == 2]
+        if tables:
+            vocab = max(t[0] for t in tables)
+    return ModelFacts(inputs, [o.name for o in model.graph.output], vocab, types, positions)
+
+
+@dataclass
+class _Bucket:
+    batch: int
+    seq: int
+    graph_id: int
+    binding: Any
+    inputs: dict[str, Any]
+    outputs: dict[str, Any]
+    host_inputs: dict[str, np.ndarray]
+    captured: bool = False
+
+
+class Session:
+    """`Session(model, max_batch, max_seq).run(input_ids, input_mask, segment_ids)`."""
+
+    def __init__(self, model: str | onnx.ModelProto, max_batch: int = 32, max_seq: int = 512,
+                 batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS,
+                 seq_buckets: Sequence[int] = DEFAULT_SEQ_BUCKETS, device: str = "cuda",
+                 cuda_graph: bool = True, provider_options: Mapping[str, str] | None = None,
+                 validate: bool = True) -> None:
+        import onnxruntime as ort
+
+        self._ort = ort
+        proto = onnx.load(model, load_external_data=False) if isinstance(model, str) else model
+        self.facts = model_facts(proto)
+        unknown = [n for n in self.facts.inputs if n not in ROLES]
+        if unknown:
+            raise BertfuseError(f"model inputs {unknown} are not bertfuse's canonical "
+                                f"{list(ROLES)}; convert or optimize it with bertfuse first")
+        if self.facts.max_positions:
+            max_seq = min(max_seq, self.facts.max_positions)
+        self.max_batch, self.max_seq = max_batch, max_seq
+        self.batch_buckets = _buckets(batch_buckets, max_batch)
+        self.seq_buckets = _buckets(seq_buckets, max_seq)
+        self.device = device
+        self.validate = validate
+        self._lock = threading.Lock()
+        self._buckets: dict[tuple[int, int], _Bucket] = {}
+
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        if device == "cuda":
+            if hasattr(ort, "preload_dlls"):
+                ort.preload_dlls()
+            cuda_opts = {"enable_cuda_graph": "1" if cuda_graph else "0"}
+            cuda_opts.update(provider_options or {})
+            providers: list = [("CUDAExecutionProvider", cuda_opts)]
+            if "CUDAExecutionProvider" not in ort.get_available_providers():
+                raise BertfuseError("device='cuda' needs onnxruntime-gpu "
+                                    "(pip install 'bertfuse[gpu]'); this onnxruntime has "
+                                    f"{ort.get_available_providers()}")
+        elif device == "cpu":
+            cuda_graph = False
+            providers = ["CPUExecutionProvider"]
+        else:
+            raise BertfuseError(f"device must be 'cuda' or 'cpu', not {device!r}")
+        self.cuda_graph = cuda_graph
+        data = model if isinstance(model, str) else model.SerializeToString()
+        try:
+            self.session = ort.InferenceSession(data, opts, providers=providers)
+        except Exception as exc:
+            if not cuda_graph:
+                raise
+            # Capture needs every node on the GPU; fall back to plain IO binding.
+            self.cuda_graph = False
+            self.fallback_reason = str(exc).splitlines()[0][:200]
+            providers = [("CUDAExecutionProvider", {**cuda_opts, "enable_cuda_graph": "0"})]
+            self.session = ort.InferenceSession(data, opts, providers=providers)
+        self._output_dims = self._probe_output_dims()
+
+    # -- buckets ----------------------------------------------------------------------------
+
+    def bucket_for(self, batch: int, seq: int) -> tuple[int, int]:
+        b = self.batch_buckets[bisect.bisect_left(self.batch_buckets, batch)]
+        s = self.seq_buckets[bisect.bisect_left(self.seq_buckets, seq)]
+        return b, s
+
+    def warmup(self, buckets: Sequence[tuple[int, int]] | None = None) -> None:
+        """Allocates, binds and captures every bucket (or the given ones) up front."""
+        with self._lock:
+            for b, s in buckets or [(b, s) for b in self.batch_buckets for s in self.seq_buckets]:
+                self._bucket(b, s)
+
+    def _probe_output_dims(self) -> dict[str, tuple[str | int, ...]]:
+        """Output shapes as ('B', 'S', 768)-style templates, from one tiny CPU-side run."""
+        dims = {}
+        b, s = 2, 3
+        feeds = {n: np.zeros((b, s), np.int32) for n in self.facts.inputs}
+        feeds.get("input_mask", np.zeros(0))[...] = 1
+        binding = self.session.io_binding()
+        for name, value in feeds.items():
+            binding.bind_cpu_input(name, value)
+        for name in self.facts.outputs:
+            binding.bind_output(name, "cpu")
+        self.session.run_with_iobinding(binding, self._run_options(-1))
+        for name, value in zip(self.facts.outputs, binding.copy_outputs_to_cpu()):
+            dims[name] = tuple("B" if i == 0 and d == b else "S" if i == 1 and d == s else d
+                               for i, d in enumerate(value.shape))
+        return dims
+
+    def _run_options(self, graph_id: int):
+        ro = self._ort.RunOptions()
+        if self.cuda_graph:
+            ro.add_run_config_entry("gpu_graph_id", str(graph_id))
+        return ro
+
+    def _bucket(self, batch: int, seq: int) -> _Bucket:
+        key = (batch, seq)
+        if key in self._buckets:
+            return self._buckets[key]
+        ort = self._ort
+        dev = "cuda" if self.device == "cuda" else "cpu"
+        binding = self.session.io_binding()
+        inputs, host = {}, {}
+        for name in self.facts.inputs:
+            host[name] = np.zeros((batch, seq), np.int32)
+            inputs[name] = ort.OrtValue.ortvalue_from_numpy(host[name], dev, 0)
+            binding.bind_ortvalue_input(name, inputs[name])
+        outputs = {}
+        for name in self.facts.outputs:
+            shape = [batch if d == "B" else seq if d == "S" else d for d in self._output_dims[name]]
+            outputs[name] = ort.OrtValue.ortvalue_from_shape_and_type(shape, np.float32, dev, 0)
+            binding.bind_ortvalue_output(name, outputs[name])
+        bucket = _Bucket(batch, seq, len(self._buckets), binding, inputs, outputs, host)
+        # The first runs of a graph id capture it; run twice so capture is out of the way.
+        ro = self._run_options(bucket.graph_id)
+        for _ in range(2):
+            self.session.run_with_iobinding(binding, ro)
+        bucket.captured = self.cuda_graph
+        self._buckets[key] = bucket
+        return bucket
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def run(self, input_ids: Any, input_mask: Any = None, segment_ids: Any = None,
+            to_host: bool = True) -> dict[str, Any]:
+        """Runs one request; returns {output name: array} sliced to the request's shape.
+
+        Inputs are NumPy arrays (or anything np.asarray takes), or device arrays exposing
+        __dlpack__ (CuPy, torch), which are copied device-to-device. With to_host=False the
+        outputs stay on the device as ORT OrtValues of the bucket's shape (valid until the
+        next call): slice them yourself with the returned 'batch'/'seq'."""
+        given = {"input_ids": input_ids, "input_mask": input_mask, "segment_ids": segment_ids}
+        arrays = self._check(given)
+        batch, seq = arrays["input_ids"].shape
+        with self._lock:
+            bucket = self._bucket(*self.bucket_for(batch, seq))
+            self._fill(bucket, arrays, batch, seq)
+            self.session.run_with_iobinding(bucket.binding, self._run_options(bucket.graph_id))
+            if not to_host:
+                return {"batch": batch, "seq": seq, **bucket.outputs}
+            out = {}
+            for name, value in bucket.outputs.items():
+                host = value.numpy()
+                out[name] = host[:batch, :seq] if self._output_dims[name][1:2] == ("S",) \
+                    else host[:batch]
+            return out
+
+    def _fill(self, bucket: _Bucket, arrays: dict[str, Any], batch: int, seq: int) -> None:
+        for name in self.facts.inputs:
+            src = arrays.get(name)
+            buf = bucket.host_inputs[name]
+            buf.fill(0)
+            if src is None:
+                if name == "input_mask":
+                    buf[:batch, :seq] = 1
+            elif isinstance(src, np.ndarray):
+                buf[:batch, :seq] = src
+            else:  # device array: copy on the device, never through the host
+                _device_copy(bucket.inputs[name], src, batch, seq)
+                continue
+            bucket.inputs[name].update_inplace(buf)
+
+    def _check(self, given: dict[str, Any]) -> dict[str, Any]:
+        arrays: dict[str, Any] = {}
+        shape = None
+        for role, value in given.items():
+            if value is None:
+                continue
+            if role not in self.facts.inputs:
+                raise RequestError(f"this model takes no {role}")
+            arr = value if hasattr(value, "__dlpack__") and not isinstance(value, np.ndarray) \
+                else np.asarray(value)
+            if np.dtype(str(arr.dtype)).kind not in "iu":
+                raise RequestError(f"{role} must be an integer array, got {arr.dtype}")
+            if len(arr.shape) != 2:
+                raise RequestError(f"{role} must be [batch, seq], got shape {tuple(arr.shape)}")
+            if shape is not None and tuple(arr.shape) != shape:
+                raise RequestError(f"{role} has shape {tuple(arr.shape)}, input_ids {shape}")
+            shape = tuple(arr.shape)
+            arrays[role] = arr
+        if "input_ids" not in arrays:
+            raise RequestError("input_ids is required")
+        batch, seq = shape
+        if not 1 <= batch <= self.max_batch:
+            raise RequestError(f"batch {batch} outside 1..{self.max_batch}")
+        if not 1 <= seq <= self.max_seq:
+            raise RequestError(f"sequence length {seq} outside 1..{self.max_seq}")
+        if self.validate:
+            _check_range(arrays["input_ids"], "input_ids", self.facts.vocab_size)
+            if "segment_ids" in arrays:
+                _check_range(arrays["segment_ids"], "segment_ids", self.facts.type_vocab_size)
+            if "input_mask" in arrays:
+                _check_range(arrays["input_mask"], "input_mask", 2)
+        return {k: (v.astype(np.int32, copy=False) if isinstance(v, np.ndarray) else v)
+                for k, v in arrays.items()}
+
+    def device_memory_used(self) -> int | None:
+        """Bytes in use on the device (cudaMemGetInfo), or None off the GPU."""
+        if self.device != "cuda":
+            return None
+        try:
+            import cupy
+
+            free, total = cupy.cuda.runtime.memGetInfo()
+            return int(total - free)
+        except Exception:
+            return None
+
+
+def _buckets(values: Sequence[int], limit: int) -> list[int]:
+    out = sorted({v for v in values if 0 < v <= limit} | {limit})
+    return out
+
+
+def _check_range(arr: Any, role: str, upper: int | None) -> None:
+    lo, hi = (int(arr.min()), int(arr.max())) if isinstance(arr, np.ndarray) else \
+        (int(arr.min().item()), int(arr.max().item()))
+    if lo < 0 or (upper is not None and hi >= upper):
+        bound = f"[0, {upper})" if upper is not None else ">= 0"
+        raise RequestError(f"{role} values must be in {bound}, got {lo}..{hi}")
+
+
+def _device_copy(dst: Any, src: Any, batch: int, seq: int) -> None:
+    """dst (bucket OrtValue) <- src (DLPack device array), padded with zeros, via CuPy."""
+    import cupy
+
+    shape = tuple(dst.shape())
+    mem = cupy.cuda.UnownedMemory(dst.data_ptr(), int(np.prod(shape)) * 4, dst)
+    view = cupy.ndarray(shape, cupy.int32, cupy.cuda.MemoryPointer(mem, 0))
+    view.fill(0)
+    view[:batch, :seq] = cupy.from_dlpack(src).astype(cupy.int32, copy=False)
+    cupy.cuda.get_current_stream().synchronize()

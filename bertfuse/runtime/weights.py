@@ -1,0 +1,83 @@
+"""Weight stripping for transport, and seeded refilling.
+
+A stripped model keeps every large initializer's name, shape and dtype (in the model's
+metadata, `bertfuse_stripped`) and drops its bytes, so a BERT-large skeleton is a few hundred
+KB. `fill_weights` puts seeded random values back: normal(0, 0.02) for matrices and biases,
+near 1 for LayerNorm scales (recognised by the op that reads them, or by name). Filling the
+raw model and then running the passes on it gives raw and fused models with the same
+weights, comparable anywhere, without TensorFlow.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+META_KEY = "bertfuse_stripped"
+MIN_ELEMENTS = 1024
+
+# (op, input index) pairs that read a LayerNorm scale.
+_SCALE_SLOTS = {("LayerNormalization", 1), ("SkipLayerNormalization", 2),
+                ("EmbedLayerNormalization", 5)}
+
+
+def strip_weights(model: onnx.ModelProto, min_elements: int = MIN_ELEMENTS) -> int:
+    """Strips initializers with at least `min_elements` values in place; returns the count."""
+    meta = []
+    for init in model.graph.initializer:
+        numel = int(np.prod(init.dims)) if init.dims else 1
+        if numel < min_elements:
+            continue
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(init.data_type)
+        meta.append({"name": init.name, "shape": list(init.dims), "dtype": str(dtype)})
+        for field in ("raw_data", "float_data", "int32_data", "int64_data", "double_data",
+                      "external_data"):
+            init.ClearField(field)
+        init.data_location = onnx.TensorProto.DEFAULT
+        init.dims[:] = [0]
+    props = [p for p in model.metadata_props if p.key != META_KEY]
+    del model.metadata_props[:]
+    model.metadata_props.extend(props)
+    model.metadata_props.add(key=META_KEY, value=json.dumps(meta))
+    return len(meta)
+
+
+def is_stripped(model: onnx.ModelProto) -> bool:
+    return any(p.key == META_KEY for p in model.metadata_props)
+
+
+def _scale_names(model: onnx.ModelProto) -> set[str]:
+    names = set()
+    for node in model.graph.node:
+        for i, name in enumerate(node.input):
+            if (node.op_type, i) in _SCALE_SLOTS:
+                names.add(name)
+    return names
+
+
+def fill_weights(model: onnx.ModelProto, seed: int = 0, std: float = 0.02) -> int:
+    """Refills a stripped model in place with seeded values; returns the count."""
+    meta = next((json.loads(p.value) for p in model.metadata_props if p.key == META_KEY), None)
+    if meta is None:
+        return 0
+    rng = np.random.default_rng(seed)
+    scales = _scale_names(model)
+    by_name = {i.name: i for i in model.graph.initializer}
+    for entry in meta:
+        shape, dtype, name = entry["shape"], np.dtype(entry["dtype"]), entry["name"]
+        if dtype.kind == "f":
+            values = rng.standard_normal(shape) * std
+            lowered = name.lower()
+            if len(shape) == 1 and (name in scales or "gamma" in lowered or
+                                    "layernorm/scale" in lowered or "layer_norm/scale" in lowered):
+                values += 1.0
+        else:
+            values = rng.integers(0, 2, size=shape)
+        by_name[name].CopyFrom(numpy_helper.from_array(values.astype(dtype), name))
+    props = [p for p in model.metadata_props if p.key != META_KEY]
+    del model.metadata_props[:]
+    model.metadata_props.extend(props)
+    return len(meta)
