@@ -7,6 +7,10 @@ class BertfuseError(Exception):
     exit_code = 2
 
 
+class UsageError(BertfuseError):
+    """Bad command-line arguments (argparse's errors, reported as one line)."""
+
+
 class ParityError(BertfuseError):
     """The converted model drifts from the source model past tolerance."""
 

@@ -23,10 +23,16 @@ def load_model(path: str | Path, load_weights: bool = True) -> onnx.ModelProto:
     path = Path(path)
     if not path.exists():
         raise BertfuseError(f"{path}: no such file")
+    if path.is_dir():
+        raise BertfuseError(f"{path}: is a directory, expected an .onnx file")
     try:
-        return onnx.load(str(path), load_external_data=load_weights)
+        model = onnx.load(str(path), load_external_data=load_weights)
     except Exception as exc:
         raise BertfuseError(f"{path}: not a readable ONNX model ({type(exc).__name__})") from None
+    # Protobuf parses some non-ONNX bytes (an empty file, say) into an empty message.
+    if not model.opset_import or not model.graph.node:
+        raise BertfuseError(f"{path}: not an ONNX model (no graph or no opset)")
+    return model
 
 
 def check_model(model: onnx.ModelProto, providers: list[str] | None = None) -> None:

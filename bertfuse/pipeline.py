@@ -154,6 +154,8 @@ def optimize(in_path: str, out_path: str, status: Callable[[str], None] | None =
 def verify(model_path: str, src_path: str, opts: ConvertOptions,
            status: Callable[[str], None] | None = None) -> RunReport:
     from bertfuse.converter import load_source
+    from bertfuse.converter.interface import match_interface
+    from bertfuse.converter.roles import parse_override
     from bertfuse.modelio import load_model
 
     report = RunReport()
@@ -166,7 +168,8 @@ def verify(model_path: str, src_path: str, opts: ConvertOptions,
                              opts.config)
         st.nodes = source.tf_node_count
     try:
-        _check_interface(model, source, model_path, src_path)
+        model = match_interface(model, source, model_path, src_path,
+                                parse_override(opts.inputs))
         with report.stage("verify vs TensorFlow", status) as st:
             try:
                 report.parity = verify_against_tf(model, source, _precision_of(model),
@@ -188,17 +191,3 @@ def _precision_of(model: onnx.ModelProto) -> str:
     """fp16 tolerances for a model that holds fp16 weights."""
     half = onnx.TensorProto.FLOAT16
     return "fp16" if any(i.data_type == half for i in model.graph.initializer) else "fp32"
-
-
-def _check_interface(model: onnx.ModelProto, source, model_path: str, src_path: str) -> None:
-    """The ONNX must take (a subset of) the source's input roles and share an output."""
-    inits = {i.name for i in model.graph.initializer}
-    inputs = [i.name for i in model.graph.input if i.name not in inits]
-    extra = [n for n in inputs if n not in source.inputs]
-    if extra:
-        raise BertfuseError(f"{model_path}: inputs {', '.join(extra)} are not among {src_path}'s "
-                            f"inputs ({', '.join(source.inputs)})")
-    outputs = [o.name for o in model.graph.output]
-    if not set(outputs) & set(source.outputs):
-        raise BertfuseError(f"{model_path}: outputs {', '.join(outputs)} share no name with "
-                            f"{src_path}'s outputs ({', '.join(source.outputs)})")

@@ -42,7 +42,7 @@ def ort_session(model: onnx.ModelProto | str, providers: list[str] | None = None
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
-    opts.log_severity_level = 3
+    opts.log_severity_level = 4  # run errors come back as exceptions; don't also log them
     if not optimize:
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     data = model if isinstance(model, str) else model.SerializeToString()

@@ -127,7 +127,7 @@ class Session:
             self.fallback_reason = str(exc).splitlines()[0][:200]
             providers = [("CUDAExecutionProvider", {**cuda_opts, "enable_cuda_graph": "0"})]
             self.session = ort.InferenceSession(data, opts, providers=providers)
-        self._output_dims = self._probe_output_dims()
+        self._output_dims = _declared_output_dims(proto) or self._probe_output_dims()
 
     # -- buckets ----------------------------------------------------------------------------
 
@@ -277,6 +277,27 @@ class Session:
             return int(total - free)
         except Exception:
             return None
+
+
+def _declared_output_dims(model: onnx.ModelProto) -> dict[str, tuple] | None:
+    """('B', 'S', 768)-style templates from the declared output shapes, if all are known."""
+    dims = {}
+    for out in model.graph.output:
+        shape = out.type.tensor_type.shape.dim
+        template: list = []
+        for i, d in enumerate(shape):
+            if d.dim_value > 0:
+                template.append(d.dim_value)
+            elif d.dim_param and i == 0:
+                template.append("B")
+            elif d.dim_param and i == 1 and len(shape) == 3:
+                template.append("S")
+            else:
+                return None
+        if not template:
+            return None
+        dims[out.name] = tuple(template)
+    return dims
 
 
 def _buckets(values: Sequence[int], limit: int) -> list[int]:

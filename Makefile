@@ -1,0 +1,46 @@
+# Set-up is two commands, both safe on a fresh clone with nothing installed:
+#   make demo   bootstrap .venv, write the shenma-3l example checkpoint, convert it
+#   make test   bootstrap .venv, run the test suite
+# The venv is (re)installed only when it is missing or pyproject.toml changed (a stamp file).
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+# cpu = onnxruntime; use EXTRAS=tf,gpu,test for onnxruntime-gpu (never both: they clash).
+EXTRAS ?= tf,cpu,test
+STAMP  := $(VENV)/.bertfuse-installed
+DEMO   ?= shenma-3l
+
+.PHONY: demo test venv clean
+
+demo: $(STAMP) out/$(DEMO)/bert_config.json
+	$(BIN)/bertfuse convert out/$(DEMO) -o out/$(DEMO).onnx
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@case ",$(EXTRAS)," in *,cpu,*,gpu,*|*,gpu,*,cpu,*) \
+	    echo "EXTRAS=$(EXTRAS): pick cpu or gpu, not both" >&2; exit 1;; esac; \
+	case ",$(EXTRAS)," in *,cpu,*) other=onnxruntime-gpu;; *,gpu,*) other=onnxruntime;; \
+	    *) other=;; esac; \
+	if [ -n "$$other" ] && $(BIN)/python -m pip show -q "$$other" >/dev/null 2>&1; then \
+	    echo "$(VENV) already has $$other; onnxruntime and onnxruntime-gpu must not be" \
+	         "installed together: '$(BIN)/pip uninstall $$other' or remove $(VENV)" >&2; \
+	    exit 1; fi
+	$(BIN)/python -m pip install -e '.[$(EXTRAS)]'
+	@# keras-hub (a Keras 3 BERT for the fusion tests) without tensorflow-text, which would
+	@# pull the full tensorflow package over tensorflow-cpu.
+	$(BIN)/python -m pip install --no-deps 'keras-hub==0.32.*'
+	$(BIN)/python -m pip install regex kagglehub
+	@touch $@
+
+# The example is written once (the command replaces it atomically if rerun by hand).
+out/$(DEMO)/bert_config.json: | $(STAMP)
+	$(BIN)/bertfuse example --config $(DEMO) -o out/$(DEMO)
+
+clean:
+	rm -rf out
