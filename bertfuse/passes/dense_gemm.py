@@ -100,3 +100,45 @@ def _rank2(t: gs.Tensor) -> bool:
     if node.op in ("Tanh", "Relu", "Sigmoid", "Gelu", "Add", "Mul"):
         return _rank2(node.inputs[0])
     return False
+
+
+class GemmToMatMul:
+    """The inverse, run first: Gemm(x, W[, b]) -> MatMul(x, W) [+ Add(b)].
+
+    tf2onnx lowers einsum (Keras' EinsumDense, MultiHeadAttention) to Gemm; the fusions and
+    the 3-D restructuring reason about MatMul + bias Add, so dense layers start in that form
+    and the 2-D ones become Gemm again at the end (DenseGemmFusion).
+    """
+
+    name = "gemm_to_matmul"
+
+    def __call__(self, graph: gs.Graph) -> PassResult:
+        result = PassResult()
+        for node in list(graph.nodes):
+            if node.op != "Gemm" or node.attrs.get("transA", 0) or \
+                    float(node.attrs.get("alpha", 1.0)) != 1.0:
+                continue
+            w = const_value(node.inputs[1])
+            if w is None or w.ndim != 2:
+                continue
+            if node.attrs.get("transB", 0):
+                w = w.T
+            bias = const_value(node.inputs[2]) if len(node.inputs) > 2 and \
+                node.inputs[2].name else None
+            if bias is not None and (bias.ndim > 1 and bias.shape[0] != 1):
+                continue
+            y = node.outputs[0]
+            mm_out = gs.Variable(f"{y.name}_matmul", dtype=y.dtype)
+            graph.nodes.append(gs.Node("MatMul", f"{node.name}_MatMul", inputs=[
+                node.inputs[0], const(f"{node.name}_W", w)], outputs=[mm_out]))
+            if bias is not None and np.any(bias):
+                beta = float(node.attrs.get("beta", 1.0))
+                out = gs.Variable(f"{y.name}_biased", dtype=y.dtype)
+                graph.nodes.append(gs.Node("Add", f"{node.name}_bias", inputs=[
+                    mm_out, const(f"{node.name}_b", (beta * bias).reshape(-1).astype(w.dtype))],
+                    outputs=[out]))
+                mm_out = out
+            replace_tensor(graph, y, mm_out)
+            node.outputs.clear()
+            result.rewrites += 1
+        return result

@@ -25,6 +25,38 @@ ELEMENTWISE = {"Add", "Sub", "Mul", "Div", "Neg", "Sqrt", "Reciprocal", "Pow", "
                "ReduceMean", "GlobalAveragePool", "Cast", "Identity"}
 
 
+RANK3_PRODUCERS = {"Attention", "EmbedLayerNormalization"}
+RANK_PRESERVING = {"MatMul", "Add", "Sub", "Mul", "Div", "SkipLayerNormalization",
+                   "LayerNormalization", "BiasGelu", "FastGelu", "Gelu", "Relu", "Tanh", "Erf",
+                   "Cast", "Sigmoid", "Softmax", "Identity"}
+
+
+def rank_of(t: gs.Tensor, depth: int = 0) -> int | None:
+    """A tensor's rank from shape inference, or from what produced it."""
+    if t.shape is not None:
+        return len(t.shape)
+    node = t.inputs[0] if t.inputs else None
+    if node is None or depth > 50:
+        return None
+    if node.op in RANK3_PRODUCERS:
+        return 3
+    if node.op == "Reshape":
+        shape = const_value(node.inputs[1])
+        return None if shape is None else int(np.size(shape))
+    if node.op in RANK_PRESERVING:
+        return rank_of(node.inputs[0], depth + 1)
+    return None
+
+
+def bs_input(graph: gs.Graph) -> gs.Variable | None:
+    """A [batch, seq] integer model input (ids or mask): the source of B and S."""
+    for t in graph.inputs:
+        if t.shape is not None and len(t.shape) == 2 and t.dtype is not None and \
+                np.dtype(t.dtype).kind in "iub":
+            return t
+    return None
+
+
 def closed_region(start: Iterable[gs.Tensor], ops: set[str] = ELEMENTWISE,
                   limit: int = 64) -> list[gs.Node]:
     """Nodes reachable from `start` whose every non-constant input comes from `start` or the
@@ -115,13 +147,19 @@ def eval_elementwise(region: list[gs.Node], feeds: dict[int, np.ndarray]) -> dic
     return env
 
 
-def ancestors(tensors: Iterable[gs.Tensor]) -> tuple[list[gs.Node], list[gs.Variable]]:
-    """All nodes feeding `tensors` (topological order) and the graph inputs they start from."""
+def ancestors(tensors: Iterable[gs.Tensor], cut: Iterable[gs.Tensor] = ()
+              ) -> tuple[list[gs.Node], list[gs.Variable]]:
+    """All nodes feeding `tensors` (topological order) and the sources they start from: graph
+    inputs, and the `cut` tensors, which are treated as inputs."""
     nodes: dict[int, gs.Node] = {}
     sources: dict[int, gs.Variable] = {}
+    cut_ids = {id(t) for t in cut}
     stack = list(tensors)
     while stack:
         t = stack.pop()
+        if id(t) in cut_ids:
+            sources[id(t)] = t
+            continue
         if not t.inputs:
             if isinstance(t, gs.Variable):
                 sources[id(t)] = t
@@ -155,11 +193,13 @@ def _topo(nodes: list[gs.Node]) -> list[gs.Node]:
 
 
 def eval_with_ort(graph: gs.Graph, outputs: list[gs.Tensor],
-                  feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    """Evaluates `outputs` from the graph inputs with ONNX Runtime (CPU, no optimisation)."""
+                  feeds: dict[str, np.ndarray],
+                  cut: dict[str, gs.Tensor] | None = None) -> list[np.ndarray]:
+    """Evaluates `outputs` from the graph inputs with ONNX Runtime (CPU, no optimisation).
+    `cut` names inner tensors to feed directly (their producers are not evaluated)."""
     import onnxruntime as ort
 
-    nodes, sources = ancestors(outputs)
+    nodes, sources = ancestors(outputs, (cut or {}).values())
     missing = [s.name for s in sources if s.name not in feeds]
     if missing:
         raise KeyError(f"needs {', '.join(missing)}")

@@ -59,15 +59,17 @@ class PipelineReport:
 def default_passes(precision: str = "fp32") -> list[Pass]:
     """Passes in the order they must run (later fusions match on earlier ones' output)."""
     from bertfuse.passes.attention import AttentionFusion
-    from bertfuse.passes.dense_gemm import DenseGemmFusion
+    from bertfuse.passes.dense_gemm import DenseGemmFusion, GemmToMatMul
     from bertfuse.passes.embed_layernorm import EmbedLayerNormFusion
     from bertfuse.passes.gelu import GeluFusion
     from bertfuse.passes.hidden_3d import Hidden3DPass
     from bertfuse.passes.layernorm import LayerNormFusion
+    from bertfuse.passes.shape_from_inputs import ShapeFromInputs
     from bertfuse.passes.skip_layernorm import SkipLayerNormFusion
 
-    passes: list[Pass] = [Cleanup(), LayerNormFusion(), EmbedLayerNormFusion(), GeluFusion(),
-                          AttentionFusion(), SkipLayerNormFusion(), Cleanup(), Hidden3DPass(),
+    passes: list[Pass] = [Cleanup(), GemmToMatMul(), LayerNormFusion(), EmbedLayerNormFusion(), GeluFusion(),
+                          AttentionFusion(), SkipLayerNormFusion(), Cleanup(), ShapeFromInputs(),
+                          Cleanup(), Hidden3DPass(),
                           DenseGemmFusion(), Cleanup()]
     if precision == "fp16":
         from bertfuse.passes.fp16 import Fp16Pass
