@@ -224,22 +224,30 @@ def run_workload(name: str, skeleton: str, batch: int, seq: int, iters: int,
         except Exception as exc:
             results.append(Result(name, label, note=f"failed: {str(exc).splitlines()[0][:160]}"))
 
-    res = Result(name, "bertfuse fp16 runtime (arena + CUDA graph)")
-    try:
-        s = Session(paths["bertfuse16"], max_batch=batch, max_seq=seq, batch_buckets=(batch,),
-                    seq_buckets=(seq,), device="cuda", cuda_graph=True)
-        s.warmup([(batch, seq)])
-        args = (feeds["input_ids"], feeds["input_mask"], feeds["segment_ids"])
-        fn = lambda: s.run(*args, to_host=False)  # noqa: E731
-        res.p50_us, res.p99_us = time_calls(fn, iters)
-        res.seq_per_s = batch / res.p50_us * 1e6
-        res.max_diff, res.mean_diff = compare(s.run(*args), ref, mask)
-        res.note = "CUDA graph" if s.cuda_graph else f"no graph: {getattr(s, 'fallback_reason', '')}"
-        if profile:
-            res.gpu_us, res.kernels, res.breakdown = kernel_profile(fn)
-    except Exception as exc:
-        res.note = f"failed: {str(exc).splitlines()[0][:200]}"
-    results.append(res)
+    for label, variants in (("bertfuse fp16 runtime, raw 2-D mask only", False),
+                            ("bertfuse fp16 runtime (arena + CUDA graph)", True)):
+        res = Result(name, label)
+        try:
+            s = Session(paths["bertfuse16"], max_batch=batch, max_seq=seq,
+                        batch_buckets=(batch,), seq_buckets=(seq,), device="cuda",
+                        cuda_graph=True, mask_variants=variants)
+            s.warmup([(batch, seq)])
+            args = (feeds["input_ids"], feeds["input_mask"], feeds["segment_ids"])
+            fn = lambda: s.run(*args, to_host=False)  # noqa: E731
+            res.p50_us, res.p99_us = time_calls(fn, iters)
+            res.seq_per_s = batch / res.p50_us * 1e6
+            res.max_diff, res.mean_diff = compare(s.run(*args), ref, mask)
+            res.note = "CUDA graph" if s.cuda_graph else f"no graph: {s.fallback_reason}"
+            if variants:
+                from bertfuse.runtime.variants import mask_mode
+
+                res.note += f"; mask variant: {mask_mode(feeds['input_mask'])}"
+            if profile:
+                res.gpu_us, res.kernels, res.breakdown = kernel_profile(fn)
+            del s
+        except Exception as exc:
+            res.note = f"failed: {str(exc).splitlines()[0][:200]}"
+        results.append(res)
     return results, paths
 
 

@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 
 from bertfuse.errors import BertfuseError
+from bertfuse.runtime.variants import attention_mask_variant, mask_mode
 
 ROLES = ("input_ids", "input_mask", "segment_ids")
 DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32)
@@ -63,12 +64,11 @@ def model_facts(model: onnx.ModelProto) -> ModelFacts:
 class _Bucket:
     batch: int
     seq: int
-    graph_id: int
-    binding: Any
-    inputs: dict[str, Any]
+    graph_ids: dict[str, int]  # per mask variant (each variant is its own session)
+    bindings: dict[str, Any]
+    packed: Any  # device [n_inputs, batch, seq] int32, bound as the inputs
     outputs: dict[str, Any]
-    host_inputs: dict[str, np.ndarray]
-    captured: bool = False
+    host: np.ndarray  # host staging for `packed`
 
 
 class Session:
@@ -78,7 +78,7 @@ class Session:
                  batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS,
                  seq_buckets: Sequence[int] = DEFAULT_SEQ_BUCKETS, device: str = "cuda",
                  cuda_graph: bool = True, provider_options: Mapping[str, str] | None = None,
-                 validate: bool = True) -> None:
+                 validate: bool = True, mask_variants: bool = True) -> None:
         import onnxruntime as ort
 
         self._ort = ort
@@ -116,18 +116,31 @@ class Session:
         else:
             raise BertfuseError(f"device must be 'cuda' or 'cpu', not {device!r}")
         self.cuda_graph = cuda_graph
-        data = model if isinstance(model, str) else model.SerializeToString()
+        self.fallback_reason = ""
+        self._opts, self._providers = opts, providers
+        self.sessions = {"raw": self._make_session(proto)}
+        if mask_variants and "input_mask" in self.facts.inputs:
+            for mode in ("keylen", "nomask"):
+                variant = attention_mask_variant(proto, mode)
+                if variant is not None:
+                    self.sessions[mode] = self._make_session(variant)
+        self.session = self.sessions["raw"]
+        self._output_dims = _declared_output_dims(proto) or self._probe_output_dims()
+
+    def _make_session(self, proto: onnx.ModelProto):
+        ort = self._ort
+        data = proto.SerializeToString()
         try:
-            self.session = ort.InferenceSession(data, opts, providers=providers)
+            return ort.InferenceSession(data, self._opts, providers=self._providers)
         except Exception as exc:
-            if not cuda_graph:
+            if not self.cuda_graph:
                 raise
             # Capture needs every node on the GPU; fall back to plain IO binding.
             self.cuda_graph = False
             self.fallback_reason = str(exc).splitlines()[0][:200]
-            providers = [("CUDAExecutionProvider", {**cuda_opts, "enable_cuda_graph": "0"})]
-            self.session = ort.InferenceSession(data, opts, providers=providers)
-        self._output_dims = _declared_output_dims(proto) or self._probe_output_dims()
+            name, opts = self._providers[0]
+            self._providers = [(name, {**opts, "enable_cuda_graph": "0"})]
+            return ort.InferenceSession(data, self._opts, providers=self._providers)
 
     # -- buckets ----------------------------------------------------------------------------
 
@@ -171,23 +184,32 @@ class Session:
             return self._buckets[key]
         ort = self._ort
         dev = "cuda" if self.device == "cuda" else "cpu"
-        binding = self.session.io_binding()
-        inputs, host = {}, {}
-        for name in self.facts.inputs:
-            host[name] = np.zeros((batch, seq), np.int32)
-            inputs[name] = ort.OrtValue.ortvalue_from_numpy(host[name], dev, 0)
-            binding.bind_ortvalue_input(name, inputs[name])
+        names = self.facts.inputs
+        # All inputs live in one [n_inputs, batch, seq] buffer: one host->device copy a request.
+        host = np.zeros((len(names), batch, seq), np.int32)
+        packed = ort.OrtValue.ortvalue_from_numpy(host, dev, 0)
         outputs = {}
         for name in self.facts.outputs:
             shape = [batch if d == "B" else seq if d == "S" else d for d in self._output_dims[name]]
             outputs[name] = ort.OrtValue.ortvalue_from_shape_and_type(shape, np.float32, dev, 0)
-            binding.bind_ortvalue_output(name, outputs[name])
-        bucket = _Bucket(batch, seq, len(self._buckets), binding, inputs, outputs, host)
-        # The first runs of a graph id capture it; run twice so capture is out of the way.
-        ro = self._run_options(bucket.graph_id)
-        for _ in range(2):
-            self.session.run_with_iobinding(binding, ro)
-        bucket.captured = self.cuda_graph
+        bindings, graph_ids = {}, {}
+        for mode, sess in self.sessions.items():
+            binding = sess.io_binding()
+            for i, name in enumerate(names):
+                binding.bind_input(name, dev, 0, np.int32, [batch, seq],
+                                   packed.data_ptr() + i * batch * seq * 4)
+            for name, value in outputs.items():
+                binding.bind_ortvalue_output(name, value)
+            bindings[mode] = binding
+            graph_ids[mode] = len(self._buckets)
+            # The first runs of a graph id capture it; run twice so capture is out of the way.
+            if "input_mask" in names:
+                host[names.index("input_mask")] = 1
+            packed.update_inplace(host)
+            ro = self._run_options(graph_ids[mode])
+            for _ in range(2):
+                sess.run_with_iobinding(binding, ro)
+        bucket = _Bucket(batch, seq, graph_ids, bindings, packed, outputs, host)
         self._buckets[key] = bucket
         return bucket
 
@@ -204,10 +226,22 @@ class Session:
         given = {"input_ids": input_ids, "input_mask": input_mask, "segment_ids": segment_ids}
         arrays = self._check(given)
         batch, seq = arrays["input_ids"].shape
+        mode = "raw"
+        mask = arrays.get("input_mask")
+        if len(self.sessions) > 1:
+            if mask is None:
+                mode = "nomask"
+            elif isinstance(mask, np.ndarray):
+                mode = mask_mode(mask)
+        mode = mode if mode in self.sessions else "raw"
         with self._lock:
             bucket = self._bucket(*self.bucket_for(batch, seq))
+            if mode != "raw" and (bucket.batch, bucket.seq) != (batch, seq):
+                # Bucket padding adds padded keys to every row: still right padding.
+                mode = "keylen" if "keylen" in self.sessions else "raw"
             self._fill(bucket, arrays, batch, seq)
-            self.session.run_with_iobinding(bucket.binding, self._run_options(bucket.graph_id))
+            self.sessions[mode].run_with_iobinding(bucket.bindings[mode],
+                                                   self._run_options(bucket.graph_ids[mode]))
             if not to_host:
                 return {"batch": batch, "seq": seq, **bucket.outputs}
             out = {}
@@ -218,19 +252,23 @@ class Session:
             return out
 
     def _fill(self, bucket: _Bucket, arrays: dict[str, Any], batch: int, seq: int) -> None:
-        for name in self.facts.inputs:
+        host = bucket.host
+        host.fill(0)
+        device_inputs = []
+        for i, name in enumerate(self.facts.inputs):
             src = arrays.get(name)
-            buf = bucket.host_inputs[name]
-            buf.fill(0)
             if src is None:
                 if name == "input_mask":
-                    buf[:batch, :seq] = 1
+                    host[i, :batch, :seq] = 1
             elif isinstance(src, np.ndarray):
-                buf[:batch, :seq] = src
-            else:  # device array: copy on the device, never through the host
-                _device_copy(bucket.inputs[name], src, batch, seq)
-                continue
-            bucket.inputs[name].update_inplace(buf)
+                host[i, :batch, :seq] = src
+            else:
+                device_inputs.append((i, src))
+            if name == "input_mask":
+                host[i, batch:, 0] = 1  # bucket rows past the batch: one key, never zero
+        bucket.packed.update_inplace(host)
+        for i, src in device_inputs:  # device arrays: copied on the device, not via the host
+            _device_copy(bucket.packed, i, src, batch, seq)
 
     def _check(self, given: dict[str, Any]) -> dict[str, Any]:
         arrays: dict[str, Any] = {}
@@ -313,13 +351,12 @@ def _check_range(arr: Any, role: str, upper: int | None) -> None:
         raise RequestError(f"{role} values must be in {bound}, got {lo}..{hi}")
 
 
-def _device_copy(dst: Any, src: Any, batch: int, seq: int) -> None:
-    """dst (bucket OrtValue) <- src (DLPack device array), padded with zeros, via CuPy."""
+def _device_copy(packed: Any, index: int, src: Any, batch: int, seq: int) -> None:
+    """packed[index, :batch, :seq] <- src (a DLPack device array), via CuPy."""
     import cupy
 
-    shape = tuple(dst.shape())
-    mem = cupy.cuda.UnownedMemory(dst.data_ptr(), int(np.prod(shape)) * 4, dst)
+    shape = tuple(packed.shape())
+    mem = cupy.cuda.UnownedMemory(packed.data_ptr(), int(np.prod(shape)) * 4, packed)
     view = cupy.ndarray(shape, cupy.int32, cupy.cuda.MemoryPointer(mem, 0))
-    view.fill(0)
-    view[:batch, :seq] = cupy.from_dlpack(src).astype(cupy.int32, copy=False)
+    view[index, :batch, :seq] = cupy.from_dlpack(src).astype(cupy.int32, copy=False)
     cupy.cuda.get_current_stream().synchronize()
