@@ -47,13 +47,23 @@ class Cleanup:
                 result.rewrites += _bypass(graph, node, src)
             elif node.op == "Reshape":
                 prev = src.inputs[0] if src.inputs else None
-                if prev is not None and prev.op == "Reshape" and len(src.outputs) == 1:
+                if prev is not None and prev.op == "Reshape" and len(src.outputs) == 1 and \
+                        _no_copied_dims(node):
                     node.inputs[0] = prev.inputs[0]
                     result.rewrites += 1
                 elif _same_static_shape(src, node):
                     result.rewrites += _bypass(graph, node, src)
         graph.cleanup().toposort()
         return result
+
+
+def _no_copied_dims(node: gs.Node) -> bool:
+    """A Reshape whose target has no 0 meaning "copy this dim from the input" (allowzero=0):
+    only then does it compute the same on the input of a Reshape before it."""
+    if int(node.attrs.get("allowzero", 0)) == 1:
+        return True
+    shape = const_value(node.inputs[1])
+    return shape is not None and not np.any(np.asarray(shape) == 0)
 
 
 def _same_static_shape(src: gs.Tensor, node: gs.Node) -> bool:

@@ -51,10 +51,13 @@ class EmbedLayerNormFusion:
     def _rewrite(graph, ln, word, position, segment, ids, segs) -> None:
         y = ln.outputs[0]
         hidden = word.shape[1]
+        # EmbedLayerNormalization requires beta; LayerNormalization's B is optional (zeros).
+        beta = ln.inputs[2] if len(ln.inputs) > 2 and ln.inputs[2].name != "" else \
+            const("embeddings_beta", np.zeros([hidden], dtype=_float_dtype(ln.inputs[1], word)))
         inputs = [_int32(graph, ids), _int32(graph, segs) if segs is not None else gs.Variable.empty(),
                   const("embeddings_word", word), const("embeddings_position", position),
                   const("embeddings_segment", segment) if segment is not None else gs.Variable.empty(),
-                  ln.inputs[1], ln.inputs[2]]
+                  ln.inputs[1], beta]
         out = gs.Variable("embeddings_output", dtype=y.dtype)
         mask_index = gs.Variable("embeddings_mask_index", dtype=np.int32)
         graph.nodes.append(gs.Node("EmbedLayerNormalization", "EmbedLayerNormalization",
@@ -167,6 +170,14 @@ def _check_numerically(graph, total, word, position, segment, ids, segs) -> str:
     if np.shape(got) != expected.shape or np.abs(got - expected).max() > 1e-5:
         return "sum is not word[ids] + type[segments] + position[0:S]"
     return ""
+
+
+def _float_dtype(gamma: gs.Tensor, table: np.ndarray) -> np.dtype:
+    """gamma's float dtype (the embedding table's when gamma's is unknown)."""
+    value = const_value(gamma)
+    if value is not None:
+        return value.dtype
+    return np.dtype(gamma.dtype) if gamma.dtype is not None else table.dtype
 
 
 def _int32(graph: gs.Graph, t: gs.Variable) -> gs.Tensor:

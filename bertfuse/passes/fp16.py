@@ -21,7 +21,9 @@ FP16_MAX = float(np.finfo(np.float16).max)
 
 
 def _half(values: np.ndarray) -> np.ndarray:
-    return np.clip(values, -FP16_MAX, FP16_MAX).astype(np.float16)
+    # np.asarray: a 0-d array through np.clip comes back a NumPy scalar, which gs.Constant
+    # rejects when the graph is copied (fold_constants then silently does nothing)
+    return np.asarray(np.clip(values, -FP16_MAX, FP16_MAX).astype(np.float16))
 
 
 class Fp16Pass:
@@ -38,10 +40,20 @@ class Fp16Pass:
                     np.dtype(t.dtype) == np.float32:
                 t.dtype = np.float16
         for node in graph.nodes:
-            if node.op == "Constant" and "value" in node.attrs:
-                value = node.attrs["value"]
-                if np.asarray(value.values).dtype == np.float32:
-                    node.attrs["value"] = gs.Constant(value.name, _half(np.asarray(value.values)))
+            # Every float32 tensor attribute (Constant's and ConstantOfShape's 'value', ...).
+            for key, value in list(node.attrs.items()):
+                if isinstance(value, gs.Constant) and \
+                        np.asarray(value.values).dtype == np.float32:
+                    node.attrs[key] = gs.Constant(value.name, _half(np.asarray(value.values)))
+            if node.op == "Constant" and "value_float" in node.attrs:
+                node.attrs["value"] = gs.Constant(
+                    f"{node.name}_value", _half(np.array(node.attrs.pop("value_float"), np.float32)))
+            if node.op == "Constant" and "value_floats" in node.attrs:
+                node.attrs["value"] = gs.Constant(f"{node.name}_value", _half(
+                    np.array(node.attrs.pop("value_floats"), np.float32).reshape(-1)))
+            if node.op == "ConstantOfShape" and "value" not in node.attrs:
+                # the default value is a float32 zero
+                node.attrs["value"] = gs.Constant(f"{node.name}_value", np.zeros([1], np.float16))
             if node.op == "Cast" and node.attrs.get("to") == TensorProto.FLOAT:
                 node.attrs["to"] = TensorProto.FLOAT16
         for i, out in enumerate(list(graph.outputs)):

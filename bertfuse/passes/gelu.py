@@ -22,7 +22,8 @@ from math import erf
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from bertfuse.passes.base import MS_DOMAIN, PassResult, const_value, detach, replace_tensor
+from bertfuse.passes.base import (MS_DOMAIN, PassResult, const_value, detach, is_graph_output,
+                                  replace_tensor)
 from bertfuse.passes.evaluate import closed_region, eval_elementwise, region_outputs
 
 _erf = np.vectorize(erf)
@@ -75,10 +76,13 @@ class GeluFusion:
         bias = None
         src = x
         producer = x.inputs[0] if x.inputs else None
-        if producer is not None and producer.op == "Add" and len(x.outputs) == len(region_consumers(x, region)):
+        if producer is not None and producer.op == "Add" and \
+                len(x.outputs) == len(region_consumers(x, region)) and \
+                not is_graph_output(graph, x):
             consts = [(i, const_value(t)) for i, t in enumerate(producer.inputs)]
             c = [(i, v) for i, v in consts if v is not None and v.ndim == 1]
-            if len(c) == 1 and len(producer.inputs) == 2:
+            if len(c) == 1 and len(producer.inputs) == 2 and \
+                    c[0][1].shape[0] == _last_dim(x, producer.inputs[1 - c[0][0]]):
                 bias = producer.inputs[c[0][0]]
                 src = producer.inputs[1 - c[0][0]]
         out = gs.Variable(f"{y.name}_gelu", dtype=y.dtype, shape=y.shape)
@@ -92,6 +96,22 @@ class GeluFusion:
         detach(region)
         if bias is not None and producer is not None and not x.outputs:
             detach([producer])
+
+
+def _last_dim(x: gs.Tensor, src: gs.Tensor) -> int | None:
+    """The last dim of the bias-free operand src (x = src + bias), which BiasGelu/FastGelu's
+    bias must match: src's recorded shape, else the columns of the constant W in src = h @ W,
+    else x's recorded shape."""
+    if src.shape and isinstance(src.shape[-1], int) and src.shape[-1] > 0:
+        return int(src.shape[-1])
+    node = src.inputs[0] if src.inputs else None
+    if node is not None and node.op == "MatMul" and len(node.inputs) == 2:
+        w = const_value(node.inputs[1])
+        if w is not None and w.ndim >= 2:
+            return int(w.shape[-1])
+    if x.shape and isinstance(x.shape[-1], int) and x.shape[-1] > 0:
+        return int(x.shape[-1])
+    return None
 
 
 def _upstream(anchor: gs.Node, steps: int) -> list[gs.Tensor]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from bertfuse.passes.base import PassResult, const_value, replace_tensor
+from bertfuse.passes.base import PassResult, const_value, is_graph_output, replace_tensor
 from bertfuse.passes.evaluate import eval_with_ort
 from bertfuse.passes.probe import PROBE_BATCH, PROBE_SEQ, probe_feeds
 
@@ -34,6 +34,10 @@ class Hidden3DPass:
         flattens = [n for n in graph.nodes if _is_flatten(n)]
         if not flattens:
             return result
+        for f in flattens:
+            if is_graph_output(graph, f.outputs[0]):
+                result.missed("hidden_3d", f"2-D tensor {f.outputs[0].name} is a model output")
+                return result
         region, terminals, reason = _region(graph, flattens)
         if reason:
             result.missed("hidden_3d", reason)

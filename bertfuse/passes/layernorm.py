@@ -59,12 +59,33 @@ class LayerNormFusion:
 
 def match_layernorm(graph: gs.Graph, x: gs.Tensor):
     """Returns (region, y, gamma, beta, eps) or a reason string."""
-    region = closed_region([x])
-    outs = region_outputs(graph, region)
-    if not outs:
+    full = closed_region([x])
+    if not region_outputs(graph, full):
         return "normalisation output not found"
-    y = outs[-1]
-    region = _ancestors_within(region, y)
+    # Constant-only ops after the LN output (a mean pooling, a Tanh, ...) also land in the
+    # closed region, so its last output need not be the LN's. Every tensor made in the region
+    # is a candidate y, latest first (so γ and β are taken in, and an op after them that keeps
+    # the result affine in normalize(x) too); y's ancestors in the region must hold exactly
+    # the two reductions, be read outside only through y, and compute a LayerNorm.
+    candidates = [t for n in reversed(full) for t in reversed(n.outputs)]
+    reason = ""
+    for y in candidates:
+        region = _ancestors_within(full, y)
+        if sum(n.op in REDUCE for n in region) != 2:
+            continue
+        found = _fit(graph, x, region, y)
+        if not isinstance(found, str):
+            return found
+        reason = reason or found  # the reason for the latest candidate
+    if reason:
+        return reason
+    reduces = [n for n in full if n.op in REDUCE]
+    return f"expected 2 reductions (mean, variance), found {len(reduces)}"
+
+
+def _fit(graph: gs.Graph, x: gs.Tensor, region: list[gs.Node], y: gs.Tensor):
+    """(region, y, gamma, beta, eps) when `region` is closed with output y and computes
+    normalize(x) * γ + β, else a reason string."""
     if region_outputs(graph, region) != [y]:
         return "an intermediate of the normalisation is read outside it"
     reduces = [n for n in region if n.op in REDUCE]

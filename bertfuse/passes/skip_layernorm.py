@@ -33,9 +33,14 @@ class SkipLayerNormFusion:
             if found is None:
                 continue
             dense, bias, residual = found
-            inputs = [dense, residual, ln.inputs[1], ln.inputs[2]]
+            # LayerNormalization's B (beta) is optional, and so is SkipLayerNormalization's:
+            # without it leave beta's slot empty (or off entirely when there is no bias).
+            beta = ln.inputs[2] if len(ln.inputs) > 2 else gs.Variable.empty()
+            inputs = [dense, residual, ln.inputs[1], beta]
             if bias is not None:
                 inputs.append(bias)
+            elif beta.name == "":
+                inputs.pop()
             y = ln.outputs[0]
             out = gs.Variable(f"{y.name}_skipln", dtype=y.dtype, shape=y.shape)
             graph.nodes.append(gs.Node("SkipLayerNormalization", f"{ln.name}_Skip",
@@ -44,6 +49,20 @@ class SkipLayerNormFusion:
             replace_tensor(graph, y, out)
             result.rewrites += 1
         return result
+
+
+def _dense_output(t: gs.Tensor) -> bool:
+    """A MatMul's output, possibly through the reshapes of a Keras Tensordot."""
+    for _ in range(3):
+        node = t.inputs[0] if t.inputs else None
+        if node is None:
+            return False
+        if node.op == "MatMul":
+            return True
+        if node.op not in ("Reshape", "Squeeze", "Unsqueeze"):
+            return False
+        t = node.inputs[0]
+    return False
 
 
 def _sublayer_and_residual(add: gs.Node):
@@ -60,8 +79,7 @@ def _sublayer_and_residual(add: gs.Node):
                 bias = node.inputs[j]
                 inner = node.inputs[1 - j]
                 value = const_value(bias)
-                if value is not None and value.ndim == 1 and inner.inputs and \
-                        inner.inputs[0].op == "MatMul":
+                if value is not None and value.ndim == 1 and _dense_output(inner):
                     if not isinstance(bias, gs.Constant):
                         bias = gs.Constant(f"{node.name}_bias", np.asarray(value))
                     return inner, bias, residual
