@@ -19,7 +19,7 @@ from bertfuse.passes.base import MS_DOMAIN, PassResult, const, const_value, repl
 from bertfuse.passes.evaluate import ancestors, eval_with_ort
 from bertfuse.passes.probe import PROBE_SEQ, probe_feeds
 
-_WRAPPERS = ("Reshape", "Unsqueeze", "Squeeze", "Cast", "Flatten", "Identity")
+_WRAPPERS = ("Reshape", "Unsqueeze", "Squeeze", "Cast", "Flatten", "Identity", "Expand")
 
 
 class EmbedLayerNormFusion:
@@ -73,12 +73,14 @@ class EmbedLayerNormFusion:
 
 def _add_leaves(t: gs.Tensor) -> list[gs.Tensor]:
     node = t.inputs[0] if t.inputs else None
-    if node is None or node.op != "Add" or len(t.outputs) > 1 and t.outputs[0].op != "Add":
+    if node is None or node.op != "Add":
         return [t]
     leaves: list[gs.Tensor] = []
     for inp in node.inputs:
         sub = inp.inputs[0] if inp.inputs else None
-        if sub is not None and sub.op == "Add" and len(inp.outputs) == 1:
+        # Shape consumers only size other tensors (shape_from_inputs rebuilds them later).
+        if sub is not None and sub.op == "Add" and \
+                len([c for c in inp.outputs if c.op != "Shape"]) == 1:
             leaves.extend(_add_leaves(inp))
         else:
             leaves.append(inp)
@@ -92,8 +94,17 @@ def _unwrap(t: gs.Tensor) -> gs.Tensor:
 
 
 def _graph_input(t: gs.Tensor, graph: gs.Graph) -> gs.Variable | None:
+    """The one model input an index tensor is computed from (directly, or by index
+    arithmetic such as Keras' negative-index wrap-around, which the numeric check of the
+    whole sum then confirms is the identity on valid ids)."""
     t = _unwrap(t)
-    return t if any(t is i for i in graph.inputs) else None
+    if any(t is i for i in graph.inputs):
+        return t
+    nodes, sources = ancestors([t])
+    if any(n.op == "Shape" for n in nodes):
+        return None  # positions (a Range over the sequence length), not a token lookup
+    inputs = [s for s in sources if any(s is i for i in graph.inputs)]
+    return inputs[0] if len(inputs) == 1 and len(sources) == 1 else None
 
 
 def _lookup(t: gs.Tensor, graph: gs.Graph):
@@ -121,6 +132,8 @@ def _position_table(t: gs.Tensor) -> np.ndarray | None:
     node = t.inputs[0] if t.inputs else None
     if node is not None and node.op in ("Slice", "Gather"):
         table = const_value(node.inputs[0])
+        if table is not None and table.ndim == 3 and table.shape[0] == 1:
+            table = table[0]  # a [1, P, H] table broadcast over the batch
         if table is not None and table.ndim == 2:
             return table
     return None

@@ -42,7 +42,7 @@ class Hidden3DPass:
         if reason:
             result.missed("hidden_3d", reason)
             return result
-        reason = _check_terminals(graph, terminals)
+        reason, unflattened = _check_terminals(graph, terminals)
         if reason:
             result.missed("hidden_3d", reason)
             return result
@@ -52,8 +52,8 @@ class Hidden3DPass:
         for f in flattens:
             replace_tensor(graph, f.outputs[0], f.inputs[0])
             result.rewrites += 1
-        for term in terminals:
-            replace_tensor(graph, term.outputs[0], term.inputs[0])
+        for term, out in zip(terminals, unflattened):
+            replace_tensor(graph, out, term.inputs[0])
             result.rewrites += 1
         return result
 
@@ -105,7 +105,7 @@ def _region(graph: gs.Graph, flattens: list[gs.Node]):
             continue
         if node.op == "Reshape":
             shape_is_var = const_value(node.inputs[1]) is None
-            if shape_is_var or int(np.size(const_value(node.inputs[1]))) == 3:
+            if shape_is_var or int(np.size(const_value(node.inputs[1]))) >= 3:
                 seen.add(id(node))
                 terminals.append(node)
                 continue
@@ -141,15 +141,32 @@ def _inputs_ready(node: gs.Node, known: set[int]) -> bool:
                for t in node.inputs)
 
 
-def _check_terminals(graph: gs.Graph, terminals: list[gs.Node]) -> str:
-    shapes = [t.inputs[1] for t in terminals if const_value(t.inputs[1]) is None]
-    consts = [const_value(t.inputs[1]) for t in terminals if const_value(t.inputs[1]) is not None]
+def _check_terminals(graph: gs.Graph, terminals: list[gs.Node]) -> tuple[str, list[gs.Tensor]]:
+    """Each unflatten must give [B, S, H] (Keras' einsum: [B, S, H, 1, ..] then a Squeeze of
+    the trailing ones). Returns a reason, and per terminal the tensor that becomes 3-D."""
+    pending = [t.inputs[1] for t in terminals if const_value(t.inputs[1]) is None]
     try:
-        values = eval_with_ort(graph, shapes, probe_feeds(graph)) if shapes else []
+        evaluated = iter(eval_with_ort(graph, pending, probe_feeds(graph)) if pending else [])
     except Exception as exc:
-        return f"cannot evaluate the unflatten shapes ({type(exc).__name__})"
-    for v in list(values) + consts:
-        v = [int(x) for x in np.ravel(v)]
-        if len(v) != 3 or v[:2] != [PROBE_BATCH, PROBE_SEQ] and v[:2] != [PROBE_BATCH, -1]:
-            return f"an unflatten Reshape targets {v}, not [B, S, H]"
-    return ""
+        return f"cannot evaluate the unflatten shapes ({type(exc).__name__})", []
+    outs = []
+    for term in terminals:
+        value = const_value(term.inputs[1])
+        v = [int(x) for x in np.ravel(value if value is not None else next(evaluated))]
+        if v[:2] != [PROBE_BATCH, PROBE_SEQ] and v[:2] != [PROBE_BATCH, -1] or len(v) < 3:
+            return f"an unflatten Reshape targets {v}, not [B, S, H]", []
+        if len(v) == 3:
+            outs.append(term.outputs[0])
+            continue
+        squeeze = term.outputs[0].outputs[0] if len(term.outputs[0].outputs) == 1 else None
+        axes = None
+        if squeeze is not None and squeeze.op == "Squeeze":
+            axes = squeeze.attrs.get("axes")
+            if axes is None and len(squeeze.inputs) > 1:
+                axes = const_value(squeeze.inputs[1])
+        trailing = list(range(3, len(v)))
+        if any(d != 1 for d in v[3:]) or axes is None or \
+                sorted(int(a) % len(v) for a in np.ravel(axes)) != trailing:
+            return f"an unflatten Reshape targets {v}, not [B, S, H]", []
+        outs.append(squeeze.outputs[0])
+    return "", outs
