@@ -78,7 +78,8 @@ class Session:
                  batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS,
                  seq_buckets: Sequence[int] = DEFAULT_SEQ_BUCKETS, device: str = "cuda",
                  cuda_graph: bool = True, provider_options: Mapping[str, str] | None = None,
-                 validate: bool = True, mask_variants: bool = True) -> None:
+                 validate: bool = True, mask_variants: bool = True,
+                 variant_min_seq: int = 128) -> None:
         import onnxruntime as ort
 
         self._ort = ort
@@ -95,6 +96,9 @@ class Session:
         self.seq_buckets = _buckets(seq_buckets, max_seq)
         self.device = device
         self.validate = validate
+        # Measured on the H200 (docs/benchmarks.md): the key-length/no-mask kernels (cuDNN
+        # flash attention) win from seq 128 on and lose to the raw-mask path at seq 64.
+        self.variant_min_seq = variant_min_seq
         self._lock = threading.Lock()
         self._buckets: dict[tuple[int, int], _Bucket] = {}
 
@@ -239,6 +243,8 @@ class Session:
             if mode != "raw" and (bucket.batch, bucket.seq) != (batch, seq):
                 # Bucket padding adds padded keys to every row: still right padding.
                 mode = "keylen" if "keylen" in self.sessions else "raw"
+            if bucket.seq < self.variant_min_seq:
+                mode = "raw"
             self._fill(bucket, arrays, batch, seq)
             self.sessions[mode].run_with_iobinding(bucket.bindings[mode],
                                                    self._run_options(bucket.graph_ids[mode]))
