@@ -519,12 +519,6 @@ def test_attention_fuses(rng, seed, case):
     assert np.abs(got["ctx"].reshape(ref.shape) - ref).max() <= TOL
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="BUG (missed fusion): attention.py _split_mask / "
-                   "AttentionFusion.match do not skip a scalar constant added right before "
-                   "the Softmax (softmax is shift-invariant); transformers' TF BERT "
-                   "stable_softmax writes softmax(scores + 1e-9), so HF-style attention "
-                   "stays unfused ('score path has an unexpected Add')")
 def test_attention_hf_stable_softmax_shift_fuses(rng, seed):
     model, _ = attn_model(rng, np.int64, x3d=True, hf=True, mask_kind="fmin", score_div=True,
                           softmax_shift=1e-9)
@@ -580,11 +574,6 @@ def test_attention_probabilities_as_graph_output_stay_correct(rng, seed):
     assert_same(model, fused, attn_feeds(rng), seed)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="BUG: attention.py AttentionFusion.match checks only "
-                   "consumer nodes of the softmax output, not graph outputs: with the "
-                   "probabilities as a model output it fuses AND keeps the whole unfused "
-                   "attention alive for that output (the block runs twice)")
 def test_attention_probabilities_as_graph_output_is_not_fused(rng, seed):
     model, _ = attn_model(rng, probs="output")
     fused, _ = fuse(model, AttentionFusion())

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from bertfuse.passes.base import MS_DOMAIN, PassResult, const, const_value, replace_tensor, \
-    scalar_value
+from bertfuse.passes.base import MS_DOMAIN, PassResult, const, const_value, is_graph_output, \
+    replace_tensor, scalar_value
 from bertfuse.passes.evaluate import ancestors, bs_input, eval_with_ort, rank_of
 from bertfuse.passes.probe import probe_feeds, probe_mask
 
@@ -62,6 +62,10 @@ class AttentionFusion:
         result = PassResult()
         softmaxes = [n for n in graph.nodes if n.op == "Softmax"]
         for layer, softmax in enumerate(softmaxes):
+            if is_graph_output(graph, softmax.outputs[0]):
+                # Fusing would keep the whole unfused block alive for that output.
+                result.missed("attention", "attention probabilities are a model output", layer)
+                continue
             found = self.match(graph, softmax)
             if isinstance(found, str):
                 # Not the modeling.py arrangement: find the same math numerically.
@@ -232,8 +236,14 @@ class MaskTerm:
 
 
 def _split_mask(t: gs.Tensor) -> tuple[gs.Tensor, MaskTerm | None]:
-    """The softmax input as scores + adder, Where(cond, scores, fill), or plain scores."""
+    """The softmax input as scores + adder, Where(cond, scores, fill), or plain scores.
+    A scalar constant added last is dropped: softmax is shift-invariant (HF's
+    stable_softmax adds 1e-9)."""
     node = t.inputs[0] if t.inputs else None
+    while node is not None and node.op == "Add" and len(node.inputs) == 2 and \
+            len(t.outputs) == 1 and any(scalar_value(i) is not None for i in node.inputs):
+        t = next(i for i in node.inputs if scalar_value(i) is None)
+        node = t.inputs[0] if t.inputs else None
     if node is not None and node.op == "Add" and len(node.inputs) == 2:
         a, b = node.inputs
         if _leads_to_matmul(a):
