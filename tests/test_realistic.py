@@ -1,0 +1,30 @@
+"""The one realistic case: the shenma-3l search ranker (3 layers, hidden 768, vocab 21128),
+from a Google-layout checkpoint to a fully fused ONNX, verified against TensorFlow."""
+
+from __future__ import annotations
+
+import json
+
+import onnx
+
+from bertfuse.cli import main
+
+
+def test_shenma_3l_converts_fully_fused_and_exact(tmp_path, capsys):
+    src, out = tmp_path / "shenma-3l", tmp_path / "shenma-3l.onnx"
+    assert main(["example", "--config", "shenma-3l", "-o", str(src), "--head"]) == 0
+    capsys.readouterr()
+    assert main(["convert", str(src), "-o", str(out), "--json", "--batch", "20", "--seq", "64",
+                 "--strict"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["passes"]["encoder"]["fully_fused"], report["passes"]["encoder"]
+    for o in report["parity"]["outputs"]:
+        assert o["max_abs"] <= 1e-4, o
+    ops = [n.op_type for n in onnx.load(str(out), load_external_data=False).graph.node]
+    layers = 3
+    assert ops.count("Attention") == layers
+    assert ops.count("SkipLayerNormalization") == 2 * layers
+    assert ops.count("BiasGelu") == layers
+    assert ops.count("EmbedLayerNormalization") == 1
+    # 7 per layer + embedding + pooler (Gather, Gemm, Tanh) + head (Gemm, Relu, Gemm)
+    assert len(ops) == 7 * layers + 4 + 3, ops
