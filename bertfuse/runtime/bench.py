@@ -244,6 +244,16 @@ def run_workload(name: str, skeleton: str, batch: int, seq: int, iters: int,
                 res.note += f"; mask variant: {mask_mode(feeds['input_mask'])}"
             if profile:
                 res.gpu_us, res.kernels, res.breakdown = kernel_profile(fn)
+            # Where the host time goes: our request preparation vs ORT's replay call.
+            given = dict(zip(("input_ids", "input_mask", "segment_ids"), args))
+            bucket = s._bucket(batch, seq)
+            prep, _ = time_calls(lambda: s._fill(bucket, s._check(given), batch, seq), iters)
+            mode = next(m for m in ("keylen", "raw") if m in s.sessions and
+                        (m == "raw" or (seq >= s.variant_min_seq and variants)))
+            ro = s._run_options(bucket.graph_ids[mode])
+            replay, _ = time_calls(lambda: s.sessions[mode].run_with_iobinding(
+                bucket.bindings[mode], ro), iters)
+            res.note += f"; prep {prep:.0f} us + ORT run {replay:.0f} us ({mode})"
             del s
         except Exception as exc:
             res.note = f"failed: {str(exc).splitlines()[0][:200]}"
