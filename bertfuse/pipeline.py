@@ -126,9 +126,11 @@ def _write(model: onnx.ModelProto, out_path: str, report: RunReport, force: bool
         raise FusionIncomplete(f"{out_path}: not written (--strict): "
                                + "; ".join(table.unfused()))
     if report.parity is not None and not report.parity.ok and not force:
-        worst = max(report.parity.outputs, key=lambda o: o.max_abs)
+        worst = max((o for o in report.parity.outputs if not o.ok), key=lambda o: o.max_abs)
+        hint = " (padded tokens change the outputs: is the --inputs mapping right?)" \
+            if worst.name.startswith("mask invariance") else ""
         raise ParityError(f"{out_path}: not written: parity check failed, {worst.name} "
-                          f"max |diff| {worst.max_abs:.3g} exceeds tolerance "
+                          f"max |diff| {worst.max_abs:.3g} exceeds tolerance{hint} "
                           f"(use --force to write anyway)")
     with report.stage("write", status):
         save_model(model, out_path)

@@ -82,4 +82,28 @@ def verify_against_tf(model: onnx.ModelProto | str, source, precision: str = "fp
     reference = source.run(feeds)
     session = ort_session(model)
     candidate = run_onnx(session, {k: v for k, v in feeds.items() if k in source.inputs})
-    return ParityReport(precision, batch, seq, compare(reference, candidate, precision))
+    results = compare(reference, candidate, precision)
+    if "input_mask" in source.inputs and "sequence_output" in candidate:
+        results.append(mask_invariance(session, feeds, candidate, precision, seed))
+    return ParityReport(precision, batch, seq, results)
+
+
+def mask_invariance(session, feeds: dict[str, np.ndarray], outputs: dict[str, np.ndarray],
+                    precision: str, seed: int | None) -> OutputParity:
+    """Padded tokens must not change the outputs at kept positions. Parity against TF cannot
+    see a wrong --inputs mapping (both sides get the same wrong wiring); this can: with mask
+    and segment ids swapped, changing padded ids changes everything."""
+    rng = np.random.default_rng(None if seed is None else seed + 1)
+    mask = feeds["input_mask"].astype(bool)
+    changed = dict(feeds)
+    ids = feeds["input_ids"].copy()
+    ids[~mask] = rng.integers(1, max(int(ids.max()) + 1, 2), size=int((~mask).sum()))
+    changed["input_ids"] = ids
+    names = [i.name for i in session.get_inputs()]
+    again = run_onnx(session, {k: v for k, v in changed.items() if k in names})
+    diff = np.abs(outputs["sequence_output"].astype(np.float64) -
+                  again["sequence_output"].astype(np.float64))[mask]
+    mx = float(diff.max()) if diff.size else 0.0
+    mean = float(diff.mean()) if diff.size else 0.0
+    return OutputParity("mask invariance (padded ids changed)", mx, mean,
+                        mx <= TOLERANCES[precision]["max"])

@@ -28,3 +28,16 @@ def test_shenma_3l_converts_fully_fused_and_exact(tmp_path, capsys):
     assert ops.count("EmbedLayerNormalization") == 1
     # 7 per layer + embedding + pooler (Gather, Gemm, Tanh) + head (Gemm, Relu, Gemm)
     assert len(ops) == 7 * layers + 4 + 3, ops
+
+
+def test_wrong_input_roles_are_caught_by_the_parity_gate(savedmodel_dir, tmp_path, capsys):
+    """TF and ONNX agree with each other under a wrong --inputs mapping; the mask check
+    does not."""
+    out = tmp_path / "swapped.onnx"
+    roles = savedmodel_dir.inputs
+    swapped = (f"input_ids={roles['input_ids']},input_mask={roles['segment_ids']},"
+               f"segment_ids={roles['input_mask']}")
+    assert main(["convert", str(savedmodel_dir.path), "-o", str(out), "--inputs", swapped]) == 1
+    err = capsys.readouterr().err
+    assert "mask invariance" in err and "--inputs" in err
+    assert not out.exists()
