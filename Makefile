@@ -11,15 +11,15 @@ EXTRAS ?= tf,cpu,test
 STAMP  := $(VENV)/.bertfuse-installed
 DEMO   ?= shenma-3l
 
-.PHONY: demo test venv clean
+.PHONY: demo test venv clean graphviz
 
 demo: $(STAMP) out/$(DEMO)/bert_config.json
 	$(BIN)/bertfuse convert out/$(DEMO) -o out/$(DEMO).onnx
 
-test: $(STAMP)
+test: $(STAMP) graphviz
 	$(BIN)/python -m pytest -q
 
-venv: $(STAMP)
+venv: $(STAMP) graphviz
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -37,6 +37,14 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --no-deps 'keras-hub==0.32.*'
 	$(BIN)/python -m pip install regex kagglehub
 	@touch $@
+
+# Graphviz `dot` for `bertfuse draw` (a system package): apt-get installs it when it is missing
+# and we run as root (CI); otherwise a note, never a failure (draw can still write .dot).
+graphviz:
+	@command -v dot >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	    { apt-get install -y -qq graphviz >/dev/null 2>&1 || \
+	      { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq graphviz >/dev/null 2>&1; }; }; } || \
+	    echo "note: Graphviz 'dot' not found; bertfuse draw can only write .dot (apt-get install graphviz)" >&2
 
 # The example is written once (the command replaces it atomically if rerun by hand).
 out/$(DEMO)/bert_config.json: | $(STAMP)

@@ -107,6 +107,43 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("bench", help="GPU benchmark: ORT raw / ORT optimizer / bertfuse "
                                  "(bertfuse bench --help)", add_help=False)
 
+    p = sub.add_parser("inspect", help="I/O, opsets, op histogram, weight bytes, encoder "
+                                       "table (weights are not read)")
+    p.add_argument("model", help="ONNX model")
+    p.add_argument("--markdown", action="store_true", help="print Markdown (for a PR comment)")
+    _add_output_args(p)
+
+    p = sub.add_parser("summarize", help="small, stable JSON summary of a model (a golden file)")
+    p.add_argument("model", help="ONNX model")
+    p.add_argument("-o", "--output", help="summary .json (default: stdout)")
+    _add_output_args(p)
+
+    p = sub.add_parser("diff", help="what changed between two models or summaries "
+                                    "(exit 1 when --fail-on matches)")
+    p.add_argument("a", help="model .onnx or summary .json (the baseline)")
+    p.add_argument("b", help="model .onnx or summary .json (the candidate)")
+    g = p.add_argument_group("policy")
+    g.add_argument("--fail-on", metavar="CATS",
+                   help="comma-separated: fusion-loss, io-change, opset-change, op-change, "
+                        "init-change, numeric; all; none (default: fusion-loss,io-change,"
+                        "numeric)")
+    g = p.add_argument_group("numeric")
+    g.add_argument("--numeric", action="store_true",
+                   help="also run both models (ORT CPU) on the same random padded inputs")
+    g.add_argument("--atol", type=float, default=1e-3, help="numeric: max |diff| allowed")
+    g.add_argument("--batch", type=_int_at_least(1), default=4, help="numeric batch (default 4)")
+    g.add_argument("--seq", type=_int_at_least(2), default=32, help="numeric sequence length")
+    g.add_argument("--seed", type=int, default=0, help="numeric: seed for the inputs")
+    p.add_argument("--markdown", action="store_true", help="print Markdown (for a PR comment)")
+    _add_output_args(p)
+
+    p = sub.add_parser("draw", help="one encoder layer as a picture (Graphviz dot)")
+    p.add_argument("model", help="ONNX model")
+    p.add_argument("--layer", type=_int_at_least(0), default=0, help="encoder layer (default 0)")
+    p.add_argument("--before", metavar="RAW.onnx", help="draw this model's layer beside it")
+    p.add_argument("-o", "--output", required=True, help="picture: .svg, .png, or .dot")
+    _add_output_args(p)
+
     p = sub.add_parser("verify", help="compare an ONNX model with its TF source")
     p.add_argument("model", help="ONNX model")
     p.add_argument("--against", required=True, help="the TF source")
@@ -211,6 +248,88 @@ def _cmd_strip(args, console) -> int:
     return 0
 
 
+def _cmd_inspect(args, console) -> int:
+    from bertfuse.inspect.summary import print_summary, summarize, summary_markdown
+
+    summary = summarize(args.model)
+    if args.json:
+        print(json.dumps(summary, indent=2, sort_keys=True))
+    elif args.markdown:
+        print(summary_markdown(summary, args.model), end="")
+    else:
+        print_summary(summary, console, args.model)
+    return 0
+
+
+def _cmd_summarize(args, console) -> int:
+    from bertfuse.inspect.summary import dumps, summarize
+
+    if args.output:
+        _check_output_path(args.output)
+    text = dumps(summarize(args.model))
+    if not args.output:
+        sys.stdout.write(text)
+        return 0
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(args.output)}.", suffix=".tmp",
+                               dir=os.path.dirname(os.path.abspath(args.output)))
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, args.output)
+    if args.json:
+        print(json.dumps({"output": args.output}))
+    else:
+        console.print(f"wrote summary to [bold]{args.output}[/bold]")
+    return 0
+
+
+def _cmd_diff(args, console) -> int:
+    from bertfuse.inspect.diff import add_numeric, diff_markdown, diff_summaries, diff_text, \
+        numeric_diff, parse_fail_on
+    from bertfuse.inspect.summary import load_summary
+
+    fail_on = parse_fail_on(args.fail_on)
+    a, b = load_summary(args.a), load_summary(args.b)
+    result = diff_summaries(a, b, args.a, args.b, fail_on)
+    if args.numeric:
+        for path in (args.a, args.b):
+            if _is_summary(path):
+                raise BertfuseError(f"{path}: --numeric needs two models, not a summary")
+        add_numeric(result, numeric_diff(args.a, args.b, args.batch, args.seq, args.seed),
+                    args.atol, args.batch, args.seq)
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2))
+    elif args.markdown:
+        print(diff_markdown(result), end="")
+    else:
+        sys.stdout.write(diff_text(result))
+    return result.exit_code
+
+
+def _is_summary(path: str) -> bool:
+    with open(path, "rb") as f:
+        return f.read(64).lstrip().startswith(b"{")
+
+
+def _cmd_draw(args, console) -> int:
+    from bertfuse.inspect.draw import render, to_dot
+    from bertfuse.inspect.summary import load_light
+
+    _check_output_path(args.output)
+    model = load_light(args.model)
+    before = load_light(args.before) if args.before else None
+    dot = to_dot(model, args.layer, before, name=os.path.basename(args.model),
+                 before_name=os.path.basename(args.before) if args.before else "raw")
+    out = render(dot, args.output)
+    if args.json:
+        print(json.dumps({"output": str(out), "layer": args.layer}))
+    else:
+        console.print(f"drew layer {args.layer} to [bold]{out}[/bold]")
+    return 0
+
+
 def _check_output_path(path: str) -> None:
     parent = os.path.dirname(os.path.abspath(path))
     if os.path.exists(parent) and not os.path.isdir(parent):
@@ -222,7 +341,8 @@ def _check_output_path(path: str) -> None:
 
 
 COMMANDS = {"example": _cmd_example, "convert": _cmd_convert, "optimize": _cmd_optimize,
-            "verify": _cmd_verify, "strip-weights": _cmd_strip}
+            "verify": _cmd_verify, "strip-weights": _cmd_strip, "inspect": _cmd_inspect,
+            "summarize": _cmd_summarize, "diff": _cmd_diff, "draw": _cmd_draw}
 
 
 def _one_line(text: str) -> str:

@@ -65,8 +65,8 @@ def tf_to_onnx(src: TFSource, opset: int = 17) -> onnx.ModelProto:
     del model.metadata_props[:]
     for k, v in meta.items():
         model.metadata_props.add(key=k, value=v)
-    model.producer_name = "bertfuse"
-    model.producer_version = __version__
+    # The raw graph stays tf2onnx's (ORT's bert_tf optimizer checks the producer);
+    # the passes mark what they write as bertfuse's.
     return model
 
 

@@ -104,7 +104,9 @@ def run_passes(model: onnx.ModelProto, passes: Sequence[Pass] | None = None,
     out.ir_version = model.ir_version
     del out.metadata_props[:]
     out.metadata_props.extend(model.metadata_props)
-    out.producer_name, out.producer_version = model.producer_name, model.producer_version
+    from bertfuse import __version__
+
+    out.producer_name, out.producer_version = "bertfuse", __version__
     _ensure_opsets(out, model)
     report.table = encoder_table([n.op_type for n in out.graph.node], report.diagnostics)
     return out, report

@@ -18,6 +18,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
 
 from bertfuse.errors import BertfuseError
 from bertfuse.runtime.variants import attention_mask_variant, mask_mode
@@ -52,11 +53,18 @@ def model_facts(model: onnx.ModelProto) -> ModelFacts:
             positions = dims[1][0] if len(dims) > 1 and dims[1] else None
             types = dims[2][0] if len(dims) > 2 and dims[2] else None
             break
-    if vocab is None:  # raw graph: the largest table read by a Gather
+    if vocab is None:  # raw graph: read the embedding tables off the ops that use them
         tables = [list(inits[n.input[0]].dims) for n in model.graph.node
                   if n.op_type == "Gather" and n.input[0] in inits and len(inits[n.input[0]].dims) == 2]
         if tables:
             vocab = max(t[0] for t in tables)
+            small = [t[0] for t in tables if t[0] < 16]
+            types = min(small) if small else None
+        for n in model.graph.node:
+            if n.op_type == "OneHot" and n.input[1] in inits:
+                types = int(numpy_helper.to_array(inits[n.input[1]]).reshape(-1)[0])
+            if n.op_type == "Slice" and n.input[0] in inits and len(inits[n.input[0]].dims) == 2:
+                positions = inits[n.input[0]].dims[0]
     return ModelFacts(inputs, [o.name for o in model.graph.output], vocab, types, positions)
 
 
@@ -252,9 +260,10 @@ class Session:
                 return {"batch": batch, "seq": seq, **bucket.outputs}
             out = {}
             for name, value in bucket.outputs.items():
-                host = value.numpy()
-                out[name] = host[:batch, :seq] if self._output_dims[name][1:2] == ("S",) \
+                host = value.numpy()  # on the CPU EP this is a view of the bucket's buffer
+                part = host[:batch, :seq] if self._output_dims[name][1:2] == ("S",) \
                     else host[:batch]
+                out[name] = part.copy() if self.device == "cpu" else part
             return out
 
     def _fill(self, bucket: _Bucket, arrays: dict[str, Any], batch: int, seq: int) -> None:

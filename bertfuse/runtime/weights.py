@@ -25,9 +25,14 @@ _SCALE_SLOTS = {("LayerNormalization", 1), ("SkipLayerNormalization", 2),
 
 
 def strip_weights(model: onnx.ModelProto, min_elements: int = MIN_ELEMENTS) -> int:
-    """Strips initializers with at least `min_elements` values in place; returns the count."""
-    meta = []
+    """Strips initializers with at least `min_elements` values in place; returns the count.
+    Stripping a stripped model keeps its record (and strips nothing more of it)."""
+    meta = next((json.loads(p.value) for p in model.metadata_props if p.key == META_KEY), [])
+    done = {e["name"] for e in meta}
+    before = len(meta)
     for init in model.graph.initializer:
+        if init.name in done:
+            continue
         numel = int(np.prod(init.dims)) if init.dims else 1
         if numel < min_elements:
             continue
@@ -42,7 +47,7 @@ def strip_weights(model: onnx.ModelProto, min_elements: int = MIN_ELEMENTS) -> i
     del model.metadata_props[:]
     model.metadata_props.extend(props)
     model.metadata_props.add(key=META_KEY, value=json.dumps(meta))
-    return len(meta)
+    return len(meta) - before
 
 
 def is_stripped(model: onnx.ModelProto) -> bool:
