@@ -17,13 +17,12 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from bertfuse.passes.base import PassResult, const_value, is_graph_output, replace_tensor
-from bertfuse.passes.evaluate import eval_with_ort
+from bertfuse.passes.evaluate import eval_with_ort, rank_of
 from bertfuse.passes.probe import PROBE_BATCH, PROBE_SEQ, probe_feeds
 
 ROWWISE = {"MatMul", "Add", "Sub", "Mul", "Div", "SkipLayerNormalization",
            "LayerNormalization", "BiasGelu", "FastGelu", "Gelu", "Relu", "Tanh", "Erf", "Cast",
            "Sigmoid"}
-RANK3_PRODUCERS = {"Attention", "EmbedLayerNormalization"}
 
 
 class Hidden3DPass:
@@ -58,28 +57,12 @@ class Hidden3DPass:
         return result
 
 
-def _rank(t: gs.Tensor, depth: int = 0) -> int | None:
-    if t.shape is not None:
-        return len(t.shape)
-    node = t.inputs[0] if t.inputs else None
-    if node is None or depth > 50:
-        return None
-    if node.op in RANK3_PRODUCERS:
-        return 3
-    if node.op == "Reshape":
-        shape = const_value(node.inputs[1])
-        return None if shape is None else int(np.size(shape))
-    if node.op in ROWWISE:
-        return _rank(node.inputs[0], depth + 1)
-    return None
-
-
 def _is_flatten(node: gs.Node) -> bool:
     if node.op != "Reshape":
         return False
     shape = const_value(node.inputs[1])
     return shape is not None and shape.size == 2 and int(shape[0]) == -1 and \
-        _rank(node.inputs[0]) == 3
+        rank_of(node.inputs[0]) == 3
 
 
 def _region(graph: gs.Graph, flattens: list[gs.Node]):
