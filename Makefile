@@ -35,7 +35,7 @@ $(STAMP): pyproject.toml
 	@# keras-hub (a Keras 3 BERT for the fusion tests) without tensorflow-text, which would
 	@# pull the full tensorflow package over tensorflow-cpu.
 	$(BIN)/python -m pip install --no-deps 'keras-hub==0.32.*'
-	$(BIN)/python -m pip install regex kagglehub
+	$(BIN)/python -m pip install regex kagglehub tokenizers sentencepiece
 	@touch $@
 
 # Graphviz `dot` for `bertfuse draw` (a system package): apt-get installs it when it is missing
