@@ -240,7 +240,7 @@ class Session:
         batch, seq = arrays["input_ids"].shape
         mode = "raw"
         mask = arrays.get("input_mask")
-        if len(self.sessions) > 1:
+        if len(self.sessions) > 1 and self.bucket_for(batch, seq)[1] >= self.variant_min_seq:
             if mask is None:
                 mode = "nomask"
             elif isinstance(mask, np.ndarray):
@@ -359,8 +359,14 @@ def _buckets(values: Sequence[int], limit: int) -> list[int]:
 
 
 def _check_range(arr: Any, role: str, upper: int | None) -> None:
-    lo, hi = (int(arr.min()), int(arr.max())) if isinstance(arr, np.ndarray) else \
-        (int(arr.min().item()), int(arr.max().item()))
+    if isinstance(arr, np.ndarray):
+        # One reduction on the hot path: as unsigned, negatives become huge.
+        flat = arr.view(f"u{arr.dtype.itemsize}") if arr.dtype.kind == "i" else arr
+        if upper is not None and int(flat.max()) < upper:
+            return
+        lo, hi = int(arr.min()), int(arr.max())
+    else:
+        lo, hi = int(arr.min().item()), int(arr.max().item())
     if lo < 0 or (upper is not None and hi >= upper):
         bound = f"[0, {upper})" if upper is not None else ">= 0"
         raise RequestError(f"{role} values must be in {bound}, got {lo}..{hi}")
