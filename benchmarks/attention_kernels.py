@@ -54,7 +54,6 @@ def main() -> None:
                            or "Softmax" in k][:1]
                     rows.append((name, value or "default", "keylen" if variants else "raw",
                                  round(p50, 1), round(gpu, 1), att[0][:60] if att else ""))
-                    del s
                 except Exception as exc:
                     rows.append((name, value or "default", "keylen" if variants else "raw",
                                  None, None, f"failed: {str(exc).splitlines()[0][:80]}"))

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import random
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -614,3 +615,16 @@ def convert_cached(tmp_path_factory) -> Callable[..., Converted]:
         return cache[key]
 
     return convert
+
+
+# -- fresh random inputs for every test; a failing seed replays with BERTFUSE_TEST_SEED -------
+
+@pytest.fixture
+def seed() -> int:
+    env = os.environ.get("BERTFUSE_TEST_SEED")
+    return int(env) if env else random.randrange(2**31)
+
+
+@pytest.fixture
+def rng(seed: int) -> np.random.Generator:
+    return np.random.default_rng(seed)

@@ -7,8 +7,6 @@ set BERTFUSE_TEST_SEED=<n> to replay one.
 
 from __future__ import annotations
 
-import os
-import random
 from pathlib import Path
 
 import numpy as np
@@ -28,15 +26,6 @@ README = Path(__file__).resolve().parents[1] / "bertfuse" / "custom_ops" / "READ
 # ----------------------------------------------------------------------------- helpers
 
 
-@pytest.fixture
-def seed() -> int:
-    env = os.environ.get("BERTFUSE_TEST_SEED")
-    return int(env) if env else random.randrange(2**31)
-
-
-@pytest.fixture
-def rng(seed: int) -> np.random.Generator:
-    return np.random.default_rng(seed)
 
 
 def session(model: onnx.ModelProto) -> ort.InferenceSession:

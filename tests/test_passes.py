@@ -9,8 +9,6 @@ The seed of every test is printed in its failure message; BERTFUSE_TEST_SEED=<n>
 from __future__ import annotations
 
 import math
-import os
-import random
 from collections import Counter
 
 import numpy as np
@@ -41,15 +39,6 @@ B, S = 4, 6  # differs from the passes' probe shape (3, 7) on purpose
 # ----------------------------------------------------------------------------- helpers
 
 
-@pytest.fixture
-def seed() -> int:
-    env = os.environ.get("BERTFUSE_TEST_SEED")
-    return int(env) if env else random.randrange(2**31)
-
-
-@pytest.fixture
-def rng(seed: int) -> np.random.Generator:
-    return np.random.default_rng(seed)
 
 
 def session(model: onnx.ModelProto):

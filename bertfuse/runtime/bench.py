@@ -192,7 +192,7 @@ def memcpy_nodes(path: str) -> int:
 
 def run_workload(name: str, skeleton: str, batch: int, seq: int, iters: int,
                  profile: bool = True) -> tuple[list[Result], dict[str, str]]:
-    from bertfuse.runtime.session import Session, model_facts
+    from bertfuse.runtime.session import model_facts
 
     work = tempfile.mkdtemp(prefix="bertfuse-bench-")
     paths = prepare_models(skeleton, work)
@@ -226,39 +226,50 @@ def run_workload(name: str, skeleton: str, batch: int, seq: int, iters: int,
 
     for label, variants in (("bertfuse fp16 runtime, raw 2-D mask only", False),
                             ("bertfuse fp16 runtime (arena + CUDA graph)", True)):
-        res = Result(name, label)
         try:
-            s = Session(paths["bertfuse16"], max_batch=batch, max_seq=seq,
-                        batch_buckets=(batch,), seq_buckets=(seq,), device="cuda",
-                        cuda_graph=True, mask_variants=variants)
-            s.warmup([(batch, seq)])
-            args = (feeds["input_ids"], feeds["input_mask"], feeds["segment_ids"])
-            fn = lambda: s.run(*args, to_host=False)  # noqa: E731
-            res.p50_us, res.p99_us = time_calls(fn, iters)
-            res.seq_per_s = batch / res.p50_us * 1e6
-            res.max_diff, res.mean_diff = compare(s.run(*args), ref, mask)
-            res.note = "CUDA graph" if s.cuda_graph else f"no graph: {s.fallback_reason}"
-            if variants:
-                from bertfuse.runtime.variants import mask_mode
-
-                res.note += f"; mask variant: {mask_mode(feeds['input_mask'])}"
-            if profile:
-                res.gpu_us, res.kernels, res.breakdown = kernel_profile(fn)
-            # Where the host time goes: our request preparation vs ORT's replay call.
-            given = dict(zip(("input_ids", "input_mask", "segment_ids"), args))
-            bucket = s._bucket(batch, seq)
-            prep, _ = time_calls(lambda: s._fill(bucket, s._check(given), batch, seq), iters)
-            mode = next(m for m in ("keylen", "raw") if m in s.sessions and
-                        (m == "raw" or (seq >= s.variant_min_seq and variants)))
-            ro = s._run_options(bucket.graph_ids[mode])
-            replay, _ = time_calls(lambda: s.sessions[mode].run_with_iobinding(
-                bucket.bindings[mode], ro), iters)
-            res.note += f"; prep {prep:.0f} us + ORT run {replay:.0f} us ({mode})"
-            del s
+            results.append(_measure_runtime(name, label, paths["bertfuse16"], feeds, ref,
+                                            variants, iters, profile))
         except Exception as exc:
-            res.note = f"failed: {str(exc).splitlines()[0][:200]}"
-        results.append(res)
+            results.append(Result(name, label,
+                                  note=f"failed: {str(exc).splitlines()[0][:200]}"))
     return results, paths
+
+
+def _measure_runtime(name: str, label: str, path: str, feeds: dict[str, np.ndarray],
+                     ref: dict[str, np.ndarray], variants: bool, iters: int,
+                     profile: bool) -> Result:
+    """bertfuse's Session on one bucket of exactly the request's shape."""
+    from bertfuse.runtime.session import Session
+    from bertfuse.runtime.variants import mask_mode
+
+    batch, seq = feeds["input_ids"].shape
+    sess = Session(path, max_batch=batch, max_seq=seq, batch_buckets=(batch,),
+                   seq_buckets=(seq,), device="cuda", cuda_graph=True, mask_variants=variants)
+    sess.warmup([(batch, seq)])
+    args = (feeds["input_ids"], feeds["input_mask"], feeds["segment_ids"])
+
+    def call() -> object:
+        return sess.run(*args, to_host=False)
+
+    res = Result(name, label)
+    res.p50_us, res.p99_us = time_calls(call, iters)
+    res.seq_per_s = batch / res.p50_us * 1e6
+    res.max_diff, res.mean_diff = compare(sess.run(*args), ref, feeds["input_mask"])
+    if profile:
+        res.gpu_us, res.kernels, res.breakdown = kernel_profile(call)
+    # Where the host time goes: our request preparation vs ORT's replay call.
+    mode = mask_mode(feeds["input_mask"]) if variants and seq >= sess.variant_min_seq else "raw"
+    mode = mode if mode in sess.sessions else "raw"
+    given = dict(zip(("input_ids", "input_mask", "segment_ids"), args))
+    bucket = sess._bucket(batch, seq)
+    prep, _ = time_calls(lambda: sess._fill(bucket, sess._check(given), batch, seq), iters)
+    ro = sess._run_options(bucket.graph_ids[mode])
+    replay, _ = time_calls(lambda: sess.sessions[mode].run_with_iobinding(
+        bucket.bindings[mode], ro), iters)
+    graph = "CUDA graph" if sess.cuda_graph else f"no graph: {sess.fallback_reason}"
+    res.note = f"{graph}; attention mask path: {mode}; prep {prep:.0f} us + ORT run " \
+               f"{replay:.0f} us"
+    return res
 
 
 def soak(model_path: str, requests: int = 10_000, seed: int = 3) -> dict:
