@@ -41,7 +41,12 @@ def check_model(model: onnx.ModelProto, providers: list[str] | None = None) -> N
 
     with tempfile.TemporaryDirectory(prefix="bertfuse-check-") as tmp:
         path = Path(tmp) / "model.onnx"
-        _save(model, path)
+        if _save(model, path):
+            # Saving with external data moved the weights out of `model`: take them back
+            # before the temporary directory goes.
+            from onnx.external_data_helper import load_external_data_for_model
+
+            load_external_data_for_model(model, tmp)
         try:
             onnx.checker.check_model(str(path))
         except Exception as exc:
@@ -56,12 +61,14 @@ def check_model(model: onnx.ModelProto, providers: list[str] | None = None) -> N
                                 f"{str(exc).splitlines()[0][:300]}") from None
 
 
-def _save(model: onnx.ModelProto, path: Path) -> None:
+def _save(model: onnx.ModelProto, path: Path) -> bool:
+    """Saves; returns True when the weights went to an external data file."""
     if model_bytes(model) > EXTERNAL_DATA_THRESHOLD:
         onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
                         location=path.name + ".data", size_threshold=1024)
-    else:
-        onnx.save_model(model, str(path))
+        return True
+    onnx.save_model(model, str(path))
+    return False
 
 
 def save_model(model: onnx.ModelProto, path: str | Path) -> Path:

@@ -5,7 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from pathlib import Path
+
 import onnx
+
+from bertfuse import modelio
 
 from bertfuse.converter.export import random_inputs
 
@@ -45,8 +49,22 @@ def ort_session(model: onnx.ModelProto | str, providers: list[str] | None = None
     opts.log_severity_level = 4  # run errors come back as exceptions; don't also log them
     if not optimize:
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    providers = providers or ["CPUExecutionProvider"]
+    if not isinstance(model, str) and modelio.model_bytes(model) > modelio.EXTERNAL_DATA_THRESHOLD:
+        # Past protobuf's 2 GB limit a model cannot be serialised in memory: go via a file.
+        import tempfile
+
+        from onnx.external_data_helper import load_external_data_for_model
+
+        with tempfile.TemporaryDirectory(prefix="bertfuse-verify-") as tmp:
+            path = f"{tmp}/model.onnx"
+            modelio._save(model, Path(path))
+            try:
+                return ort.InferenceSession(path, opts, providers=providers)
+            finally:
+                load_external_data_for_model(model, tmp)
     data = model if isinstance(model, str) else model.SerializeToString()
-    return ort.InferenceSession(data, opts, providers=providers or ["CPUExecutionProvider"])
+    return ort.InferenceSession(data, opts, providers=providers)
 
 
 def run_onnx(session, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

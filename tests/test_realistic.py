@@ -41,3 +41,24 @@ def test_wrong_input_roles_are_caught_by_the_parity_gate(savedmodel_dir, tmp_pat
     err = capsys.readouterr().err
     assert "mask invariance" in err and "--inputs" in err
     assert not out.exists()
+
+
+def test_large_models_are_written_with_external_data(ckpt_erf, tmp_path, monkeypatch):
+    """Past protobuf's 2 GB limit the weights go to OUT.onnx.data; the threshold is lowered
+    here so a tiny model takes that path."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from bertfuse import modelio
+    from bertfuse.converter.export import random_inputs
+
+    monkeypatch.setattr(modelio, "EXTERNAL_DATA_THRESHOLD", 1_000_000)
+    out = tmp_path / "big.onnx"
+    assert main(["convert", str(ckpt_erf.path), "-o", str(out)]) == 0  # verified via a file
+    data = tmp_path / "big.onnx.data"
+    assert data.exists() and data.stat().st_size > out.stat().st_size
+    assert not list(tmp_path.glob(".big.onnx.*"))  # no temp files left behind
+    sess = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    feeds = random_inputs(2, 16, ckpt_erf.vocab, pad_anywhere=True, seed=3)
+    outs = sess.run(None, feeds)
+    assert all(np.isfinite(o).all() for o in outs)
