@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 from pathlib import Path
 
+import numpy as np
 import onnx
 
 from bertfuse import modelio
