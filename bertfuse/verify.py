@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-
 from pathlib import Path
 
 import numpy as np
 import onnx
 
 from bertfuse import modelio
-
 from bertfuse.converter.export import random_inputs
 
 TOLERANCES = {"fp32": {"max": 1e-4, "mean": 1e-4}, "fp16": {"max": 4e-2, "mean": 2e-3}}
