@@ -53,6 +53,8 @@ def _add_fusion_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("fusion")
     g.add_argument("--precision", choices=("fp32", "fp16"), default="fp32",
                    help="fp16: half-precision weights and activations, fp32 I/O")
+    g.add_argument("--packed", action="store_true",
+                   help="packed form: encoder on real tokens only (PackedAttention; CUDA only)")
     g.add_argument("--strict", action="store_true",
                    help="fail (exit 1, nothing written) if any layer is left unfused")
 
@@ -183,7 +185,7 @@ def _options(args):
         config=args.config, verify=not getattr(args, "no_verify", False),
         force=getattr(args, "force", False), seed=args.seed, batch=args.batch, seq=args.seq,
         strict=getattr(args, "strict", False), fuse=not getattr(args, "no_fuse", False),
-        precision=getattr(args, "precision", "fp32"))
+        precision=getattr(args, "precision", "fp32"), packed=getattr(args, "packed", False))
 
 
 def _run_with_report(args, console, fn: Callable) -> int:
@@ -217,7 +219,7 @@ def _cmd_optimize(args, console) -> int:
 
     _check_output_path(args.output)
     return _run_with_report(args, console, lambda up: pipeline.optimize(
-        args.model, args.output, up, args.strict, args.precision))
+        args.model, args.output, up, args.strict, args.precision, args.packed))
 
 
 def _cmd_verify(args, console) -> int:

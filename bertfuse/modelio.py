@@ -35,8 +35,10 @@ def load_model(path: str | Path, load_weights: bool = True) -> onnx.ModelProto:
     return model
 
 
-def check_model(model: onnx.ModelProto, providers: list[str] | None = None) -> None:
-    """onnx's checker, then an ORT session: a model that fails either is never written."""
+def check_model(model: onnx.ModelProto, providers: list[str] | None = None,
+                load: bool = True) -> None:
+    """onnx's checker, then an ORT session: a model that fails either is never written.
+    load=False skips the session (packed models: their kernels exist on CUDA only)."""
     import onnxruntime as ort
 
     with tempfile.TemporaryDirectory(prefix="bertfuse-check-") as tmp:
@@ -52,6 +54,8 @@ def check_model(model: onnx.ModelProto, providers: list[str] | None = None) -> N
         except Exception as exc:
             raise BertfuseError(f"the ONNX model fails onnx's checker: "
                                 f"{str(exc).splitlines()[0][:300]}") from None
+        if not load:
+            return
         try:
             opts = ort.SessionOptions()
             opts.log_severity_level = 3

@@ -71,6 +71,7 @@ class ConvertOptions:
     seq: int = 32
     strict: bool = False
     fuse: bool = True
+    packed: bool = False
 
 
 def convert(src_path: str, out_path: str, opts: ConvertOptions,
@@ -105,8 +106,28 @@ def convert(src_path: str, out_path: str, opts: ConvertOptions,
                 st.detail = "ok" if report.parity.ok else "DRIFT"
     finally:
         source.close()
+    if opts.packed:
+        model = _pack(model, report, status)
     _write(model, out_path, report, opts.force, status, opts.strict)
     return report
+
+
+def _pack(model: onnx.ModelProto, report: RunReport,
+          status: Callable[[str], None] | None) -> onnx.ModelProto:
+    """The verified padded model, turned into its packed form (checked by onnx's checker:
+    PackedAttention/RestorePadding have CUDA kernels only, so ORT's CPU cannot load it)."""
+    from bertfuse.passes.cleanup import Cleanup
+    from bertfuse.passes.packing import PackingPass
+
+    with report.stage("packing", status) as st:
+        packed, pack_report = run_passes(model, [PackingPass(), Cleanup()])
+        misses = [d for d in pack_report.diagnostics if not d.fused]
+        if misses:
+            raise BertfuseError(f"cannot pack: {misses[0].reason}")
+        check_model(packed, load=False)
+        st.nodes = len(packed.graph.node)
+        st.detail = "verified padded; packed runs on CUDA"
+    return packed
 
 
 def _optimize(raw: onnx.ModelProto, report: RunReport, status: Callable[[str], None] | None,
@@ -138,7 +159,7 @@ def _write(model: onnx.ModelProto, out_path: str, report: RunReport, force: bool
 
 
 def optimize(in_path: str, out_path: str, status: Callable[[str], None] | None = None,
-             strict: bool = False, precision: str = "fp32") -> RunReport:
+             strict: bool = False, precision: str = "fp32", packed: bool = False) -> RunReport:
     """Passes on an ONNX model a user exported themselves."""
     from bertfuse.modelio import load_model
 
@@ -149,6 +170,8 @@ def optimize(in_path: str, out_path: str, status: Callable[[str], None] | None =
     model = _optimize(raw, report, status, precision)
     with report.stage("check (onnx checker + ORT load)", status):
         check_model(model)
+    if packed:
+        model = _pack(model, report, status)
     _write(model, out_path, report, True, status, strict)
     return report
 
