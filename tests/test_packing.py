@@ -37,3 +37,15 @@ def test_packed_convert_structure(ckpt_erf, tmp_path, capsys):
     restore = next(n for n in model.graph.node if n.op_type == "RestorePadding")
     assert restore.output[0] == "sequence_output"
     assert "verified padded" in capsys.readouterr().out
+
+
+def test_packed_fp16_restores_before_the_output_cast(ckpt_erf, tmp_path, capsys):
+    """fp16: the pooler reads the fp16 hidden states, not the fp32 output, so the padding
+    must be restored before the Cast (a Gather on packed [T, H] would be wrong)."""
+    out = tmp_path / "packed16.onnx"
+    assert main(["convert", str(ckpt_erf.path), "-o", str(out), "--packed",
+                 "--precision", "fp16"]) == 0
+    model = onnx.load(str(out))
+    restore = next(n for n in model.graph.node if n.op_type == "RestorePadding")
+    readers = [n.op_type for n in model.graph.node if restore.output[0] in n.input]
+    assert sorted(readers) == ["Cast", "Gather"], readers

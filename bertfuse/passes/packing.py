@@ -68,16 +68,21 @@ class PackingPass:
             att.outputs.clear()
             att.inputs.clear()
             result.rewrites += 1
+        # Restore where the hidden states end, before any output Cast (fp16 models), so the
+        # pooler and the output both read [B, S, H].
         final = outputs[0]
-        restored = gs.Variable("sequence_output_restored", dtype=final.dtype, shape=final.shape)
-        # The packed tensor keeps the name; consumers and the output read the restored one.
+        while final.inputs and final.inputs[0].op == "Cast":
+            final = final.inputs[0].inputs[0]
+        restored = gs.Variable(f"{final.name}_restored", dtype=final.dtype, shape=None)
         readers = list(final.outputs)
         graph.nodes.append(gs.Node("RestorePadding", "restore_padding", domain=MS_DOMAIN,
                                    inputs=[final, offset], outputs=[restored]))
         for node in readers:
             node.inputs = [restored if t is final else t for t in node.inputs]
-        graph.outputs = [restored if t is final else t for t in graph.outputs]
-        final.name, restored.name = "sequence_output_packed", "sequence_output"
+        if final is outputs[0]:  # the output keeps its name; the packed tensor is renamed
+            graph.outputs = [restored if t is final else t for t in graph.outputs]
+            final.name, restored.name = "sequence_output_packed", "sequence_output"
+            restored.shape = outputs[0].shape
         final.shape = None
         still_read = {id(t) for n in graph.nodes for t in n.inputs}
         graph.inputs = [i for i in graph.inputs if i.name != "input_mask" or id(i) in still_read] \
