@@ -49,3 +49,16 @@ def test_packed_fp16_restores_before_the_output_cast(ckpt_erf, tmp_path, capsys)
     restore = next(n for n in model.graph.node if n.op_type == "RestorePadding")
     readers = [n.op_type for n in model.graph.node if restore.output[0] in n.input]
     assert sorted(readers) == ["Cast", "Gather"], readers
+
+
+def test_runtime_packs_only_low_fill_requests():
+    from bertfuse.runtime.session import use_packed
+
+    low = np.zeros((4, 32), np.int32)
+    low[:, :6] = 1
+    assert use_packed(low, 0.5)
+    assert not use_packed(np.ones((4, 32), np.int32), 0.5)  # full batches stay padded
+    empty_row = low.copy()
+    empty_row[2] = 0
+    assert not use_packed(empty_row, 0.5)  # a row without tokens cannot be packed
+    assert not use_packed(None, 0.5)

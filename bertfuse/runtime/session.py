@@ -87,10 +87,20 @@ class Session:
                  seq_buckets: Sequence[int] = DEFAULT_SEQ_BUCKETS, device: str = "cuda",
                  cuda_graph: bool = True, provider_options: Mapping[str, str] | None = None,
                  validate: bool = True, mask_variants: bool = True,
-                 variant_min_seq: int = 128) -> None:
+                 variant_min_seq: int = 128, packed_model: str | onnx.ModelProto | None = None,
+                 pack_below_fill: float = 0.5) -> None:
         import onnxruntime as ort
 
         self._ort = ort
+        # Low-fill requests can go to the packed form of the same model (CUDA only); measured
+        # (docs/benchmarks.md §4): 1.8x at 24% fill, slower at 60% fill and on full batches.
+        self.pack_below_fill = pack_below_fill
+        self.packed = None
+        if packed_model is not None:
+            from bertfuse.runtime.packed import PackedSession
+
+            self.packed = PackedSession(packed_model, device=device,
+                                        provider_options=provider_options)
         proto = onnx.load(model, load_external_data=False) if isinstance(model, str) else model
         self.facts = model_facts(proto)
         unknown = [n for n in self.facts.inputs if n not in ROLES]
@@ -240,6 +250,10 @@ class Session:
         batch, seq = arrays["input_ids"].shape
         mode = "raw"
         mask = arrays.get("input_mask")
+        if self.packed is not None and use_packed(mask, self.pack_below_fill):
+            out = self.packed.run(arrays["input_ids"], mask, arrays.get("segment_ids"),
+                                  to_host=to_host)
+            return out if to_host else {"batch": batch, "seq": seq, **out}
         if len(self.sessions) > 1 and self.bucket_for(batch, seq)[1] >= self.variant_min_seq:
             if mask is None:
                 mode = "nomask"
@@ -330,6 +344,15 @@ class Session:
             return int(total - free)
         except Exception:
             return None
+
+
+def use_packed(mask: Any, below_fill: float) -> bool:
+    """Pack a request when its fill (kept tokens / all positions) is under `below_fill` and
+    every row keeps a token; device-resident masks stay on the padded path."""
+    if not isinstance(mask, np.ndarray):
+        return False
+    keep = mask != 0
+    return bool(keep.mean() < below_fill and keep.any(axis=1).all())
 
 
 def _declared_output_dims(model: onnx.ModelProto) -> dict[str, tuple] | None:
