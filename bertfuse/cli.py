@@ -8,7 +8,7 @@ import os
 import sys
 from typing import Callable
 
-from bertfuse.errors import BertfuseError, UsageError
+from bertfuse.errors import BertfuseError, ParityError, UsageError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -189,21 +189,31 @@ def _options(args):
 
 
 def _run_with_report(args, console, fn: Callable) -> int:
-    from bertfuse.report import print_report
-
     update, spinner = _status_printer(args, console)
+    failed: ParityError | None = None
     try:
         report = fn(update)
+    except ParityError as exc:
+        failed, report = exc, exc.report
     finally:
         if spinner is not None:
             spinner.stop()
+    if report is not None:
+        _show(args, console, report)
+    if failed is not None:
+        raise failed  # after the report: what drifted on stdout, the one-line error on stderr
+    if report.parity is not None and not report.parity.ok:
+        return 1
+    return 0
+
+
+def _show(args, console, report) -> None:
+    from bertfuse.report import print_report
+
     if args.json:
         print(json.dumps(report.to_json(), indent=2, default=str))
     else:
         print_report(report, console)
-    if report.parity is not None and not report.parity.ok:
-        return 1
-    return 0
 
 
 def _cmd_convert(args, console) -> int:

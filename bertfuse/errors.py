@@ -16,6 +16,10 @@ class ParityError(BertfuseError):
 
     exit_code = 1
 
+    def __init__(self, message: str, report: object = None) -> None:
+        super().__init__(message)
+        self.report = report  # the run so far, so the CLI can show the parity table
+
 
 class FusionIncomplete(BertfuseError):
     """--strict and at least one layer was left unfused."""

@@ -152,7 +152,7 @@ def _write(model: onnx.ModelProto, out_path: str, report: RunReport, force: bool
             if worst.name.startswith("mask invariance") else ""
         raise ParityError(f"{out_path}: not written: parity check failed, {worst.name} "
                           f"max |diff| {worst.max_abs:.3g} exceeds tolerance{hint} "
-                          f"(use --force to write anyway)")
+                          f"(use --force to write anyway)", report)
     with report.stage("write", status):
         save_model(model, out_path)
     report.written = True
