@@ -456,3 +456,10 @@ def test_real_process_stderr_is_one_line(bad, out_dir):
     assert len(lines) == 1 and "cannot read checkpoint" in lines[0], proc.stderr
     assert proc.stdout == ""
     _assert_nothing_written(out_dir)
+
+
+def test_checkpoint_refuses_inputs_and_outputs_overrides(bad, out_dir, capsys):
+    line = _expect_failure(capsys, ["convert", bad["tiny"], "-o", out_dir / "m.onnx",
+                                    "--inputs", "input_ids=ids"])
+    assert "do not apply to a checkpoint" in line
+    _assert_nothing_written(out_dir)

@@ -42,6 +42,10 @@ def load_source(path: str, kind: str = "auto", signature: str = "serving_default
     if kind == "checkpoint":
         from bertfuse.converter.checkpoint import load_checkpoint
 
+        if override or outputs:
+            raise BertfuseError("--inputs/--outputs do not apply to a checkpoint: bertfuse "
+                                "rebuilds its graph with input_ids, input_mask, segment_ids")
+
         return load_checkpoint(path, config)
     if kind == "frozen":
         from bertfuse.converter.frozen import load_frozen
