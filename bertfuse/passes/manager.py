@@ -113,11 +113,24 @@ def run_passes(model: onnx.ModelProto, passes: Sequence[Pass] | None = None,
 
 
 def _with_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Shape inference gives passes dtypes and static dims; a model it cannot infer still runs."""
+    """Shape inference gives passes dtypes and static dims; a model it cannot infer still runs.
+
+    Inference needs the initializers' dims, not their bytes: the large ones are set aside
+    while it runs (it serialises the whole model otherwise) and put back afterwards."""
+    stash = {}
+    for init in model.graph.initializer:
+        if len(init.raw_data) > 4096:
+            stash[init.name] = init.raw_data
+            init.ClearField("raw_data")
     try:
-        return onnx.shape_inference.infer_shapes(model, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
     except Exception:
-        return model
+        inferred = model
+    for target in {id(model): model, id(inferred): inferred}.values():
+        for init in target.graph.initializer:
+            if init.name in stash:
+                init.raw_data = stash[init.name]
+    return inferred
 
 
 def _ensure_opsets(out: onnx.ModelProto, original: onnx.ModelProto) -> None:
