@@ -116,7 +116,8 @@ def _with_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
     """Shape inference gives passes dtypes and static dims; a model it cannot infer still runs.
 
     Inference needs the initializers' dims, not their bytes: the large ones are set aside
-    while it runs (it serialises the whole model otherwise) and put back afterwards."""
+    while it runs on the light model, its value_info is copied back, and the bytes return.
+    (Inferring on the full model would serialise and copy every weight.)"""
     stash = {}
     for init in model.graph.initializer:
         if len(init.raw_data) > 4096:
@@ -124,13 +125,18 @@ def _with_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
             init.ClearField("raw_data")
     try:
         inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+        for field in ("value_info", "output"):
+            target = getattr(model.graph, field)
+            del target[:]
+            target.extend(getattr(inferred.graph, field))
+        del inferred
     except Exception:
-        inferred = model
-    for target in {id(model): model, id(inferred): inferred}.values():
-        for init in target.graph.initializer:
+        pass  # a model onnx cannot infer still goes through the passes, with fewer shapes
+    finally:
+        for init in model.graph.initializer:
             if init.name in stash:
-                init.raw_data = stash[init.name]
-    return inferred
+                init.raw_data = stash.pop(init.name)
+    return model
 
 
 def _ensure_opsets(out: onnx.ModelProto, original: onnx.ModelProto) -> None:
