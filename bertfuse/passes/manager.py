@@ -125,10 +125,10 @@ def _with_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
             init.ClearField("raw_data")
     try:
         inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
-        for field in ("value_info", "output"):
-            target = getattr(model.graph, field)
+        for part in ("value_info", "output"):
+            target = getattr(model.graph, part)
             del target[:]
-            target.extend(getattr(inferred.graph, field))
+            target.extend(getattr(inferred.graph, part))
         del inferred
     except Exception:
         pass  # a model onnx cannot infer still goes through the passes, with fewer shapes

@@ -1,0 +1,254 @@
+"""Attention found by evaluation: any einsum/transpose arrangement of BERT self-attention.
+
+Keras' EinsumDense/MultiHeadAttention and HF-style layers reach tf2onnx as Gemm, 5-D
+reshapes and transposes in every order; no structural pattern survives that. Here the dense
+layers feeding the softmax (Q, K) and the context MatMul (V) are found, the layer is
+evaluated with ONNX Runtime on random hidden states and probe masks, and the match is the
+(Q/K order, head count, scale, mask input) whose float64 reference reproduces it. A Q/K swap
+or a wrong head count cannot reproduce it, so it cannot be chosen.
+
+This module also holds what a match is (`AttentionMatch`), shared with attention.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from bertfuse.passes.base import const_value, scalar_value
+from bertfuse.passes.evaluate import ancestors, eval_with_ort, rank_of
+from bertfuse.passes.probe import probe_feeds, probe_mask
+
+MASK_FLOOR = -10000.0  # exp underflows to 0 already; finite in fp16
+
+
+@dataclass
+class Projection:
+    x: gs.Tensor
+    weight: np.ndarray
+    bias: np.ndarray | None
+    reshape: gs.Node
+
+
+@dataclass
+class AttentionMatch:
+    q: Projection
+    k: Projection
+    v: Projection
+    scale: float
+    mask_input: gs.Variable | None
+    mask_value: float
+    output: gs.Tensor
+    num_heads: int
+    head_size: int
+
+
+def _scalar_factor(node: gs.Node) -> tuple[gs.Tensor, float] | None:
+    """Mul/Div by a scalar constant: (the other operand, the factor it applies)."""
+    if node.op not in ("Mul", "Div") or len(node.inputs) != 2:
+        return None
+    a, b = node.inputs
+    vb = scalar_value(b)
+    if vb is not None and const_value(a) is None:
+        return (a, vb) if node.op == "Mul" else (a, 1.0 / vb)
+    va = scalar_value(a)
+    if node.op == "Mul" and va is not None and const_value(b) is None:
+        return b, va
+    return None
+
+
+_SHAPE_OPS = ("Reshape", "Unsqueeze", "Squeeze", "Transpose", "Flatten", "Identity", "Cast")
+_STOP_OPS = ("LayerNormalization", "SkipLayerNormalization", "EmbedLayerNormalization",
+             "Attention", "Softmax")
+
+
+def _dense_weight(node: gs.Node) -> np.ndarray | None:
+    """The [in, out] weight of a MatMul/Gemm by a constant matrix (no bias in Gemm's C)."""
+    if node.op == "MatMul":
+        w = const_value(node.inputs[1])
+        return w if w is not None and w.ndim == 2 else None
+    if node.op == "Gemm" and not node.attrs.get("transA", 0) and \
+            float(node.attrs.get("alpha", 1.0)) == 1.0:
+        w = const_value(node.inputs[1])
+        if w is None or w.ndim != 2:
+            return None
+        if len(node.inputs) > 2 and node.inputs[2].name:
+            c = const_value(node.inputs[2])
+            if c is None or np.any(c):
+                return None
+        return w.T if node.attrs.get("transB", 0) else w
+    return None
+
+
+def _find_projections(start: gs.Tensor, limit: int = 40) -> tuple[list[gs.Node], list[float]]:
+    """Dense layers feeding `start` without passing another dense layer; scalar factors met."""
+    found: list[gs.Node] = []
+    scales: list[float] = []
+    seen: set[int] = set()
+    stack = [start]
+    while stack and len(seen) < limit:
+        t = stack.pop()
+        node = t.inputs[0] if t.inputs else None
+        if node is None or id(node) in seen or node.op in _STOP_OPS:
+            continue
+        seen.add(id(node))
+        if _dense_weight(node) is not None:
+            found.append(node)
+            continue
+        factor = _scalar_factor(node)
+        if factor is not None:
+            scales.append(factor[1])
+        stack.extend(i for i in node.inputs if const_value(i) is None)
+    return found, scales
+
+
+def _projection_input(node: gs.Node) -> gs.Tensor:
+    """The hidden-state tensor a dense layer reads, looking through flattening reshapes."""
+    t = node.inputs[0]
+    while t.inputs and t.inputs[0].op in ("Reshape", "Unsqueeze", "Squeeze", "Flatten") and \
+            len(t.outputs) >= 1:
+        t = t.inputs[0].inputs[0]
+    return t
+
+
+def _projection_bias(node: gs.Node, width: int) -> np.ndarray | None:
+    """The bias added after a dense layer (through reshapes), flattened to [width]."""
+    t = node.outputs[0]
+    for _ in range(4):
+        if len(t.outputs) != 1:
+            return None
+        c = t.outputs[0]
+        if c.op == "Add":
+            other = c.inputs[1] if c.inputs[0] is t else c.inputs[0]
+            v = const_value(other)
+            return v.reshape(-1) if v is not None and v.size == width else None
+        if c.op not in _SHAPE_OPS:
+            return None
+        t = c.outputs[0]
+    return None
+
+
+def _reference_attention(x: np.ndarray, w: np.ndarray, b: np.ndarray, mask: np.ndarray | None,
+                         heads: int, scale: float) -> np.ndarray:
+    """BERT self-attention in float64: [B,S,H] -> [B,S,H], additive (1-m)*-10000 mask."""
+    bsz, seq, _ = x.shape
+    qkv = x @ w + b
+    hidden = w.shape[1] // 3
+    d = hidden // heads
+
+    def split(t):
+        return t.reshape(bsz, seq, heads, d).transpose(0, 2, 1, 3)
+
+    q, k, v = (split(qkv[..., i * hidden:(i + 1) * hidden]) for i in range(3))
+    scores = q @ k.transpose(0, 1, 3, 2) * scale
+    if mask is not None:
+        scores = scores + (1.0 - mask[:, None, None, :]) * -10000.0
+    scores = scores - scores.max(-1, keepdims=True)
+    p = np.exp(scores)
+    p /= p.sum(-1, keepdims=True)
+    return (p @ v).transpose(0, 2, 1, 3).reshape(bsz, seq, hidden)
+
+
+def match_numeric(graph: gs.Graph, softmax: gs.Node) -> AttentionMatch | str:
+    """Finds Q, K, V projections, heads, scale and mask by evaluating the layer on probes."""
+    # The context MatMul: where the probabilities (possibly re-masked) meet V.
+    t, ctx = softmax.outputs[0], None
+    for _ in range(4):
+        onward = [c for c in t.outputs if c.op != "Shape"]
+        if len(onward) != 1:
+            break
+        c = onward[0]
+        if c.op == "MatMul":
+            ctx = c
+            break
+        if c.op not in ("Mul", "Add", "Where", "Cast") + _SHAPE_OPS:
+            break
+        t = c.outputs[0]
+    if ctx is None:
+        return "no MatMul of the probabilities with V"
+    # The output: through shape-only ops to the tensor the output dense layer reads
+    # (Shape consumers only size the reshapes on the way).
+    out = ctx.outputs[0]
+    for _ in range(10):
+        if any(_dense_weight(c) is not None for c in out.outputs):
+            break
+        onward = [c for c in out.outputs if c.op != "Shape"]
+        if len(onward) != 1 or onward[0].op not in _SHAPE_OPS:
+            return "context is not followed by the output dense layer"
+        out = onward[0].outputs[0]
+    else:
+        return "context is not followed by the output dense layer"
+    qk, scales = _find_projections(softmax.inputs[0])
+    v_side = ctx.inputs[1] if ctx.inputs[0] is t else ctx.inputs[0]
+    vv, v_scales = _find_projections(v_side)
+    if len(qk) != 2 or len(vv) != 1:
+        return f"found {len(qk)} Q/K and {len(vv)} V projections, expected 2 and 1"
+    xs = {id(_projection_input(n)) for n in qk + vv}
+    if len(xs) != 1:
+        return "Q, K and V do not project the same hidden states"
+    x = _projection_input(vv[0])
+    weights = [_dense_weight(n) for n in qk + vv]
+    hidden_in, hidden = weights[0].shape
+    if any(w.shape != (hidden_in, hidden) for w in weights):
+        return "Q, K, V weights differ in shape"
+    biases = [_projection_bias(n, hidden) for n in qk + vv]
+    biases = [b if b is not None else np.zeros(hidden, weights[0].dtype) for b in biases]
+    return _solve(graph, softmax, x, out, weights, biases, scales, hidden_in, hidden)
+
+
+def _solve(graph, softmax, x, out, weights, biases, scales, hidden_in, hidden):
+    feeds = probe_feeds(graph)
+    _, sources = ancestors([softmax.inputs[0]], [x])
+    candidates = [src for src in sources if src is not x and src.dtype is not None and
+                  np.dtype(src.dtype).kind in "iub" and src.shape is not None and
+                  len(src.shape) == 2]
+    last = "no mask input reproduces the layer"
+    for mask_input in candidates + [None]:
+        found = _solve_with_mask(graph, x, out, weights, biases, scales, hidden_in, hidden,
+                                 mask_input, feeds)
+        if not isinstance(found, str):
+            return found
+        last = found
+    return last
+
+
+def _solve_with_mask(graph, x, out, weights, biases, scales, hidden_in, hidden, mask_input,
+                     feeds):
+    rng = np.random.default_rng(11)
+    feeds = dict(feeds)
+    b, s = next(iter(feeds.values())).shape[:2]
+    mask = probe_mask(b, s, seed=5)
+    if mask_input is not None:
+        feeds[mask_input.name] = mask.astype(feeds[mask_input.name].dtype)
+    x_rank = rank_of(x) or 2
+    probe = rng.standard_normal((b, s, hidden_in)).astype(np.float32)
+    feeds[x.name] = probe if x_rank == 3 else probe.reshape(b * s, hidden_in)
+    try:
+        (got,) = eval_with_ort(graph, [out], feeds, cut={x.name: x})
+    except Exception as exc:
+        return f"cannot evaluate the layer ({type(exc).__name__}: {str(exc)[:80]})"
+    got = np.asarray(got, np.float64)
+    if got.size != b * s * hidden:
+        return f"attention output has {got.size} values, expected B*S*H"
+    got = got.reshape(b, s, hidden)
+    extra = float(np.prod(scales)) if scales else 1.0
+    x64 = probe.astype(np.float64)
+    mask64 = mask.astype(np.float64) if mask_input is not None else None
+    for qi, ki in ((0, 1), (1, 0)):
+        w = np.concatenate([weights[qi], weights[ki], weights[2]], axis=1).astype(np.float64)
+        bias = np.concatenate([biases[qi], biases[ki], biases[2]]).astype(np.float64)
+        for heads in [n for n in range(1, hidden + 1) if hidden % n == 0 and hidden // n >= 8]:
+            d = hidden // heads
+            for scale in {1 / np.sqrt(d), extra / np.sqrt(d), extra, 1.0}:
+                ref = _reference_attention(x64, w, bias, mask64, heads, scale)
+                err = np.abs(ref - got).max() / (1e-3 + np.abs(ref).max())
+                if err < 1e-4:
+                    return AttentionMatch(
+                        Projection(x, weights[qi], biases[qi], None),
+                        Projection(x, weights[ki], biases[ki], None),
+                        Projection(x, weights[2], biases[2], None),
+                        float(scale), mask_input, MASK_FLOOR if mask_input is not None else 0.0,
+                        out, heads, d)
+    return "no head count, scale and Q/K order reproduce the layer on probe inputs"
