@@ -628,3 +628,16 @@ def seed() -> int:
 @pytest.fixture
 def rng(seed: int) -> np.random.Generator:
     return np.random.default_rng(seed)
+
+
+@pytest.fixture(scope="session")
+def tiny_onnx(ckpt_erf, convert_cached) -> dict[str, str]:
+    """The ckpt_erf model converted three ways: 'fp32' / 'fp16' fused, 'raw' (tf2onnx graph
+    with the canonical interface), as paths."""
+    out = {}
+    for name, extra in (("fp32", ()), ("fp16", ("--precision", "fp16")),
+                        ("raw", ("--no-fuse", "--no-verify"))):
+        conv = convert_cached(ckpt_erf, *extra)
+        assert conv.exit_code == 0, (name, conv.report)
+        out[name] = conv.onnx_path
+    return out

@@ -35,15 +35,10 @@ def _cli(capsys, *args: str) -> tuple[int, str, str]:
 
 
 @pytest.fixture(scope="module")
-def models(ckpt_erf, convert_cached, tmp_path_factory) -> dict[str, str]:
+def models(tiny_onnx, tmp_path_factory) -> dict[str, str]:
     """'fp32' / 'fp16' fused, 'raw' (tf2onnx, canonical I/O), and 'partial': attention of
     layer 1 left unfused (the passes made to give up there)."""
-    out = {}
-    for name, extra in (("fp32", ()), ("fp16", ("--precision", "fp16")),
-                        ("raw", ("--no-fuse", "--no-verify"))):
-        conv = convert_cached(ckpt_erf, *extra)
-        assert conv.exit_code == 0, (name, conv.report)
-        out[name] = conv.onnx_path
+    out = dict(tiny_onnx)
     partial = tmp_path_factory.mktemp("inspect") / "partial.onnx"
     mp = pytest.MonkeyPatch()
     try:

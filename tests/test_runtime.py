@@ -133,15 +133,9 @@ def initializer_scales(model: onnx.ModelProto) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def models(ckpt_erf, convert_cached) -> dict[str, str]:
+def models(tiny_onnx) -> dict[str, str]:
     """'fp32' / 'fp16' fused models and the 'raw' unfused graph, as paths."""
-    out = {}
-    for name, extra in (("fp32", ()), ("fp16", ("--precision", "fp16")),
-                        ("raw", ("--no-fuse", "--no-verify"))):
-        conv = convert_cached(ckpt_erf, *extra)
-        assert conv.exit_code == 0, (name, conv.report)
-        out[name] = conv.onnx_path
-    return out
+    return tiny_onnx
 
 
 @pytest.fixture(scope="module")
