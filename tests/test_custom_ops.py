@@ -99,6 +99,7 @@ def test_registry_lists_every_emitted_op() -> None:
     assert set(CONTRACTS) == {
         "Attention", "SkipLayerNormalization", "EmbedLayerNormalization",
         "BiasGelu", "FastGelu", "Gelu", "GemmFastGelu", "LayerNormalization",
+        "PackedAttention", "RestorePadding",
     }
     for name, c in CONTRACTS.items():
         assert c.op_type == name

@@ -1,25 +1,81 @@
-"""The packed form (issue 5) on the CPU: packing arithmetic and graph structure. Its kernels
-(PackedAttention, RestorePadding) exist on CUDA only; benchmarks/packed_bench.py checks its
-numbers against the padded model on the GPU."""
+"""The packed form (issue 5) on the CPU: packing arithmetic, checked through NumPy references
+of PackedAttention/RestorePadding, and graph structure. The kernels exist on CUDA only;
+`bertfuse bench` (runtime/packed_bench.py) checks them against the padded model on the GPU."""
 
 from __future__ import annotations
 
 import numpy as np
 import onnx
+import pytest
 
 from bertfuse.cli import main
-from bertfuse.passes.packing import PACKED_INPUTS, pack_request
+from bertfuse.custom_ops import attention, packed_attention
+from bertfuse.passes.packing import PACKED_INPUTS, choose_shape, pack_into, packed_shapes
 
 
-def test_pack_request_handles_padding_anywhere():
-    mask = np.array([[1, 1, 1, 0], [0, 1, 0, 1], [1, 0, 0, 0]])
-    p = pack_request(mask)
-    assert p["token_index"].tolist() == [0, 1, 2, 5, 7, 8]
-    assert p["cumulative_sequence_length"].tolist() == [0, 3, 5, 6]
+def _mask(rng: np.random.Generator, batch: int, seq: int, kind: str) -> np.ndarray:
+    lengths = {"mixed": rng.integers(1, seq + 1, batch), "full": np.full(batch, seq),
+               "ones": np.ones(batch, int)}[kind]
+    mask = (np.arange(seq)[None, :] < lengths[:, None]).astype(np.int32)
+    if kind == "mixed":  # holes and left padding too
+        mask[0] = rng.integers(0, 2, seq)
+        mask[0, rng.integers(seq)] = 1
+        mask[-1] = mask[-1][::-1]
+    return mask
+
+
+@pytest.mark.parametrize("kind", ["mixed", "full", "ones"])
+@pytest.mark.parametrize("batch,seq,bucket", [(3, 7, (4, 8)), (4, 8, (4, 8)), (1, 5, (1, 32)),
+                                              (20, 64, (20, 64)), (13, 100, (32, 128))])
+def test_pack_into_forms_well_made_sequences(kind, batch, seq, bucket, rng):
+    mask = _mask(rng, batch, seq, kind)
+    shape = choose_shape(packed_shapes(*bucket), batch, int(mask.sum()))
+    p = pack_into(mask, shape)
     offset = p["token_offset"].reshape(-1)
-    assert offset[:6].tolist() == [0, 1, 2, 5, 7, 8]
-    assert sorted(offset.tolist()) == list(range(12))  # a permutation of all positions
+    cum = p["cumulative_sequence_length"]
     assert all(v.dtype == np.int32 for v in p.values())
+    assert p["token_index"].shape == (shape.tokens,) and cum[-1] == shape.tokens
+    assert sorted(offset.tolist()) == list(range(shape.rows * shape.seq))  # a permutation
+    assert (np.diff(cum) >= 1).all()  # no empty sequence, filler rows included
+    assert (np.diff(cum)[:batch] == mask.sum(axis=1)).all()
+    kept = np.flatnonzero(np.pad(mask, ((0, 0), (0, shape.seq - seq))).reshape(-1))
+    assert (p["token_index"][:len(kept)] == kept).all()
+    assert p["token_index"].max() < shape.batch * shape.seq  # gathers stay inside input_ids
+
+
+def test_pack_into_picks_the_smallest_token_bucket():
+    shapes = packed_shapes(20, 64)
+    assert [s.tokens for s in shapes] == sorted(s.tokens for s in shapes)
+    mask = np.zeros((20, 64), np.int32)
+    mask[:, :10] = 1
+    chosen = choose_shape(shapes, 20, 200)
+    assert chosen.tokens >= 200 + chosen.rows - 20
+    assert chosen == shapes[1]  # 200 tokens: one step (160) is too few, two are enough
+    assert choose_shape(shapes, 20, 20 * 64) == shapes[-1]
+
+
+@pytest.mark.parametrize("kind", ["mixed", "full", "ones"])
+def test_packed_attention_reference_equals_padded_attention(kind, rng):
+    """The packed layout the runtime builds, run through NumPy references of PackedAttention
+    and RestorePadding, gives the padded Attention's result on every kept position."""
+    batch, seq, hidden, heads = 5, 12, 16, 2
+    mask = _mask(rng, batch, seq, kind)
+    x = rng.standard_normal((batch, seq, hidden)).astype(np.float32)
+    w = (rng.standard_normal((hidden, 3 * hidden)) * 0.3).astype(np.float32)
+    bias = rng.standard_normal(3 * hidden).astype(np.float32)
+    want = attention.reference(x, w, bias, mask, num_heads=heads)
+
+    shape = choose_shape(packed_shapes(8, 16), batch, int(mask.sum()))
+    p = pack_into(mask, shape)
+    grid = np.zeros((shape.batch, shape.seq, hidden), np.float32)
+    grid[:batch, :seq] = x
+    packed = grid.reshape(-1, hidden)[p["token_index"]]
+    out = packed_attention.reference(packed, w, bias, p["cumulative_sequence_length"],
+                                     num_heads=heads)
+    got = packed_attention.restore_padding(out, p["token_offset"])[:batch, :seq]
+    keep = mask != 0
+    assert np.abs(got[keep] - want[keep]).max() <= 1e-5
+    assert (got[~keep] == 0).all()
 
 
 def test_packed_convert_structure(ckpt_erf, tmp_path, capsys):

@@ -7,7 +7,7 @@ ai.onnx 17 + com.microsoft 1). No TensorFlow anywhere: this must import on the G
 
 from __future__ import annotations
 
-from . import attention, embed_layernorm, gelu, layernorm, skip_layernorm
+from . import attention, embed_layernorm, gelu, layernorm, packed_attention, skip_layernorm
 from .contract import MS_DOMAIN, MS_OPSET, ONNX_OPSET, AttrSpec, OpContract, TensorSpec, one_node_model
 
 CONTRACTS: dict[str, OpContract] = {
@@ -21,6 +21,8 @@ CONTRACTS: dict[str, OpContract] = {
         gelu.GELU,
         gelu.GEMM_FAST_GELU,
         layernorm.CONTRACT,
+        packed_attention.CONTRACT,
+        packed_attention.RESTORE_PADDING,
     )
 }
 
@@ -37,5 +39,6 @@ __all__ = [
     "gelu",
     "layernorm",
     "one_node_model",
+    "packed_attention",
     "skip_layernorm",
 ]

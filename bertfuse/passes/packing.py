@@ -17,6 +17,8 @@ GPU; the CPU can only check their structure.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import onnx_graphsurgeon as gs
 
@@ -41,9 +43,10 @@ class PackingPass:
             result.missed("packing", "no sequence_output to restore the padding on")
             return result
         index = gs.Variable("token_index", dtype=np.int32, shape=["tokens"])
-        offset = gs.Variable("token_offset", dtype=np.int32, shape=["batch", "seq"])
+        # token_offset may hold more rows than input_ids (the runtime's filler rows).
+        offset = gs.Variable("token_offset", dtype=np.int32, shape=["packed_rows", "seq"])
         cumulative = gs.Variable("cumulative_sequence_length", dtype=np.int32,
-                                 shape=["batch_plus_1"])
+                                 shape=["packed_rows_plus_1"])
         embedded = embeds[0].outputs[0]
         hidden = int(embeds[0].inputs[2].values.shape[1])
         flat = gs.Variable("embeddings_flat", dtype=embedded.dtype)
@@ -82,7 +85,7 @@ class PackingPass:
         if final is outputs[0]:  # the output keeps its name; the packed tensor is renamed
             graph.outputs = [restored if t is final else t for t in graph.outputs]
             final.name, restored.name = "sequence_output_packed", "sequence_output"
-            restored.shape = outputs[0].shape
+            restored.shape = ["packed_rows", "seq"] + list(outputs[0].shape or [None])[2:]
         final.shape = None
         still_read = {id(t) for n in graph.nodes for t in n.inputs}
         graph.inputs = [i for i in graph.inputs if i.name != "input_mask" or id(i) in still_read] \
@@ -91,14 +94,62 @@ class PackingPass:
         return result
 
 
-def pack_request(mask: np.ndarray) -> dict[str, np.ndarray]:
-    """token_index / token_offset / cumulative_sequence_length for a [B, S] 0/1 mask."""
-    keep = np.asarray(mask) != 0
+
+@dataclass(frozen=True)
+class PackedShape:
+    """One fixed shape of the packed model, so a CUDA graph can be captured for it.
+
+    input_ids/segment_ids are [batch, seq]; the encoder runs on `tokens` rows; token_offset is
+    [rows, seq] with rows = batch + filler rows. A request with t real tokens is padded up to
+    `tokens` with filler tokens that form sequences of their own (the rows past the request's
+    batch), so every token the kernels touch belongs to some sequence and no row is empty.
+    """
+
+    batch: int
+    seq: int
+    tokens: int
+    rows: int
+
+
+def packed_shapes(batch: int, seq: int, steps: int = 8) -> list[PackedShape]:
+    """The token buckets of one [batch, seq] bucket: `steps` equal steps up to batch x seq."""
+    step = -(-batch * seq // steps)
+    extra_rows = -(-step // seq) + 1
+    while extra_rows * (seq - 1) < step:  # filler rows must hold a step's worth of tokens
+        extra_rows += 1
+    return [PackedShape(batch, seq, k * step + extra_rows, batch + extra_rows)
+            for k in range(1, steps + 1)]
+
+
+def choose_shape(shapes: list[PackedShape], batch: int, tokens: int) -> PackedShape:
+    """The smallest shape that holds `tokens` real tokens of `batch` rows plus a filler token
+    for each remaining row."""
+    for shape in shapes:
+        if shape.tokens >= tokens + shape.rows - batch:
+            return shape
+    raise ValueError(f"{tokens} tokens do not fit {shapes[-1]}")
+
+
+def pack_into(mask: np.ndarray, shape: PackedShape) -> dict[str, np.ndarray]:
+    """token_index / token_offset / cumulative_sequence_length of `mask` ([b, s] 0/1, b and s
+    within the shape), padded to `shape` with filler sequences."""
+    b, s = mask.shape
+    keep = np.zeros((shape.rows, shape.seq), bool)
+    keep[:b, :s] = mask != 0
+    real = int(np.count_nonzero(keep))
+    filler_rows = shape.rows - b
+    extra = shape.tokens - real
+    if not filler_rows <= extra <= filler_rows * shape.seq:
+        raise ValueError(f"{real} tokens in {b} rows do not pack into {shape}")
+    each, rest = divmod(extra, filler_rows)
+    lengths = each + (np.arange(filler_rows) < rest)
+    keep[b:] = np.arange(shape.seq)[None, :] < lengths[:, None]
     flat = keep.reshape(-1)
     kept = np.flatnonzero(flat).astype(np.int32)
-    padded = np.flatnonzero(~flat).astype(np.int32)
-    lengths = keep.sum(axis=1)
-    cumulative = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
-    return {"token_index": kept,
-            "token_offset": np.concatenate([kept, padded]).reshape(keep.shape),
+    offset = np.concatenate([kept, np.flatnonzero(~flat).astype(np.int32)])
+    index = kept.copy()
+    index[index >= shape.batch * shape.seq] = 0  # filler rows past input_ids read token 0
+    cumulative = np.zeros(shape.rows + 1, np.int32)
+    np.cumsum(keep.sum(axis=1), out=cumulative[1:])
+    return {"token_index": index, "token_offset": offset.reshape(keep.shape),
             "cumulative_sequence_length": cumulative}

@@ -224,11 +224,14 @@ def run_workload(name: str, skeleton: str, batch: int, seq: int, iters: int,
         except Exception as exc:
             results.append(Result(name, label, note=f"failed: {str(exc).splitlines()[0][:160]}"))
 
-    for label, variants in (("bertfuse fp16 runtime, raw 2-D mask only", False),
-                            ("bertfuse fp16 runtime (arena + CUDA graph)", True)):
+    runtime_rows = [("bertfuse fp16 runtime, raw 2-D mask only", {"mask_variants": False}),
+                    ("bertfuse fp16 runtime (arena + CUDA graph)", {}),
+                    ("bertfuse fp16 runtime, pageable staging", {"pinned": False}),
+                    ("bertfuse fp16 runtime, packed path", {"packed": True})]
+    for label, kw in runtime_rows:
         try:
             results.append(_measure_runtime(name, label, paths["bertfuse16"], feeds, ref,
-                                            variants, iters, profile))
+                                            iters, profile, **kw))
         except Exception as exc:
             results.append(Result(name, label,
                                   note=f"failed: {str(exc).splitlines()[0][:200]}"))
@@ -236,15 +239,21 @@ def run_workload(name: str, skeleton: str, batch: int, seq: int, iters: int,
 
 
 def _measure_runtime(name: str, label: str, path: str, feeds: dict[str, np.ndarray],
-                     ref: dict[str, np.ndarray], variants: bool, iters: int,
-                     profile: bool) -> Result:
-    """bertfuse's Session on one bucket of exactly the request's shape."""
+                     ref: dict[str, np.ndarray], iters: int, profile: bool,
+                     mask_variants: bool = True, pinned: bool = True,
+                     packed: bool = False) -> Result:
+    """bertfuse's Session on one bucket of exactly the request's shape (packed=True: every
+    request goes to the packed form of the model, in its token bucket)."""
+    from bertfuse.runtime.packed_bench import packed_form
     from bertfuse.runtime.session import Session
     from bertfuse.runtime.variants import mask_mode
 
     batch, seq = feeds["input_ids"].shape
+    extra = {"packed_model": packed_form(onnx.load(path)), "pack_below_fill": 1.01} \
+        if packed else {}
     sess = Session(path, max_batch=batch, max_seq=seq, batch_buckets=(batch,),
-                   seq_buckets=(seq,), device="cuda", cuda_graph=True, mask_variants=variants)
+                   seq_buckets=(seq,), device="cuda", cuda_graph=True,
+                   mask_variants=mask_variants, pinned=pinned, **extra)
     sess.warmup([(batch, seq)])
     args = (feeds["input_ids"], feeds["input_mask"], feeds["segment_ids"])
 
@@ -255,15 +264,18 @@ def _measure_runtime(name: str, label: str, path: str, feeds: dict[str, np.ndarr
     res.p50_us, res.p99_us = time_calls(call, iters)
     res.seq_per_s = batch / res.p50_us * 1e6
     res.max_diff, res.mean_diff = compare(sess.run(*args), ref, feeds["input_mask"])
-    if profile:
+    if profile and pinned:
         res.gpu_us, res.kernels, res.breakdown = kernel_profile(call)
+    if packed:
+        res.note = "every request packed (token-bucket CUDA graph)"
+        return res
     # Where the host time goes: our request preparation vs ORT's replay call.
-    mode = mask_mode(feeds["input_mask"]) if variants and seq >= sess.variant_min_seq else "raw"
+    mode = mask_mode(feeds["input_mask"]) if mask_variants and seq >= sess.variant_min_seq else "raw"
     mode = mode if mode in sess.sessions else "raw"
     given = dict(zip(("input_ids", "input_mask", "segment_ids"), args))
     bucket = sess._bucket(batch, seq)
     prep, _ = time_calls(lambda: sess._fill(bucket, sess._check(given), batch, seq), iters)
-    ro = sess._run_options(bucket.graph_ids[mode])
+    ro = bucket.run_options[mode]
     replay, _ = time_calls(lambda: sess.sessions[mode].run_with_iobinding(
         bucket.bindings[mode], ro), iters)
     graph = "CUDA graph" if sess.cuda_graph else f"no graph: {sess.fallback_reason}"
@@ -311,14 +323,26 @@ def soak(model_path: str, requests: int = 10_000, seed: int = 3) -> dict:
         t.join()
     return {"requests": requests, "wall_s": round(wall, 2), "mem_before": before,
             "mem_after": after, "mem_samples": samples, "threads": 4,
-            "thread_max_diff": max(errors) if errors else None}
+            "thread_max_diff": max(errors) if errors else None,
+            "dlpack_max_diff": _dlpack_check(s, f, want)}
+
+
+def _dlpack_check(s, feeds: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> object:
+    """Device inputs (torch CUDA tensors, through DLPack) give the NumPy path's outputs."""
+    try:
+        import torch
+    except ImportError:
+        return "torch not installed"
+    dev = {k: torch.from_numpy(v).cuda() for k, v in feeds.items()}
+    got = s.run(dev["input_ids"], dev["input_mask"], dev["segment_ids"])
+    return max(float(np.abs(got[k] - want[k]).max()) for k in want)
 
 
 def format_table(results: list[Result]) -> str:
     lines = ["| workload | variant | p50 (us) | p99 (us) | seq/s | x bertfuse | max diff | "
              "mean diff | note |", "|---|---|---|---|---|---|---|---|---|"]
     by_workload: dict[str, float] = {r.workload: r.p50_us for r in results
-                                     if r.variant.startswith("bertfuse fp16 runtime")}
+                                     if r.variant == "bertfuse fp16 runtime (arena + CUDA graph)"}
     for r in results:
         base = by_workload.get(r.workload, float("nan"))
         lines.append(f"| {r.workload} | {r.variant} | {r.p50_us:.1f} | {r.p99_us:.1f} | "
@@ -333,10 +357,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="bertfuse bench", description=__doc__)
     ap.add_argument("--skeletons", required=True,
                     help="directory with <config>_raw.skel.onnx (bertfuse strip-weights)")
-    ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS),
+    ap.add_argument("--workloads", nargs="*", default=list(WORKLOADS),
                     help=f"any of: {', '.join(WORKLOADS)}")
     ap.add_argument("--iters", type=int, default=500)
     ap.add_argument("--soak", type=int, default=0, help="mixed-shape requests for the soak")
+    ap.add_argument("--packed", nargs="*", default=None,
+                    help="padded-vs-packed workloads (issue 5); default all, none to skip")
     ap.add_argument("--out", default=os.environ.get("OUT", "."), help="where JSON results go")
     args = ap.parse_args(argv)
     import onnxruntime as ort
@@ -344,11 +370,13 @@ def main(argv: list[str] | None = None) -> int:
     ort.preload_dlls()
     results: list[Result] = []
     extra: dict = {}
+    prepared: dict[str, dict[str, str]] = {}
     for name in args.workloads:
         config, batch, seq = WORKLOADS[name]
         skeleton = os.path.join(args.skeletons, f"{config}_raw.skel.onnx")
         print(f"== {name}", flush=True)
         rs, paths = run_workload(name, skeleton, batch, seq, args.iters)
+        prepared[config] = paths
         for r in rs:
             print(f"   {r.variant:45s} p50 {r.p50_us:9.1f} us  p99 {r.p99_us:9.1f}  "
                   f"max diff {r.max_diff:.2e}  gpu {r.gpu_us}  {r.note}", flush=True)
@@ -356,10 +384,25 @@ def main(argv: list[str] | None = None) -> int:
         if args.soak and config == "shenma-3l":
             extra["soak"] = soak(paths["bertfuse16"], args.soak)
             print("   soak:", extra["soak"], flush=True)
+    from bertfuse.runtime import packed_bench
+
+    def paths_for(config: str) -> dict[str, str]:
+        if config not in prepared:
+            skeleton = os.path.join(args.skeletons, f"{config}_raw.skel.onnx")
+            prepared[config] = prepare_models(skeleton, tempfile.mkdtemp(prefix="bertfuse-"))
+        return prepared[config]
+
+    packed_names = list(packed_bench.WORKLOADS) if args.packed is None else args.packed
+    if packed_names:
+        print("== padded vs packed", flush=True)
+        extra["packed"] = packed_bench.run(paths_for, args.iters, packed_names)
     with open(os.path.join(args.out, "gpu_bench.json"), "w") as fh:
         json.dump({"results": [r.__dict__ for r in results], **extra,
                    "onnxruntime": ort.__version__, "date": time.strftime("%Y-%m-%d")}, fh,
                   indent=1, default=str)
     print(format_table(results))
+    if "packed" in extra:
+        print()
+        print(packed_bench.format_tables(extra["packed"]))
     return 0
 

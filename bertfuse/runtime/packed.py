@@ -1,27 +1,63 @@
-"""Serving a packed model (`bertfuse convert --packed`): per request, the host packs the real
-tokens of every row (padding anywhere) and the encoder runs on those tokens only.
+"""Serving a packed model (`bertfuse convert --packed`): the encoder runs on the real tokens of
+a request only, with fixed shapes per bucket so every bucket replays its own CUDA graph.
 
-Shapes change with every request's token count, so there is no CUDA graph here; inputs go
-in with IO binding and ORT's arena serves the outputs.
+    request [b, s] + mask ─► bucket [B, S] (b ≤ B, s ≤ S) ─► token bucket T ≥ real tokens
+        ─► host packs token_index / token_offset / cumulative lengths (filler sequences pad the
+           token count up to T) ─► one host->device copy ─► replay the (B, S, T) graph
+        ─► sequence_output[:b, :s], pooled_output[:b]
+
+A [B, S] bucket has `token_steps` token buckets (T in equal steps up to B x S), so a request
+pays for at most one step of filler tokens. Filler tokens sit in rows past the request's
+batch, each row a short sequence of its own: PackedAttention and RestorePadding see only
+well-formed sequences, and nothing in the outputs is left uninitialised. Outputs at padded
+positions are zero (RestorePadding), unlike the padded model; compare valid positions only.
+PackedAttention and RestorePadding have CUDA kernels only, so this runs on the GPU.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import bisect
+import dataclasses
+import threading
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 import numpy as np
 import onnx
 
 from bertfuse.errors import BertfuseError
-from bertfuse.passes.packing import PACKED_INPUTS, pack_request
-from bertfuse.runtime.session import RequestError, _check_range, model_facts
+from bertfuse.passes.packing import (PACKED_INPUTS, PackedShape, choose_shape, pack_into,
+                                     packed_shapes)
+from bertfuse.runtime.session import (DEFAULT_BATCH_BUCKETS, DEFAULT_SEQ_BUCKETS, RequestError,
+                                      _buckets, check_request, model_facts, staging)
+
+_ALIGN = 16  # int32 elements: every input starts 64-byte aligned in the shared buffer
+
+
+@dataclass
+class _PackedBucket:
+    shape: PackedShape
+    graph_id: int
+    binding: Any
+    run_options: Any
+    device: Any  # one int32 buffer holding every input
+    host: np.ndarray  # its host staging copy
+    views: dict[str, np.ndarray]  # per input, a view into `host`
+    outputs: dict[str, Any]
 
 
 class PackedSession:
-    def __init__(self, model: str | onnx.ModelProto, device: str = "cuda",
-                 provider_options: dict | None = None) -> None:
+    """`PackedSession(packed_model, max_batch, max_seq).run(input_ids, input_mask, segment_ids)`."""
+
+    def __init__(self, model: str | onnx.ModelProto, max_batch: int = 32, max_seq: int = 512,
+                 batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS,
+                 seq_buckets: Sequence[int] = DEFAULT_SEQ_BUCKETS, token_steps: int = 8,
+                 device: str = "cuda", cuda_graph: bool = True,
+                 provider_options: dict | None = None, validate: bool = True,
+                 pinned: bool = True) -> None:
         import onnxruntime as ort
 
+        self._ort = ort
         proto = onnx.load(model, load_external_data=False) if isinstance(model, str) else model
         self.facts = model_facts(proto)
         if not set(PACKED_INPUTS) <= set(self.facts.inputs):
@@ -29,37 +65,167 @@ class PackedSession:
         if device != "cuda":
             raise BertfuseError("packed models run on CUDA only (ORT has no CPU kernels for "
                                 "PackedAttention/RestorePadding)")
+        # Requests carry a mask like the padded model's; the packed model has none.
+        self._request_facts = dataclasses.replace(
+            self.facts, inputs=["input_ids", "input_mask"]
+            + (["segment_ids"] if "segment_ids" in self.facts.inputs else []))
+        if self.facts.max_positions:
+            max_seq = min(max_seq, self.facts.max_positions)
+        self.max_batch, self.max_seq, self.validate = max_batch, max_seq, validate
+        self.batch_buckets = _buckets(batch_buckets, max_batch)
+        self.seq_buckets = _buckets(seq_buckets, max_seq)
+        self.token_steps = token_steps
+        self.pinned = pinned
         if hasattr(ort, "preload_dlls"):
             ort.preload_dlls()
         opts = ort.SessionOptions()
         opts.log_severity_level = 3
-        data = model if isinstance(model, str) else model.SerializeToString()
-        self.session = ort.InferenceSession(
-            data, opts, providers=[("CUDAExecutionProvider", provider_options or {})])
+        self.cuda_graph = cuda_graph
+        self.fallback_reason = ""
+        self._provider = {"enable_cuda_graph": "1" if cuda_graph else "0",
+                          **(provider_options or {})}
+        self._data = model if isinstance(model, str) else proto.SerializeToString()
+        self._opts = opts
+        try:
+            self.session = ort.InferenceSession(
+                self._data, opts, providers=[("CUDAExecutionProvider", self._provider)])
+        except Exception as exc:
+            if not cuda_graph:
+                raise
+            self._graph_off(exc)
+        self._lock = threading.Lock()
+        self._buckets: dict[PackedShape, _PackedBucket] = {}
+        self._shapes: dict[tuple[int, int], list[PackedShape]] = {}
+
+    def _graph_off(self, exc: Exception) -> None:
+        """Capture impossible: plain IO binding from here on."""
+        self.cuda_graph = False
+        self.fallback_reason = str(exc).splitlines()[0][:200]
+        self._provider = {**self._provider, "enable_cuda_graph": "0"}
+        self.session = self._ort.InferenceSession(
+            self._data, self._opts, providers=[("CUDAExecutionProvider", self._provider)])
+
+    # -- buckets ----------------------------------------------------------------------------
+
+    def shapes_for(self, batch: int, seq: int) -> list[PackedShape]:
+        b = self.batch_buckets[bisect.bisect_left(self.batch_buckets, batch)]
+        s = self.seq_buckets[bisect.bisect_left(self.seq_buckets, seq)]
+        if (b, s) not in self._shapes:
+            self._shapes[(b, s)] = packed_shapes(b, s, self.token_steps)
+        return self._shapes[(b, s)]
+
+    def warmup(self, buckets: Sequence[tuple[int, int]] | None = None) -> None:
+        """Captures every token bucket of the given [batch, seq] buckets (default: all)."""
+        with self._lock:
+            for b, s in buckets or [(b, s) for b in self.batch_buckets for s in self.seq_buckets]:
+                for shape in self.shapes_for(b, s):
+                    self._bucket(shape)
+
+    def _layout(self, shape: PackedShape) -> dict[str, tuple[int, tuple[int, ...]]]:
+        """Offset (in int32 elements) and shape of every model input in the shared buffer."""
+        sizes = {"input_ids": (shape.batch, shape.seq), "segment_ids": (shape.batch, shape.seq),
+                 "token_index": (shape.tokens,), "token_offset": (shape.rows, shape.seq),
+                 "cumulative_sequence_length": (shape.rows + 1,)}
+        layout, at = {}, 0
+        for name in self.facts.inputs:
+            layout[name] = (at, sizes[name])
+            at += -(-int(np.prod(sizes[name])) // _ALIGN) * _ALIGN
+        return layout
+
+    def _bucket(self, shape: PackedShape) -> _PackedBucket:
+        if shape in self._buckets:
+            return self._buckets[shape]
+        ort = self._ort
+        layout = self._layout(shape)
+        total = max(at + int(np.prod(dims)) for at, dims in layout.values())
+        host = staging((-(-total // _ALIGN) * _ALIGN,), self.pinned)
+        views = {n: host[at:at + int(np.prod(d))].reshape(d) for n, (at, d) in layout.items()}
+        self._stage(views, {"input_ids": np.zeros((shape.batch, shape.seq), np.int32),
+                            "input_mask": _capture_mask(shape)}, shape)
+        device = ort.OrtValue.ortvalue_from_numpy(host, "cuda", 0)
+        binding = self.session.io_binding()
+        for name, (at, dims) in layout.items():
+            binding.bind_input(name, "cuda", 0, np.int32, list(dims), device.data_ptr() + at * 4)
+        # Output shapes from one uncaptured run (gpu_graph_id -1), then fixed buffers.
+        for name in self.facts.outputs:
+            binding.bind_output(name, "cuda")
+        self.session.run_with_iobinding(binding, self._options(-1))
+        out_shapes = [v.shape() for v in binding.get_outputs()]
+        binding.clear_binding_outputs()
+        outputs = {}
+        for name, dims in zip(self.facts.outputs, out_shapes):
+            outputs[name] = ort.OrtValue.ortvalue_from_shape_and_type(dims, np.float32, "cuda", 0)
+            binding.bind_ortvalue_output(name, outputs[name])
+        graph_id = len(self._buckets)
+        bucket = _PackedBucket(shape, graph_id, binding, self._options(graph_id), device, host,
+                               views, outputs)
+        try:
+            for _ in range(2):  # the first runs of a graph id capture it
+                self.session.run_with_iobinding(binding, bucket.run_options)
+        except Exception as exc:
+            if not self.cuda_graph:
+                raise
+            self._graph_off(exc)
+            self._buckets.clear()
+            return self._bucket(shape)
+        self._buckets[shape] = bucket
+        return bucket
+
+    def _options(self, graph_id: int):
+        ro = self._ort.RunOptions()
+        if self.cuda_graph:
+            ro.add_run_config_entry("gpu_graph_id", str(graph_id))
+        return ro
+
+    # -- requests ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _stage(views: dict[str, np.ndarray], arrays: dict[str, np.ndarray],
+               shape: PackedShape) -> None:
+        b, s = arrays["input_ids"].shape
+        for name in ("input_ids", "segment_ids"):
+            if name in views:
+                views[name].fill(0)
+                if name in arrays:
+                    views[name][:b, :s] = arrays[name]
+        for name, value in pack_into(arrays["input_mask"], shape).items():
+            views[name][...] = value
 
     def run(self, input_ids: Any, input_mask: Any, segment_ids: Any = None,
             to_host: bool = True) -> dict[str, Any]:
-        ids = np.asarray(input_ids)
-        mask = np.asarray(input_mask)
-        if ids.ndim != 2 or mask.shape != ids.shape or ids.dtype.kind not in "iu":
-            raise RequestError("input_ids and input_mask must be integer [batch, seq] arrays")
-        _check_range(ids, "input_ids", self.facts.vocab_size)
-        _check_range(mask, "input_mask", 2)
+        """Runs one request; returns {output name: array} sliced to [batch(, seq)].
+
+        With to_host=False the outputs stay on the device as the bucket's OrtValues (rows
+        past the batch are filler), valid until the next call."""
+        given = {"input_ids": input_ids, "input_mask": input_mask, "segment_ids": segment_ids}
+        arrays = check_request(given, self._request_facts, self.max_batch, self.max_seq,
+                               self.validate)
+        mask = arrays.get("input_mask")
+        if not isinstance(mask, np.ndarray) or not isinstance(arrays["input_ids"], np.ndarray):
+            raise RequestError("the packed path takes host (NumPy) arrays with an input_mask")
         if not (mask != 0).any(axis=1).all():
             raise RequestError("every row needs at least one token (a row of mask zeros)")
-        feeds = {"input_ids": ids.astype(np.int32, copy=False), **pack_request(mask)}
-        if "segment_ids" in self.facts.inputs:
-            segs = np.zeros_like(ids, np.int32) if segment_ids is None else \
-                np.asarray(segment_ids).astype(np.int32, copy=False)
-            _check_range(segs, "segment_ids", self.facts.type_vocab_size)
-            feeds["segment_ids"] = segs
-        binding = self.session.io_binding()
-        for name, value in feeds.items():
-            binding.bind_cpu_input(name, value)
-        for name in self.facts.outputs:
-            binding.bind_output(name, "cuda")
-        self.session.run_with_iobinding(binding)
-        values = binding.get_outputs()
-        if not to_host:
-            return dict(zip(self.facts.outputs, values))
-        return {n: v.numpy() for n, v in zip(self.facts.outputs, values)}
+        batch, seq = mask.shape
+        tokens = int(np.count_nonzero(mask))
+        with self._lock:
+            shape = choose_shape(self.shapes_for(batch, seq), batch, tokens)
+            bucket = self._bucket(shape)
+            self._stage(bucket.views, arrays, shape)
+            bucket.device.update_inplace(bucket.host)
+            self.session.run_with_iobinding(bucket.binding, bucket.run_options)
+            if not to_host:
+                return {"batch": batch, "seq": seq, "shape": shape, **bucket.outputs}
+            out = {}
+            for name, value in bucket.outputs.items():
+                host = value.numpy()
+                out[name] = host[:batch, :seq] if host.ndim == 3 else host[:batch]
+            return out
+
+
+def _capture_mask(shape: PackedShape) -> np.ndarray:
+    """A mask that fills the bucket's token count exactly (filler rows one token each)."""
+    tokens = shape.tokens - (shape.rows - shape.batch)
+    tokens = min(max(tokens, shape.batch), shape.batch * shape.seq)
+    each, rest = divmod(tokens, shape.batch)
+    lengths = each + (np.arange(shape.batch) < rest)
+    return (np.arange(shape.seq)[None, :] < lengths[:, None]).astype(np.int32)

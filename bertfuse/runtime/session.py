@@ -21,6 +21,7 @@ import onnx
 from onnx import numpy_helper
 
 from bertfuse.errors import BertfuseError
+from bertfuse.runtime.pinned import pinned_empty
 from bertfuse.runtime.variants import attention_mask_variant, mask_mode
 
 ROLES = ("input_ids", "input_mask", "segment_ids")
@@ -73,6 +74,7 @@ class _Bucket:
     batch: int
     seq: int
     graph_ids: dict[str, int]  # per mask variant (each variant is its own session)
+    run_options: dict[str, Any]  # per mask variant, made once: a request builds none
     bindings: dict[str, Any]
     packed: Any  # device [n_inputs, batch, seq] int32, bound as the inputs
     outputs: dict[str, Any]
@@ -88,7 +90,7 @@ class Session:
                  cuda_graph: bool = True, provider_options: Mapping[str, str] | None = None,
                  validate: bool = True, mask_variants: bool = True,
                  variant_min_seq: int = 128, packed_model: str | onnx.ModelProto | None = None,
-                 pack_below_fill: float = 0.5) -> None:
+                 pack_below_fill: float = 0.5, pinned: bool = True) -> None:
         import onnxruntime as ort
 
         self._ort = ort
@@ -99,8 +101,10 @@ class Session:
         if packed_model is not None:
             from bertfuse.runtime.packed import PackedSession
 
-            self.packed = PackedSession(packed_model, device=device,
-                                        provider_options=provider_options)
+            self.packed = PackedSession(packed_model, max_batch, max_seq, batch_buckets,
+                                        seq_buckets, device=device, cuda_graph=cuda_graph,
+                                        provider_options=provider_options, validate=validate,
+                                        pinned=pinned)
         proto = onnx.load(model, load_external_data=False) if isinstance(model, str) else model
         self.facts = model_facts(proto)
         unknown = [n for n in self.facts.inputs if n not in ROLES]
@@ -114,6 +118,7 @@ class Session:
         self.seq_buckets = _buckets(seq_buckets, max_seq)
         self.device = device
         self.validate = validate
+        self.pinned = pinned and device == "cuda"  # page-locked host staging for the copy
         # Measured on the H200 (docs/benchmarks.md): the key-length/no-mask kernels (cuDNN
         # flash attention) win from seq 128 on and lose to the raw-mask path at seq 64.
         self.variant_min_seq = variant_min_seq
@@ -172,10 +177,14 @@ class Session:
         return b, s
 
     def warmup(self, buckets: Sequence[tuple[int, int]] | None = None) -> None:
-        """Allocates, binds and captures every bucket (or the given ones) up front."""
+        """Allocates, binds and captures every bucket (or the given ones) up front, and the
+        packed model's token buckets for them too when there is one."""
+        buckets = buckets or [(b, s) for b in self.batch_buckets for s in self.seq_buckets]
         with self._lock:
-            for b, s in buckets or [(b, s) for b in self.batch_buckets for s in self.seq_buckets]:
+            for b, s in buckets:
                 self._bucket(b, s)
+        if self.packed is not None:
+            self.packed.warmup(buckets)
 
     def _probe_output_dims(self) -> dict[str, tuple[str | int, ...]]:
         """Output shapes as ('B', 'S', 768)-style templates, from one tiny CPU-side run."""
@@ -208,13 +217,13 @@ class Session:
         dev = "cuda" if self.device == "cuda" else "cpu"
         names = self.facts.inputs
         # All inputs live in one [n_inputs, batch, seq] buffer: one host->device copy a request.
-        host = np.zeros((len(names), batch, seq), np.int32)
+        host = staging((len(names), batch, seq), self.pinned)
         packed = ort.OrtValue.ortvalue_from_numpy(host, dev, 0)
         outputs = {}
         for name in self.facts.outputs:
             shape = [batch if d == "B" else seq if d == "S" else d for d in self._output_dims[name]]
             outputs[name] = ort.OrtValue.ortvalue_from_shape_and_type(shape, np.float32, dev, 0)
-        bindings, graph_ids = {}, {}
+        bindings, graph_ids, run_options = {}, {}, {}
         for mode, sess in self.sessions.items():
             binding = sess.io_binding()
             for i, name in enumerate(names):
@@ -228,10 +237,10 @@ class Session:
             if "input_mask" in names:
                 host[names.index("input_mask")] = 1
             packed.update_inplace(host)
-            ro = self._run_options(graph_ids[mode])
+            ro = run_options[mode] = self._run_options(graph_ids[mode])
             for _ in range(2):
                 sess.run_with_iobinding(binding, ro)
-        bucket = _Bucket(batch, seq, graph_ids, bindings, packed, outputs, host)
+        bucket = _Bucket(batch, seq, graph_ids, run_options, bindings, packed, outputs, host)
         self._buckets[key] = bucket
         return bucket
 
@@ -269,7 +278,7 @@ class Session:
                 mode = "raw"
             self._fill(bucket, arrays, batch, seq)
             self.sessions[mode].run_with_iobinding(bucket.bindings[mode],
-                                                   self._run_options(bucket.graph_ids[mode]))
+                                                   bucket.run_options[mode])
             if not to_host:
                 return {"batch": batch, "seq": seq, **bucket.outputs}
             out = {}
@@ -300,38 +309,7 @@ class Session:
             _device_copy(bucket.packed, i, src, batch, seq)
 
     def _check(self, given: dict[str, Any]) -> dict[str, Any]:
-        arrays: dict[str, Any] = {}
-        shape = None
-        for role, value in given.items():
-            if value is None:
-                continue
-            if role not in self.facts.inputs:
-                raise RequestError(f"this model takes no {role}")
-            arr = value if hasattr(value, "__dlpack__") and not isinstance(value, np.ndarray) \
-                else np.asarray(value)
-            if np.dtype(str(arr.dtype)).kind not in "iu":
-                raise RequestError(f"{role} must be an integer array, got {arr.dtype}")
-            if len(arr.shape) != 2:
-                raise RequestError(f"{role} must be [batch, seq], got shape {tuple(arr.shape)}")
-            if shape is not None and tuple(arr.shape) != shape:
-                raise RequestError(f"{role} has shape {tuple(arr.shape)}, input_ids {shape}")
-            shape = tuple(arr.shape)
-            arrays[role] = arr
-        if "input_ids" not in arrays:
-            raise RequestError("input_ids is required")
-        batch, seq = shape
-        if not 1 <= batch <= self.max_batch:
-            raise RequestError(f"batch {batch} outside 1..{self.max_batch}")
-        if not 1 <= seq <= self.max_seq:
-            raise RequestError(f"sequence length {seq} outside 1..{self.max_seq}")
-        if self.validate:
-            _check_range(arrays["input_ids"], "input_ids", self.facts.vocab_size)
-            if "segment_ids" in arrays:
-                _check_range(arrays["segment_ids"], "segment_ids", self.facts.type_vocab_size)
-            if "input_mask" in arrays:
-                _check_range(arrays["input_mask"], "input_mask", 2)
-        return {k: (v.astype(np.int32, copy=False) if isinstance(v, np.ndarray) else v)
-                for k, v in arrays.items()}
+        return check_request(given, self.facts, self.max_batch, self.max_seq, self.validate)
 
     def device_memory_used(self) -> int | None:
         """Bytes in use on the device (cudaMemGetInfo), or None off the GPU."""
@@ -344,6 +322,52 @@ class Session:
             return int(total - free)
         except Exception:
             return None
+
+
+def check_request(given: dict[str, Any], facts: ModelFacts, max_batch: int, max_seq: int,
+                  validate: bool = True) -> dict[str, Any]:
+    """The request's arrays, int32, or a RequestError naming what is wrong."""
+    arrays: dict[str, Any] = {}
+    shape = None
+    for role, value in given.items():
+        if value is None:
+            continue
+        if role not in facts.inputs:
+            raise RequestError(f"this model takes no {role}")
+        arr = value if hasattr(value, "__dlpack__") and not isinstance(value, np.ndarray) \
+            else np.asarray(value)
+        if np.dtype(str(arr.dtype)).kind not in "iu":
+            raise RequestError(f"{role} must be an integer array, got {arr.dtype}")
+        if len(arr.shape) != 2:
+            raise RequestError(f"{role} must be [batch, seq], got shape {tuple(arr.shape)}")
+        if shape is not None and tuple(arr.shape) != shape:
+            raise RequestError(f"{role} has shape {tuple(arr.shape)}, input_ids {shape}")
+        shape = tuple(arr.shape)
+        arrays[role] = arr
+    if "input_ids" not in arrays:
+        raise RequestError("input_ids is required")
+    batch, seq = shape
+    if not 1 <= batch <= max_batch:
+        raise RequestError(f"batch {batch} outside 1..{max_batch}")
+    if not 1 <= seq <= max_seq:
+        raise RequestError(f"sequence length {seq} outside 1..{max_seq}")
+    if validate:
+        _check_range(arrays["input_ids"], "input_ids", facts.vocab_size)
+        if "segment_ids" in arrays:
+            _check_range(arrays["segment_ids"], "segment_ids", facts.type_vocab_size)
+        if "input_mask" in arrays:
+            _check_range(arrays["input_mask"], "input_mask", 2)
+    return {k: (v.astype(np.int32, copy=False) if isinstance(v, np.ndarray) else v)
+            for k, v in arrays.items()}
+
+
+def staging(shape: tuple[int, ...], pinned: bool) -> np.ndarray:
+    """A zeroed int32 host buffer for requests, page-locked when asked and possible."""
+    host = pinned_empty(shape, np.int32) if pinned else None
+    if host is None:
+        return np.zeros(shape, np.int32)
+    host.fill(0)
+    return host
 
 
 def use_packed(mask: Any, below_fill: float) -> bool:
