@@ -130,26 +130,40 @@ def choose_shape(shapes: list[PackedShape], batch: int, tokens: int) -> PackedSh
     raise ValueError(f"{tokens} tokens do not fit {shapes[-1]}")
 
 
-def pack_into(mask: np.ndarray, shape: PackedShape) -> dict[str, np.ndarray]:
+def pack_into(mask: np.ndarray, shape: PackedShape,
+              out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """token_index / token_offset / cumulative_sequence_length of `mask` ([b, s] 0/1, b and s
-    within the shape), padded to `shape` with filler sequences."""
+    within the shape), padded to `shape` with filler sequences; written into `out`'s arrays
+    when given (the runtime's staging buffer). It is on the request path: few NumPy calls."""
     b, s = mask.shape
     keep = np.zeros((shape.rows, shape.seq), bool)
-    keep[:b, :s] = mask != 0
-    real = int(np.count_nonzero(keep))
+    np.not_equal(mask, 0, out=keep[:b, :s])
+    lengths = np.add.reduce(keep, axis=1, dtype=np.int64)
+    real = int(lengths.sum())
     filler_rows = shape.rows - b
     extra = shape.tokens - real
     if not filler_rows <= extra <= filler_rows * shape.seq:
         raise ValueError(f"{real} tokens in {b} rows do not pack into {shape}")
     each, rest = divmod(extra, filler_rows)
-    lengths = each + (np.arange(filler_rows) < rest)
-    keep[b:] = np.arange(shape.seq)[None, :] < lengths[:, None]
+    lengths[b:] = each
+    lengths[b:b + rest] += 1
+    keep[b:] = _COLUMNS[:shape.seq] < lengths[b:, None]
     flat = keep.reshape(-1)
-    kept = np.flatnonzero(flat).astype(np.int32)
-    offset = np.concatenate([kept, np.flatnonzero(~flat).astype(np.int32)])
-    index = kept.copy()
-    index[index >= shape.batch * shape.seq] = 0  # filler rows past input_ids read token 0
-    cumulative = np.zeros(shape.rows + 1, np.int32)
-    np.cumsum(keep.sum(axis=1), out=cumulative[1:])
-    return {"token_index": index, "token_offset": offset.reshape(keep.shape),
-            "cumulative_sequence_length": cumulative}
+    kept = flat.nonzero()[0]  # row by row: the order the kernels expect
+    if out is None:
+        out = {"token_index": np.empty(shape.tokens, np.int32),
+               "token_offset": np.empty((shape.rows, shape.seq), np.int32),
+               "cumulative_sequence_length": np.empty(shape.rows + 1, np.int32)}
+    offset = out["token_offset"].reshape(-1)
+    offset[:shape.tokens] = kept
+    offset[shape.tokens:] = (~flat).nonzero()[0]
+    index = out["token_index"]
+    index[:] = kept
+    index[np.searchsorted(kept, shape.batch * shape.seq):] = 0  # filler past input_ids: token 0
+    cumulative = out["cumulative_sequence_length"]
+    cumulative[0] = 0
+    np.cumsum(lengths, out=cumulative[1:])
+    return out
+
+
+_COLUMNS = np.arange(4096)

@@ -191,7 +191,9 @@ def memcpy_nodes(path: str) -> int:
 
 
 def run_workload(name: str, skeleton: str, batch: int, seq: int, iters: int,
-                 profile: bool = True) -> tuple[list[Result], dict[str, str]]:
+                 profiles: list | None = None) -> tuple[list[Result], dict[str, str]]:
+    """Times every variant; the runtime rows' kernel profiles are queued on `profiles` as
+    (result, call) to run after all timing (CUPTI left enabled slows later launches)."""
     from bertfuse.runtime.session import model_facts
 
     work = tempfile.mkdtemp(prefix="bertfuse-bench-")
@@ -226,12 +228,16 @@ def run_workload(name: str, skeleton: str, batch: int, seq: int, iters: int,
 
     runtime_rows = [("bertfuse fp16 runtime, raw 2-D mask only", {"mask_variants": False}),
                     ("bertfuse fp16 runtime (arena + CUDA graph)", {}),
+                    ("bertfuse fp16 runtime, synchronous copy", {"own_stream": False}),
                     ("bertfuse fp16 runtime, pageable staging", {"pinned": False}),
                     ("bertfuse fp16 runtime, packed path", {"packed": True})]
     for label, kw in runtime_rows:
         try:
-            results.append(_measure_runtime(name, label, paths["bertfuse16"], feeds, ref,
-                                            iters, profile, **kw))
+            result, call = _measure_runtime(name, label, paths["bertfuse16"], feeds, ref,
+                                            iters, **kw)
+            results.append(result)
+            if profiles is not None and kw.get("pinned", True) and kw.get("own_stream", True):
+                profiles.append((result, call))
         except Exception as exc:
             results.append(Result(name, label,
                                   note=f"failed: {str(exc).splitlines()[0][:200]}"))
@@ -239,9 +245,8 @@ def run_workload(name: str, skeleton: str, batch: int, seq: int, iters: int,
 
 
 def _measure_runtime(name: str, label: str, path: str, feeds: dict[str, np.ndarray],
-                     ref: dict[str, np.ndarray], iters: int, profile: bool,
-                     mask_variants: bool = True, pinned: bool = True,
-                     packed: bool = False) -> Result:
+                     ref: dict[str, np.ndarray], iters: int, mask_variants: bool = True, pinned: bool = True,
+                     own_stream: bool = True, packed: bool = False) -> tuple[Result, Callable]:
     """bertfuse's Session on one bucket of exactly the request's shape (packed=True: every
     request goes to the packed form of the model, in its token bucket)."""
     from bertfuse.runtime.packed_bench import packed_form
@@ -253,7 +258,7 @@ def _measure_runtime(name: str, label: str, path: str, feeds: dict[str, np.ndarr
         if packed else {}
     sess = Session(path, max_batch=batch, max_seq=seq, batch_buckets=(batch,),
                    seq_buckets=(seq,), device="cuda", cuda_graph=True,
-                   mask_variants=mask_variants, pinned=pinned, **extra)
+                   mask_variants=mask_variants, pinned=pinned, own_stream=own_stream, **extra)
     sess.warmup([(batch, seq)])
     args = (feeds["input_ids"], feeds["input_mask"], feeds["segment_ids"])
 
@@ -264,11 +269,9 @@ def _measure_runtime(name: str, label: str, path: str, feeds: dict[str, np.ndarr
     res.p50_us, res.p99_us = time_calls(call, iters)
     res.seq_per_s = batch / res.p50_us * 1e6
     res.max_diff, res.mean_diff = compare(sess.run(*args), ref, feeds["input_mask"])
-    if profile and pinned:
-        res.gpu_us, res.kernels, res.breakdown = kernel_profile(call)
     if packed:
         res.note = "every request packed (token-bucket CUDA graph)"
-        return res
+        return res, call
     # Where the host time goes: our request preparation vs ORT's replay call.
     mode = mask_mode(feeds["input_mask"]) if mask_variants and seq >= sess.variant_min_seq else "raw"
     mode = mode if mode in sess.sessions else "raw"
@@ -281,7 +284,7 @@ def _measure_runtime(name: str, label: str, path: str, feeds: dict[str, np.ndarr
     graph = "CUDA graph" if sess.cuda_graph else f"no graph: {sess.fallback_reason}"
     res.note = f"{graph}; attention mask path: {mode}; prep {prep:.0f} us + ORT run " \
                f"{replay:.0f} us"
-    return res
+    return res, call
 
 
 def soak(model_path: str, requests: int = 10_000, seed: int = 3) -> dict:
@@ -371,11 +374,19 @@ def main(argv: list[str] | None = None) -> int:
     results: list[Result] = []
     extra: dict = {}
     prepared: dict[str, dict[str, str]] = {}
+    profiles: list = []
+
+    def save() -> None:  # after every workload: a run cut short still leaves its results
+        with open(os.path.join(args.out, "gpu_bench.json"), "w") as fh:
+            json.dump({"results": [r.__dict__ for r in results], **extra,
+                       "onnxruntime": ort.__version__, "date": time.strftime("%Y-%m-%d")}, fh,
+                      indent=1, default=str)
+
     for name in args.workloads:
         config, batch, seq = WORKLOADS[name]
         skeleton = os.path.join(args.skeletons, f"{config}_raw.skel.onnx")
         print(f"== {name}", flush=True)
-        rs, paths = run_workload(name, skeleton, batch, seq, args.iters)
+        rs, paths = run_workload(name, skeleton, batch, seq, args.iters, profiles)
         prepared[config] = paths
         for r in rs:
             print(f"   {r.variant:45s} p50 {r.p50_us:9.1f} us  p99 {r.p99_us:9.1f}  "
@@ -384,6 +395,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.soak and config == "shenma-3l":
             extra["soak"] = soak(paths["bertfuse16"], args.soak)
             print("   soak:", extra["soak"], flush=True)
+        save()
     from bertfuse.runtime import packed_bench
 
     def paths_for(config: str) -> dict[str, str]:
@@ -396,10 +408,12 @@ def main(argv: list[str] | None = None) -> int:
     if packed_names:
         print("== padded vs packed", flush=True)
         extra["packed"] = packed_bench.run(paths_for, args.iters, packed_names)
-    with open(os.path.join(args.out, "gpu_bench.json"), "w") as fh:
-        json.dump({"results": [r.__dict__ for r in results], **extra,
-                   "onnxruntime": ort.__version__, "date": time.strftime("%Y-%m-%d")}, fh,
-                  indent=1, default=str)
+    save()
+    for result, call in profiles:  # last: the profiler slows whatever runs after it
+        result.gpu_us, result.kernels, result.breakdown = kernel_profile(call)
+        print(f"   profile {result.workload} / {result.variant}: GPU {result.gpu_us:.1f} us, "
+              f"{result.kernels} kernels", flush=True)
+    save()
     print(format_table(results))
     if "packed" in extra:
         print()

@@ -28,6 +28,7 @@ import onnx
 from bertfuse.errors import BertfuseError
 from bertfuse.passes.packing import (PACKED_INPUTS, PackedShape, choose_shape, pack_into,
                                      packed_shapes)
+from bertfuse.runtime.pinned import copy_to_device_async, new_stream
 from bertfuse.runtime.session import (DEFAULT_BATCH_BUCKETS, DEFAULT_SEQ_BUCKETS, RequestError,
                                       _buckets, check_request, model_facts, staging)
 
@@ -54,7 +55,7 @@ class PackedSession:
                  seq_buckets: Sequence[int] = DEFAULT_SEQ_BUCKETS, token_steps: int = 8,
                  device: str = "cuda", cuda_graph: bool = True,
                  provider_options: dict | None = None, validate: bool = True,
-                 pinned: bool = True) -> None:
+                 pinned: bool = True, own_stream: bool = True) -> None:
         import onnxruntime as ort
 
         self._ort = ort
@@ -82,8 +83,12 @@ class PackedSession:
         opts.log_severity_level = 3
         self.cuda_graph = cuda_graph
         self.fallback_reason = ""
-        self._provider = {"enable_cuda_graph": "1" if cuda_graph else "0",
-                          **(provider_options or {})}
+        self._provider = {"enable_cuda_graph": "1" if cuda_graph else "0"}
+        # As Session: our own stream, so the request's copy queues ahead of the replay.
+        self.stream = new_stream() if own_stream and pinned else None
+        if self.stream is not None:
+            self._provider["user_compute_stream"] = str(self.stream)
+        self._provider.update(provider_options or {})
         self._data = model if isinstance(model, str) else proto.SerializeToString()
         self._opts = opts
         try:
@@ -188,8 +193,7 @@ class PackedSession:
                 views[name].fill(0)
                 if name in arrays:
                     views[name][:b, :s] = arrays[name]
-        for name, value in pack_into(arrays["input_mask"], shape).items():
-            views[name][...] = value
+        pack_into(arrays["input_mask"], shape, out=views)
 
     def run(self, input_ids: Any, input_mask: Any, segment_ids: Any = None,
             to_host: bool = True) -> dict[str, Any]:
@@ -211,7 +215,10 @@ class PackedSession:
             shape = choose_shape(self.shapes_for(batch, seq), batch, tokens)
             bucket = self._bucket(shape)
             self._stage(bucket.views, arrays, shape)
-            bucket.device.update_inplace(bucket.host)
+            if self.stream is not None:
+                copy_to_device_async(bucket.device.data_ptr(), bucket.host, self.stream)
+            else:
+                bucket.device.update_inplace(bucket.host)
             self.session.run_with_iobinding(bucket.binding, bucket.run_options)
             if not to_host:
                 return {"batch": batch, "seq": seq, "shape": shape, **bucket.outputs}

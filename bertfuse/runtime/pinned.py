@@ -1,9 +1,11 @@
-"""Page-locked host staging buffers, from the CUDA runtime ONNX Runtime already loaded.
+"""Page-locked host staging and a stream of our own, from the CUDA runtime ORT already loaded.
 
-A request's inputs reach the device with one synchronous cudaMemcpy (OrtValue.update_inplace).
-From pageable memory the driver first copies them into its own pinned bounce buffer; from
-page-locked memory the copy engine reads them directly. Without libcudart (CPU-only builds)
-callers fall back to ordinary NumPy arrays.
+A request's inputs reach the device in one copy. OrtValue.update_inplace does a synchronous
+cudaMemcpy, and from pageable memory the driver first bounces through its own pinned buffer.
+With a page-locked staging buffer and the session running on a stream we created (ORT's
+`user_compute_stream`), the copy is queued on that stream ahead of the graph replay instead:
+no extra synchronisation, ORT's own end-of-run sync covers both. Without libcudart (CPU-only
+builds) callers fall back to NumPy arrays and update_inplace.
 """
 
 from __future__ import annotations
@@ -28,6 +30,10 @@ def _runtime() -> ctypes.CDLL | None:
             lib.cudaHostAlloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t,
                                           ctypes.c_uint]
             lib.cudaFreeHost.argtypes = [ctypes.c_void_p]
+            lib.cudaStreamCreateWithFlags.argtypes = [ctypes.POINTER(ctypes.c_void_p),
+                                                      ctypes.c_uint]
+            lib.cudaMemcpyAsync.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                                            ctypes.c_int, ctypes.c_void_p]
             _cudart = lib
             break
     return _cudart
@@ -46,3 +52,27 @@ def pinned_empty(shape: tuple[int, ...], dtype: np.dtype | type = np.int32) -> n
     array = np.frombuffer(raw, dtype=np.uint8, count=nbytes).view(dtype).reshape(shape)
     weakref.finalize(raw, lib.cudaFreeHost, ptr.value)
     return array
+
+
+_NON_BLOCKING = 1  # cudaStreamNonBlocking: no implicit sync with the legacy default stream
+_HOST_TO_DEVICE = 1  # cudaMemcpyHostToDevice
+
+
+def new_stream() -> int | None:
+    """A new non-blocking CUDA stream's handle (lives as long as the process), or None."""
+    lib = _runtime()
+    if lib is None:
+        return None
+    stream = ctypes.c_void_p()
+    if lib.cudaStreamCreateWithFlags(ctypes.byref(stream), _NON_BLOCKING) != 0:
+        return None
+    return stream.value
+
+
+def copy_to_device_async(device_ptr: int, host: np.ndarray, stream: int) -> None:
+    """Queues host -> device on `stream`; `host` must stay untouched until the stream syncs."""
+    lib = _runtime()
+    status = lib.cudaMemcpyAsync(device_ptr, host.ctypes.data, host.nbytes, _HOST_TO_DEVICE,
+                                 stream) if lib is not None else -1
+    if status != 0:
+        raise RuntimeError(f"cudaMemcpyAsync failed with CUDA error {status}")
