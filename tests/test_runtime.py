@@ -424,6 +424,17 @@ def test_bad_request_is_refused_before_ort(build, message, models, monkeypatch):
     assert not s._buckets  # not even a bucket was made for it
 
 
+@pytest.mark.parametrize("build,message", [c[1:] for c in BAD_REQUESTS if "values" in c[2]],
+                         ids=[c[0] for c in BAD_REQUESTS if "values" in c[2]])
+def test_bad_values_refused_in_a_warm_bucket(build, message, models, monkeypatch):
+    """Warm buckets check host values once staged (one reduction): still refused before ORT."""
+    s = new_session(models["fp32"])
+    s.warmup()
+    _refuse_ort(monkeypatch, s)
+    with pytest.raises(RequestError, match=message):
+        s.run(**build())
+
+
 def test_seq_limits_are_refused_before_ort(models, monkeypatch):
     # The caller's max_seq ...
     s = new_session(models["fp32"], max_seq=64)

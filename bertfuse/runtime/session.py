@@ -109,6 +109,9 @@ class Session:
                                         pinned=pinned)
         proto = onnx.load(model, load_external_data=False) if isinstance(model, str) else model
         self.facts = model_facts(proto)
+        # Per input, the first value out of range as uint32 (negatives wrap to >= 2**31).
+        self._upper = np.array([min(_upper_bound(self.facts, n) or 2**31, 2**31)
+                                for n in self.facts.inputs], np.uint32)
         unknown = [n for n in self.facts.inputs if n not in ROLES]
         if unknown:
             raise BertfuseError(f"model inputs {unknown} are not bertfuse's canonical "
@@ -277,7 +280,12 @@ class Session:
                 mode = mask_mode(mask)
         mode = mode if mode in self.sessions else "raw"
         with self._lock:
-            bucket = self._bucket(*self.bucket_for(batch, seq))
+            key = self.bucket_for(batch, seq)
+            if self.validate and key not in self._buckets:
+                # A new bucket runs ORT to capture it: refuse bad values before that.
+                for role, arr in arrays.items():
+                    _check_range(arr, role, _upper_bound(self.facts, role))
+            bucket = self._bucket(*key)
             if mode != "raw" and (bucket.batch, bucket.seq) != (batch, seq):
                 # Bucket padding adds padded keys to every row: still right padding.
                 mode = "keylen" if "keylen" in self.sessions else "raw"
@@ -311,6 +319,12 @@ class Session:
                 device_inputs.append((i, src))
             if name == "input_mask":
                 host[i, batch:, 0] = 1  # bucket rows past the batch: one key, never zero
+        if self.validate:  # host inputs: one reduction over the staged buffer, all roles
+            over = host.reshape(len(self.facts.inputs), -1).view(np.uint32).max(axis=1) \
+                >= self._upper
+            if over.any():
+                name = self.facts.inputs[int(np.argmax(over))]
+                _check_range(arrays[name], name, _upper_bound(self.facts, name))
         if self.stream is not None and not device_inputs:
             copy_to_device_async(bucket.packed.data_ptr(), host, self.stream)
         else:
@@ -319,7 +333,8 @@ class Session:
             _device_copy(bucket.packed, i, src, batch, seq)
 
     def _check(self, given: dict[str, Any]) -> dict[str, Any]:
-        return check_request(given, self.facts, self.max_batch, self.max_seq, self.validate)
+        return check_request(given, self.facts, self.max_batch, self.max_seq, self.validate,
+                             staged_ranges=True)
 
     def device_memory_used(self) -> int | None:
         """Bytes in use on the device (cudaMemGetInfo), or None off the GPU."""
@@ -335,8 +350,10 @@ class Session:
 
 
 def check_request(given: dict[str, Any], facts: ModelFacts, max_batch: int, max_seq: int,
-                  validate: bool = True) -> dict[str, Any]:
-    """The request's arrays, int32, or a RequestError naming what is wrong."""
+                  validate: bool = True, staged_ranges: bool = False) -> dict[str, Any]:
+    """The request's arrays, int32, or a RequestError naming what is wrong. staged_ranges:
+    the caller checks the value ranges of host arrays of 4 bytes or less once they are
+    staged as int32 (wider ones could wrap there, so they are checked here)."""
     arrays: dict[str, Any] = {}
     shape = None
     for role, value in given.items():
@@ -344,9 +361,14 @@ def check_request(given: dict[str, Any], facts: ModelFacts, max_batch: int, max_
             continue
         if role not in facts.inputs:
             raise RequestError(f"this model takes no {role}")
-        arr = value if hasattr(value, "__dlpack__") and not isinstance(value, np.ndarray) \
-            else np.asarray(value)
-        if np.dtype(str(arr.dtype)).kind not in "iu":
+        if isinstance(value, np.ndarray):
+            arr, kind = value, value.dtype.kind  # the hot path: no dtype parsing
+        elif hasattr(value, "__dlpack__"):  # device arrays; torch spells dtypes torch.int32
+            arr, kind = value, np.dtype(str(value.dtype).rsplit(".", 1)[-1]).kind
+        else:
+            arr = np.asarray(value)
+            kind = arr.dtype.kind
+        if kind not in "iu":
             raise RequestError(f"{role} must be an integer array, got {arr.dtype}")
         if len(arr.shape) != 2:
             raise RequestError(f"{role} must be [batch, seq], got shape {tuple(arr.shape)}")
@@ -362,11 +384,9 @@ def check_request(given: dict[str, Any], facts: ModelFacts, max_batch: int, max_
     if not 1 <= seq <= max_seq:
         raise RequestError(f"sequence length {seq} outside 1..{max_seq}")
     if validate:
-        _check_range(arrays["input_ids"], "input_ids", facts.vocab_size)
-        if "segment_ids" in arrays:
-            _check_range(arrays["segment_ids"], "segment_ids", facts.type_vocab_size)
-        if "input_mask" in arrays:
-            _check_range(arrays["input_mask"], "input_mask", 2)
+        for role, arr in arrays.items():
+            if not (staged_ranges and isinstance(arr, np.ndarray) and arr.dtype.itemsize <= 4):
+                _check_range(arr, role, _upper_bound(facts, role))
     return {k: (v.astype(np.int32, copy=False) if isinstance(v, np.ndarray) else v)
             for k, v in arrays.items()}
 
@@ -413,6 +433,11 @@ def _declared_output_dims(model: onnx.ModelProto) -> dict[str, tuple] | None:
 def _buckets(values: Sequence[int], limit: int) -> list[int]:
     out = sorted({v for v in values if 0 < v <= limit} | {limit})
     return out
+
+
+def _upper_bound(facts: ModelFacts, role: str) -> int | None:
+    return {"input_ids": facts.vocab_size, "segment_ids": facts.type_vocab_size,
+            "input_mask": 2}.get(role)
 
 
 def _check_range(arr: Any, role: str, upper: int | None) -> None:
