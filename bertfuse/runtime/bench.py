@@ -69,6 +69,25 @@ def time_calls(fn: Callable[[], object], iters: int, warmup: int = 30) -> tuple[
     return float(np.percentile(ts, 50) * 1e6), float(np.percentile(ts, 99) * 1e6)
 
 
+def time_interleaved(fns: dict[str, Callable[[], object]], iters: int, rounds: int = 10,
+                     warmup: int = 30) -> dict[str, tuple[float, float]]:
+    """p50/p99 per function, timed in alternating rounds so that drift on a shared host
+    falls on every variant alike."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    per_round = max(1, iters // rounds)
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            for _ in range(per_round):
+                t0 = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - t0)
+    return {k: (float(np.percentile(v, 50) * 1e6), float(np.percentile(v, 99) * 1e6))
+            for k, v in times.items()}
+
+
 def bound_session(path: str, feeds: dict[str, np.ndarray], graph: bool = False,
                   strict_gpu: bool = False, extra: dict | None = None):
     """A CUDA session with inputs on the device and outputs bound to device buffers."""
@@ -138,14 +157,18 @@ def kernel_profile(fn: Callable[[], object], reps: int = 20) -> tuple[float, int
     return total, len(events) // reps, [(k, round(v, 1)) for k, v in agg.most_common(15)]
 
 
-def prepare_models(skeleton: str, workdir: str, seed: int = 0) -> dict[str, str]:
-    """raw fp32 (refilled), raw fp16, ORT-optimized fp16, bertfuse fp16: paths by variant."""
+def prepare_models(skeleton: str, workdir: str, seed: int = 0,
+                   anchors: bool = True) -> dict[str, str]:
+    """raw fp32 (refilled), raw fp16, ORT-optimized fp16, bertfuse fp32/fp16: paths by
+    variant (anchors=False: the bertfuse models only)."""
     from onnxruntime.transformers import float16, optimizer
 
     raw = onnx.load(skeleton)
     if is_stripped(raw):
         fill_weights(raw, seed)
     paths = {"raw32": os.path.join(workdir, "raw32.onnx")}
+    if not anchors:
+        return _bertfuse_models(raw, workdir, paths)
     onnx.save(raw, paths["raw32"])
     r16 = float16.convert_float_to_float16(onnx.load(paths["raw32"]), keep_io_types=True)
     paths["raw16"] = os.path.join(workdir, "raw16.onnx")
@@ -158,6 +181,10 @@ def prepare_models(skeleton: str, workdir: str, seed: int = 0) -> dict[str, str]
     opt.convert_float_to_float16(keep_io_types=True)
     paths["opt16"] = os.path.join(workdir, "opt16.onnx")
     opt.save_model_to_file(paths["opt16"])
+    return _bertfuse_models(raw, workdir, paths)
+
+
+def _bertfuse_models(raw: onnx.ModelProto, workdir: str, paths: dict[str, str]) -> dict[str, str]:
     fused32, _ = run_passes(raw, default_passes("fp32"))
     paths["bertfuse32"] = os.path.join(workdir, "bertfuse32.onnx")
     onnx.save(fused32, paths["bertfuse32"])
@@ -274,6 +301,7 @@ def _measure_runtime(name: str, label: str, path: str, feeds: dict[str, np.ndarr
         return res, call
     # Where the host time goes: our request preparation vs ORT's replay call.
     mode = mask_mode(feeds["input_mask"]) if mask_variants and seq >= sess.variant_min_seq else "raw"
+    mode = sess.right_padded if mode == "keylen" else mode
     mode = mode if mode in sess.sessions else "raw"
     given = dict(zip(("input_ids", "input_mask", "segment_ids"), args))
     bucket = sess._bucket(batch, seq)

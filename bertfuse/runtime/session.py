@@ -91,7 +91,7 @@ class Session:
                  validate: bool = True, mask_variants: bool = True,
                  variant_min_seq: int = 128, packed_model: str | onnx.ModelProto | None = None,
                  pack_below_fill: float = 0.65, pinned: bool = True,
-                 own_stream: bool = True) -> None:
+                 own_stream: bool = True, right_padded: str = "keylen") -> None:
         import onnxruntime as ort
 
         self._ort = ort
@@ -127,6 +127,11 @@ class Session:
         # Measured on the H200 (docs/benchmarks.md): the key-length/no-mask kernels (cuDNN
         # flash attention) win from seq 128 on and lose to the raw-mask path at seq 64.
         self.variant_min_seq = variant_min_seq
+        # The variant for right-padded rows: 'keylen' ([B] lengths: cuDNN flash attention) or
+        # 'keyseq' ([3B+2]: cutlass memory-efficient attention).
+        if right_padded not in ("keylen", "keyseq"):
+            raise BertfuseError(f"right_padded must be 'keylen' or 'keyseq', not {right_padded!r}")
+        self.right_padded = right_padded
         self._lock = threading.Lock()
         self._buckets: dict[tuple[int, int], _Bucket] = {}
 
@@ -157,7 +162,7 @@ class Session:
         self._opts, self._providers = opts, providers
         self.sessions = {"raw": self._make_session(proto)}
         if mask_variants and "input_mask" in self.facts.inputs:
-            for mode in ("keylen", "nomask"):
+            for mode in (right_padded, "nomask"):
                 variant = attention_mask_variant(proto, mode)
                 if variant is not None:
                     self.sessions[mode] = self._make_session(variant)
@@ -278,6 +283,7 @@ class Session:
                 mode = "nomask"
             elif isinstance(mask, np.ndarray):
                 mode = mask_mode(mask)
+        mode = self.right_padded if mode == "keylen" else mode
         mode = mode if mode in self.sessions else "raw"
         with self._lock:
             key = self.bucket_for(batch, seq)
@@ -288,7 +294,7 @@ class Session:
             bucket = self._bucket(*key)
             if mode != "raw" and (bucket.batch, bucket.seq) != (batch, seq):
                 # Bucket padding adds padded keys to every row: still right padding.
-                mode = "keylen" if "keylen" in self.sessions else "raw"
+                mode = self.right_padded if self.right_padded in self.sessions else "raw"
             if bucket.seq < self.variant_min_seq:
                 mode = "raw"
             self._fill(bucket, arrays, batch, seq)
