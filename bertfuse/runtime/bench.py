@@ -166,9 +166,9 @@ def prepare_models(skeleton: str, workdir: str, seed: int = 0,
     raw = onnx.load(skeleton)
     if is_stripped(raw):
         fill_weights(raw, seed)
-    paths = {"raw32": os.path.join(workdir, "raw32.onnx")}
     if not anchors:
-        return _bertfuse_models(raw, workdir, paths)
+        return _bertfuse_models(raw, workdir, {})
+    paths = {"raw32": os.path.join(workdir, "raw32.onnx")}
     onnx.save(raw, paths["raw32"])
     r16 = float16.convert_float_to_float16(onnx.load(paths["raw32"]), keep_io_types=True)
     paths["raw16"] = os.path.join(workdir, "raw16.onnx")
