@@ -53,7 +53,7 @@ def main() -> None:
             s.warmup([(batch, seq)])
             sessions[form] = s
         ref = {k: v.astype(np.float64) for k, v in sessions["raw [B,S]"].run(*a).items()}
-        fns = {form: (lambda s=s: s.run(*a, to_host=False)) for form, s in sessions.items()}
+        fns = {form: (lambda s=s, a=a: s.run(*a, to_host=False)) for form, s in sessions.items()}
         timed = time_interleaved(fns, args.iters)
         for form, s in sessions.items():
             mx, mean = compare(s.run(*a), ref, feeds["input_mask"])

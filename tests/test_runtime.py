@@ -306,6 +306,21 @@ def test_mask_variants_equal_raw_mask(name, batch, seq, kinds, expected, models,
     assert max_diff(got, want, mask) <= 1e-5, name
 
 
+@pytest.mark.parametrize("name,batch,seq,kinds,expected", MASK_CASES[4:8],
+                         ids=[c[0] for c in MASK_CASES[4:8]])
+def test_keyseq_variant_equals_raw_mask(name, batch, seq, kinds, expected, models, sessions):
+    """right_padded='keyseq': right-padded rows go to the [3B+2] form (lengths + row starts
+    computed in the graph), which must equal the raw mask; other rows keep their path."""
+    s = new_session(models["fp32"], right_padded="keyseq", variant_min_seq=0)
+    assert set(s.sessions) == {"raw", "keyseq", "nomask"}
+    feeds = make_request(np.random.default_rng(14), batch, seq, kinds)
+    log = record_modes(s)
+    got = s.run(**feeds)
+    assert log[-1] == ("keyseq" if expected == "keylen" else expected)
+    want = sessions["fp32-raw"].run(**feeds)
+    assert max_diff(got, want, feeds["input_mask"]) <= 1e-5, name
+
+
 def test_mask_variants_only_from_variant_min_seq(models):
     """By default the variants are used only for buckets of seq >= 128 (variant_min_seq)."""
     s = new_session(models["fp32"], max_batch=4)

@@ -21,7 +21,7 @@ import onnx
 from bertfuse.passes.cleanup import Cleanup
 from bertfuse.passes.manager import run_passes
 from bertfuse.passes.packing import PackingPass
-from bertfuse.runtime.bench import time_calls
+from bertfuse.runtime.bench import time_interleaved
 
 Lengths = Callable[[np.random.Generator, int, int], np.ndarray]
 
@@ -96,10 +96,13 @@ def run(paths_for: Callable[[str], dict[str, str]], iters: int,
                     row["max_diff"], row["mean_diff"] = diff(got, want, mask)
                     row["packed_shape"] = dataclasses.astuple(
                         packed.run(ids, mask, segs, to_host=False)["shape"])
-                    for key, sess in (("padded", padded), ("packed", packed),
-                                      ("packed_nograph", nograph), ("routed", routed)):
-                        row[f"{key}_p50_us"], row[f"{key}_p99_us"] = time_calls(
-                            lambda s=sess: s.run(ids, mask, segs, to_host=False), iters)
+                    sessions = {"padded": padded, "packed": packed, "packed_nograph": nograph,
+                                "routed": routed}
+                    timed = time_interleaved(
+                        {k: (lambda s=s: s.run(ids, mask, segs, to_host=False))
+                         for k, s in sessions.items()}, iters)
+                    for key, (p50, p99) in timed.items():
+                        row[f"{key}_p50_us"], row[f"{key}_p99_us"] = p50, p99
                     row["speedup"] = round(row["padded_p50_us"] / row["packed_p50_us"], 2)
                     row["routed_speedup"] = round(row["padded_p50_us"] / row["routed_p50_us"], 2)
                     row["graph"] = packed.cuda_graph or packed.fallback_reason
@@ -120,8 +123,10 @@ def _fill_sweep(name: str, padded, packed, batch: int, seq: int, vocab: int,
     for fill in (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0):
         lengths = np.clip(np.round(rng.normal(fill * seq, 0.1 * seq, batch)), 1, seq).astype(int)
         ids, mask, segs = request(lengths, seq, vocab)
-        t_pad, _ = time_calls(lambda: padded.run(ids, mask, segs, to_host=False), iters)
-        t_pack, _ = time_calls(lambda: packed.run(ids, mask, segs, to_host=False), iters)
+        timed = time_interleaved({"padded": lambda: padded.run(ids, mask, segs, to_host=False),
+                                  "packed": lambda: packed.run(ids, mask, segs, to_host=False)},
+                                 iters)
+        t_pad, t_pack = timed["padded"][0], timed["packed"][0]
         out.append({"workload": name, "fill": round(float(mask.mean()), 2),
                     "padded_p50_us": round(t_pad, 1), "packed_p50_us": round(t_pack, 1),
                     "speedup": round(t_pad / t_pack, 2)})
