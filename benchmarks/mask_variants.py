@@ -24,8 +24,8 @@ from bertfuse.runtime.bench import (WORKLOADS, compare, kernel_profile, prepare_
 from bertfuse.runtime.session import Session, model_facts
 
 FORMS = {"raw [B,S]": dict(mask_variants=False),
-         "keylen [B]": dict(right_padded="keylen", variant_min_seq=0),
-         "keyseq [3B+2]": dict(right_padded="keyseq", variant_min_seq=0)}
+         "keylen [B]": dict(right_padded="keylen"),
+         "keyseq [3B+2]": dict(right_padded="keyseq")}
 
 
 def main() -> None:

@@ -142,8 +142,8 @@ def models(tiny_onnx) -> dict[str, str]:
 def sessions(models) -> dict[str, Session]:
     """Module-wide runtime sessions: 'fp32', 'fp16' (mask variants on at every length, so the
     tests reach them below the GPU-measured default of seq 128), 'fp32-raw' (variants off)."""
-    return {"fp32": new_session(models["fp32"], variant_min_seq=1),
-            "fp16": new_session(models["fp16"], variant_min_seq=1),
+    return {"fp32": new_session(models["fp32"], right_padded="keylen"),
+            "fp16": new_session(models["fp16"], right_padded="keylen"),
             "fp32-raw": new_session(models["fp32"], mask_variants=False)}
 
 
@@ -311,7 +311,7 @@ def test_mask_variants_equal_raw_mask(name, batch, seq, kinds, expected, models,
 def test_keyseq_variant_equals_raw_mask(name, batch, seq, kinds, expected, models, sessions):
     """right_padded='keyseq': right-padded rows go to the [3B+2] form (lengths + row starts
     computed in the graph), which must equal the raw mask; other rows keep their path."""
-    s = new_session(models["fp32"], right_padded="keyseq", variant_min_seq=0)
+    s = new_session(models["fp32"], right_padded="keyseq")
     assert set(s.sessions) == {"raw", "keyseq", "nomask"}
     feeds = make_request(np.random.default_rng(14), batch, seq, kinds)
     log = record_modes(s)
@@ -321,18 +321,32 @@ def test_keyseq_variant_equals_raw_mask(name, batch, seq, kinds, expected, model
     assert max_diff(got, want, feeds["input_mask"]) <= 1e-5, name
 
 
-def test_mask_variants_only_from_variant_min_seq(models):
-    """By default the variants are used only for buckets of seq >= 128 (variant_min_seq)."""
+def test_auto_policy_splits_at_seq_128(models):
+    """Default right_padded='auto' (measured, docs/benchmarks.md): the [3B+2] form below
+    bucket length 128 for right-padded and full rows, [B] key lengths / no mask from 128."""
     s = new_session(models["fp32"], max_batch=4)
-    assert s.variant_min_seq == 128
+    assert s.right_padded == "auto" and set(s.sessions) == {"raw", "keyseq", "keylen", "nomask"}
     log = record_modes(s)
     rng = np.random.default_rng(20)
-    for batch, seq, kinds, expected in ((4, 16, ("full",), "raw"), (4, 64, ("right",), "raw"),
+    for batch, seq, kinds, expected in ((4, 16, ("full",), "keyseq"),
+                                        (4, 64, ("right",), "keyseq"),
+                                        (4, 64, ("right", "hole"), "raw"),
                                         (2, 128, ("full",), "nomask"),
                                         (3, 100, ("full", "right"), "keylen"),
                                         (4, 128, ("right", "hole"), "raw")):
         s.run(**make_request(rng, batch, seq, kinds))
         assert log[-1] == expected, (batch, seq, kinds, log[-1])
+
+
+def test_variant_min_seq_keeps_the_raw_mask_below_it(models):
+    s = new_session(models["fp32"], max_batch=4, variant_min_seq=128)
+    assert "keyseq" not in s.sessions  # no bucket below 128 can use it
+    log = record_modes(s)
+    rng = np.random.default_rng(21)
+    s.run(**make_request(rng, 4, 64, ("right",)))
+    assert log[-1] == "raw"
+    s.run(**make_request(rng, 2, 128, ("right",)))
+    assert log[-1] == "keylen"
 
 
 def test_keylen_variant_needs_the_host_check(models):

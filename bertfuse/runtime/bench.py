@@ -257,8 +257,10 @@ def run_workload(name: str, skeleton: str, batch: int, seq: int, iters: int,
     # drifts by ~10% between minutes; interleaving puts the drift on every row alike).
     runtime_rows = [("bertfuse fp16 runtime, raw 2-D mask only", {"mask_variants": False}),
                     ("bertfuse fp16 runtime (arena + CUDA graph)", {}),
+                    ("bertfuse fp16 runtime, [B] key lengths (cuDNN attention)",
+                     {"right_padded": "keylen"}),
                     ("bertfuse fp16 runtime, [3B+2] mask (cutlass attention)",
-                     {"right_padded": "keyseq", "variant_min_seq": 0}),
+                     {"right_padded": "keyseq"}),
                     ("bertfuse fp16 runtime, synchronous pageable copy",
                      {"own_stream": False, "pinned": False}),
                     ("bertfuse fp16 runtime, packed path", {"packed": True})]
@@ -308,9 +310,7 @@ def _host_split(sess, feeds: dict[str, np.ndarray], iters: int) -> str:
     if sess.packed is not None:
         return "every request packed (token-bucket CUDA graph)"
     batch, seq = feeds["input_ids"].shape
-    mode = mask_mode(feeds["input_mask"]) if len(sess.sessions) > 1 and \
-        seq >= sess.variant_min_seq else "raw"
-    mode = sess.right_padded if mode == "keylen" else mode
+    mode = sess._variant_for(mask_mode(feeds["input_mask"]), seq)
     mode = mode if mode in sess.sessions else "raw"
     bucket = sess._bucket(batch, seq)
     prep, _ = time_calls(lambda: sess._fill(bucket, sess._check(dict(feeds)), batch, seq), iters)

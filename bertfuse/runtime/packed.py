@@ -209,6 +209,12 @@ class PackedSession:
             raise RequestError("the packed path takes host (NumPy) arrays with an input_mask")
         if not (mask != 0).any(axis=1).all():
             raise RequestError("every row needs at least one token (a row of mask zeros)")
+        return self.run_checked(arrays, to_host)
+
+    def run_checked(self, arrays: dict[str, np.ndarray], to_host: bool = True) -> dict[str, Any]:
+        """run() for arrays already checked (check_request with value ranges, every row
+        keeping a token): Session routes its requests here."""
+        mask = arrays["input_mask"]
         batch, seq = mask.shape
         tokens = int(np.count_nonzero(mask))
         with self._lock:

@@ -27,6 +27,7 @@ from bertfuse.runtime.variants import attention_mask_variant, mask_mode
 ROLES = ("input_ids", "input_mask", "segment_ids")
 DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32)
 DEFAULT_SEQ_BUCKETS = (32, 64, 128, 256, 512)
+AUTO_KEYLEN_MIN_SEQ = 128  # right_padded='auto': [3B+2] below this bucket length, [B] from it
 
 
 class RequestError(BertfuseError, ValueError):
@@ -89,9 +90,9 @@ class Session:
                  seq_buckets: Sequence[int] = DEFAULT_SEQ_BUCKETS, device: str = "cuda",
                  cuda_graph: bool = True, provider_options: Mapping[str, str] | None = None,
                  validate: bool = True, mask_variants: bool = True,
-                 variant_min_seq: int = 128, packed_model: str | onnx.ModelProto | None = None,
+                 variant_min_seq: int = 0, packed_model: str | onnx.ModelProto | None = None,
                  pack_below_fill: float = 0.65, pinned: bool = True,
-                 own_stream: bool = True, right_padded: str = "keylen") -> None:
+                 own_stream: bool = True, right_padded: str = "auto") -> None:
         import onnxruntime as ort
 
         self._ort = ort
@@ -124,14 +125,17 @@ class Session:
         self.device = device
         self.validate = validate
         self.pinned = pinned and device == "cuda"  # page-locked host staging for the copy
-        # Measured on the H200 (docs/benchmarks.md): the key-length/no-mask kernels (cuDNN
-        # flash attention) win from seq 128 on and lose to the raw-mask path at seq 64.
-        self.variant_min_seq = variant_min_seq
-        # The variant for right-padded rows: 'keylen' ([B] lengths: cuDNN flash attention) or
-        # 'keyseq' ([3B+2]: cutlass memory-efficient attention).
-        if right_padded not in ("keylen", "keyseq"):
-            raise BertfuseError(f"right_padded must be 'keylen' or 'keyseq', not {right_padded!r}")
+        # Rows that are right-padded (or full) can use a narrower mask form with faster
+        # attention kernels, each provably equal to the raw mask for them (variants.py):
+        # 'keylen' ([B]: cuDNN flash attention), 'keyseq' ([3B+2]: cutlass memory-efficient
+        # attention). Measured on the H200 (docs/benchmarks.md §3): keyseq is fastest below
+        # seq 128 (243 -> 229 us GPU at 3 layers b20 s64), cuDNN's keylen from 128 on, so
+        # 'auto' splits there. variant_min_seq keeps the raw mask below a bucket length.
+        if right_padded not in ("auto", "keylen", "keyseq"):
+            raise BertfuseError("right_padded must be 'auto', 'keylen' or 'keyseq', not "
+                                f"{right_padded!r}")
         self.right_padded = right_padded
+        self.variant_min_seq = variant_min_seq
         self._lock = threading.Lock()
         self._buckets: dict[tuple[int, int], _Bucket] = {}
 
@@ -162,12 +166,24 @@ class Session:
         self._opts, self._providers = opts, providers
         self.sessions = {"raw": self._make_session(proto)}
         if mask_variants and "input_mask" in self.facts.inputs:
-            for mode in (right_padded, "nomask"):
+            used = {self._variant_for(kind, s) for kind in ("keylen", "nomask")
+                    for s in self.seq_buckets if s >= variant_min_seq}
+            for mode in sorted(used - {"raw"}):
                 variant = attention_mask_variant(proto, mode)
                 if variant is not None:
                     self.sessions[mode] = self._make_session(variant)
         self.session = self.sessions["raw"]
         self._output_dims = _declared_output_dims(proto) or self._probe_output_dims()
+
+    def _variant_for(self, kind: str, bucket_seq: int) -> str:
+        """The session for a request whose mask is of `kind` (mask_mode) in a bucket."""
+        if kind == "raw" or bucket_seq < self.variant_min_seq:
+            return "raw"
+        if self.right_padded == "auto":
+            if bucket_seq < AUTO_KEYLEN_MIN_SEQ:
+                return "keyseq"  # right-padded and full rows alike
+            return kind
+        return self.right_padded if kind == "keylen" else kind
 
     def _make_session(self, proto: onnx.ModelProto):
         ort = self._ort
@@ -272,19 +288,16 @@ class Session:
         given = {"input_ids": input_ids, "input_mask": input_mask, "segment_ids": segment_ids}
         arrays = self._check(given)
         batch, seq = arrays["input_ids"].shape
-        mode = "raw"
         mask = arrays.get("input_mask")
-        if self.packed is not None and use_packed(mask, self.pack_below_fill):
-            out = self.packed.run(arrays["input_ids"], mask, arrays.get("segment_ids"),
-                                  to_host=to_host)
+        if self.packed is not None and use_packed(mask, self.pack_below_fill) and \
+                all(isinstance(a, np.ndarray) for a in arrays.values()):
+            if self.validate:  # host arrays skipped their range check in _check
+                for role, arr in arrays.items():
+                    _check_range(arr, role, _upper_bound(self.facts, role))
+            out = self.packed.run_checked(arrays, to_host=to_host)
             return out if to_host else {"batch": batch, "seq": seq, **out}
-        if len(self.sessions) > 1 and self.bucket_for(batch, seq)[1] >= self.variant_min_seq:
-            if mask is None:
-                mode = "nomask"
-            elif isinstance(mask, np.ndarray):
-                mode = mask_mode(mask)
-        mode = self.right_padded if mode == "keylen" else mode
-        mode = mode if mode in self.sessions else "raw"
+        kind = "nomask" if mask is None else \
+            mask_mode(mask) if isinstance(mask, np.ndarray) and len(self.sessions) > 1 else "raw"
         with self._lock:
             key = self.bucket_for(batch, seq)
             if self.validate and key not in self._buckets:
@@ -292,11 +305,10 @@ class Session:
                 for role, arr in arrays.items():
                     _check_range(arr, role, _upper_bound(self.facts, role))
             bucket = self._bucket(*key)
-            if mode != "raw" and (bucket.batch, bucket.seq) != (batch, seq):
-                # Bucket padding adds padded keys to every row: still right padding.
-                mode = self.right_padded if self.right_padded in self.sessions else "raw"
-            if bucket.seq < self.variant_min_seq:
-                mode = "raw"
+            if kind == "nomask" and key != (batch, seq):
+                kind = "keylen"  # bucket padding adds padded keys to every row: right padding
+            mode = self._variant_for(kind, bucket.seq)
+            mode = mode if mode in self.sessions else "raw"
             self._fill(bucket, arrays, batch, seq)
             self.sessions[mode].run_with_iobinding(bucket.bindings[mode],
                                                    bucket.run_options[mode])
