@@ -321,21 +321,43 @@ def test_keyseq_variant_equals_raw_mask(name, batch, seq, kinds, expected, model
     assert max_diff(got, want, feeds["input_mask"]) <= 1e-5, name
 
 
-def test_auto_policy_splits_at_seq_128(models):
-    """Default right_padded='auto' (measured, docs/benchmarks.md): the [3B+2] form below
-    bucket length 128 for right-padded and full rows, [B] key lengths / no mask from 128."""
-    s = new_session(models["fp32"], max_batch=4)
-    assert s.right_padded == "auto" and set(s.sessions) == {"raw", "keyseq", "keylen", "nomask"}
+@pytest.mark.parametrize("precision", ["fp16", "fp32"])
+def test_auto_policy_splits_at_seq_128(precision, models):
+    """Default right_padded='auto' (measured, docs/benchmarks.md): for fp16 models the
+    [3B+2] form below bucket length 128, [B] key lengths / no mask from 128. fp32 models
+    keep the raw mask below 128 ([3B+2] selects the fast kernel in fp16 only)."""
+    s = new_session(models[precision], max_batch=4)
+    short = "keyseq" if precision == "fp16" else "raw"
+    assert s.right_padded == "auto"
+    assert set(s.sessions) == {"raw", "keylen", "nomask"} | {short}
     log = record_modes(s)
     rng = np.random.default_rng(20)
-    for batch, seq, kinds, expected in ((4, 16, ("full",), "keyseq"),
-                                        (4, 64, ("right",), "keyseq"),
+    for batch, seq, kinds, expected in ((4, 16, ("full",), short),
+                                        (4, 64, ("right",), short),
                                         (4, 64, ("right", "hole"), "raw"),
                                         (2, 128, ("full",), "nomask"),
                                         (3, 100, ("full", "right"), "keylen"),
                                         (4, 128, ("right", "hole"), "raw")):
         s.run(**make_request(rng, batch, seq, kinds))
         assert log[-1] == expected, (batch, seq, kinds, log[-1])
+    assert not s.variant_notes
+
+
+def test_a_variant_that_misreads_the_mask_is_turned_off(models):
+    """Each bucket checks its variants against the raw mask when it is made; one that gives
+    other answers (here: a no-mask model standing in for the [3B+2] one, as happens when ORT
+    picks a kernel that misreads that form) never serves a request."""
+    s = new_session(models["fp32"], right_padded="keyseq")
+    s.sessions["keyseq"] = s.sessions["nomask"]
+    log = record_modes(s)
+    feeds = make_request(np.random.default_rng(22), 4, 16, ("right",))
+    feeds["input_mask"][:, -3:] = 0
+    got = s.run(**feeds)
+    assert log[-1] == "raw"
+    assert list(s.variant_notes) == [(4, 16, "keyseq")]
+    assert "vs the raw mask" in s.variant_notes[(4, 16, "keyseq")]
+    want = new_session(models["fp32"], mask_variants=False).run(**feeds)
+    assert max_diff(got, want, feeds["input_mask"]) == 0.0
 
 
 def test_variant_min_seq_keeps_the_raw_mask_below_it(models):

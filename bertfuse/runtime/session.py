@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import bisect
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -27,7 +27,10 @@ from bertfuse.runtime.variants import attention_mask_variant, mask_mode
 ROLES = ("input_ids", "input_mask", "segment_ids")
 DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32)
 DEFAULT_SEQ_BUCKETS = (32, 64, 128, 256, 512)
-AUTO_KEYLEN_MIN_SEQ = 128  # right_padded='auto': [3B+2] below this bucket length, [B] from it
+AUTO_KEYLEN_MIN_SEQ = 128
+# A variant differing from the raw mask by more than this on a probe misreads the mask:
+# genuine differences are kernel rounding (fp16 about 1e-2), a misread mask is O(1).
+VARIANT_TOLERANCE = 5e-2  # right_padded='auto': [3B+2] below this bucket length, [B] from it
 
 
 class RequestError(BertfuseError, ValueError):
@@ -80,6 +83,7 @@ class _Bucket:
     packed: Any  # device [n_inputs, batch, seq] int32, bound as the inputs
     outputs: dict[str, Any]
     host: np.ndarray  # host staging for `packed`
+    disabled: set[str] = field(default_factory=set)  # variants that failed _verify_variants
 
 
 class Session:
@@ -136,6 +140,9 @@ class Session:
                                 f"{right_padded!r}")
         self.right_padded = right_padded
         self.variant_min_seq = variant_min_seq
+        self.variant_notes: dict[tuple[int, int, str], str] = {}
+        # [3B+2] selects cutlass attention in fp16 only; fp32 would take the unfused path.
+        self.fp16 = any(i.data_type == onnx.TensorProto.FLOAT16 for i in proto.graph.initializer)
         self._lock = threading.Lock()
         self._buckets: dict[tuple[int, int], _Bucket] = {}
 
@@ -180,8 +187,8 @@ class Session:
         if kind == "raw" or bucket_seq < self.variant_min_seq:
             return "raw"
         if self.right_padded == "auto":
-            if bucket_seq < AUTO_KEYLEN_MIN_SEQ:
-                return "keyseq"  # right-padded and full rows alike
+            if bucket_seq < AUTO_KEYLEN_MIN_SEQ:  # right-padded and full rows alike
+                return "keyseq" if self.fp16 else "raw"
             return kind
         return self.right_padded if kind == "keylen" else kind
 
@@ -272,8 +279,44 @@ class Session:
             for _ in range(2):
                 sess.run_with_iobinding(binding, ro)
         bucket = _Bucket(batch, seq, graph_ids, run_options, bindings, packed, outputs, host)
+        self._verify_variants(bucket)
         self._buckets[key] = bucket
         return bucket
+
+    def _verify_variants(self, bucket: _Bucket) -> None:
+        """Every mask variant must match the raw mask on a probe request in this bucket
+        (right-padded; all ones for 'nomask'). ORT picks attention kernels per shape,
+        precision and GPU, and a kernel that misreads the narrower mask form (seen on the
+        H200: [3B+2] with fp32 CUDA) must never serve requests: such a variant is turned off
+        for the bucket and the reason kept in `variant_notes`."""
+        modes = [m for m in self.sessions if m != "raw"]
+        if not modes:
+            return
+        b, s = bucket.batch, bucket.seq
+        rng = np.random.default_rng(b * 1000 + s)
+        lengths = rng.integers(1, s + 1, b)
+        lengths[0] = s
+        ids = rng.integers(0, min(self.facts.vocab_size or 100, 30000), (b, s)).astype(np.int32)
+        for mode in modes:
+            keep = np.arange(s)[None, :] < (np.full((b, 1), s) if mode == "nomask"
+                                            else lengths[:, None])
+            arrays = {"input_ids": ids, "input_mask": keep.astype(np.int32),
+                      "segment_ids": np.zeros((b, s), np.int32)}
+            arrays = {k: v for k, v in arrays.items() if k in self.facts.inputs}
+            got = {}
+            for run_mode in ("raw", mode):
+                self._fill(bucket, arrays, b, s)
+                self.sessions[run_mode].run_with_iobinding(bucket.bindings[run_mode],
+                                                           bucket.run_options[run_mode])
+                got[run_mode] = {n: v.numpy().astype(np.float64) for n, v in
+                                 bucket.outputs.items()}
+            worst = 0.0
+            for name, want in got["raw"].items():
+                diff = np.abs(got[mode][name] - want)
+                worst = max(worst, float((diff[keep] if diff.ndim == 3 else diff).max()))
+            if not worst <= VARIANT_TOLERANCE:  # NaN too
+                bucket.disabled.add(mode)
+                self.variant_notes[(b, s, mode)] = f"max |diff| {worst:.3g} vs the raw mask"
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -308,7 +351,8 @@ class Session:
             if kind == "nomask" and key != (batch, seq):
                 kind = "keylen"  # bucket padding adds padded keys to every row: right padding
             mode = self._variant_for(kind, bucket.seq)
-            mode = mode if mode in self.sessions else "raw"
+            if mode not in self.sessions or mode in bucket.disabled:
+                mode = "raw"
             self._fill(bucket, arrays, batch, seq)
             self.sessions[mode].run_with_iobinding(bucket.bindings[mode],
                                                    bucket.run_options[mode])
