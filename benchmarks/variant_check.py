@@ -34,6 +34,7 @@ def main() -> None:
         model = onnx.load(paths[precision])
         vocab = model_facts(model).vocab_size
         auto, raw = Session(model, **kw), Session(model, mask_variants=False, **kw)
+        forced = Session(model, right_padded="keyseq", **kw)  # [3B+2] at every length
         for batch, seq in ((20, 64), (3, 50), (1, 128), (32, 128), (32, 32)):
             for kind in ("right", "full", "hole"):
                 lengths = rng.integers(1, seq + 1, batch) if kind != "full" else \
@@ -43,8 +44,11 @@ def main() -> None:
                     mask[0, seq // 2] = 0
                 want = {k: v.astype(np.float64) for k, v in raw.run(ids, mask, segs).items()}
                 mx, _ = compare(auto.run(ids, mask, segs), want, mask)
-                print(f"{precision} b{batch} s{seq} {kind:5s} max diff {mx:.2e}", flush=True)
-        print(precision, "turned off:", auto.variant_notes or "none", flush=True)
+                fx, _ = compare(forced.run(ids, mask, segs), want, mask)
+                print(f"{precision} b{batch} s{seq} {kind:5s} max diff auto {mx:.2e} "
+                      f"forced [3B+2] {fx:.2e}", flush=True)
+        print(precision, "auto turned off:", auto.variant_notes or "none", flush=True)
+        print(precision, "forced turned off:", forced.variant_notes or "none", flush=True)
 
 
 if __name__ == "__main__":
