@@ -294,8 +294,8 @@ class Session:
             return
         b, s = bucket.batch, bucket.seq
         rng = np.random.default_rng(b * 1000 + s)
-        lengths = rng.integers(1, s + 1, b)
-        lengths[0] = s
+        lengths = rng.integers(1, max(s, 2), b)  # every row padded (when s > 1) ...
+        lengths[1:2] = s  # ... but the second, full
         ids = rng.integers(0, min(self.facts.vocab_size or 100, 30000), (b, s)).astype(np.int32)
         for mode in modes:
             keep = np.arange(s)[None, :] < (np.full((b, 1), s) if mode == "nomask"
