@@ -44,7 +44,8 @@ def main() -> None:
                 try:
                     s = Session(paths["bertfuse16"], max_batch=batch, max_seq=seq,
                                 batch_buckets=(batch,), seq_buckets=(seq,), device="cuda",
-                                provider_options=opts, mask_variants=variants)
+                                provider_options=opts, mask_variants=variants,
+                                right_padded="keylen")
                     s.warmup([(batch, seq)])
                     a = (feeds["input_ids"], feeds["input_mask"], feeds["segment_ids"])
                     fn = lambda: s.run(*a, to_host=False)  # noqa: E731
