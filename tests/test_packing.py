@@ -118,3 +118,47 @@ def test_runtime_packs_only_low_fill_requests():
     empty_row[2] = 0
     assert not use_packed(empty_row, 0.5)  # a row without tokens cannot be packed
     assert not use_packed(None, 0.5)
+
+
+def test_packed_session_stages_a_request_into_its_bucket(rng):
+    """PackedSession's host side (CUDA is needed only to run): a smaller request lands in
+    the bucket's staging views zero-padded, with the packing of its mask."""
+    from bertfuse.runtime.packed import PackedSession, _capture_mask
+
+    mask = _mask(rng, 3, 12, "mixed")
+    ids = rng.integers(1, 100, (3, 12)).astype(np.int32)
+    segs = np.ones((3, 12), np.int32)
+    shape = choose_shape(packed_shapes(4, 16), 3, int(mask.sum()))
+    views = {"input_ids": np.full((4, 16), 7, np.int32),
+             "segment_ids": np.full((4, 16), 7, np.int32),
+             "token_index": np.empty(shape.tokens, np.int32),
+             "token_offset": np.empty((shape.rows, 16), np.int32),
+             "cumulative_sequence_length": np.empty(shape.rows + 1, np.int32)}
+    PackedSession._stage(views, {"input_ids": ids, "input_mask": mask, "segment_ids": segs},
+                         shape)
+    assert (views["input_ids"][:3, :12] == ids).all() and views["input_ids"][3:].sum() == 0
+    assert views["input_ids"][:, 12:].sum() == 0 and views["segment_ids"][:, 12:].sum() == 0
+    assert (views["segment_ids"][:3, :12] == 1).all()
+    for name, value in pack_into(mask, shape).items():
+        assert (views[name] == value).all(), name
+    # Every token bucket can be captured with the runtime's capture mask.
+    for b, s in ((1, 32), (20, 64), (32, 128), (32, 32), (8, 512)):
+        for sh in packed_shapes(b, s):
+            p = pack_into(_capture_mask(sh), sh)
+            assert p["cumulative_sequence_length"][-1] == sh.tokens
+
+
+def test_packed_bench_tables_from_rows():
+    from bertfuse.runtime.packed_bench import format_tables
+
+    row = {"workload": "uniform [8,64] b20 s64", "mix": "mixed", "fill": 0.6,
+           "precision": "fp16", "padded_p50_us": 300.0, "packed_p50_us": 200.0, "speedup": 1.5,
+           "packed_nograph_p50_us": 450.0, "routed_p50_us": 210.0, "max_diff": 1e-2,
+           "mean_diff": 4e-4}
+    failed = {"workload": "skewed b32 s128", "mix": "all full", "fill": 1.0,
+              "precision": "fp32", "error": "CUDA out of memory"}
+    sweep = [{"workload": "uniform [8,64] b20 s64", "fill": 0.5, "padded_p50_us": 300.0,
+              "packed_p50_us": 250.0, "speedup": 1.2}]
+    text = format_tables({"rows": [row, failed], "sweep": sweep})
+    assert "| 300.0 | 200.0 | 1.5 | 450.0 | 210.0 | 66,667 | 100,000 |" in text
+    assert "failed: CUDA out of memory" in text and "| 0.5 | 300.0 | 250.0 | 1.2 |" in text

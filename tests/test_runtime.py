@@ -849,3 +849,25 @@ def test_bench_format_table():
     assert rows[0][2] == "400.0" and rows[0][4] == "2,500"
     assert rows[2][6] == "2.00e-03" and rows[2][8] == "CUDA graph"
     assert rows[3][8] == "failed: out of memory"
+
+
+def test_time_interleaved_alternates_and_counts():
+    calls: list[str] = []
+    fns = {name: (lambda n=name: calls.append(n)) for name in ("a", "b", "c")}
+    timed = bench.time_interleaved(fns, iters=40, rounds=4, warmup=2)
+    assert set(timed) == {"a", "b", "c"}
+    assert all(p50 >= 0 and p99 >= p50 for p50, p99 in timed.values())
+    timed_calls = calls[6:]  # after 2 warm-up calls each
+    assert len(timed_calls) == 3 * 40
+    # Rounds alternate: a x10, b x10, c x10, then a again.
+    assert timed_calls[:10] == ["a"] * 10 and timed_calls[10:20] == ["b"] * 10
+    assert timed_calls[30:40] == ["a"] * 10
+
+
+def test_staging_falls_back_to_numpy_without_cuda():
+    from bertfuse.runtime.session import staging
+
+    host = staging((3, 2, 4), pinned=False)
+    assert host.shape == (3, 2, 4) and host.dtype == np.int32 and not host.any()
+    pinned = staging((3, 2, 4), pinned=True)  # page-locked where libcudart exists
+    assert pinned.shape == (3, 2, 4) and not pinned.any()
