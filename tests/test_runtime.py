@@ -784,7 +784,7 @@ def test_fill_raw_skeleton_then_passes_matches_raw(models):
 
 
 def test_bench_request_shapes_and_padding():
-    for batch, seq in ((1, 2), (20, 64), (32, 128), (3, 7)):
+    for batch, seq in ((1, 2), (20, 64), (32, 128), (3, 7), (16, 1)):
         r = bench.request(batch, seq, VOCAB, seed=4)
         assert set(r) == {"input_ids", "input_mask", "segment_ids"}
         for v in r.values():

@@ -52,7 +52,7 @@ def request(batch: int, seq: int, vocab: int, seed: int = 1) -> dict[str, np.nda
     ids = rng.integers(1, vocab, size=(batch, seq)).astype(np.int32)
     mask = np.ones((batch, seq), np.int32)
     for i in range(batch):
-        mask[i, rng.integers(seq // 2, seq + 1):] = 0
+        mask[i, rng.integers(max(1, seq // 2), seq + 1):] = 0  # every row keeps a token
     seg = np.zeros((batch, seq), np.int32)
     seg[:, seq // 2:] = 1
     return {"input_ids": ids, "input_mask": mask, "segment_ids": seg}
