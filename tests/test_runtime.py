@@ -871,3 +871,9 @@ def test_staging_falls_back_to_numpy_without_cuda():
     assert host.shape == (3, 2, 4) and host.dtype == np.int32 and not host.any()
     pinned = staging((3, 2, 4), pinned=True)  # page-locked where libcudart exists
     assert pinned.shape == (3, 2, 4) and not pinned.any()
+
+
+def test_bench_refuses_a_missing_skeleton_in_one_line(tmp_path, capsys):
+    assert bench.main(["--skeletons", str(tmp_path), "--packed"]) == 2
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and "no skeleton for base, large, shenma-3l" in out[0]

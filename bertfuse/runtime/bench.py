@@ -394,14 +394,28 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="bertfuse bench", description=__doc__)
     ap.add_argument("--skeletons", required=True,
                     help="directory with <config>_raw.skel.onnx (bertfuse strip-weights)")
-    ap.add_argument("--workloads", nargs="*", default=list(WORKLOADS),
-                    help=f"any of: {', '.join(WORKLOADS)}")
+    from bertfuse.runtime import packed_bench
+
+    ap.add_argument("--workloads", nargs="*", default=list(WORKLOADS), choices=list(WORKLOADS),
+                    metavar="NAME", help=f"padded workloads, any of: {'; '.join(WORKLOADS)} "
+                                         "(default all; the flag alone: none)")
     ap.add_argument("--iters", type=int, default=500)
     ap.add_argument("--soak", type=int, default=0, help="mixed-shape requests for the soak")
-    ap.add_argument("--packed", nargs="*", default=None,
-                    help="padded-vs-packed workloads (issue 5); default all, none to skip")
+    ap.add_argument("--packed", nargs="*", default=None, choices=list(packed_bench.WORKLOADS),
+                    metavar="NAME", help="padded-vs-packed workloads, any of: "
+                                         f"{'; '.join(packed_bench.WORKLOADS)} "
+                                         "(default all; the flag alone: none)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."), help="where JSON results go")
     args = ap.parse_args(argv)
+    configs = {WORKLOADS[n][0] for n in args.workloads} | \
+        {packed_bench.WORKLOADS[n][0] for n in (list(packed_bench.WORKLOADS)
+                                                 if args.packed is None else args.packed)}
+    missing = [c for c in sorted(configs)
+               if not os.path.isfile(os.path.join(args.skeletons, f"{c}_raw.skel.onnx"))]
+    if missing:
+        print(f"bertfuse bench: no skeleton for {', '.join(missing)} in {args.skeletons} "
+              f"(expected <config>_raw.skel.onnx, made by bertfuse strip-weights)")
+        return 2
     import onnxruntime as ort
 
     ort.preload_dlls()
@@ -430,7 +444,6 @@ def main(argv: list[str] | None = None) -> int:
             extra["soak"] = soak(paths["bertfuse16"], args.soak)
             print("   soak:", extra["soak"], flush=True)
         save()
-    from bertfuse.runtime import packed_bench
 
     def paths_for(config: str) -> dict[str, str]:
         if config not in prepared:
