@@ -28,12 +28,13 @@ MASK = "input_mask"
 
 
 def mask_mode(mask: np.ndarray) -> str:
-    """'nomask' (all ones), 'keylen' (each row ones then zeros), else 'raw'."""
-    m = mask != 0
-    if m.all():
+    """'nomask' (all ones), 'keylen' (each row ones then zeros), else 'raw'. For 0/1 masks;
+    the runtime refuses other values (after this, in its range check). On the request path:
+    three NumPy calls at most."""
+    if mask.min() > 0:
         return "nomask"
-    # Right padding: no row ever goes from 0 back to 1, and every row keeps its first key.
-    if m[:, 0].all() and not (m[:, 1:] & ~m[:, :-1]).any():
+    # Right padding: every row keeps its first key and never goes from 0 back to 1.
+    if mask[:, 0].all() and (mask[:, :-1] >= mask[:, 1:]).all():
         return "keylen"
     return "raw"
 
