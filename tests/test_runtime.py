@@ -269,6 +269,21 @@ def test_mask_mode_classifies():
     assert mask_mode(padded_mask(rng, 6, 10, ("left",))) == "raw"
 
 
+def test_mask_mode_on_every_small_mask():
+    """Against the definition, on every 0/1 mask of up to 8 cells: 'nomask' iff all ones,
+    'keylen' iff every row is ones then zeros with at least one one."""
+    import itertools
+
+    for b, s in ((1, 1), (1, 5), (2, 3), (2, 4), (4, 2), (1, 8)):
+        for bits in itertools.product((0, 1), repeat=b * s):
+            mask = np.array(bits, np.int32).reshape(b, s)
+            lengths = mask.sum(axis=1)
+            right = all(r[:n].all() and not r[n:].any() and n > 0
+                        for r, n in zip(mask, lengths))
+            want = "nomask" if mask.all() else "keylen" if right else "raw"
+            assert mask_mode(mask) == want, mask
+
+
 # (name, batch, seq, kinds or None for no mask, the variant the session must pick)
 MASK_CASES = [
     ("ones at a bucket shape", 4, 16, ("full",), "nomask"),
