@@ -464,11 +464,11 @@ def staging(shape: tuple[int, ...], pinned: bool) -> np.ndarray:
 
 def use_packed(mask: Any, below_fill: float) -> bool:
     """Pack a request when its fill (kept tokens / all positions) is under `below_fill` and
-    every row keeps a token; device-resident masks stay on the padded path."""
-    if not isinstance(mask, np.ndarray):
+    every row keeps a token; device-resident masks stay on the padded path. Full batches
+    are turned away after one count."""
+    if not isinstance(mask, np.ndarray) or np.count_nonzero(mask) >= below_fill * mask.size:
         return False
-    keep = mask != 0
-    return bool(keep.mean() < below_fill and keep.any(axis=1).all())
+    return bool(mask.any(axis=1).all())
 
 
 def _declared_output_dims(model: onnx.ModelProto) -> dict[str, tuple] | None:
