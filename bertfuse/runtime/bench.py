@@ -294,7 +294,7 @@ def _runtime_session(path: str, feeds: dict[str, np.ndarray], packed: bool = Fal
         kw.update(packed_model=packed_form(onnx.load(path)), pack_below_fill=1.01)
     sess = Session(path, max_batch=batch, max_seq=seq, batch_buckets=(batch,),
                    seq_buckets=(seq,), device="cuda", cuda_graph=True, **kw)
-    sess.warmup([(batch, seq)])
+    sess.warmup([(batch, seq)], packed=True)
     args = (feeds["input_ids"], feeds["input_mask"], feeds["segment_ids"])
 
     def call(to_host: bool = False) -> object:

@@ -214,14 +214,16 @@ class Session:
         s = self.seq_buckets[bisect.bisect_left(self.seq_buckets, seq)]
         return b, s
 
-    def warmup(self, buckets: Sequence[tuple[int, int]] | None = None) -> None:
-        """Allocates, binds and captures every bucket (or the given ones) up front, and the
-        packed model's token buckets for them too when there is one."""
+    def warmup(self, buckets: Sequence[tuple[int, int]] | None = None,
+               packed: bool = False) -> None:
+        """Allocates, binds and captures every bucket (or the given ones) up front. With
+        packed=True also the packed model's token buckets for them (8 graphs per bucket, so
+        by default they are captured on first use instead)."""
         buckets = buckets or [(b, s) for b in self.batch_buckets for s in self.seq_buckets]
         with self._lock:
             for b, s in buckets:
                 self._bucket(b, s)
-        if self.packed is not None:
+        if packed and self.packed is not None:
             self.packed.warmup(buckets)
 
     def _probe_output_dims(self) -> dict[str, tuple[str | int, ...]]:
