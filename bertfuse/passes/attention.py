@@ -28,7 +28,7 @@ import onnx_graphsurgeon as gs
 from bertfuse.passes.attention_match import MASK_FLOOR, AttentionMatch, Projection, \
     _scalar_factor, match_numeric
 from bertfuse.passes.base import MS_DOMAIN, PassResult, const, const_value, is_graph_output, \
-    replace_tensor, scalar_value
+    producer, reaches_op, replace_tensor, scalar_value
 from bertfuse.passes.evaluate import ancestors, bs_input, eval_with_ort, rank_of
 from bertfuse.passes.probe import probe_feeds, probe_mask
 
@@ -70,7 +70,7 @@ class AttentionFusion:
         qk = None
         t = scores
         for _ in range(4):
-            node = t.inputs[0] if t.inputs else None
+            node = producer(t)
             if node is None:
                 break
             if node.op == "MatMul":
@@ -221,11 +221,11 @@ def _split_mask(t: gs.Tensor) -> tuple[gs.Tensor, MaskTerm | None]:
     """The softmax input as scores + adder, Where(cond, scores, fill), or plain scores.
     A scalar constant added last is dropped: softmax is shift-invariant (HF's
     stable_softmax adds 1e-9)."""
-    node = t.inputs[0] if t.inputs else None
+    node = producer(t)
     while node is not None and node.op == "Add" and len(node.inputs) == 2 and \
             len(t.outputs) == 1 and any(scalar_value(i) is not None for i in node.inputs):
         t = next(i for i in node.inputs if scalar_value(i) is None)
-        node = t.inputs[0] if t.inputs else None
+        node = producer(t)
     if node is not None and node.op == "Add" and len(node.inputs) == 2:
         a, b = node.inputs
         if _leads_to_matmul(a):
@@ -242,17 +242,8 @@ def _split_mask(t: gs.Tensor) -> tuple[gs.Tensor, MaskTerm | None]:
 
 
 def _leads_to_matmul(t: gs.Tensor) -> bool:
-    for _ in range(4):
-        node = t.inputs[0] if t.inputs else None
-        if node is None:
-            return False
-        if node.op == "MatMul":
-            return True
-        factor = _scalar_factor(node)
-        if factor is None:
-            return False
-        t = factor[0]
-    return False
+    """A MatMul's output, possibly through scalar scalings (the 1/sqrt(d) of Q or K)."""
+    return reaches_op(t, "MatMul", lambda n: (_scalar_factor(n) or (None,))[0], nodes=4)
 
 
 def _perm(node: gs.Node) -> list[int]:
@@ -262,23 +253,23 @@ def _perm(node: gs.Node) -> list[int]:
 def _walk_head_split(t: gs.Tensor, key: bool) -> tuple[Projection | str, float]:
     """Back from a score/context MatMul operand to the projection MatMul."""
     scale = 1.0
-    node = t.inputs[0] if t.inputs else None
+    node = producer(t)
     while node is not None and (factor := _scalar_factor(node)) is not None:
         scale *= factor[1]
         t = factor[0]
-        node = t.inputs[0] if t.inputs else None
+        node = producer(t)
     if node is None or node.op != "Transpose":
         return f"expected a Transpose, found {node.op if node else 'an input'}", scale
     perm = _perm(node)
     if key and perm == [0, 1, 3, 2]:
-        inner = node.inputs[0].inputs[0] if node.inputs[0].inputs else None
+        inner = producer(node.inputs[0])
         if inner is None or inner.op != "Transpose" or _perm(inner) != [0, 2, 1, 3]:
             return "Kᵀ is not a transposed head split", scale
         node, perm = inner, [0, 2, 3, 1]
     want = [0, 2, 3, 1] if key else [0, 2, 1, 3]
     if perm != want:
         return f"head transpose has perm {perm}, expected {want}", scale
-    reshape = node.inputs[0].inputs[0] if node.inputs[0].inputs else None
+    reshape = producer(node.inputs[0])
     if reshape is None or reshape.op != "Reshape":
         return "no head-split Reshape", scale
     proj = _projection(reshape.inputs[0])
@@ -289,7 +280,7 @@ def _walk_head_split(t: gs.Tensor, key: bool) -> tuple[Projection | str, float]:
 
 
 def _projection(t: gs.Tensor) -> tuple[gs.Tensor, np.ndarray, np.ndarray | None] | str:
-    node = t.inputs[0] if t.inputs else None
+    node = producer(t)
     bias = None
     if node is not None and node.op == "Add":
         a, b = node.inputs
@@ -300,7 +291,7 @@ def _projection(t: gs.Tensor) -> tuple[gs.Tensor, np.ndarray, np.ndarray | None]
             bias, t = va, b
         else:
             return "projection bias is not a 1-D constant"
-        node = t.inputs[0] if t.inputs else None
+        node = producer(t)
     if node is None or node.op != "MatMul":
         return "projection is not a MatMul"
     w = const_value(node.inputs[1])

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from bertfuse.passes.base import const_value, scalar_value
+from bertfuse.passes.base import const_value, producer, scalar_value
 from bertfuse.passes.evaluate import ancestors, eval_with_ort, rank_of
 from bertfuse.passes.probe import probe_feeds, probe_mask
 
@@ -90,7 +90,7 @@ def _find_projections(start: gs.Tensor, limit: int = 40) -> tuple[list[gs.Node],
     stack = [start]
     while stack and len(seen) < limit:
         t = stack.pop()
-        node = t.inputs[0] if t.inputs else None
+        node = producer(t)
         if node is None or id(node) in seen or node.op in _STOP_OPS:
             continue
         seen.add(id(node))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Iterable, Protocol
+from typing import Callable, Iterable, Protocol
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -65,6 +65,23 @@ def consumers(tensor: gs.Tensor) -> list[gs.Node]:
 
 def producer(tensor: gs.Tensor) -> gs.Node | None:
     return tensor.inputs[0] if tensor.inputs else None
+
+
+def reaches_op(t: gs.Tensor, op: str, through: Callable[[gs.Node], gs.Tensor | None],
+               nodes: int) -> bool:
+    """Whether `t` is made by an `op` node, looking back over at most `nodes` producers;
+    `through` gives the tensor a node passes on (None: the walk stops there)."""
+    for _ in range(nodes):
+        node = producer(t)
+        if node is None:
+            return False
+        if node.op == op:
+            return True
+        passed = through(node)
+        if passed is None:
+            return False
+        t = passed
+    return False
 
 
 def const_value(tensor: gs.Tensor) -> np.ndarray | None:

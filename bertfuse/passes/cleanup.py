@@ -12,7 +12,8 @@ import numpy as np
 import onnx_graphsurgeon as gs
 from onnx import helper
 
-from bertfuse.passes.base import PassResult, const_value, is_graph_output, replace_tensor
+from bertfuse.passes.base import PassResult, const_value, is_graph_output, producer, \
+    replace_tensor
 
 
 def _bypass(graph: gs.Graph, node: gs.Node, src: gs.Tensor) -> bool:
@@ -46,7 +47,7 @@ class Cleanup:
                     np.dtype(src.dtype) == helper.tensor_dtype_to_np_dtype(node.attrs["to"]):
                 result.rewrites += _bypass(graph, node, src)
             elif node.op == "Reshape":
-                prev = src.inputs[0] if src.inputs else None
+                prev = producer(src)
                 if prev is not None and prev.op == "Reshape" and len(src.outputs) == 1 and \
                         _no_copied_dims(node):
                     node.inputs[0] = prev.inputs[0]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from bertfuse.passes.base import PassResult, const, const_value, replace_tensor
+from bertfuse.passes.base import PassResult, const, const_value, producer, replace_tensor
 
 
 class DenseGemmFusion:
@@ -34,7 +34,7 @@ class DenseGemmFusion:
         axes = squeeze.attrs.get("axes")
         if axes is None and len(squeeze.inputs) > 1:
             axes = const_value(squeeze.inputs[1])
-        sl = squeeze.inputs[0].inputs[0] if squeeze.inputs[0].inputs else None
+        sl = producer(squeeze.inputs[0])
         if axes is None or list(np.ravel(axes)) != [1] or sl is None or sl.op != "Slice":
             return False
         if len(squeeze.inputs[0].outputs) != 1:
@@ -90,7 +90,7 @@ class DenseGemmFusion:
 def _rank2(t: gs.Tensor) -> bool:
     if t.shape is not None:
         return len(t.shape) == 2
-    node = t.inputs[0] if t.inputs else None
+    node = producer(t)
     if node is None:
         return False
     if node.op in ("Gemm",):

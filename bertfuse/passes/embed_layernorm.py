@@ -15,7 +15,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from bertfuse.passes.base import MS_DOMAIN, PassResult, const, const_value, replace_tensor
+from bertfuse.passes.base import MS_DOMAIN, PassResult, const, const_value, producer, \
+    replace_tensor
 from bertfuse.passes.evaluate import ancestors, eval_with_ort
 from bertfuse.passes.probe import PROBE_SEQ, probe_feeds
 
@@ -72,12 +73,12 @@ class EmbedLayerNormFusion:
 
 
 def _add_leaves(t: gs.Tensor) -> list[gs.Tensor]:
-    node = t.inputs[0] if t.inputs else None
+    node = producer(t)
     if node is None or node.op != "Add":
         return [t]
     leaves: list[gs.Tensor] = []
     for inp in node.inputs:
-        sub = inp.inputs[0] if inp.inputs else None
+        sub = producer(inp)
         # Shape consumers only size other tensors (shape_from_inputs rebuilds them later).
         if sub is not None and sub.op == "Add" and \
                 len([c for c in inp.outputs if c.op != "Shape"]) == 1:
@@ -109,7 +110,7 @@ def _graph_input(t: gs.Tensor, graph: gs.Graph) -> gs.Variable | None:
 
 def _lookup(t: gs.Tensor, graph: gs.Graph):
     """(table, model input) for Gather(table, ids) or OneHot(ids) @ table, else None."""
-    node = t.inputs[0] if t.inputs else None
+    node = producer(t)
     if node is None:
         return None
     if node.op == "Gather" and node.attrs.get("axis", 0) == 0:
@@ -117,7 +118,7 @@ def _lookup(t: gs.Tensor, graph: gs.Graph):
         if table is not None and table.ndim == 2 and inp is not None:
             return table, inp
     if node.op == "MatMul":
-        onehot = node.inputs[0].inputs[0] if node.inputs[0].inputs else None
+        onehot = producer(node.inputs[0])
         table = const_value(node.inputs[1])
         if onehot is not None and onehot.op == "OneHot" and table is not None:
             depth, values = const_value(onehot.inputs[1]), const_value(onehot.inputs[2])
@@ -129,7 +130,7 @@ def _lookup(t: gs.Tensor, graph: gs.Graph):
 
 
 def _position_table(t: gs.Tensor) -> np.ndarray | None:
-    node = t.inputs[0] if t.inputs else None
+    node = producer(t)
     if node is not None and node.op in ("Slice", "Gather"):
         table = const_value(node.inputs[0])
         if table is not None and table.ndim == 3 and table.shape[0] == 1:

@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from bertfuse.passes.base import const_value
+from bertfuse.passes.base import const_value, producer
 
 ELEMENTWISE = {"Add", "Sub", "Mul", "Div", "Neg", "Sqrt", "Reciprocal", "Pow", "Erf", "Tanh",
                "ReduceMean", "GlobalAveragePool", "Cast", "Identity"}
@@ -35,7 +35,7 @@ def rank_of(t: gs.Tensor, depth: int = 0) -> int | None:
     """A tensor's rank from shape inference, or from what produced it."""
     if t.shape is not None:
         return len(t.shape)
-    node = t.inputs[0] if t.inputs else None
+    node = producer(t)
     if node is None or depth > 50:
         return None
     if node.op in RANK3_PRODUCERS:

@@ -23,7 +23,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from bertfuse.passes.base import (MS_DOMAIN, PassResult, const_value, detach, is_graph_output,
-                                  replace_tensor)
+                                  producer, replace_tensor)
 from bertfuse.passes.evaluate import closed_region, eval_elementwise, region_outputs
 
 _erf = np.vectorize(erf)
@@ -75,16 +75,16 @@ class GeluFusion:
                  kind: str) -> None:
         bias = None
         src = x
-        producer = x.inputs[0] if x.inputs else None
-        if producer is not None and producer.op == "Add" and \
+        adder = producer(x)
+        if adder is not None and adder.op == "Add" and \
                 len(x.outputs) == len(region_consumers(x, region)) and \
                 not is_graph_output(graph, x):
-            consts = [(i, const_value(t)) for i, t in enumerate(producer.inputs)]
+            consts = [(i, const_value(t)) for i, t in enumerate(adder.inputs)]
             c = [(i, v) for i, v in consts if v is not None and v.ndim == 1]
-            if len(c) == 1 and len(producer.inputs) == 2 and \
-                    c[0][1].shape[0] == _last_dim(x, producer.inputs[1 - c[0][0]]):
-                bias = producer.inputs[c[0][0]]
-                src = producer.inputs[1 - c[0][0]]
+            if len(c) == 1 and len(adder.inputs) == 2 and \
+                    c[0][1].shape[0] == _last_dim(x, adder.inputs[1 - c[0][0]]):
+                bias = adder.inputs[c[0][0]]
+                src = adder.inputs[1 - c[0][0]]
         out = gs.Variable(f"{y.name}_gelu", dtype=y.dtype, shape=y.shape)
         if kind == "exact":
             op, inputs = ("BiasGelu", [src, bias]) if bias is not None else ("Gelu", [x])
@@ -94,8 +94,8 @@ class GeluFusion:
                                    domain=MS_DOMAIN))
         replace_tensor(graph, y, out)
         detach(region)
-        if bias is not None and producer is not None and not x.outputs:
-            detach([producer])
+        if bias is not None and adder is not None and not x.outputs:
+            detach([adder])
 
 
 def _last_dim(x: gs.Tensor, src: gs.Tensor) -> int | None:
@@ -104,7 +104,7 @@ def _last_dim(x: gs.Tensor, src: gs.Tensor) -> int | None:
     else x's recorded shape."""
     if src.shape and isinstance(src.shape[-1], int) and src.shape[-1] > 0:
         return int(src.shape[-1])
-    node = src.inputs[0] if src.inputs else None
+    node = producer(src)
     if node is not None and node.op == "MatMul" and len(node.inputs) == 2:
         w = const_value(node.inputs[1])
         if w is not None and w.ndim >= 2:
@@ -126,7 +126,7 @@ def _upstream(anchor: gs.Node, steps: int) -> list[gs.Tensor]:
                 continue
             seen.add(id(t))
             order.append(t)
-            node = t.inputs[0] if t.inputs else None
+            node = producer(t)
             if node is not None and node.op in ("Mul", "Div", "Add", "Sub", "Pow", "Neg", "Cast"):
                 nxt.extend(node.inputs)
         frontier = nxt
@@ -136,7 +136,7 @@ def _upstream(anchor: gs.Node, steps: int) -> list[gs.Tensor]:
 def _near_cubic(anchor: gs.Node) -> bool:
     """A Tanh whose input path holds GELU's 0.044715 (for diagnostics; pooler Tanh has none)."""
     for t in _upstream(anchor, steps=4):
-        node = t.inputs[0] if t.inputs else None
+        node = producer(t)
         for i in (node.inputs if node is not None else []):
             v = const_value(i)
             if v is not None and v.size == 1 and abs(float(v.ravel()[0]) - 0.044715) < 1e-6:

@@ -14,7 +14,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from bertfuse.passes.base import MS_DOMAIN, PassResult, const_value, replace_tensor
+from bertfuse.passes.base import MS_DOMAIN, PassResult, const_value, producer, reaches_op, \
+    replace_tensor
 
 
 class SkipLayerNormFusion:
@@ -26,7 +27,7 @@ class SkipLayerNormFusion:
             if ln.attrs.get("axis", -1) != -1:
                 continue
             s = ln.inputs[0]
-            add = s.inputs[0] if s.inputs else None
+            add = producer(s)
             if add is None or add.op != "Add" or len(s.outputs) != 1:
                 continue
             found = _sublayer_and_residual(add)
@@ -53,16 +54,11 @@ class SkipLayerNormFusion:
 
 def _dense_output(t: gs.Tensor) -> bool:
     """A MatMul's output, possibly through the reshapes of a Keras Tensordot."""
-    for _ in range(3):
-        node = t.inputs[0] if t.inputs else None
-        if node is None:
-            return False
-        if node.op == "MatMul":
-            return True
-        if node.op not in ("Reshape", "Squeeze", "Unsqueeze"):
-            return False
-        t = node.inputs[0]
-    return False
+    return reaches_op(t, "MatMul", lambda n: n.inputs[0] if n.op in _RESHAPES else None,
+                      nodes=3)
+
+
+_RESHAPES = ("Reshape", "Squeeze", "Unsqueeze")
 
 
 def _sublayer_and_residual(add: gs.Node):
