@@ -147,7 +147,7 @@ def pack_into(mask: np.ndarray, shape: PackedShape,
     each, rest = divmod(extra, filler_rows)
     lengths[b:] = each
     lengths[b:b + rest] += 1
-    keep[b:] = _COLUMNS[:shape.seq] < lengths[b:, None]
+    keep[b:] = np.arange(shape.seq) < lengths[b:, None]
     flat = keep.reshape(-1)
     kept = flat.nonzero()[0]  # row by row: the order the kernels expect
     if out is None:
@@ -165,5 +165,3 @@ def pack_into(mask: np.ndarray, shape: PackedShape,
     np.cumsum(lengths, out=cumulative[1:])
     return out
 
-
-_COLUMNS = np.arange(4096)

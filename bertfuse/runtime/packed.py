@@ -16,7 +16,6 @@ PackedAttention and RestorePadding have CUDA kernels only, so this runs on the G
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import threading
 from dataclasses import dataclass
@@ -28,9 +27,10 @@ import onnx
 from bertfuse.errors import BertfuseError
 from bertfuse.passes.packing import (PACKED_INPUTS, PackedShape, choose_shape, pack_into,
                                      packed_shapes)
-from bertfuse.runtime.pinned import copy_to_device_async, new_stream
+from bertfuse.runtime.pinned import new_stream
 from bertfuse.runtime.session import (DEFAULT_BATCH_BUCKETS, DEFAULT_SEQ_BUCKETS, RequestError,
-                                      _buckets, check_request, model_facts, staging)
+                                      _buckets, check_request, cuda_providers, model_facts,
+                                      run_options, smallest, staging, upload)
 
 _ALIGN = 16  # int32 elements: every input starts 64-byte aligned in the shared buffer
 
@@ -38,9 +38,8 @@ _ALIGN = 16  # int32 elements: every input starts 64-byte aligned in the shared 
 @dataclass
 class _PackedBucket:
     shape: PackedShape
-    graph_id: int
     binding: Any
-    run_options: Any
+    run_options: Any  # replays this bucket's CUDA graph
     device: Any  # one int32 buffer holding every input
     host: np.ndarray  # its host staging copy
     views: dict[str, np.ndarray]  # per input, a view into `host`
@@ -77,23 +76,15 @@ class PackedSession:
         self.seq_buckets = _buckets(seq_buckets, max_seq)
         self.token_steps = token_steps
         self.pinned = pinned
-        if hasattr(ort, "preload_dlls"):
-            ort.preload_dlls()
-        opts = ort.SessionOptions()
-        opts.log_severity_level = 3
+        self._opts = ort.SessionOptions()
+        self._opts.log_severity_level = 3
+        self.stream = new_stream() if own_stream and pinned else None
+        self._provider_options = provider_options
+        self._data = model if isinstance(model, str) else proto.SerializeToString()
         self.cuda_graph = cuda_graph
         self.fallback_reason = ""
-        self._provider = {"enable_cuda_graph": "1" if cuda_graph else "0"}
-        # As Session: our own stream, so the request's copy queues ahead of the replay.
-        self.stream = new_stream() if own_stream and pinned else None
-        if self.stream is not None:
-            self._provider["user_compute_stream"] = str(self.stream)
-        self._provider.update(provider_options or {})
-        self._data = model if isinstance(model, str) else proto.SerializeToString()
-        self._opts = opts
         try:
-            self.session = ort.InferenceSession(
-                self._data, opts, providers=[("CUDAExecutionProvider", self._provider)])
+            self.session = self._new_session()
         except Exception as exc:
             if not cuda_graph:
                 raise
@@ -102,19 +93,20 @@ class PackedSession:
         self._buckets: dict[PackedShape, _PackedBucket] = {}
         self._shapes: dict[tuple[int, int], list[PackedShape]] = {}
 
+    def _new_session(self):
+        return self._ort.InferenceSession(self._data, self._opts, providers=cuda_providers(
+            self._ort, self.cuda_graph, self.stream, self._provider_options))
+
     def _graph_off(self, exc: Exception) -> None:
         """Capture impossible: plain IO binding from here on."""
         self.cuda_graph = False
         self.fallback_reason = str(exc).splitlines()[0][:200]
-        self._provider = {**self._provider, "enable_cuda_graph": "0"}
-        self.session = self._ort.InferenceSession(
-            self._data, self._opts, providers=[("CUDAExecutionProvider", self._provider)])
+        self.session = self._new_session()
 
     # -- buckets ----------------------------------------------------------------------------
 
     def shapes_for(self, batch: int, seq: int) -> list[PackedShape]:
-        b = self.batch_buckets[bisect.bisect_left(self.batch_buckets, batch)]
-        s = self.seq_buckets[bisect.bisect_left(self.seq_buckets, seq)]
+        b, s = smallest(self.batch_buckets, batch), smallest(self.seq_buckets, seq)
         if (b, s) not in self._shapes:
             self._shapes[(b, s)] = packed_shapes(b, s, self.token_steps)
         return self._shapes[(b, s)]
@@ -154,7 +146,7 @@ class PackedSession:
         # Output shapes from one uncaptured run (gpu_graph_id -1), then fixed buffers.
         for name in self.facts.outputs:
             binding.bind_output(name, "cuda")
-        self.session.run_with_iobinding(binding, self._options(-1))
+        self.session.run_with_iobinding(binding, run_options(self._ort, self.cuda_graph, -1))
         out_shapes = [v.shape() for v in binding.get_outputs()]
         binding.clear_binding_outputs()
         outputs = {}
@@ -162,8 +154,8 @@ class PackedSession:
             outputs[name] = ort.OrtValue.ortvalue_from_shape_and_type(dims, np.float32, "cuda", 0)
             binding.bind_ortvalue_output(name, outputs[name])
         graph_id = len(self._buckets)
-        bucket = _PackedBucket(shape, graph_id, binding, self._options(graph_id), device, host,
-                               views, outputs)
+        bucket = _PackedBucket(shape, binding, run_options(self._ort, self.cuda_graph, graph_id),
+                               device, host, views, outputs)
         try:
             for _ in range(2):  # the first runs of a graph id capture it
                 self.session.run_with_iobinding(binding, bucket.run_options)
@@ -175,12 +167,6 @@ class PackedSession:
             return self._bucket(shape)
         self._buckets[shape] = bucket
         return bucket
-
-    def _options(self, graph_id: int):
-        ro = self._ort.RunOptions()
-        if self.cuda_graph:
-            ro.add_run_config_entry("gpu_graph_id", str(graph_id))
-        return ro
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -221,10 +207,7 @@ class PackedSession:
             shape = choose_shape(self.shapes_for(batch, seq), batch, tokens)
             bucket = self._bucket(shape)
             self._stage(bucket.views, arrays, shape)
-            if self.stream is not None:
-                copy_to_device_async(bucket.device.data_ptr(), bucket.host, self.stream)
-            else:
-                bucket.device.update_inplace(bucket.host)
+            upload(bucket.device, bucket.host, self.stream)
             self.session.run_with_iobinding(bucket.binding, bucket.run_options)
             if not to_host:
                 return {"batch": batch, "seq": seq, "shape": shape, **bucket.outputs}

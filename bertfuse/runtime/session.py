@@ -77,8 +77,7 @@ def model_facts(model: onnx.ModelProto) -> ModelFacts:
 class _Bucket:
     batch: int
     seq: int
-    graph_ids: dict[str, int]  # per mask variant (each variant is its own session)
-    run_options: dict[str, Any]  # per mask variant, made once: a request builds none
+    run_options: dict[str, Any]  # per mask variant (its own session and CUDA graph), made once
     bindings: dict[str, Any]
     packed: Any  # device [n_inputs, batch, seq] int32, bound as the inputs
     outputs: dict[str, Any]
@@ -149,19 +148,8 @@ class Session:
         opts = ort.SessionOptions()
         opts.log_severity_level = 3
         if device == "cuda":
-            if hasattr(ort, "preload_dlls"):
-                ort.preload_dlls()
-            cuda_opts = {"enable_cuda_graph": "1" if cuda_graph else "0"}
-            # Our own stream: the request's copy is queued on it ahead of the replay.
             self.stream = new_stream() if own_stream and self.pinned else None
-            if self.stream is not None:
-                cuda_opts["user_compute_stream"] = str(self.stream)
-            cuda_opts.update(provider_options or {})
-            providers: list = [("CUDAExecutionProvider", cuda_opts)]
-            if "CUDAExecutionProvider" not in ort.get_available_providers():
-                raise BertfuseError("device='cuda' needs onnxruntime-gpu "
-                                    "(pip install 'bertfuse[gpu]'); this onnxruntime has "
-                                    f"{ort.get_available_providers()}")
+            providers: list = cuda_providers(ort, cuda_graph, self.stream, provider_options)
         elif device == "cpu":
             cuda_graph = False
             self.stream = None
@@ -181,6 +169,17 @@ class Session:
                     self.sessions[mode] = self._make_session(variant)
         self.session = self.sessions["raw"]
         self._output_dims = _declared_output_dims(proto) or self._probe_output_dims()
+
+    def _session_for(self, mask: Any, bucket: _Bucket, batch: int, seq: int) -> str:
+        """The session (mask variant) that serves this request in this bucket."""
+        if len(self.sessions) == 1:
+            return "raw"
+        kind = "nomask" if mask is None else \
+            mask_mode(mask) if isinstance(mask, np.ndarray) else "raw"
+        if kind == "nomask" and (bucket.batch, bucket.seq) != (batch, seq):
+            kind = "keylen"  # bucket padding adds padded keys to every row: right padding
+        mode = self._variant_for(kind, bucket.seq)
+        return "raw" if mode not in self.sessions or mode in bucket.disabled else mode
 
     def _variant_for(self, kind: str, bucket_seq: int) -> str:
         """The session for a request whose mask is of `kind` (mask_mode) in a bucket."""
@@ -210,9 +209,7 @@ class Session:
     # -- buckets ----------------------------------------------------------------------------
 
     def bucket_for(self, batch: int, seq: int) -> tuple[int, int]:
-        b = self.batch_buckets[bisect.bisect_left(self.batch_buckets, batch)]
-        s = self.seq_buckets[bisect.bisect_left(self.seq_buckets, seq)]
-        return b, s
+        return smallest(self.batch_buckets, batch), smallest(self.seq_buckets, seq)
 
     def warmup(self, buckets: Sequence[tuple[int, int]] | None = None,
                packed: bool = False) -> None:
@@ -244,10 +241,7 @@ class Session:
         return dims
 
     def _run_options(self, graph_id: int):
-        ro = self._ort.RunOptions()
-        if self.cuda_graph:
-            ro.add_run_config_entry("gpu_graph_id", str(graph_id))
-        return ro
+        return run_options(self._ort, self.cuda_graph, graph_id)
 
     def _bucket(self, batch: int, seq: int) -> _Bucket:
         key = (batch, seq)
@@ -263,7 +257,8 @@ class Session:
         for name in self.facts.outputs:
             shape = [batch if d == "B" else seq if d == "S" else d for d in self._output_dims[name]]
             outputs[name] = ort.OrtValue.ortvalue_from_shape_and_type(shape, np.float32, dev, 0)
-        bindings, graph_ids, run_options = {}, {}, {}
+        bindings, options = {}, {}
+        graph_id = len(self._buckets)  # one graph id per bucket, in each variant's session
         for mode, sess in self.sessions.items():
             binding = sess.io_binding()
             for i, name in enumerate(names):
@@ -272,15 +267,14 @@ class Session:
             for name, value in outputs.items():
                 binding.bind_ortvalue_output(name, value)
             bindings[mode] = binding
-            graph_ids[mode] = len(self._buckets)
             # The first runs of a graph id capture it; run twice so capture is out of the way.
             if "input_mask" in names:
                 host[names.index("input_mask")] = 1
             packed.update_inplace(host)
-            ro = run_options[mode] = self._run_options(graph_ids[mode])
+            ro = options[mode] = self._run_options(graph_id)
             for _ in range(2):
                 sess.run_with_iobinding(binding, ro)
-        bucket = _Bucket(batch, seq, graph_ids, run_options, bindings, packed, outputs, host)
+        bucket = _Bucket(batch, seq, options, bindings, packed, outputs, host)
         self._verify_variants(bucket)
         self._buckets[key] = bucket
         return bucket
@@ -336,25 +330,17 @@ class Session:
         mask = arrays.get("input_mask")
         if self.packed is not None and use_packed(mask, self.pack_below_fill) and \
                 all(isinstance(a, np.ndarray) for a in arrays.values()):
-            if self.validate:  # host arrays skipped their range check in _check
-                for role, arr in arrays.items():
-                    _check_range(arr, role, _upper_bound(self.facts, role))
+            if self.validate:  # the packed path stages them otherwise: check them now
+                check_ranges(arrays, self.facts, staged=True)
             out = self.packed.run_checked(arrays, to_host=to_host)
             return out if to_host else {"batch": batch, "seq": seq, **out}
-        kind = "nomask" if mask is None else \
-            mask_mode(mask) if isinstance(mask, np.ndarray) and len(self.sessions) > 1 else "raw"
         with self._lock:
             key = self.bucket_for(batch, seq)
             if self.validate and key not in self._buckets:
                 # A new bucket runs ORT to capture it: refuse bad values before that.
-                for role, arr in arrays.items():
-                    _check_range(arr, role, _upper_bound(self.facts, role))
+                check_ranges(arrays, self.facts, staged=True)
             bucket = self._bucket(*key)
-            if kind == "nomask" and key != (batch, seq):
-                kind = "keylen"  # bucket padding adds padded keys to every row: right padding
-            mode = self._variant_for(kind, bucket.seq)
-            if mode not in self.sessions or mode in bucket.disabled:
-                mode = "raw"
+            mode = self._session_for(mask, bucket, batch, seq)
             self._fill(bucket, arrays, batch, seq)
             self.sessions[mode].run_with_iobinding(bucket.bindings[mode],
                                                    bucket.run_options[mode])
@@ -389,10 +375,7 @@ class Session:
             if over.any():
                 name = self.facts.inputs[int(np.argmax(over))]
                 _check_range(arrays[name], name, _upper_bound(self.facts, name))
-        if self.stream is not None and not device_inputs:
-            copy_to_device_async(bucket.packed.data_ptr(), host, self.stream)
-        else:
-            bucket.packed.update_inplace(host)
+        upload(bucket.packed, host, None if device_inputs else self.stream)
         for i, src in device_inputs:  # device arrays: copied on the device, not via the host
             _device_copy(bucket.packed, i, src, batch, seq)
 
@@ -448,11 +431,46 @@ def check_request(given: dict[str, Any], facts: ModelFacts, max_batch: int, max_
     if not 1 <= seq <= max_seq:
         raise RequestError(f"sequence length {seq} outside 1..{max_seq}")
     if validate:
-        for role, arr in arrays.items():
-            if not (staged_ranges and isinstance(arr, np.ndarray) and arr.dtype.itemsize <= 4):
-                _check_range(arr, role, _upper_bound(facts, role))
+        check_ranges(arrays, facts, staged=False if staged_ranges else None)
     return {k: (v.astype(np.int32, copy=False) if isinstance(v, np.ndarray) else v)
             for k, v in arrays.items()}
+
+
+def cuda_providers(ort: Any, cuda_graph: bool, stream: int | None,
+                   provider_options: Mapping[str, str] | None) -> list:
+    """The CUDA EP as bertfuse runs it: CUDA graphs on or off, and on our own stream when
+    there is one (the request's copy is queued on it ahead of the replay)."""
+    if hasattr(ort, "preload_dlls"):
+        ort.preload_dlls()
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        raise BertfuseError("device='cuda' needs onnxruntime-gpu (pip install 'bertfuse[gpu]'); "
+                            f"this onnxruntime has {ort.get_available_providers()}")
+    opts = {"enable_cuda_graph": "1" if cuda_graph else "0"}
+    if stream is not None:
+        opts["user_compute_stream"] = str(stream)
+    return [("CUDAExecutionProvider", {**opts, **(provider_options or {})})]
+
+
+def run_options(ort: Any, cuda_graph: bool, graph_id: int):
+    """RunOptions replaying (or capturing) CUDA graph `graph_id`; -1 runs uncaptured."""
+    ro = ort.RunOptions()
+    if cuda_graph:
+        ro.add_run_config_entry("gpu_graph_id", str(graph_id))
+    return ro
+
+
+def upload(device: Any, host: np.ndarray, stream: int | None) -> None:
+    """host -> device: queued on `stream` (ORT's end-of-run sync covers it), else a
+    synchronous copy."""
+    if stream is not None:
+        copy_to_device_async(device.data_ptr(), host, stream)
+    else:
+        device.update_inplace(host)
+
+
+def smallest(buckets: Sequence[int], value: int) -> int:
+    """The smallest bucket that holds `value` (buckets sorted, value within the last)."""
+    return buckets[bisect.bisect_left(buckets, value)]
 
 
 def staging(shape: tuple[int, ...], pinned: bool) -> np.ndarray:
@@ -497,6 +515,16 @@ def _declared_output_dims(model: onnx.ModelProto) -> dict[str, tuple] | None:
 def _buckets(values: Sequence[int], limit: int) -> list[int]:
     out = sorted({v for v in values if 0 < v <= limit} | {limit})
     return out
+
+
+def check_ranges(arrays: dict[str, Any], facts: ModelFacts, staged: bool | None = None) -> None:
+    """Refuses values outside each role's table. staged=True/False: only the arrays that are
+    / are not checked once staged as int32 (host arrays of 4 bytes or less: wider ones
+    could wrap there)."""
+    for role, arr in arrays.items():
+        is_staged = isinstance(arr, np.ndarray) and arr.dtype.itemsize <= 4
+        if staged is None or is_staged == staged:
+            _check_range(arr, role, _upper_bound(facts, role))
 
 
 def _upper_bound(facts: ModelFacts, role: str) -> int | None:
