@@ -159,6 +159,15 @@ def test_packed_bench_tables_from_rows():
               "precision": "fp32", "error": "CUDA out of memory"}
     sweep = [{"workload": "uniform [8,64] b20 s64", "fill": 0.5, "padded_p50_us": 300.0,
               "packed_p50_us": 250.0, "speedup": 1.2}]
-    text = format_tables({"rows": [row, failed], "sweep": sweep})
+    load = {"workload": "uniform [8,64] b20 s64", "precision": "fp16", "streams": 2,
+            "replica_max_diff": 0.0}
+    for kind, rate in (("padded", 100000), ("packed", 150000), ("packed16", 160000),
+                       ("routed", 140000)):
+        load.update({f"{kind}_seq_per_s": rate, f"{kind}_p50_us": 380.4, f"{kind}_p99_us": 500.0})
+        if kind != "padded":
+            load[f"{kind}_speedup"] = round(rate / 100000, 2)
+    text = format_tables({"rows": [row, failed], "sweep": sweep, "load": [load]})
     assert "| 300.0 | 200.0 | 1.5 | 450.0 | 210.0 | 66,667 | 100,000 |" in text
     assert "failed: CUDA out of memory" in text and "| 0.5 | 300.0 | 250.0 | 1.2 |" in text
+    assert "| 2 | 100,000 (380/500) | 150,000 (380/500) | 160,000 (380/500) | " \
+           "140,000 (380/500) | 1.5 | 1.6 | 1.4 | 0.00e+00 |" in text

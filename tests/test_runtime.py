@@ -600,6 +600,105 @@ def test_threads_match_sequential_own_buckets(sessions):
     _assert_same(_run_threads(s, reqs, copy_results=True), want)
 
 
+def test_pool_replicas_match_one_session(models, sessions):
+    """SessionPool: 4 threads on 2 replicas give one session's results; every bucket a
+    replica makes under load is made while no other request runs (the capture gate)."""
+    from bertfuse.runtime.pool import SessionPool
+
+    made: list[tuple[int, bool]] = []
+
+    def make() -> Session:
+        s = new_session(models["fp32"], right_padded="keylen")
+        inner = s._new_bucket
+
+        def watched(batch: int, seq: int):
+            gate = s.capture_gate
+            made.append((gate._running, gate._capturing))
+            return inner(batch, seq)
+
+        s._new_bucket = watched
+        return s
+
+    pool = SessionPool(make, replicas=2)
+    reqs = _thread_requests(18)
+    want = [{n: v.copy() for n, v in sessions["fp32"].run(**f).items()} for f in reqs]
+    _assert_same(_run_threads(pool, reqs, copy_results=False), want)
+    assert len(made) >= 2 and all(m == (0, True) for m in made), made
+    assert all(r._buckets for r in pool.replicas)  # both replicas served requests
+
+
+def test_pool_refuses_device_outputs_without_a_lease(models):
+    from bertfuse.runtime.pool import SessionPool
+
+    pool = SessionPool(lambda: new_session(models["fp32"]), replicas=1)
+    feeds = make_request(np.random.default_rng(3), 2, 5)
+    with pytest.raises(ValueError, match="lease"):
+        pool.run(**feeds, to_host=False)
+    with pool.lease() as s:
+        out = s.run(**feeds, to_host=False)
+        assert out["batch"] == 2 and out["seq"] == 5
+    with pytest.raises(ValueError, match="at least 1"):
+        SessionPool(lambda: new_session(models["fp32"]), replicas=0)
+
+
+def test_capture_gate_waits_for_running_requests_and_blocks_new_ones():
+    from bertfuse.runtime.pool import CaptureGate
+
+    gate = CaptureGate()
+    a_inside, a_release, log = threading.Event(), threading.Event(), []
+
+    def holder() -> None:
+        with gate.running():
+            a_inside.set()
+            a_release.wait(10)
+            log.append("a done")
+
+    def capturer() -> None:
+        with gate.running():
+            with gate.capturing():
+                log.append("capture start")
+                c.start()  # a new request must wait for the capture to end
+                threading.Event().wait(0.1)
+                log.append("capture end")
+
+    def newcomer() -> None:
+        with gate.running():
+            log.append("c ran")
+
+    a, b, c = (threading.Thread(target=f) for f in (holder, capturer, newcomer))
+    a.start()
+    assert a_inside.wait(10)
+    b.start()
+    threading.Event().wait(0.1)
+    assert log == []  # the capture waits for the running request
+    a_release.set()
+    for t in (a, b):
+        t.join(10)
+    c.join(10)
+    assert log == ["a done", "capture start", "capture end", "c ran"]
+
+
+def test_capture_gate_two_capturers_inside_requests_do_not_deadlock():
+    from bertfuse.runtime.pool import CaptureGate
+
+    gate = CaptureGate()
+    barrier, done = threading.Barrier(2), []
+
+    def both() -> None:
+        with gate.running():
+            barrier.wait(10)  # both are running before either captures
+            with gate.capturing():
+                assert gate._running == 0
+                done.append(1)
+
+    threads = [threading.Thread(target=both) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert done == [1, 1] and gate._running == 0 and not gate._capturing
+
+
 # -------------------------------------------------------------------------------- warm-up
 
 

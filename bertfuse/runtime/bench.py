@@ -406,6 +406,9 @@ def main(argv: list[str] | None = None) -> int:
                     metavar="NAME", help="padded-vs-packed workloads, any of: "
                                          f"{'; '.join(packed_bench.WORKLOADS)} "
                                          "(default all; the flag alone: none)")
+    ap.add_argument("--streams", nargs="*", type=int, default=[1, 2, 4], metavar="N",
+                    help="padded vs packed under load: threads, each with its own replica "
+                         "(default 1 2 4; the flag alone: none)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."), help="where JSON results go")
     args = ap.parse_args(argv)
     configs = {WORKLOADS[n][0] for n in args.workloads} | \
@@ -455,7 +458,8 @@ def main(argv: list[str] | None = None) -> int:
     packed_names = list(packed_bench.WORKLOADS) if args.packed is None else args.packed
     if packed_names:
         print("== padded vs packed", flush=True)
-        extra["packed"] = packed_bench.run(paths_for, args.iters, packed_names)
+        extra["packed"] = packed_bench.run(paths_for, args.iters, packed_names,
+                                           tuple(args.streams))
     save()
     for result, call in profiles:  # last: the profiler slows whatever runs after it
         result.gpu_us, result.kernels, result.breakdown = kernel_profile(call)

@@ -28,6 +28,7 @@ from bertfuse.errors import BertfuseError
 from bertfuse.passes.packing import (PACKED_INPUTS, PackedShape, choose_shape, pack_into,
                                      packed_shapes)
 from bertfuse.runtime.pinned import new_stream
+from bertfuse.runtime.pool import CaptureGate, capture_guard
 from bertfuse.runtime.session import (DEFAULT_BATCH_BUCKETS, DEFAULT_SEQ_BUCKETS, RequestError,
                                       _buckets, check_request, cuda_providers, model_facts,
                                       run_options, smallest, staging, upload)
@@ -90,6 +91,7 @@ class PackedSession:
                 raise
             self._graph_off(exc)
         self._lock = threading.Lock()
+        self.capture_gate: CaptureGate | None = None  # set by SessionPool
         self._buckets: dict[PackedShape, _PackedBucket] = {}
         self._shapes: dict[tuple[int, int], list[PackedShape]] = {}
 
@@ -132,6 +134,12 @@ class PackedSession:
     def _bucket(self, shape: PackedShape) -> _PackedBucket:
         if shape in self._buckets:
             return self._buckets[shape]
+        with capture_guard(self.capture_gate):
+            bucket = self._new_bucket(shape)
+        self._buckets[shape] = bucket
+        return bucket
+
+    def _new_bucket(self, shape: PackedShape) -> _PackedBucket:
         ort = self._ort
         layout = self._layout(shape)
         total = max(at + int(np.prod(dims)) for at, dims in layout.values())
@@ -164,8 +172,7 @@ class PackedSession:
                 raise
             self._graph_off(exc)
             self._buckets.clear()
-            return self._bucket(shape)
-        self._buckets[shape] = bucket
+            return self._new_bucket(shape)
         return bucket
 
     # -- requests ---------------------------------------------------------------------------

@@ -8,12 +8,16 @@ For each workload and length mix, the same request runs through:
 Parity is packed vs padded over kept positions and the pooled rows whose token 0 is kept.
 fp32 runs with TF32 off (`use_tf32=0`), so that fp32 parity means fp32.
 A fill sweep shows where packing starts to pay, which sets the routing default.
+Under load (`streams`), 1, 2, 4 threads each drive their own replica (SessionPool) with
+requests drawn from the mix: throughput and latency, padded vs packed, same requests.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+import threading
+import time
+from typing import Any, Callable
 
 import numpy as np
 import onnx
@@ -65,13 +69,13 @@ def packed_form(fused: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def run(paths_for: Callable[[str], dict[str, str]], iters: int,
-        workloads: list[str] | None = None) -> dict:
+        workloads: list[str] | None = None, streams: tuple[int, ...] = (1, 2, 4)) -> dict:
     """Rows of the padded-vs-packed table and the fill sweep; paths_for(config) gives the
     prepared model paths (bench.prepare_models)."""
     from bertfuse.runtime.packed import PackedSession
     from bertfuse.runtime.session import Session, model_facts
 
-    rows, sweep = [], []
+    rows, sweep, load = [], [], []
     for name in workloads or list(WORKLOADS):
         config, batch, seq, lengths_fn = WORKLOADS[name]
         paths = paths_for(config)
@@ -113,7 +117,108 @@ def run(paths_for: Callable[[str], dict[str, str]], iters: int,
             if precision == "fp16":
                 sweep += _fill_sweep(name, padded, packed, batch, seq, vocab, iters)
             del padded, packed, nograph, routed
-    return {"rows": rows, "sweep": sweep}
+            if precision == "fp16" and streams:
+                draws = [request(lengths_fn(np.random.default_rng(100 + i), batch, seq), seq,
+                                 vocab, seed=i) for i in range(32)]
+                makers = {
+                    "padded": lambda: Session(fused, **kw),
+                    "packed": lambda: PackedSession(packed_model, **kw),
+                    "packed16": lambda: PackedSession(packed_model, token_steps=16, **kw),
+                    "routed": lambda: Session(fused, packed_model=packed_model, **kw)}
+                for n in streams:
+                    try:
+                        load.append({"workload": name, "precision": precision, "streams": n,
+                                     **under_load(makers, draws, n, (batch, seq))})
+                    except Exception as exc:
+                        load.append({"workload": name, "precision": precision, "streams": n,
+                                     "error": str(exc).splitlines()[0][:200]})
+                    print("   load", load[-1], flush=True)
+    return {"rows": rows, "sweep": sweep, "load": load}
+
+
+def under_load(makers: dict[str, Callable[[], Any]], draws: list[tuple], streams: int,
+               bucket: tuple[int, int], requests: int = 1200, rounds: int = 4) -> dict:
+    """Throughput (seq/s) and latency (p50/p99 us) of each kind of session with `streams`
+    threads, each on its own replica, running the same draws; kinds alternate by round.
+    Also the largest difference between a replica's outputs under load and one session's
+    outputs for the same request (replicas must not disturb each other)."""
+    from bertfuse.runtime.pool import SessionPool
+
+    pools = {}
+    for kind, make in makers.items():
+        pools[kind] = SessionPool(make, streams)
+        pools[kind].warmup([bucket], **({"packed": True} if kind == "routed" else {}))
+    per_thread = max(10, requests // (rounds * streams))
+    stats: dict[str, dict] = {k: {"lat": [], "seqs": 0, "wall": 0.0} for k in pools}
+    for r in range(rounds + 1):  # round 0 warms the threads up and is not counted
+        for kind, pool in pools.items():
+            lat, seqs, wall = _drive(pool, draws, streams, per_thread, start=r)
+            if r:
+                stats[kind]["lat"] += lat
+                stats[kind]["seqs"] += seqs
+                stats[kind]["wall"] += wall
+    out: dict[str, Any] = {}
+    for kind, st in stats.items():
+        out[f"{kind}_seq_per_s"] = round(st["seqs"] / st["wall"])
+        out[f"{kind}_p50_us"] = round(float(np.percentile(st["lat"], 50)) * 1e6, 1)
+        out[f"{kind}_p99_us"] = round(float(np.percentile(st["lat"], 99)) * 1e6, 1)
+    for kind in pools:
+        if kind != "padded":
+            out[f"{kind}_speedup"] = round(out[f"{kind}_seq_per_s"] / out["padded_seq_per_s"], 2)
+    out["replica_max_diff"] = _replica_diff(pools, makers, draws, streams)
+    return out
+
+
+def _drive(pool, draws: list[tuple], threads: int, per_thread: int,
+           start: int = 0) -> tuple[list[float], int, float]:
+    """`threads` threads, each running `per_thread` of the draws back to back on a leased
+    replica; returns per-request latencies (s), sequences served and wall time (s)."""
+    barrier = threading.Barrier(threads + 1)
+    latencies: list[list[float]] = [[] for _ in range(threads)]
+    seqs = [0] * threads
+
+    def work(t: int) -> None:
+        barrier.wait()
+        for i in range(per_thread):
+            ids, mask, segs = draws[(start * 13 + t * 7 + i) % len(draws)]
+            t0 = time.perf_counter()
+            with pool.lease() as session:
+                session.run(ids, mask, segs, to_host=False)
+            latencies[t].append(time.perf_counter() - t0)
+            seqs[t] += ids.shape[0]
+
+    workers = [threading.Thread(target=work, args=(t,)) for t in range(threads)]
+    for w in workers:
+        w.start()
+    barrier.wait()
+    t0 = time.perf_counter()
+    for w in workers:
+        w.join()
+    return [x for lat in latencies for x in lat], sum(seqs), time.perf_counter() - t0
+
+
+def _replica_diff(pools: dict, makers: dict, draws: list[tuple], streams: int) -> float:
+    """Every kind's pool, driven by `streams` threads at once with host outputs, against a
+    fresh single session of the same kind on the same request: the max |diff| seen."""
+    worst = 0.0
+    for kind, pool in pools.items():
+        single = makers[kind]()
+        want = [single.run(*d) for d in draws[:8]]
+        got: list = [None] * len(want)
+
+        def work(t: int) -> None:
+            for i in range(t, len(want), streams):
+                got[i] = pool.run(*draws[i])
+
+        workers = [threading.Thread(target=work, args=(t,)) for t in range(streams)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        for g, w_, d in zip(got, want, draws):
+            worst = max(worst, diff(g, w_, d[1])[0])
+        del single
+    return worst
 
 
 def _fill_sweep(name: str, padded, packed, batch: int, seq: int, vocab: int,
@@ -154,4 +259,17 @@ def format_tables(result: dict) -> str:
     for r in result["sweep"]:
         lines.append(f"| {r['workload']} | {r['fill']} | {r['padded_p50_us']} | "
                      f"{r['packed_p50_us']} | {r['speedup']} |")
+    kinds = ("padded", "packed", "packed16", "routed")
+    lines += ["", "| workload | streams | " + " | ".join(
+        f"{k} seq/s (p50/p99 us)" for k in kinds) + " | packed/padded | packed16/padded | "
+        "routed/padded | replica max diff |", "|---|---|" + "---|" * (len(kinds) + 4)]
+    for r in result.get("load", []):
+        if "error" in r:
+            lines.append(f"| {r['workload']} | {r['streams']} | failed: {r['error']} |")
+            continue
+        cells = [f"{r[k + '_seq_per_s']:,} ({r[k + '_p50_us']:.0f}/{r[k + '_p99_us']:.0f})"
+                 for k in kinds]
+        lines.append(f"| {r['workload']} | {r['streams']} | " + " | ".join(cells) + " | "
+                     f"{r['packed_speedup']} | {r['packed16_speedup']} | "
+                     f"{r['routed_speedup']} | {r['replica_max_diff']:.2e} |")
     return "\n".join(lines)

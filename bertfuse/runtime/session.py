@@ -22,6 +22,7 @@ from onnx import numpy_helper
 
 from bertfuse.errors import BertfuseError
 from bertfuse.runtime.pinned import copy_to_device_async, new_stream, pinned_empty
+from bertfuse.runtime.pool import CaptureGate, capture_guard
 from bertfuse.runtime.variants import attention_mask_variant, mask_mode
 
 ROLES = ("input_ids", "input_mask", "segment_ids")
@@ -95,7 +96,8 @@ class Session:
                  validate: bool = True, mask_variants: bool = True,
                  variant_min_seq: int = 0, packed_model: str | onnx.ModelProto | None = None,
                  pack_below_fill: float = 0.65, pinned: bool = True,
-                 own_stream: bool = True, right_padded: str = "auto") -> None:
+                 own_stream: bool = True, right_padded: str = "auto",
+                 token_steps: int = 8) -> None:
         import onnxruntime as ort
 
         self._ort = ort
@@ -108,9 +110,9 @@ class Session:
             from bertfuse.runtime.packed import PackedSession
 
             self.packed = PackedSession(packed_model, max_batch, max_seq, batch_buckets,
-                                        seq_buckets, device=device, cuda_graph=cuda_graph,
-                                        provider_options=provider_options, validate=validate,
-                                        pinned=pinned)
+                                        seq_buckets, token_steps, device=device,
+                                        cuda_graph=cuda_graph, provider_options=provider_options,
+                                        validate=validate, pinned=pinned)
         proto = onnx.load(model, load_external_data=False) if isinstance(model, str) else model
         self.facts = model_facts(proto)
         # Per input, the first value out of range as uint32 (negatives wrap to >= 2**31).
@@ -144,6 +146,7 @@ class Session:
         self.fp16 = any(i.data_type == onnx.TensorProto.FLOAT16 for i in proto.graph.initializer)
         self._lock = threading.Lock()
         self._buckets: dict[tuple[int, int], _Bucket] = {}
+        self.capture_gate: CaptureGate | None = None  # set by SessionPool
 
         opts = ort.SessionOptions()
         opts.log_severity_level = 3
@@ -247,6 +250,12 @@ class Session:
         key = (batch, seq)
         if key in self._buckets:
             return self._buckets[key]
+        with capture_guard(self.capture_gate):
+            bucket = self._new_bucket(batch, seq)
+        self._buckets[key] = bucket
+        return bucket
+
+    def _new_bucket(self, batch: int, seq: int) -> _Bucket:
         ort = self._ort
         dev = "cuda" if self.device == "cuda" else "cpu"
         names = self.facts.inputs
@@ -276,7 +285,6 @@ class Session:
                 sess.run_with_iobinding(binding, ro)
         bucket = _Bucket(batch, seq, options, bindings, packed, outputs, host)
         self._verify_variants(bucket)
-        self._buckets[key] = bucket
         return bucket
 
     def _verify_variants(self, bucket: _Bucket) -> None:
