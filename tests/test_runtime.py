@@ -606,39 +606,69 @@ def test_pool_replicas_match_one_session(models, sessions):
     from bertfuse.runtime.pool import SessionPool
 
     made: list[tuple[int, bool]] = []
+    ran_on: set[str] = set()
 
     def make() -> Session:
         s = new_session(models["fp32"], right_padded="keylen")
-        inner = s._new_bucket
+        inner_bucket, inner_run = s._new_bucket, s.run
 
         def watched(batch: int, seq: int):
             gate = s.capture_gate
             made.append((gate._running, gate._capturing))
-            return inner(batch, seq)
+            return inner_bucket(batch, seq)
 
-        s._new_bucket = watched
+        def run(*args, **kwargs):
+            ran_on.add(threading.current_thread().name)
+            return inner_run(*args, **kwargs)
+
+        s._new_bucket, s.run = watched, run
         return s
 
-    pool = SessionPool(make, replicas=2)
-    reqs = _thread_requests(18)
-    want = [{n: v.copy() for n, v in sessions["fp32"].run(**f).items()} for f in reqs]
-    _assert_same(_run_threads(pool, reqs, copy_results=False), want)
+    with SessionPool(make, replicas=2) as pool:
+        reqs = _thread_requests(18)
+        want = [{n: v.copy() for n, v in sessions["fp32"].run(**f).items()} for f in reqs]
+        _assert_same(_run_threads(pool, reqs, copy_results=False), want)
     assert len(made) >= 2 and all(m == (0, True) for m in made), made
-    assert all(r._buckets for r in pool.replicas)  # both replicas served requests
+    assert ran_on == {"bertfuse-replica-0", "bertfuse-replica-1"}  # the workers, both of them
 
 
-def test_pool_refuses_device_outputs_without_a_lease(models):
+def test_pool_device_outputs_only_inside_the_replicas_turn(models):
     from bertfuse.runtime.pool import SessionPool
 
-    pool = SessionPool(lambda: new_session(models["fp32"]), replicas=1)
     feeds = make_request(np.random.default_rng(3), 2, 5)
-    with pytest.raises(ValueError, match="lease"):
-        pool.run(**feeds, to_host=False)
-    with pool.lease() as s:
-        out = s.run(**feeds, to_host=False)
-        assert out["batch"] == 2 and out["seq"] == 5
+    with SessionPool(lambda: new_session(models["fp32"]), replicas=1) as pool:
+        with pytest.raises(ValueError, match="outlive"):
+            pool.run(**feeds, to_host=False)
+        shape = pool.call(lambda s: s.run(**feeds, to_host=False)["sequence_output"].shape())
+        assert shape[:2] == list(new_session(models["fp32"]).bucket_for(2, 5))
     with pytest.raises(ValueError, match="at least 1"):
         SessionPool(lambda: new_session(models["fp32"]), replicas=0)
+    with pytest.raises(BertfuseError, match="must be 'auto'"):  # make() fails on its worker
+        SessionPool(lambda: new_session(models["fp32"], right_padded="left"), replicas=2)
+
+
+def test_a_graph_session_serves_one_thread(models):
+    """With CUDA graphs (ORT keeps them per thread) a second thread is refused, clearly."""
+    from bertfuse.runtime.session import ThreadError
+
+    s = new_session(models["fp32"])
+    s.cuda_graph = True  # the CPU EP has no graphs: only the thread check is under test
+    feeds = make_request(np.random.default_rng(4), 2, 5)
+    s.run(**feeds)
+    errors: list = []
+    t = threading.Thread(target=lambda: errors.append(_raises(lambda: s.run(**feeds))))
+    t.start()
+    t.join(30)
+    assert isinstance(errors[0], ThreadError) and "SessionPool" in str(errors[0])
+    s.run(**feeds)  # the owner thread still runs
+
+
+def _raises(fn) -> BaseException | None:
+    try:
+        fn()
+    except BaseException as exc:
+        return exc
+    return None
 
 
 def test_capture_gate_waits_for_running_requests_and_blocks_new_ones():

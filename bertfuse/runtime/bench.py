@@ -326,6 +326,7 @@ def soak(model_path: str, requests: int = 10_000, seed: int = 3) -> dict:
     """Device memory in use across many mixed-shape requests, after warm-up; and threads."""
     import threading
 
+    from bertfuse.runtime.pool import SessionPool
     from bertfuse.runtime.session import Session
 
     s = Session(model_path, max_batch=32, max_seq=128, batch_buckets=(1, 4, 8, 16, 32),
@@ -344,14 +345,16 @@ def soak(model_path: str, requests: int = 10_000, seed: int = 3) -> dict:
             samples.append(s.device_memory_used())
     wall = time.perf_counter() - t0
     after = s.device_memory_used()
-    # Several threads at once must give the same answers as one.
+    # Several threads at once (through a pool of replicas) must give the same answers as one.
     f = request(8, 64, vocab, seed=99)
     want = s.run(f["input_ids"], f["input_mask"], f["segment_ids"])
     errors: list[float] = []
+    pool = SessionPool(lambda: Session(model_path, max_batch=8, max_seq=64, batch_buckets=(8,),
+                                       seq_buckets=(64,), device="cuda"), replicas=2)
 
     def worker() -> None:
         for _ in range(100):
-            got = s.run(f["input_ids"], f["input_mask"], f["segment_ids"])
+            got = pool.run(f["input_ids"], f["input_mask"], f["segment_ids"])
             errors.append(max(float(np.abs(got[k] - want[k]).max()) for k in want))
 
     threads = [threading.Thread(target=worker) for _ in range(4)]
@@ -359,6 +362,7 @@ def soak(model_path: str, requests: int = 10_000, seed: int = 3) -> dict:
         t.start()
     for t in threads:
         t.join()
+    pool.close()
     return {"requests": requests, "wall_s": round(wall, 2), "mem_before": before,
             "mem_after": after, "mem_samples": samples, "threads": 4,
             "thread_max_diff": max(errors) if errors else None,

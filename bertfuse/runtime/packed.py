@@ -30,8 +30,8 @@ from bertfuse.passes.packing import (PACKED_INPUTS, PackedShape, choose_shape, p
 from bertfuse.runtime.pinned import new_stream
 from bertfuse.runtime.pool import CaptureGate, capture_guard
 from bertfuse.runtime.session import (DEFAULT_BATCH_BUCKETS, DEFAULT_SEQ_BUCKETS, RequestError,
-                                      _buckets, check_request, cuda_providers, model_facts,
-                                      run_options, smallest, staging, upload)
+                                      _buckets, check_request, claim_thread, cuda_providers,
+                                      model_facts, run_options, smallest, staging, upload)
 
 _ALIGN = 16  # int32 elements: every input starts 64-byte aligned in the shared buffer
 
@@ -92,6 +92,7 @@ class PackedSession:
             self._graph_off(exc)
         self._lock = threading.Lock()
         self.capture_gate: CaptureGate | None = None  # set by SessionPool
+        self._owner: int | None = None  # the thread its CUDA graphs belong to (claim_thread)
         self._buckets: dict[PackedShape, _PackedBucket] = {}
         self._shapes: dict[tuple[int, int], list[PackedShape]] = {}
 
@@ -116,6 +117,7 @@ class PackedSession:
     def warmup(self, buckets: Sequence[tuple[int, int]] | None = None) -> None:
         """Captures every token bucket of the given [batch, seq] buckets (default: all)."""
         with self._lock:
+            claim_thread(self)
             for b, s in buckets or [(b, s) for b in self.batch_buckets for s in self.seq_buckets]:
                 for shape in self.shapes_for(b, s):
                     self._bucket(shape)
@@ -211,6 +213,7 @@ class PackedSession:
         batch, seq = mask.shape
         tokens = int(np.count_nonzero(mask))
         with self._lock:
+            claim_thread(self)
             shape = choose_shape(self.shapes_for(batch, seq), batch, tokens)
             bucket = self._bucket(shape)
             self._stage(bucket.views, arrays, shape)

@@ -8,8 +8,9 @@ For each workload and length mix, the same request runs through:
 Parity is packed vs padded over kept positions and the pooled rows whose token 0 is kept.
 fp32 runs with TF32 off (`use_tf32=0`), so that fp32 parity means fp32.
 A fill sweep shows where packing starts to pay, which sets the routing default.
-Under load (`streams`), 1, 2, 4 threads each drive their own replica (SessionPool) with
-requests drawn from the mix: throughput and latency, padded vs packed, same requests.
+Under load (`streams`), 1, 2, 4 threads keep as many requests in flight through a
+SessionPool of as many replicas, with requests drawn from the mix: throughput and latency,
+padded vs packed, the same requests.
 """
 
 from __future__ import annotations
@@ -146,8 +147,10 @@ def under_load(makers: dict[str, Callable[[], Any]], draws: list[tuple], streams
 
     pools = {}
     for kind, make in makers.items():
-        pools[kind] = SessionPool(make, streams)
-        pools[kind].warmup([bucket], **({"packed": True} if kind == "routed" else {}))
+        warm = {"packed": True} if kind == "routed" else {}
+        pools[kind] = SessionPool(make, streams,
+                                  prepare=lambda session, warm=warm: session.warmup([bucket],
+                                                                                    **warm))
     per_thread = max(10, requests // (rounds * streams))
     stats: dict[str, dict] = {k: {"lat": [], "seqs": 0, "wall": 0.0} for k in pools}
     for r in range(rounds + 1):  # round 0 warms the threads up and is not counted
@@ -171,8 +174,8 @@ def under_load(makers: dict[str, Callable[[], Any]], draws: list[tuple], streams
 
 def _drive(pool, draws: list[tuple], threads: int, per_thread: int,
            start: int = 0) -> tuple[list[float], int, float]:
-    """`threads` threads, each running `per_thread` of the draws back to back on a leased
-    replica; returns per-request latencies (s), sequences served and wall time (s)."""
+    """`threads` threads, each running `per_thread` of the draws back to back through the
+    pool; returns per-request latencies (s), sequences served and wall time (s)."""
     barrier = threading.Barrier(threads + 1)
     latencies: list[list[float]] = [[] for _ in range(threads)]
     seqs = [0] * threads
@@ -182,8 +185,7 @@ def _drive(pool, draws: list[tuple], threads: int, per_thread: int,
         for i in range(per_thread):
             ids, mask, segs = draws[(start * 13 + t * 7 + i) % len(draws)]
             t0 = time.perf_counter()
-            with pool.lease() as session:
-                session.run(ids, mask, segs, to_host=False)
+            pool.call(lambda session: session.run(ids, mask, segs, to_host=False))
             latencies[t].append(time.perf_counter() - t0)
             seqs[t] += ids.shape[0]
 
@@ -218,6 +220,8 @@ def _replica_diff(pools: dict, makers: dict, draws: list[tuple], streams: int) -
         for g, w_, d in zip(got, want, draws):
             worst = max(worst, diff(g, w_, d[1])[0])
         del single
+    for pool in pools.values():
+        pool.close()
     return worst
 
 

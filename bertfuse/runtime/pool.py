@@ -1,19 +1,21 @@
-"""Several replicas of a serving session, so that requests from several threads run on the GPU
-at the same time instead of queuing behind one session's lock.
+"""Several replicas of a serving session, each owned by its own worker thread, so that requests
+from any number of threads run on the GPU side by side instead of queuing on one lock.
 
-    thread 1 ─► lease replica A (stream A, its buffers, its CUDA graphs) ─► run ─► give back
-    thread 2 ─► lease replica B (stream B, ...)                          ─► run ─► give back
+    caller threads ─► submit(request) ─► shared queue ─┬─► worker 1: replica 1 (stream 1, its
+                                                        │   buffers, its CUDA graphs) ─► future
+                                                        └─► worker 2: replica 2 ...
 
 A small model at a small batch leaves most of the GPU idle: its GEMMs fill one wave of SMs
 or less, and each kernel costs its launch latency whatever its size. Two requests in flight
-on two streams overlap those latencies and the host work of one request with the GPU work
-of the other. Each replica holds its own copy of the weights (ORT sessions do not share
-device initializers), so device memory grows with the replica count.
+on two streams overlap those latencies, and one request's host work with another's GPU work.
 
-CUDA graph capture (ONNX Runtime begins it with cudaDeviceSynchronize and captures in
-cudaStreamCaptureModeGlobal) must not overlap work from other threads: every replica's
-first use of a bucket passes through one `CaptureGate`, which waits until no other request
-is running. `warmup()` captures up front so serving never has to.
+Why workers own the replicas: ONNX Runtime's CUDA EP keeps CUDA graphs per thread (they live
+in its per-thread context), and its docs rule out Run() on one session from several threads
+with CUDA graphs. A replica that only ever runs on its worker thread captures each graph
+once and replays it from then on. Capture (cudaDeviceSynchronize, then a global-mode stream
+capture) must not overlap work from other threads either: captures pass a `CaptureGate`,
+which waits until no other request runs. Each replica holds its own copy of the weights
+(ORT sessions do not share device initializers), so device memory grows with replicas.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
+from concurrent.futures import Future
 from typing import Any, Callable, Iterator
 
 
@@ -67,46 +70,84 @@ class CaptureGate:
 
 
 class SessionPool:
-    """`SessionPool(lambda: Session(model, ...), replicas=2)`: `run()` from any thread, on the
-    first free replica. Works with `Session` and `PackedSession` alike."""
+    """`SessionPool(lambda: Session(model, ...), replicas=2, prepare=lambda s: s.warmup(...))`.
 
-    def __init__(self, make: Callable[[], Any], replicas: int = 2) -> None:
+    `make` builds a replica and `prepare` (optional) warms it, both on the replica's worker
+    thread, where its graphs must be captured. `run()` from any thread; works with
+    `Session` and `PackedSession` alike."""
+
+    def __init__(self, make: Callable[[], Any], replicas: int = 2,
+                 prepare: Callable[[Any], None] | None = None) -> None:
         if replicas < 1:
             raise ValueError(f"replicas must be at least 1, not {replicas}")
         self.gate = CaptureGate()
-        self.replicas = []
-        for _ in range(replicas):
+        self.replicas: list[Any] = [None] * replicas
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        started: list[Future] = [Future() for _ in range(replicas)]
+        self._workers = [threading.Thread(target=self._serve, args=(i, make, prepare, started[i]),
+                                          name=f"bertfuse-replica-{i}", daemon=True)
+                         for i in range(replicas)]
+        for worker in self._workers:
+            worker.start()
+        errors = [f.exception() for f in started]
+        if any(errors):
+            self.close()
+            raise next(e for e in errors if e)
+
+    def _serve(self, index: int, make: Callable[[], Any], prepare: Callable[[Any], None] | None,
+               started: Future) -> None:
+        try:
             session = make()
             set_gate(session, self.gate)
-            self.replicas.append(session)
-        self._free: queue.SimpleQueue = queue.SimpleQueue()
-        for session in self.replicas:
-            self._free.put(session)
+            if prepare is not None:
+                prepare(session)
+            self.replicas[index] = session
+        except BaseException as exc:  # reported by the constructor
+            started.set_exception(exc)
+            return
+        started.set_result(None)
+        while (job := self._jobs.get()) is not None:
+            fn, future = job
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                with self.gate.running():
+                    result = fn(session)
+            except BaseException as exc:
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
 
-    @contextlib.contextmanager
-    def lease(self) -> Iterator[Any]:
-        """A replica for this thread alone until the block ends: device outputs of
-        run(..., to_host=False) stay valid inside the block."""
-        session = self._free.get()
-        try:
-            with self.gate.running():
-                yield session
-        finally:
-            self._free.put(session)
+    def submit(self, fn: Callable[[Any], Any]) -> Future:
+        """fn(replica) on the first free replica's thread. Device outputs of
+        run(..., to_host=False) are valid inside fn only: the replica takes the next job next."""
+        future: Future = Future()
+        self._jobs.put((fn, future))
+        return future
+
+    def call(self, fn: Callable[[Any], Any]) -> Any:
+        return self.submit(fn).result()
 
     def run(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        """One request on a free replica; outputs are host arrays (use lease() to keep them
-        on the device)."""
+        """One request on a free replica; outputs are host arrays."""
         if kwargs.get("to_host") is False:
-            raise ValueError("device outputs outlive the replica's lease: use "
-                             "`with pool.lease() as s: s.run(..., to_host=False)`")
-        with self.lease() as session:
-            return session.run(*args, **kwargs)
+            raise ValueError("device outputs outlive the replica's turn: use "
+                             "pool.call(lambda s: use(s.run(..., to_host=False)))")
+        return self.call(lambda session: session.run(*args, **kwargs))
 
-    def warmup(self, *args: Any, **kwargs: Any) -> None:
-        """Each replica's warmup(), one after the other (captures never overlap)."""
-        for session in self.replicas:
-            session.warmup(*args, **kwargs)
+    def close(self) -> None:
+        """Stops the workers once the queued jobs are done."""
+        for _ in self._workers:
+            self._jobs.put(None)
+        for worker in self._workers:
+            if worker is not threading.current_thread():
+                worker.join()
+
+    def __enter__(self) -> "SessionPool":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
 
 def set_gate(session: Any, gate: CaptureGate | None) -> None:

@@ -38,6 +38,27 @@ class RequestError(BertfuseError, ValueError):
     """A request that would reach a kernel with bad data: refused before it runs."""
 
 
+class ThreadError(BertfuseError, RuntimeError):
+    """A session with CUDA graphs called from a second thread."""
+
+
+def claim_thread(session: Any) -> None:
+    """ONNX Runtime's CUDA EP keeps CUDA graphs per thread and rules out Run() from several
+    threads with graphs on: a second thread would capture every graph again, and its capture
+    can break another thread's run. So a session with graphs serves the first thread that
+    runs or warms it; SessionPool serves many threads with one replica per worker thread."""
+    if not session.cuda_graph:
+        return
+    me = threading.get_ident()
+    if session._owner is None:
+        session._owner = me
+    elif session._owner != me:
+        raise ThreadError(f"this {type(session).__name__} captured its CUDA graphs on another "
+                          "thread, and ONNX Runtime keeps graphs per thread: call it from that "
+                          "thread only, or serve several threads with bertfuse.runtime.pool."
+                          "SessionPool")
+
+
 @dataclass
 class ModelFacts:
     inputs: list[str]
@@ -147,6 +168,7 @@ class Session:
         self._lock = threading.Lock()
         self._buckets: dict[tuple[int, int], _Bucket] = {}
         self.capture_gate: CaptureGate | None = None  # set by SessionPool
+        self._owner: int | None = None  # the thread its CUDA graphs belong to (claim_thread)
 
         opts = ort.SessionOptions()
         opts.log_severity_level = 3
@@ -221,6 +243,7 @@ class Session:
         by default they are captured on first use instead)."""
         buckets = buckets or [(b, s) for b in self.batch_buckets for s in self.seq_buckets]
         with self._lock:
+            claim_thread(self)
             for b, s in buckets:
                 self._bucket(b, s)
         if packed and self.packed is not None:
@@ -343,6 +366,7 @@ class Session:
             out = self.packed.run_checked(arrays, to_host=to_host)
             return out if to_host else {"batch": batch, "seq": seq, **out}
         with self._lock:
+            claim_thread(self)
             key = self.bucket_for(batch, seq)
             if self.validate and key not in self._buckets:
                 # A new bucket runs ORT to capture it: refuse bad values before that.
