@@ -603,7 +603,7 @@ def test_threads_match_sequential_own_buckets(sessions):
 def test_pool_replicas_match_one_session(models, sessions):
     """SessionPool: 4 threads on 2 replicas give one session's results; every bucket a
     replica makes under load is made while no other request runs (the capture gate)."""
-    from bertfuse.runtime.pool import SessionPool
+    from bertfuse.runtime.pool import GATE, SessionPool
 
     made: list[tuple[int, bool]] = []
     ran_on: set[str] = set()
@@ -613,8 +613,7 @@ def test_pool_replicas_match_one_session(models, sessions):
         inner_bucket, inner_run = s._new_bucket, s.run
 
         def watched(batch: int, seq: int):
-            gate = s.capture_gate
-            made.append((gate._running, gate._capturing))
+            made.append((GATE._running, GATE._capturing))
             return inner_bucket(batch, seq)
 
         def run(*args, **kwargs):
@@ -727,6 +726,23 @@ def test_capture_gate_two_capturers_inside_requests_do_not_deadlock():
     for t in threads:
         t.join(10)
     assert done == [1, 1] and gate._running == 0 and not gate._capturing
+
+
+def test_capture_gate_nests():
+    """Nested runs count once; a capture inside a capture, or a run inside a capture (a
+    bucket verifying itself), passes through instead of waiting on its own thread."""
+    from bertfuse.runtime.pool import CaptureGate
+
+    gate = CaptureGate()
+    with gate.running():
+        with gate.running():
+            assert gate._running == 1
+            with gate.capturing():
+                assert gate._running == 0 and gate._capturing
+                with gate.capturing(), gate.running():
+                    assert gate._running == 0
+            assert gate._running == 1 and not gate._capturing
+    assert gate._running == 0
 
 
 # -------------------------------------------------------------------------------- warm-up

@@ -28,7 +28,7 @@ from bertfuse.errors import BertfuseError
 from bertfuse.passes.packing import (PACKED_INPUTS, PackedShape, choose_shape, pack_into,
                                      packed_shapes)
 from bertfuse.runtime.pinned import new_stream
-from bertfuse.runtime.pool import CaptureGate, capture_guard
+from bertfuse.runtime.pool import GATE
 from bertfuse.runtime.session import (DEFAULT_BATCH_BUCKETS, DEFAULT_SEQ_BUCKETS, RequestError,
                                       _buckets, check_request, claim_thread, cuda_providers,
                                       model_facts, run_options, smallest, staging, upload)
@@ -91,12 +91,15 @@ class PackedSession:
                 raise
             self._graph_off(exc)
         self._lock = threading.Lock()
-        self.capture_gate: CaptureGate | None = None  # set by SessionPool
         self._owner: int | None = None  # the thread its CUDA graphs belong to (claim_thread)
         self._buckets: dict[PackedShape, _PackedBucket] = {}
         self._shapes: dict[tuple[int, int], list[PackedShape]] = {}
 
     def _new_session(self):
+        with GATE.capturing():  # ORT allocates weights on the device: not during a capture
+            return self._new_session_now()
+
+    def _new_session_now(self):
         return self._ort.InferenceSession(self._data, self._opts, providers=cuda_providers(
             self._ort, self.cuda_graph, self.stream, self._provider_options))
 
@@ -136,7 +139,7 @@ class PackedSession:
     def _bucket(self, shape: PackedShape) -> _PackedBucket:
         if shape in self._buckets:
             return self._buckets[shape]
-        with capture_guard(self.capture_gate):
+        with GATE.capturing():
             bucket = self._new_bucket(shape)
         self._buckets[shape] = bucket
         return bucket
@@ -212,7 +215,7 @@ class PackedSession:
         mask = arrays["input_mask"]
         batch, seq = mask.shape
         tokens = int(np.count_nonzero(mask))
-        with self._lock:
+        with self._lock, GATE.running():
             claim_thread(self)
             shape = choose_shape(self.shapes_for(batch, seq), batch, tokens)
             bucket = self._bucket(shape)

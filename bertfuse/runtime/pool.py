@@ -28,45 +28,64 @@ from typing import Any, Callable, Iterator
 
 
 class CaptureGate:
-    """Requests run side by side; a capture runs alone. A capturing thread that is inside a
-    request steps out of the running count while it waits (no deadlock when two requests
-    want to capture at once: the second waits for the first's request to end)."""
+    """Requests run side by side; a capture (or a session's construction) runs alone.
+
+    running(): an ORT call that may replay a graph or copy memory. Nested calls in one thread
+    count once, and a thread that holds the capture passes straight through.
+    capturing(): waits until no other thread is running, keeps new runs out until it ends,
+    and is re-entrant. A thread inside running() steps out of the count while it waits, so
+    two requests that both want to capture do not deadlock: the second waits for the first's
+    request to end."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        self._running = 0
+        self._running = 0  # threads inside running(), outermost call only
         self._capturing = False
-        self._mine = threading.local()  # is this thread inside running()?
+        self._mine = threading.local()  # depth: running() nesting; holds: this thread captures
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
-        with self._cond:
-            self._cond.wait_for(lambda: not self._capturing)
-            self._running += 1
-        self._mine.inside = True
+        depth = getattr(self._mine, "depth", 0)
+        counted = depth == 0 and not getattr(self._mine, "holds", False)
+        if counted:
+            with self._cond:
+                self._cond.wait_for(lambda: not self._capturing)
+                self._running += 1
+        self._mine.depth = depth + 1
         try:
             yield
         finally:
-            self._mine.inside = False
-            with self._cond:
-                self._running -= 1
-                self._cond.notify_all()
+            self._mine.depth = depth
+            if counted:
+                with self._cond:
+                    self._running -= 1
+                    self._cond.notify_all()
 
     @contextlib.contextmanager
     def capturing(self) -> Iterator[None]:
-        inside = getattr(self._mine, "inside", False)
+        if getattr(self._mine, "holds", False):
+            yield
+            return
+        inside = int(getattr(self._mine, "depth", 0) > 0)
         with self._cond:
             self._running -= inside
             self._cond.notify_all()
             self._cond.wait_for(lambda: self._running == 0 and not self._capturing)
             self._capturing = True
+        self._mine.holds = True
         try:
             yield
         finally:
+            self._mine.holds = False
             with self._cond:
                 self._capturing = False
                 self._running += inside
                 self._cond.notify_all()
+
+
+# One gate for the process: a global-mode stream capture fails work from every thread, so
+# every bertfuse session (pooled or not) runs through it.
+GATE = CaptureGate()
 
 
 class SessionPool:
@@ -80,7 +99,6 @@ class SessionPool:
                  prepare: Callable[[Any], None] | None = None) -> None:
         if replicas < 1:
             raise ValueError(f"replicas must be at least 1, not {replicas}")
-        self.gate = CaptureGate()
         self.replicas: list[Any] = [None] * replicas
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         started: list[Future] = [Future() for _ in range(replicas)]
@@ -97,10 +115,10 @@ class SessionPool:
     def _serve(self, index: int, make: Callable[[], Any], prepare: Callable[[Any], None] | None,
                started: Future) -> None:
         try:
-            session = make()
-            set_gate(session, self.gate)
-            if prepare is not None:
-                prepare(session)
+            with GATE.capturing():  # building and warming a replica: ORT allocates, captures
+                session = make()
+                if prepare is not None:
+                    prepare(session)
             self.replicas[index] = session
         except BaseException as exc:  # reported by the constructor
             started.set_exception(exc)
@@ -111,7 +129,7 @@ class SessionPool:
             if not future.set_running_or_notify_cancel():
                 continue
             try:
-                with self.gate.running():
+                with GATE.running():  # fn may read device outputs after run() returns
                     result = fn(session)
             except BaseException as exc:
                 future.set_exception(exc)
@@ -148,14 +166,3 @@ class SessionPool:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-def set_gate(session: Any, gate: CaptureGate | None) -> None:
-    """Routes a session's (and its packed form's) captures through `gate`."""
-    session.capture_gate = gate
-    if getattr(session, "packed", None) is not None:
-        session.packed.capture_gate = gate
-
-
-def capture_guard(gate: CaptureGate | None) -> contextlib.AbstractContextManager:
-    return gate.capturing() if gate is not None else contextlib.nullcontext()

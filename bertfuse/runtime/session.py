@@ -22,7 +22,7 @@ from onnx import numpy_helper
 
 from bertfuse.errors import BertfuseError
 from bertfuse.runtime.pinned import copy_to_device_async, new_stream, pinned_empty
-from bertfuse.runtime.pool import CaptureGate, capture_guard
+from bertfuse.runtime.pool import GATE
 from bertfuse.runtime.variants import attention_mask_variant, mask_mode
 
 ROLES = ("input_ids", "input_mask", "segment_ids")
@@ -167,7 +167,6 @@ class Session:
         self.fp16 = any(i.data_type == onnx.TensorProto.FLOAT16 for i in proto.graph.initializer)
         self._lock = threading.Lock()
         self._buckets: dict[tuple[int, int], _Bucket] = {}
-        self.capture_gate: CaptureGate | None = None  # set by SessionPool
         self._owner: int | None = None  # the thread its CUDA graphs belong to (claim_thread)
 
         opts = ort.SessionOptions()
@@ -193,7 +192,8 @@ class Session:
                 if variant is not None:
                     self.sessions[mode] = self._make_session(variant)
         self.session = self.sessions["raw"]
-        self._output_dims = _declared_output_dims(proto) or self._probe_output_dims()
+        with GATE.capturing():
+            self._output_dims = _declared_output_dims(proto) or self._probe_output_dims()
 
     def _session_for(self, mask: Any, bucket: _Bucket, batch: int, seq: int) -> str:
         """The session (mask variant) that serves this request in this bucket."""
@@ -217,6 +217,10 @@ class Session:
         return self.right_padded if kind == "keylen" else kind
 
     def _make_session(self, proto: onnx.ModelProto):
+        with GATE.capturing():  # ORT allocates weights on the device: not during a capture
+            return self._make_session_now(proto)
+
+    def _make_session_now(self, proto: onnx.ModelProto):
         ort = self._ort
         data = proto.SerializeToString()
         try:
@@ -273,7 +277,7 @@ class Session:
         key = (batch, seq)
         if key in self._buckets:
             return self._buckets[key]
-        with capture_guard(self.capture_gate):
+        with GATE.capturing():
             bucket = self._new_bucket(batch, seq)
         self._buckets[key] = bucket
         return bucket
@@ -365,7 +369,7 @@ class Session:
                 check_ranges(arrays, self.facts, staged=True)
             out = self.packed.run_checked(arrays, to_host=to_host)
             return out if to_host else {"batch": batch, "seq": seq, **out}
-        with self._lock:
+        with self._lock, GATE.running():
             claim_thread(self)
             key = self.bucket_for(batch, seq)
             if self.validate and key not in self._buckets:
