@@ -229,6 +229,22 @@ def test_to_host_false_gives_bucket_sized_device_values(sessions, references):
     assert max_diff(got, plain_run(ref, b), b["input_mask"]) <= TOL["fp32"]
 
 
+def test_outputs_selects_what_is_returned(sessions, references):
+    s, ref = sessions["fp32"], references["fp32"]
+    b = make_request(np.random.default_rng(23), 3, 12)
+    want = plain_run(ref, b)
+    only = s.run(**b, outputs=["pooled_output"])
+    assert list(only) == ["pooled_output"] and only["pooled_output"].shape == (3, 128)
+    np.testing.assert_allclose(only["pooled_output"], want["pooled_output"], atol=TOL["fp32"])
+    assert list(s.run(**b, outputs="sequence_output")) == ["sequence_output"]
+    dev = s.run(**b, to_host=False, outputs=["pooled_output"])
+    assert set(dev) == {"batch", "seq", "pooled_output"}
+    for bad, message in ((["logits"], "no output 'logits'"), ([], "outputs is empty")):
+        with pytest.raises(RequestError, match=message) as info:
+            s.run(**b, outputs=bad)
+        assert "pooled_output" in str(info.value)  # the message lists what there is
+
+
 def test_session_rejects_bad_construction(models):
     with pytest.raises(BertfuseError, match="device must be 'cuda' or 'cpu'"):
         Session(models["fp32"], device="tpu")

@@ -31,7 +31,8 @@ from bertfuse.runtime.pinned import new_stream
 from bertfuse.runtime.pool import GATE
 from bertfuse.runtime.session import (DEFAULT_BATCH_BUCKETS, DEFAULT_SEQ_BUCKETS, RequestError,
                                       _buckets, check_request, claim_thread, cuda_providers,
-                                      model_facts, run_options, smallest, staging, upload)
+                                      fetch, model_facts, run_options, select_outputs,
+                                      smallest, staging, upload)
 
 _ALIGN = 16  # int32 elements: every input starts 64-byte aligned in the shared buffer
 
@@ -194,11 +195,13 @@ class PackedSession:
         pack_into(arrays["input_mask"], shape, out=views)
 
     def run(self, input_ids: Any, input_mask: Any, segment_ids: Any = None,
-            to_host: bool = True) -> dict[str, Any]:
-        """Runs one request; returns {output name: array} sliced to [batch(, seq)].
+            to_host: bool = True, outputs: Sequence[str] | None = None) -> dict[str, Any]:
+        """Runs one request; returns {output name: array} sliced to [batch(, seq)], for the
+        `outputs` named (default all).
 
         With to_host=False the outputs stay on the device as the bucket's OrtValues (rows
         past the batch are filler), valid until the next call."""
+        names = select_outputs(self.facts.outputs, outputs)
         given = {"input_ids": input_ids, "input_mask": input_mask, "segment_ids": segment_ids}
         arrays = check_request(given, self._request_facts, self.max_batch, self.max_seq,
                                self.validate)
@@ -207,11 +210,13 @@ class PackedSession:
             raise RequestError("the packed path takes host (NumPy) arrays with an input_mask")
         if not (mask != 0).any(axis=1).all():
             raise RequestError("every row needs at least one token (a row of mask zeros)")
-        return self.run_checked(arrays, to_host)
+        return self.run_checked(arrays, to_host, names)
 
-    def run_checked(self, arrays: dict[str, np.ndarray], to_host: bool = True) -> dict[str, Any]:
+    def run_checked(self, arrays: dict[str, np.ndarray], to_host: bool = True,
+                    outputs: Sequence[str] | None = None) -> dict[str, Any]:
         """run() for arrays already checked (check_request with value ranges, every row
-        keeping a token): Session routes its requests here."""
+        keeping a token) and output names already selected: Session routes requests here."""
+        names = list(self.facts.outputs) if outputs is None else outputs
         mask = arrays["input_mask"]
         batch, seq = mask.shape
         tokens = int(np.count_nonzero(mask))
@@ -223,12 +228,10 @@ class PackedSession:
             upload(bucket.device, bucket.host, self.stream)
             self.session.run_with_iobinding(bucket.binding, bucket.run_options)
             if not to_host:
-                return {"batch": batch, "seq": seq, "shape": shape, **bucket.outputs}
-            out = {}
-            for name, value in bucket.outputs.items():
-                host = value.numpy()
-                out[name] = host[:batch, :seq] if host.ndim == 3 else host[:batch]
-            return out
+                return {"batch": batch, "seq": seq, "shape": shape,
+                        **{n: bucket.outputs[n] for n in names}}
+            return {n: fetch(bucket.outputs[n], batch, seq, len(bucket.outputs[n].shape()) == 3)
+                    for n in names}
 
 
 def _capture_mask(shape: PackedShape) -> np.ndarray:

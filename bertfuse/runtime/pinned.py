@@ -34,6 +34,8 @@ def _runtime() -> ctypes.CDLL | None:
                                                       ctypes.c_uint]
             lib.cudaMemcpyAsync.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
                                             ctypes.c_int, ctypes.c_void_p]
+            lib.cudaMemcpy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                                       ctypes.c_int]
             _cudart = lib
             break
     return _cudart
@@ -56,6 +58,7 @@ def pinned_empty(shape: tuple[int, ...], dtype: np.dtype | type = np.int32) -> n
 
 _NON_BLOCKING = 1  # cudaStreamNonBlocking: no implicit sync with the legacy default stream
 _HOST_TO_DEVICE = 1  # cudaMemcpyHostToDevice
+_DEVICE_TO_HOST = 2  # cudaMemcpyDeviceToHost
 
 
 def new_stream() -> int | None:
@@ -76,3 +79,14 @@ def copy_to_device_async(device_ptr: int, host: np.ndarray, stream: int) -> None
                                  stream) if lib is not None else -1
     if status != 0:
         raise RuntimeError(f"cudaMemcpyAsync failed with CUDA error {status}")
+
+
+def copy_to_host(host: np.ndarray, device_ptr: int) -> bool:
+    """host <- the first host.nbytes at device_ptr, synchronously; False without libcudart."""
+    lib = _runtime()
+    if lib is None:
+        return False
+    status = lib.cudaMemcpy(host.ctypes.data, device_ptr, host.nbytes, _DEVICE_TO_HOST)
+    if status != 0:
+        raise RuntimeError(f"cudaMemcpy failed with CUDA error {status}")
+    return True

@@ -21,7 +21,7 @@ import onnx
 from onnx import numpy_helper
 
 from bertfuse.errors import BertfuseError
-from bertfuse.runtime.pinned import copy_to_device_async, new_stream, pinned_empty
+from bertfuse.runtime.pinned import copy_to_device_async, copy_to_host, new_stream, pinned_empty
 from bertfuse.runtime.pool import GATE
 from bertfuse.runtime.variants import attention_mask_variant, mask_mode
 
@@ -352,13 +352,16 @@ class Session:
     # -- requests ---------------------------------------------------------------------------
 
     def run(self, input_ids: Any, input_mask: Any = None, segment_ids: Any = None,
-            to_host: bool = True) -> dict[str, Any]:
+            to_host: bool = True, outputs: Sequence[str] | None = None) -> dict[str, Any]:
         """Runs one request; returns {output name: array} sliced to the request's shape.
 
         Inputs are NumPy arrays (or anything np.asarray takes), or device arrays exposing
-        __dlpack__ (CuPy, torch), which are copied device-to-device. With to_host=False the
-        outputs stay on the device as ORT OrtValues of the bucket's shape (valid until the
-        next call): slice them yourself with the returned 'batch'/'seq'."""
+        __dlpack__ (CuPy, torch), which are copied device-to-device. `outputs` names the
+        outputs to return (default all): a ranker that reads pooled_output alone does not
+        pay for copying sequence_output to the host. With to_host=False the outputs stay on
+        the device as ORT OrtValues of the bucket's shape (valid until the next call): slice
+        them yourself with the returned 'batch'/'seq'."""
+        names = select_outputs(self.facts.outputs, outputs)
         given = {"input_ids": input_ids, "input_mask": input_mask, "segment_ids": segment_ids}
         arrays = self._check(given)
         batch, seq = arrays["input_ids"].shape
@@ -367,7 +370,7 @@ class Session:
                 all(isinstance(a, np.ndarray) for a in arrays.values()):
             if self.validate:  # the packed path stages them otherwise: check them now
                 check_ranges(arrays, self.facts, staged=True)
-            out = self.packed.run_checked(arrays, to_host=to_host)
+            out = self.packed.run_checked(arrays, to_host=to_host, outputs=names)
             return out if to_host else {"batch": batch, "seq": seq, **out}
         with self._lock, GATE.running():
             claim_thread(self)
@@ -381,14 +384,9 @@ class Session:
             self.sessions[mode].run_with_iobinding(bucket.bindings[mode],
                                                    bucket.run_options[mode])
             if not to_host:
-                return {"batch": batch, "seq": seq, **bucket.outputs}
-            out = {}
-            for name, value in bucket.outputs.items():
-                host = value.numpy()  # on the CPU EP this is a view of the bucket's buffer
-                part = host[:batch, :seq] if self._output_dims[name][1:2] == ("S",) \
-                    else host[:batch]
-                out[name] = part.copy() if self.device == "cpu" else part
-            return out
+                return {"batch": batch, "seq": seq, **{n: bucket.outputs[n] for n in names}}
+            return {n: fetch(bucket.outputs[n], batch, seq, self._output_dims[n][1:2] == ("S",))
+                    for n in names}
 
     def _fill(self, bucket: _Bucket, arrays: dict[str, Any], batch: int, seq: int) -> None:
         host = bucket.host
@@ -516,6 +514,31 @@ def staging(shape: tuple[int, ...], pinned: bool) -> np.ndarray:
         return np.zeros(shape, np.int32)
     host.fill(0)
     return host
+
+
+def select_outputs(available: Sequence[str], outputs: Sequence[str] | str | None) -> list[str]:
+    """The output names a request asks for (default all), or a RequestError."""
+    if outputs is None:
+        return list(available)
+    names = [outputs] if isinstance(outputs, str) else list(outputs)
+    unknown = [n for n in names if n not in available]
+    if unknown or not names:
+        what = f"no output {unknown[0]!r} in this model" if unknown else "outputs is empty"
+        raise RequestError(f"{what}; it has {list(available)}")
+    return names
+
+
+def fetch(value: Any, batch: int, seq: int, has_seq: bool) -> np.ndarray:
+    """A bucket output's rows [:batch] (and positions [:seq] when has_seq) as a new host
+    array. On the GPU only those rows cross the bus; on the CPU EP a copy of the slice."""
+    if value.device_name() == "cuda":
+        shape = value.shape()
+        host = np.empty([batch] + list(shape[1:]), np.float32)
+        if not copy_to_host(host, value.data_ptr()):
+            host = value.numpy()[:batch]
+    else:
+        host = value.numpy()[:batch].copy()  # a view of the bucket's buffer otherwise
+    return host[:, :seq] if has_seq else host
 
 
 def use_packed(mask: Any, below_fill: float) -> bool:
