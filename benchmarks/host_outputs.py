@@ -13,15 +13,11 @@ Also checks that the row-sliced copies equal the whole-bucket ones (max diff).
 
 from __future__ import annotations
 
-import argparse
-import tempfile
-
 import numpy as np
-import onnx
 
-from bertfuse.runtime.bench import prepare_models, time_interleaved
+from bertfuse.runtime.bench import time_interleaved
 from bertfuse.runtime.packed import PackedSession
-from bertfuse.runtime.packed_bench import WORKLOADS, packed_form, request
+from bertfuse.runtime.packed_bench import packed_form, uniform_case
 from bertfuse.runtime.session import Session
 
 
@@ -36,17 +32,8 @@ def whole_buckets(session, ids, mask, segs) -> dict[str, np.ndarray]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--skeleton", required=True)
-    ap.add_argument("--iters", type=int, default=300)
-    args = ap.parse_args()
-    import onnxruntime as ort
-
-    ort.preload_dlls()
-    paths = prepare_models(args.skeleton, tempfile.mkdtemp(), anchors=False)
-    fused = onnx.load(paths["bertfuse16"])
-    _, b, s, lengths = WORKLOADS["uniform [8,64] b20 s64"]
-    ids, mask, segs = request(lengths(np.random.default_rng(7), b, s), s, 1000)
+    args, fused, (ids, mask, segs) = uniform_case(None, __doc__, iters=300)
+    b, s = mask.shape
     kw = dict(max_batch=32, max_seq=s, batch_buckets=(32,), seq_buckets=(s,), device="cuda")
     print(f"request: batch {b} in a bucket of 32, seq {s}, fill {mask.mean():.2f}", flush=True)
     for kind, sess in (("padded", Session(fused, **kw)),

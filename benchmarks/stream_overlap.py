@@ -12,18 +12,12 @@ worker replays, against the same loop alone: whether ORT's run releases the GIL.
 
 from __future__ import annotations
 
-import argparse
-import tempfile
 import threading
 import time
 
-import numpy as np
-import onnx
-
 from bertfuse.passes.packing import choose_shape
-from bertfuse.runtime.bench import prepare_models
 from bertfuse.runtime.packed import PackedSession
-from bertfuse.runtime.packed_bench import WORKLOADS, packed_form, request
+from bertfuse.runtime.packed_bench import packed_form, uniform_case
 from bertfuse.runtime.pool import SessionPool
 from bertfuse.runtime.session import Session
 
@@ -52,17 +46,8 @@ def rate(pool: SessionPool, workers: int, loop, iters: int) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--skeleton", required=True)
-    ap.add_argument("--iters", type=int, default=1500)
-    args = ap.parse_args()
-    import onnxruntime as ort
-
-    ort.preload_dlls()
-    paths = prepare_models(args.skeleton, tempfile.mkdtemp(), anchors=False)
-    fused = onnx.load(paths["bertfuse16"])
-    _, b, s, lengths = WORKLOADS["uniform [8,64] b20 s64"]
-    ids, mask, segs = request(lengths(np.random.default_rng(7), b, s), s, 1000)
+    args, fused, (ids, mask, segs) = uniform_case(None, __doc__, iters=1500)
+    b, s = mask.shape
     print(f"request: batch {b}, seq {s}, fill {mask.mean():.2f}", flush=True)
     kw = dict(max_batch=b, max_seq=s, batch_buckets=(b,), seq_buckets=(s,), device="cuda")
     makers = {"padded": lambda: Session(fused, **kw),

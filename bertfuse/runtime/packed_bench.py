@@ -55,6 +55,28 @@ def request(lengths: np.ndarray, seq: int, vocab: int, seed: int = 1) -> tuple:
     return ids, mask, segs
 
 
+def uniform_case(argv: list[str] | None, description: str, iters: int) -> tuple:
+    """For the GPU scripts in benchmarks/: parses --skeleton/--iters, builds the fp16 fused
+    model from the skeleton, and draws one request of the uniform [8, 64] b20 s64 mix.
+    Returns (args, fused model, (ids, mask, segs))."""
+    import argparse
+    import tempfile
+
+    import onnxruntime as ort
+
+    from bertfuse.runtime.bench import prepare_models
+
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--skeleton", required=True)
+    ap.add_argument("--iters", type=int, default=iters)
+    args = ap.parse_args(argv)
+    ort.preload_dlls()
+    paths = prepare_models(args.skeleton, tempfile.mkdtemp(), anchors=False)
+    _, b, s, lengths = WORKLOADS["uniform [8,64] b20 s64"]
+    return args, onnx.load(paths["bertfuse16"]), request(
+        lengths(np.random.default_rng(7), b, s), s, 1000)
+
+
 def diff(got: dict, want: dict, mask: np.ndarray) -> tuple[float, float]:
     keep = mask != 0
     d_seq = np.abs(got["sequence_output"].astype(np.float64) - want["sequence_output"])[keep]
