@@ -656,6 +656,10 @@ def test_pool_device_outputs_only_inside_the_replicas_turn(models):
             pool.run(**feeds, to_host=False)
         shape = pool.call(lambda s: s.run(**feeds, to_host=False)["sequence_output"].shape())
         assert shape[:2] == list(new_session(models["fp32"]).bucket_for(2, 5))
+        bad = dict(feeds, input_ids=feeds["input_ids"] + VOCAB)  # refused on the worker ...
+        with pytest.raises(RequestError, match="input_ids values"):
+            pool.run(**bad)
+        assert set(pool.run(**feeds)) == set(OUTPUTS)  # ... which goes on serving
     with pytest.raises(ValueError, match="at least 1"):
         SessionPool(lambda: new_session(models["fp32"]), replicas=0)
     with pytest.raises(BertfuseError, match="must be 'auto'"):  # make() fails on its worker
