@@ -12,11 +12,16 @@ from __future__ import annotations
 
 import ctypes
 import weakref
+from typing import Callable
 
 import numpy as np
 
 _LIBS = ("libcudart.so.13", "libcudart.so.12", "libcudart.so")
 _cudart: ctypes.CDLL | None = None
+# cudaMemcpyAsync only queues the copy (a few us): called through PyDLL it keeps the GIL.
+# Through CDLL every call drops and retakes it, and with several threads serving, retaking
+# it means waiting for another thread's Python work (measured: docs/benchmarks.md §4).
+_queue_copy: Callable[..., int] | None = None
 
 
 def _runtime() -> ctypes.CDLL | None:
@@ -36,6 +41,9 @@ def _runtime() -> ctypes.CDLL | None:
                                             ctypes.c_int, ctypes.c_void_p]
             lib.cudaMemcpy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
                                        ctypes.c_int]
+            global _queue_copy
+            _queue_copy = ctypes.PyDLL(name).cudaMemcpyAsync
+            _queue_copy.argtypes = lib.cudaMemcpyAsync.argtypes
             _cudart = lib
             break
     return _cudart
@@ -75,8 +83,8 @@ def new_stream() -> int | None:
 def copy_to_device_async(device_ptr: int, host: np.ndarray, stream: int) -> None:
     """Queues host -> device on `stream`; `host` must stay untouched until the stream syncs."""
     lib = _runtime()
-    status = lib.cudaMemcpyAsync(device_ptr, host.ctypes.data, host.nbytes, _HOST_TO_DEVICE,
-                                 stream) if lib is not None else -1
+    status = _queue_copy(device_ptr, host.ctypes.data, host.nbytes, _HOST_TO_DEVICE,
+                         stream) if lib is not None else -1
     if status != 0:
         raise RuntimeError(f"cudaMemcpyAsync failed with CUDA error {status}")
 
