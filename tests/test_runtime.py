@@ -660,6 +660,8 @@ def test_pool_device_outputs_only_inside_the_replicas_turn(models):
         with pytest.raises(RequestError, match="input_ids values"):
             pool.run(**bad)
         assert set(pool.run(**feeds)) == set(OUTPUTS)  # ... which goes on serving
+    with pytest.raises(RuntimeError, match="closed"):
+        pool.run(**feeds)
     with pytest.raises(ValueError, match="at least 1"):
         SessionPool(lambda: new_session(models["fp32"]), replicas=0)
     with pytest.raises(BertfuseError, match="must be 'auto'"):  # make() fails on its worker

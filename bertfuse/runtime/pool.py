@@ -101,6 +101,7 @@ class SessionPool:
             raise ValueError(f"replicas must be at least 1, not {replicas}")
         self.replicas: list[Any] = [None] * replicas
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._closed = False
         started: list[Future] = [Future() for _ in range(replicas)]
         self._workers = [threading.Thread(target=self._serve, args=(i, make, prepare, started[i]),
                                           name=f"bertfuse-replica-{i}", daemon=True)
@@ -139,6 +140,8 @@ class SessionPool:
     def submit(self, fn: Callable[[Any], Any]) -> Future:
         """fn(replica) on the first free replica's thread. Device outputs of
         run(..., to_host=False) are valid inside fn only: the replica takes the next job next."""
+        if self._closed:
+            raise RuntimeError("this SessionPool is closed")
         future: Future = Future()
         self._jobs.put((fn, future))
         return future
@@ -155,6 +158,9 @@ class SessionPool:
 
     def close(self) -> None:
         """Stops the workers once the queued jobs are done."""
+        if self._closed:
+            return
+        self._closed = True
         for _ in self._workers:
             self._jobs.put(None)
         for worker in self._workers:
