@@ -15,24 +15,10 @@ from __future__ import annotations
 import threading
 import time
 
-from bertfuse.passes.packing import choose_shape
 from bertfuse.runtime.packed import PackedSession
 from bertfuse.runtime.packed_bench import packed_form, uniform_case
 from bertfuse.runtime.pool import SessionPool
 from bertfuse.runtime.session import Session
-
-
-def replay_call(session, ids, mask, segs):
-    """The bare ORT run of the bucket this request lands in (after one full run)."""
-    session.run(ids, mask, segs, to_host=False)
-    if isinstance(session, PackedSession):
-        b, s = mask.shape
-        bucket = session._bucket(choose_shape(session.shapes_for(b, s), b, int(mask.sum())))
-        return lambda: session.session.run_with_iobinding(bucket.binding, bucket.run_options)
-    bucket = session._bucket(*session.bucket_for(*mask.shape))
-    mode = session._session_for(mask, bucket, *mask.shape)
-    return lambda: session.sessions[mode].run_with_iobinding(bucket.bindings[mode],
-                                                             bucket.run_options[mode])
 
 
 def rate(pool: SessionPool, workers: int, loop, iters: int) -> float:
@@ -58,7 +44,7 @@ def main() -> None:
             pool = SessionPool(make, n, prepare=lambda sess: sess.run(ids, mask, segs))
 
             def replay_loop(sess, k):
-                call = replay_call(sess, ids, mask, segs)
+                call = sess.replay_call(mask)  # the pool's prepare() warmed this bucket
                 for _ in range(k):
                     call()
 

@@ -108,7 +108,7 @@ def test_packed_fp16_restores_before_the_output_cast(ckpt_erf, tmp_path, capsys)
 
 
 def test_runtime_packs_only_low_fill_requests():
-    from bertfuse.runtime.session import use_packed
+    from bertfuse.runtime.session import tokens_to_pack as use_packed
 
     low = np.zeros((4, 32), np.int32)
     low[:, :6] = 1

@@ -245,6 +245,17 @@ def test_outputs_selects_what_is_returned(sessions, references):
         assert "pooled_output" in str(info.value)  # the message lists what there is
 
 
+def test_replay_call_runs_what_run_would(models):
+    """The benchmarks' bare replay: the same variant session and bucket run() uses."""
+    s = new_session(models["fp32"], right_padded="keylen")
+    log = record_modes(s)
+    for kinds in (("right",), ("hole",)):
+        b = make_request(np.random.default_rng(24), 3, 12, kinds)
+        s.run(**b)
+        s.replay_call(b["input_mask"])()
+        assert log[-1] == log[-2], log
+
+
 def test_session_rejects_bad_construction(models):
     with pytest.raises(BertfuseError, match="device must be 'cuda' or 'cpu'"):
         Session(models["fp32"], device="tpu")

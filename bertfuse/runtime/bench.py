@@ -315,9 +315,7 @@ def _host_split(sess, feeds: dict[str, np.ndarray], iters: int) -> str:
         sess._fill(bucket, sess._check(dict(feeds)), batch, seq)
 
     prep, _ = time_calls(prepare, iters)
-    ro = bucket.run_options[mode]
-    replay, _ = time_calls(lambda: sess.sessions[mode].run_with_iobinding(
-        bucket.bindings[mode], ro), iters)
+    replay, _ = time_calls(sess.replay_call(feeds["input_mask"]), iters)
     graph = "CUDA graph" if sess.cuda_graph else f"no graph: {sess.fallback_reason}"
     return f"{graph}; attention mask path: {mode}; prep {prep:.0f} us + ORT run {replay:.0f} us"
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import onnx
@@ -97,12 +97,9 @@ class PackedSession:
         self._shapes: dict[tuple[int, int], list[PackedShape]] = {}
 
     def _new_session(self):
+        providers = cuda_providers(self._ort, self.cuda_graph, self.stream, self._provider_options)
         with GATE.capturing():  # ORT allocates weights on the device: not during a capture
-            return self._new_session_now()
-
-    def _new_session_now(self):
-        return self._ort.InferenceSession(self._data, self._opts, providers=cuda_providers(
-            self._ort, self.cuda_graph, self.stream, self._provider_options))
+            return self._ort.InferenceSession(self._data, self._opts, providers=providers)
 
     def _graph_off(self, exc: Exception) -> None:
         """Capture impossible: plain IO binding from here on."""
@@ -181,6 +178,14 @@ class PackedSession:
             return self._new_bucket(shape)
         return bucket
 
+    def replay_call(self, mask: np.ndarray) -> Callable[[], None]:
+        """ORT's run alone (the graph replay) of the warm token bucket that a request with
+        this mask lands in: benchmarks time it apart from packing the request."""
+        batch, seq = mask.shape
+        shape = choose_shape(self.shapes_for(batch, seq), batch, int(np.count_nonzero(mask)))
+        bucket = self._buckets[shape]
+        return lambda: self.session.run_with_iobinding(bucket.binding, bucket.run_options)
+
     # -- requests ---------------------------------------------------------------------------
 
     @staticmethod
@@ -213,13 +218,16 @@ class PackedSession:
         return self.run_checked(arrays, to_host, names)
 
     def run_checked(self, arrays: dict[str, np.ndarray], to_host: bool = True,
-                    outputs: Sequence[str] | None = None) -> dict[str, Any]:
+                    outputs: Sequence[str] | None = None,
+                    tokens: int | None = None) -> dict[str, Any]:
         """run() for arrays already checked (check_request with value ranges, every row
-        keeping a token) and output names already selected: Session routes requests here."""
+        keeping a token) and output names already selected: Session routes requests here,
+        with the mask's kept-token count when it has it."""
         names = list(self.facts.outputs) if outputs is None else outputs
         mask = arrays["input_mask"]
         batch, seq = mask.shape
-        tokens = int(np.count_nonzero(mask))
+        if tokens is None:
+            tokens = int(np.count_nonzero(mask))
         with self._lock, GATE.running():
             claim_thread(self)
             shape = choose_shape(self.shapes_for(batch, seq), batch, tokens)

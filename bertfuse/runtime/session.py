@@ -14,7 +14,7 @@ from __future__ import annotations
 import bisect
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -217,23 +217,20 @@ class Session:
         return self.right_padded if kind == "keylen" else kind
 
     def _make_session(self, proto: onnx.ModelProto):
-        with GATE.capturing():  # ORT allocates weights on the device: not during a capture
-            return self._make_session_now(proto)
-
-    def _make_session_now(self, proto: onnx.ModelProto):
         ort = self._ort
         data = proto.SerializeToString()
-        try:
-            return ort.InferenceSession(data, self._opts, providers=self._providers)
-        except Exception as exc:
-            if not self.cuda_graph:
-                raise
-            # Capture needs every node on the GPU; fall back to plain IO binding.
-            self.cuda_graph = False
-            self.fallback_reason = str(exc).splitlines()[0][:200]
-            name, opts = self._providers[0]
-            self._providers = [(name, {**opts, "enable_cuda_graph": "0"})]
-            return ort.InferenceSession(data, self._opts, providers=self._providers)
+        with GATE.capturing():  # ORT allocates weights on the device: not during a capture
+            try:
+                return ort.InferenceSession(data, self._opts, providers=self._providers)
+            except Exception as exc:
+                if not self.cuda_graph:
+                    raise
+                # Capture needs every node on the GPU; fall back to plain IO binding.
+                self.cuda_graph = False
+                self.fallback_reason = str(exc).splitlines()[0][:200]
+                name, opts = self._providers[0]
+                self._providers = [(name, {**opts, "enable_cuda_graph": "0"})]
+                return ort.InferenceSession(data, self._opts, providers=self._providers)
 
     # -- buckets ----------------------------------------------------------------------------
 
@@ -366,11 +363,11 @@ class Session:
         arrays = self._check(given)
         batch, seq = arrays["input_ids"].shape
         mask = arrays.get("input_mask")
-        if self.packed is not None and use_packed(mask, self.pack_below_fill) and \
-                all(isinstance(a, np.ndarray) for a in arrays.values()):
+        tokens = tokens_to_pack(mask, self.pack_below_fill) if self.packed is not None else None
+        if tokens is not None and all(isinstance(a, np.ndarray) for a in arrays.values()):
             if self.validate:  # the packed path stages them otherwise: check them now
                 check_ranges(arrays, self.facts, staged=True)
-            out = self.packed.run_checked(arrays, to_host=to_host, outputs=names)
+            out = self.packed.run_checked(arrays, to_host=to_host, outputs=names, tokens=tokens)
             return out if to_host else {"batch": batch, "seq": seq, **out}
         with self._lock, GATE.running():
             claim_thread(self)
@@ -387,6 +384,17 @@ class Session:
                 return {"batch": batch, "seq": seq, **{n: bucket.outputs[n] for n in names}}
             return {n: fetch(bucket.outputs[n], batch, seq, self._output_dims[n][1:2] == ("S",))
                     for n in names}
+
+    def replay_call(self, mask: np.ndarray) -> Callable[[], None]:
+        """ORT's run alone (the graph replay) of the warm bucket and mask variant that a request
+        with this [batch, seq] mask is served by: benchmarks time it apart from preparing
+        the request."""
+        batch, seq = mask.shape
+        bucket = self._buckets[self.bucket_for(batch, seq)]
+        mode = self._session_for(mask, bucket, batch, seq)
+        session, binding, options = self.sessions[mode], bucket.bindings[mode], \
+            bucket.run_options[mode]
+        return lambda: session.run_with_iobinding(binding, options)
 
     def _fill(self, bucket: _Bucket, arrays: dict[str, Any], batch: int, seq: int) -> None:
         host = bucket.host
@@ -541,13 +549,17 @@ def fetch(value: Any, batch: int, seq: int, has_seq: bool) -> np.ndarray:
     return host[:, :seq] if has_seq else host
 
 
-def use_packed(mask: Any, below_fill: float) -> bool:
-    """Pack a request when its fill (kept tokens / all positions) is under `below_fill` and
-    every row keeps a token; device-resident masks stay on the padded path. Full batches
-    are turned away after one count."""
-    if not isinstance(mask, np.ndarray) or np.count_nonzero(mask) >= below_fill * mask.size:
-        return False
-    return bool(mask.any(axis=1).all())
+def tokens_to_pack(mask: Any, below_fill: float) -> int | None:
+    """The request's kept-token count when it should be packed: its fill (kept tokens / all
+    positions) is under `below_fill` and every row keeps a token. None otherwise, and for
+    device-resident masks, which stay on the padded path. Full batches are turned away
+    after one count."""
+    if not isinstance(mask, np.ndarray):
+        return None
+    tokens = int(np.count_nonzero(mask))
+    if tokens >= below_fill * mask.size or not mask.any(axis=1).all():
+        return None
+    return tokens
 
 
 def _declared_output_dims(model: onnx.ModelProto) -> dict[str, tuple] | None:
