@@ -140,6 +140,13 @@ def _canonicalise_io(model: onnx.ModelProto, src: TFSource) -> None:
         fixed = src.fixed_seq
         new_inputs.append(helper.make_tensor_value_info(role, TensorProto.INT32,
                                                         ["batch", fixed or "seq"]))
+    # One interface for every model: a model without token types (DistilBERT, RoBERTa-style
+    # encoders) still takes segment_ids, and ignores it, so servers need no per-model case.
+    for role in ROLES:
+        if role not in src.inputs and role != "input_ids":
+            new_inputs.append(helper.make_tensor_value_info(role, TensorProto.INT32,
+                                                            ["batch", src.fixed_seq or "seq"]))
+    new_inputs.sort(key=lambda i: order.get(i.name, 9))
     del graph.input[:]
     graph.input.extend(new_inputs)
     for c in reversed(casts):

@@ -74,7 +74,8 @@ def _detect_outputs(graph_def) -> list[str]:
 
 def source_from_graph_def(graph_def, kind: str, path: str, inputs: dict[str, str] | None,
                           outputs: list[str] | None, role_override: dict[str, str],
-                          output_names: dict[str, str] | None = None) -> TFSource:
+                          output_names: dict[str, str] | None = None,
+                          output_ranks: dict[str, int | None] | None = None) -> TFSource:
     """Shared tail of frozen/SavedModel/Keras: roles, outputs, externalised weights."""
     import tensorflow as tf
 
@@ -112,6 +113,12 @@ def source_from_graph_def(graph_def, kind: str, path: str, inputs: dict[str, str
         name = canonical_output_name(shown, None, set(canon))
         canon[name] = out
         original[name] = shown
+    # A backbone that returns one unnamed [B, S, H] tensor (keras-hub's DistilBERT, RoBERTa):
+    # that tensor is the sequence output.
+    rank3 = [n for n, t in canon.items() if (output_ranks or {}).get(t) == 3]
+    if "sequence_output" not in canon and len(rank3) == 1:
+        canon["sequence_output"] = canon.pop(rank3[0])
+        original["sequence_output"] = original.pop(rank3[0])
     weights = externalize_weights(graph_def)
     vocab, type_vocab, max_pos = _table_sizes(graph_def, weights)
     return TFSource(kind=kind, path=path, graph_def=graph_def, weights=weights, inputs=inputs,

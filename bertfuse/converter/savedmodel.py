@@ -10,8 +10,9 @@ from bertfuse.converter.source import TFSource
 from bertfuse.errors import BertfuseError
 
 
-def _freeze(concrete) -> tuple[object, dict[str, str], dict[str, str]]:
-    """Freezes a concrete function; returns (graph_def, {arg name: tensor}, {out key: tensor})."""
+def _freeze(concrete) -> tuple[object, dict[str, str], dict[str, str], list[int | None]]:
+    """Freezes a concrete function; returns (graph_def, {arg name: tensor}, {out key: tensor},
+    the outputs' ranks)."""
     from tensorflow.python.framework.convert_to_constants import (
         convert_variables_to_constants_v2,
     )
@@ -55,12 +56,13 @@ def _freeze(concrete) -> tuple[object, dict[str, str], dict[str, str]]:
         elif all(isinstance(p, int) for p in path):  # a list/tuple of tensors
             key = f"output_{key}"
         out_map[key] = frozen.outputs[i].name
-    return graph_def, structured, out_map
+    return graph_def, structured, out_map, [t.shape.rank for t in frozen.outputs]
 
 
 def _source_from_concrete(concrete, kind: str, path: str, role_override: dict[str, str],
                           outputs: list[str] | None) -> TFSource:
-    graph_def, structured, out_map = _freeze(concrete)
+    graph_def, structured, out_map, ranks = _freeze(concrete)
+    rank_of = dict(zip(out_map.values(), ranks))
     roles = assign_roles(list(structured), role_override)
     inputs = {r: structured[n] for r, n in roles.items()}
     if outputs:
@@ -71,7 +73,8 @@ def _source_from_concrete(concrete, kind: str, path: str, role_override: dict[st
         out_map = {k: out_map[k] for k in outputs}
     tensors = list(out_map.values())
     names = {t: k for k, t in out_map.items()}
-    src = source_from_graph_def(graph_def, kind, path, inputs, tensors, {}, output_names=names)
+    src = source_from_graph_def(graph_def, kind, path, inputs, tensors, {}, output_names=names,
+                                output_ranks={t: rank_of.get(t) for t in tensors})
     src.original_names.update({r: n for r, n in roles.items()})
     return src
 

@@ -100,7 +100,10 @@ def _find_projections(start: gs.Tensor, limit: int = 40) -> tuple[list[gs.Node],
         factor = _scalar_factor(node)
         if factor is not None:
             scales.append(factor[1])
-        stack.extend(i for i in node.inputs if const_value(i) is None)
+        # Data inputs only: a Reshape's target shape (Shape of some earlier tensor) is not
+        # part of the dataflow and would reach unrelated dense layers.
+        data = node.inputs[:1] if node.op in ("Reshape", "Expand", "Tile") else node.inputs
+        stack.extend(i for i in data if const_value(i) is None)
     return found, scales
 
 

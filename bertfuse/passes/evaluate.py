@@ -157,6 +157,8 @@ def ancestors(tensors: Iterable[gs.Tensor], cut: Iterable[gs.Tensor] = ()
     stack = list(tensors)
     while stack:
         t = stack.pop()
+        if not t.name and not t.inputs:  # an absent optional input ("")
+            continue
         if id(t) in cut_ids:
             sources[id(t)] = t
             continue

@@ -64,17 +64,18 @@ def default_passes(precision: str = "fp32") -> list[Pass]:
     from bertfuse.passes.gelu import GeluFusion
     from bertfuse.passes.hidden_3d import Hidden3DPass
     from bertfuse.passes.layernorm import LayerNormFusion
+    from bertfuse.passes.shared_weights import SharedWeights
     from bertfuse.passes.shape_from_inputs import ShapeFromInputs
     from bertfuse.passes.skip_layernorm import SkipLayerNormFusion
 
     passes: list[Pass] = [Cleanup(), GemmToMatMul(), LayerNormFusion(), EmbedLayerNormFusion(), GeluFusion(),
                           AttentionFusion(), SkipLayerNormFusion(), Cleanup(), ShapeFromInputs(),
                           Cleanup(), Hidden3DPass(),
-                          DenseGemmFusion(), Cleanup()]
+                          DenseGemmFusion(), Cleanup(), SharedWeights()]
     if precision == "fp16":
         from bertfuse.passes.fp16 import Fp16Pass
 
-        passes += [Fp16Pass(), Cleanup()]
+        passes += [Fp16Pass(), Cleanup(), SharedWeights()]
     return passes
 
 
