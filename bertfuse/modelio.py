@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import onnx
 
 from bertfuse.errors import BertfuseError
+from bertfuse.safety import (check_replaceable, held, mode_of, pause_point, replace_file,
+                             temp_dir, temp_file)
 
 # Protobuf cannot serialise a message over 2 GB; keep a margin.
 EXTERNAL_DATA_THRESHOLD = 1_800_000_000
@@ -41,14 +42,15 @@ def check_model(model: onnx.ModelProto, providers: list[str] | None = None,
     load=False skips the session (packed models: their kernels exist on CUDA only)."""
     import onnxruntime as ort
 
-    with tempfile.TemporaryDirectory(prefix="bertfuse-check-") as tmp:
-        path = Path(tmp) / "model.onnx"
+    with temp_dir(prefix="bertfuse-check-") as tmp:
+        path = tmp / "model.onnx"
         if _save(model, path):
             # Saving with external data moved the weights out of `model`: take them back
             # before the temporary directory goes.
             from onnx.external_data_helper import load_external_data_for_model
 
-            load_external_data_for_model(model, tmp)
+            load_external_data_for_model(model, str(tmp))
+        pause_point("check-tmp")
         try:
             onnx.checker.check_model(str(path))
         except Exception as exc:
@@ -76,27 +78,31 @@ def _save(model: onnx.ModelProto, path: Path) -> bool:
 
 
 def save_model(model: onnx.ModelProto, path: str | Path) -> Path:
-    """Writes to a temporary name beside the target, then renames: never a half-written file."""
+    """Writes to temporaries beside the target, then renames: never a half-written file, and
+    never over anything but a regular file. A replaced file keeps its permission bits."""
     path = Path(path)
     if path.parent and not path.parent.exists():
         raise BertfuseError(f"{path.parent}: output directory does not exist")
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
-    os.close(fd)
-    tmp = Path(tmp_name)
-    data_tmp = Path(str(tmp) + ".data")
-    try:
-        external = model_bytes(model) > EXTERNAL_DATA_THRESHOLD
-        if external:
-            # The data file name is recorded inside the model: write it under its final name.
-            onnx.save_model(model, str(tmp), save_as_external_data=True,
-                            all_tensors_to_one_file=True, location=path.name + ".data",
-                            size_threshold=1024)
-        else:
+    check_replaceable(path)
+    mode = mode_of(path)
+    if model_bytes(model) <= EXTERNAL_DATA_THRESHOLD:
+        with temp_file(path) as tmp:
             onnx.save_model(model, str(tmp))
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        for p in (tmp, data_tmp):
-            p.unlink(missing_ok=True)
-        raise
+            os.chmod(tmp, mode)
+            pause_point("save-tmp")
+            replace_file(tmp, path)
+        return path
+    # The data file's name is recorded inside the model: write both under their final names
+    # in a private directory beside the target, then rename the data file, then the model.
+    data = path.with_name(path.name + ".data")
+    check_replaceable(data)
+    with temp_dir(path.parent, prefix=f".{path.name}.") as tmp:
+        onnx.save_model(model, str(tmp / path.name), save_as_external_data=True,
+                        all_tensors_to_one_file=True, location=data.name, size_threshold=1024)
+        for p in (tmp / path.name, tmp / data.name):
+            os.chmod(p, mode)
+        pause_point("save-tmp")
+        with held():
+            replace_file(tmp / data.name, data)
+            replace_file(tmp / path.name, path)
     return path

@@ -65,6 +65,37 @@ def _head_spec(names: set[str], cfg: BertConfig) -> HeadSpec | None:
     return HeadSpec(mlp, has_output, cfg.head_activation)
 
 
+def _natural(name: str) -> list:
+    """layer_2 before layer_10."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+
+def _check_consistent(prefix: str, cfg: BertConfig, var_shapes: dict,
+                      wanted: dict[str, tuple[int, ...]]) -> None:
+    """The config's graph uses every encoder (bert/) variable of the checkpoint, and each
+    variable it needs is there with its shape; the first offender is named. (TF is rebuilt
+    from the same config, so parity cannot see a config that truncates the checkpoint.)"""
+    names = set(var_shapes)
+    missing = sorted((n for n in wanted if n not in names), key=_natural)
+    if missing and not any(n.startswith("bert/") for n in names):
+        raise BertfuseError(f"{prefix}: checkpoint lacks {len(missing)} BERT variables, "
+                            f"e.g. {missing[0]} (is it Google's layout?)")
+    if missing:
+        raise BertfuseError(f"config does not match checkpoint: the config "
+                            f"({cfg.num_hidden_layers} layers) needs {missing[0]}, which the "
+                            f"checkpoint lacks ({len(missing)} variables missing)")
+    for name, shp in wanted.items():
+        if tuple(var_shapes[name]) != shp:
+            raise BertfuseError(f"config does not match checkpoint: {name} has shape "
+                                f"{list(var_shapes[name])}, config implies {list(shp)}")
+    unused = sorted((n for n in names if n.startswith("bert/") and n not in wanted
+                     and not _SLOT.search(n)), key=_natural)
+    if unused:
+        raise BertfuseError(f"config does not match checkpoint: the checkpoint has {unused[0]}, "
+                            f"which the config ({cfg.num_hidden_layers} layers) does not use "
+                            f"({len(unused)} variables unused)")
+
+
 def load_checkpoint(path: str, config_path: str | None = None) -> TFSource:
     import tensorflow as tf
 
@@ -78,14 +109,7 @@ def load_checkpoint(path: str, config_path: str | None = None) -> TFSource:
                             f"{str(exc).splitlines()[0][:200]})") from None
     names = set(var_shapes)
     wanted = expected_shapes(cfg)
-    missing = sorted(n for n in wanted if n not in names)
-    if missing:
-        raise BertfuseError(f"{prefix}: checkpoint lacks {len(missing)} BERT variables, "
-                            f"e.g. {missing[0]} (is it Google's layout?)")
-    for name, shp in wanted.items():
-        if tuple(var_shapes[name]) != shp:
-            raise BertfuseError(f"config does not match checkpoint: {name} has shape "
-                                f"{list(var_shapes[name])}, config implies {list(shp)}")
+    _check_consistent(prefix, cfg, var_shapes, wanted)
     head = _head_spec(names, cfg)
     head_vars = []
     if head:

@@ -64,6 +64,8 @@ class BertConfig:
             raise BertfuseError(f"{path}: bert_config.json not found") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise BertfuseError(f"{path}: not valid JSON ({exc})") from None
+        except RecursionError:
+            raise BertfuseError(f"{path}: not a BERT config (JSON nested too deeply)") from None
         except OSError as exc:  # a directory, unreadable, ...
             raise BertfuseError(f"{path}: cannot read bert_config.json "
                                 f"({exc.strerror or exc})") from None
