@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from typing import Callable
 
@@ -59,6 +60,13 @@ def _add_fusion_args(p: argparse.ArgumentParser) -> None:
                    help="fail (exit 1, nothing written) if any layer is left unfused")
 
 
+def _add_write_target(p: argparse.ArgumentParser, what: str) -> None:
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("-o", "--output", help=f"{what} (never one of the inputs)")
+    g.add_argument("--in-place", action="store_true",
+                   help="rewrite MODEL itself: a temp file beside it replaces it after success")
+
+
 def _add_output_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("output")
     g.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
@@ -74,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True, help="output directory")
     p.add_argument("--head", action="store_true", help="add a ranking head (MLP + output layer)")
     p.add_argument("--hidden-act", help="override hidden_act (gelu = erf, gelu_new = tanh)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_int_at_least(0), default=0)
     _add_output_args(p)
 
     p = sub.add_parser("convert", help="TF BERT -> fused ONNX, verified against TF")
@@ -94,13 +102,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("optimize", help="run the fusion passes on a raw tf2onnx model")
     p.add_argument("model", help="raw ONNX exported by tf2onnx")
-    p.add_argument("-o", "--output", required=True, help="output .onnx")
+    _add_write_target(p, "output .onnx")
     _add_fusion_args(p)
     _add_output_args(p)
 
     p = sub.add_parser("strip-weights", help="drop large initializers' bytes (keep shape/dtype)")
     p.add_argument("model", help="ONNX model")
-    p.add_argument("-o", "--output", required=True, help="output skeleton .onnx")
+    _add_write_target(p, "output skeleton .onnx")
     p.add_argument("--fill", type=int, metavar="SEED",
                    help="instead: refill a stripped model with seeded random weights")
     _add_output_args(p)
@@ -172,7 +180,7 @@ def _cmd_example(args, console) -> int:
     if args.json:
         print(json.dumps({"output": str(out), "config": args.config}))
     else:
-        console.print(f"wrote {args.config} example to [bold]{out}[/bold]")
+        console.print(f"wrote {args.config} example to {out}", markup=False, highlight=False)
     return 0
 
 
@@ -219,22 +227,67 @@ def _show(args, console, report) -> None:
 def _cmd_convert(args, console) -> int:
     from bertfuse import pipeline
 
-    _check_output_path(args.output)
+    _check_verify_size(args)
+    _check_output_path(args.output, *_convert_sources(args))
     return _run_with_report(args, console, lambda up: pipeline.convert(
         args.source, args.output, _options(args), up))
+
+
+def _convert_sources(args) -> tuple[list[str], list[str]]:
+    """(files, directories) `convert` reads: the output may be none of them, nor inside one."""
+    import glob
+
+    files, dirs = [args.config] if args.config else [], []
+    src = args.source
+    if os.path.isdir(src):
+        return files, dirs + [src]
+    files.append(src)
+    prefix = re.sub(r"(\.index|\.data-\d+-of-\d+)$", "", src)
+    if args.kind == "checkpoint" or os.path.exists(prefix + ".index"):
+        # A checkpoint prefix: its shards, and the config and `checkpoint` file beside it.
+        beside = os.path.dirname(os.path.abspath(prefix))
+        files += glob.glob(glob.escape(prefix) + ".*")
+        files += [os.path.join(beside, n) for n in ("bert_config.json", "checkpoint")]
+    return files, dirs
+
+
+def _target(args) -> str:
+    """-o, or with --in-place the model itself (a symlink's target, never the link)."""
+    if not args.in_place:
+        _check_output_path(args.output, [args.model])
+        return args.output
+    from bertfuse.safety import check_replaceable
+
+    target = os.path.realpath(args.model)
+    if not os.path.exists(target):
+        raise BertfuseError(f"{args.model}: no such file")
+    check_replaceable(target)
+    return target
+
+
+def _check_verify_size(args) -> None:
+    """Random verification inputs past this many tokens only exhaust memory."""
+    tokens = getattr(args, "batch", 1) * getattr(args, "seq", 1)
+    if tokens > _MAX_VERIFY_TOKENS:
+        raise BertfuseError(f"--batch {args.batch} x --seq {args.seq} is {tokens} tokens; "
+                            f"the comparison takes at most {_MAX_VERIFY_TOKENS}")
+
+
+_MAX_VERIFY_TOKENS = 1 << 16
 
 
 def _cmd_optimize(args, console) -> int:
     from bertfuse import pipeline
 
-    _check_output_path(args.output)
+    target = _target(args)
     return _run_with_report(args, console, lambda up: pipeline.optimize(
-        args.model, args.output, up, args.strict, args.precision, args.packed))
+        args.model, target, up, args.strict, args.precision, args.packed))
 
 
 def _cmd_verify(args, console) -> int:
     from bertfuse import pipeline
 
+    _check_verify_size(args)
     return _run_with_report(args, console, lambda up: pipeline.verify(
         args.model, args.against, _options(args), up))
 
@@ -243,7 +296,7 @@ def _cmd_strip(args, console) -> int:
     from bertfuse.modelio import load_model, save_model
     from bertfuse.runtime.weights import fill_weights, is_stripped, strip_weights
 
-    _check_output_path(args.output)
+    target = _target(args)
     model = load_model(args.model)
     if args.fill is not None:
         if not is_stripped(model):
@@ -252,11 +305,11 @@ def _cmd_strip(args, console) -> int:
         count, verb = fill_weights(model, args.fill), "refilled"
     else:
         count, verb = strip_weights(model), "stripped"
-    save_model(model, args.output)
+    save_model(model, target)
     if args.json:
-        print(json.dumps({"output": args.output, verb: count}))
+        print(json.dumps({"output": target, verb: count}))
     else:
-        console.print(f"{verb} {count} initializers -> [bold]{args.output}[/bold]")
+        console.print(f"{verb} {count} initializers -> {target}", markup=False, highlight=False)
     return 0
 
 
@@ -276,24 +329,19 @@ def _cmd_inspect(args, console) -> int:
 def _cmd_summarize(args, console) -> int:
     from bertfuse.inspect.summary import dumps, summarize
 
+    from bertfuse.safety import write_text
+
     if args.output:
-        _check_output_path(args.output)
+        _check_output_path(args.output, [args.model])
     text = dumps(summarize(args.model))
     if not args.output:
         sys.stdout.write(text)
         return 0
-    import tempfile
-
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(args.output)}.", suffix=".tmp",
-                               dir=os.path.dirname(os.path.abspath(args.output)))
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, args.output)
+    write_text(args.output, text)
     if args.json:
         print(json.dumps({"output": args.output}))
     else:
-        console.print(f"wrote summary to [bold]{args.output}[/bold]")
+        console.print(f"wrote summary to {args.output}", markup=False, highlight=False)
     return 0
 
 
@@ -302,6 +350,8 @@ def _cmd_diff(args, console) -> int:
         numeric_diff, parse_fail_on
     from bertfuse.inspect.summary import load_summary
 
+    if args.numeric:
+        _check_verify_size(args)
     fail_on = parse_fail_on(args.fail_on)
     a, b = load_summary(args.a), load_summary(args.b)
     result = diff_summaries(a, b, args.a, args.b, fail_on)
@@ -329,7 +379,7 @@ def _cmd_draw(args, console) -> int:
     from bertfuse.inspect.draw import render, to_dot
     from bertfuse.inspect.summary import load_light
 
-    _check_output_path(args.output)
+    _check_output_path(args.output, [args.model, args.before])
     model = load_light(args.model)
     before = load_light(args.before) if args.before else None
     dot = to_dot(model, args.layer, before, name=os.path.basename(args.model),
@@ -338,23 +388,42 @@ def _cmd_draw(args, console) -> int:
     if args.json:
         print(json.dumps({"output": str(out), "layer": args.layer}))
     else:
-        console.print(f"drew layer {args.layer} to [bold]{out}[/bold]")
+        console.print(f"drew layer {args.layer} to {out}", markup=False, highlight=False)
     return 0
 
 
-def _check_output_path(path: str) -> None:
-    parent = os.path.dirname(os.path.abspath(path))
-    if os.path.exists(parent) and not os.path.isdir(parent):
-        raise BertfuseError(f"{path}: {parent} is not a directory")
-    if not os.path.isdir(parent):
-        raise BertfuseError(f"{path}: output directory {parent} does not exist")
-    if os.path.isdir(path):
-        raise BertfuseError(f"{path}: is a directory, expected a .onnx file path")
+def _check_output_path(path: str, inputs: list[str | None] = (),
+                       source_dirs: list[str] = ()) -> None:
+    """Refuses an output that is an input, lies in a source directory, or is not a regular
+    file (bertfuse/safety.py)."""
+    from bertfuse.safety import check_output
+
+    check_output(path, [i for i in inputs if i], source_dirs)
 
 
 COMMANDS = {"example": _cmd_example, "convert": _cmd_convert, "optimize": _cmd_optimize,
             "verify": _cmd_verify, "strip-weights": _cmd_strip, "inspect": _cmd_inspect,
             "summarize": _cmd_summarize, "diff": _cmd_diff, "draw": _cmd_draw}
+
+
+def _resource_or_tf_error(exc: Exception) -> str | None:
+    """Bad input that surfaces as a library error: memory exhausted, or TF's
+    InvalidArgumentError/ResourceExhaustedError from running the user's model, whose first
+    line ("Graph execution error:") says nothing: the line that does, and the node."""
+    if isinstance(exc, MemoryError):
+        return f"out of memory ({str(exc) or 'MemoryError'}); try a smaller --batch/--seq"
+    name = type(exc).__name__
+    if not type(exc).__module__.startswith("tensorflow") or \
+            name not in ("InvalidArgumentError", "ResourceExhaustedError"):
+        return None
+    lines = [ln.strip() for ln in str(getattr(exc, "message", None) or exc).splitlines()]
+    node = next((ln[len("Node:"):].strip(" '") for ln in lines if ln.startswith("Node:")), "")
+    skip = ("Graph execution error", "Detected at node", "Node:", "[[", "Original stack trace",
+            "File ", "Traceback")
+    body = next((ln for ln in lines if ln and not ln.startswith(skip)), name)
+    hint = "; try a smaller --batch/--seq" if name == "ResourceExhaustedError" else ""
+    return (f"TensorFlow failed running the source model ({name}"
+            f"{' at node ' + node if node else ''}): {body[:300]}{hint}")
 
 
 def _one_line(text: str) -> str:
@@ -380,8 +449,11 @@ def main(argv: list[str] | None = None) -> int:
         err.print(_one_line(exc), highlight=False, soft_wrap=True)
         return exc.exit_code
     console = Console(stderr=args.json)
+    from bertfuse.safety import Terminated, handle_signals
+
     try:
-        return COMMANDS[args.command](args, console)
+        with handle_signals():  # SIGTERM/SIGHUP unwind like Ctrl-C: every temp goes
+            return COMMANDS[args.command](args, console)
     except BertfuseError as exc:
         if args.debug:
             raise
@@ -398,9 +470,17 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         err.print("bertfuse: interrupted")
         return 130
+    except Terminated as exc:
+        err.print("bertfuse: terminated")
+        return 128 + exc.signo
     except Exception as exc:  # a bug of ours: one line, the traceback with --debug
         if args.debug:
             raise
+        bad = _resource_or_tf_error(exc)
+        if bad:
+            err.print(f"[red]bertfuse: error:[/red] {_one_line(bad)}", highlight=False,
+                      soft_wrap=True)
+            return 2
         err.print(f"[red]bertfuse: internal error:[/red] {type(exc).__name__}: "
                   f"{_one_line(str(exc).splitlines()[0]) if str(exc).strip() else ''} (rerun with --debug)",
                   highlight=False, soft_wrap=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from bertfuse.pipeline import RunReport
@@ -12,7 +13,7 @@ def print_report(report: RunReport, console: Console) -> None:
     if report.original_names:
         names = ", ".join(f"{k} <- {v}" for k, v in report.original_names.items() if k != v)
         if names:
-            console.print(f"[dim]original names:[/dim] {names}")
+            console.print(f"[dim]original names:[/dim] {escape(names)}")
     stages = Table(title="bertfuse", show_lines=False)
     stages.add_column("stage")
     stages.add_column("time (s)", justify="right")
@@ -38,7 +39,7 @@ def print_report(report: RunReport, console: Console) -> None:
                         "[green]ok[/green]" if o.ok else "[red]FAIL[/red]")
         console.print(par)
     if report.written:
-        console.print(f"wrote [bold]{report.output}[/bold]")
+        console.print(f"wrote [bold]{escape(str(report.output))}[/bold]")  # a path: literal
 
 
 def _print_passes(report: RunReport, console: Console) -> None:
