@@ -79,6 +79,12 @@ def compare(reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray],
         if name not in candidate:
             result.append(OutputParity(name, float("inf"), float("inf"), False))
             continue
+        if ref.shape != candidate[name].shape:  # e.g. another hidden size: not this source
+            from bertfuse.errors import BertfuseError
+
+            raise BertfuseError(f"output {name}: TensorFlow gives shape {list(ref.shape)}, the "
+                                f"ONNX model {list(candidate[name].shape)}; is the model "
+                                f"converted from this source?")
         diff = np.abs(ref.astype(np.float64) - candidate[name].astype(np.float64))
         mx, mean = float(diff.max()), float(diff.mean())
         ok = bool(np.isfinite(mx)) and mx <= tol["max"] and mean <= tol["mean"]

@@ -16,6 +16,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from bertfuse.errors import BertfuseError
+
 META_KEY = "bertfuse_stripped"
 MIN_ELEMENTS = 1024
 
@@ -24,10 +26,41 @@ _SCALE_SLOTS = {("LayerNormalization", 1), ("SkipLayerNormalization", 2),
                 ("EmbedLayerNormalization", 5)}
 
 
+def _record(model: onnx.ModelProto) -> list[dict] | None:
+    """The `bertfuse_stripped` record, checked: metadata may have been edited by hand."""
+    text = next((p.value for p in model.metadata_props if p.key == META_KEY), None)
+    if text is None:
+        return None
+    bad = f"the model's {META_KEY} metadata is damaged"
+    try:
+        meta = json.loads(text)
+    except (ValueError, RecursionError):
+        raise BertfuseError(f"{bad} (not JSON)") from None
+    names = {i.name for i in model.graph.initializer}
+    if not isinstance(meta, list):
+        raise BertfuseError(f"{bad} (expected a list)")
+    for e in meta:
+        ok = isinstance(e, dict) and isinstance(e.get("name"), str) and \
+            isinstance(e.get("shape"), list) and isinstance(e.get("dtype"), str) and \
+            all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 2**31
+                for d in e["shape"])
+        if not ok:
+            raise BertfuseError(f"{bad} (entry {str(e)[:80]})")
+        if e["name"] not in names:
+            raise BertfuseError(f"{bad} (no initializer {e['name']!r})")
+        try:
+            dtype = np.dtype(e["dtype"])
+        except TypeError:
+            raise BertfuseError(f"{bad} (dtype {e['dtype']!r})") from None
+        if dtype.kind not in "fiub" or int(np.prod(e["shape"], dtype=np.int64)) > 2**31:
+            raise BertfuseError(f"{bad} ({e['name']}: {e['dtype']} {e['shape']})")
+    return meta
+
+
 def strip_weights(model: onnx.ModelProto, min_elements: int = MIN_ELEMENTS) -> int:
     """Strips initializers with at least `min_elements` values in place; returns the count.
     Stripping a stripped model keeps its record (and strips nothing more of it)."""
-    meta = next((json.loads(p.value) for p in model.metadata_props if p.key == META_KEY), [])
+    meta = _record(model) or []
     done = {e["name"] for e in meta}
     before = len(meta)
     for init in model.graph.initializer:
@@ -65,7 +98,7 @@ def _scale_names(model: onnx.ModelProto) -> set[str]:
 
 def fill_weights(model: onnx.ModelProto, seed: int = 0, std: float = 0.02) -> int:
     """Refills a stripped model in place with seeded values; returns the count."""
-    meta = next((json.loads(p.value) for p in model.metadata_props if p.key == META_KEY), None)
+    meta = _record(model)
     if meta is None:
         return 0
     rng = np.random.default_rng(seed)
