@@ -240,7 +240,7 @@ def _vocab(path: str) -> tuple[int, int]:
     try:
         cfg = json.loads(meta.get("bert_config", "{}"))
         return int(cfg.get("vocab_size", 100)), int(cfg.get("type_vocab_size", 2))
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, AttributeError, RecursionError):  # edited metadata
         return 100, 2
 
 

@@ -242,9 +242,15 @@ def load_summary(path: str | Path) -> dict:
             data = json.loads(path.read_text())
         except (ValueError, UnicodeDecodeError) as exc:
             raise BertfuseError(f"{path}: not valid JSON ({exc})") from None
+        except RecursionError:
+            raise BertfuseError(f"{path}: not a bertfuse summary (JSON nested too deeply)") \
+                from None
         if not isinstance(data, dict) or data.get("format") != SUMMARY_FORMAT:
             raise BertfuseError(f"{path}: not a bertfuse summary (expected \"format\": "
                                 f"\"{SUMMARY_FORMAT}\"; write one with bertfuse summarize)")
+        from bertfuse.inspect.summary_schema import check_summary
+
+        check_summary(data, str(path))
         return data
     return summarize(load_light(path))
 
