@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -391,6 +392,30 @@ def format_table(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
+def _no_cuda() -> str | None:
+    """Why ONNX Runtime's CUDA EP cannot run here, or None: a one-node model in memory."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        return f"onnxruntime {ort.__version__} has no CUDAExecutionProvider; install " \
+               f"onnxruntime-gpu"
+    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1]) for n in ("x", "y")]
+    probe = helper.make_model(helper.make_graph([helper.make_node("Identity", ["x"], ["y"])],
+                                                "probe", io[:1], io[1:]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 4
+    try:
+        sess = ort.InferenceSession(probe.SerializeToString(), opts,
+                                    providers=["CUDAExecutionProvider"])
+    except Exception as exc:
+        return str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+    if "CUDAExecutionProvider" not in sess.get_providers():
+        return "the CUDA execution provider did not start (no GPU, or no CUDA driver)"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
@@ -413,6 +438,10 @@ def main(argv: list[str] | None = None) -> int:
                          "(default 1 2 4; the flag alone: none)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."), help="where JSON results go")
     args = ap.parse_args(argv)
+    no_gpu = _no_cuda()
+    if no_gpu:  # before any temp file: nothing is left behind
+        print(f"bertfuse bench: error: needs a CUDA GPU ({no_gpu})", file=sys.stderr)
+        return 2
     configs = {WORKLOADS[n][0] for n in args.workloads} | \
         {packed_bench.WORKLOADS[n][0] for n in (list(packed_bench.WORKLOADS)
                                                  if args.packed is None else args.packed)}
