@@ -4,10 +4,15 @@
     segment_ids ─► Gather(type_table) | OneHot ─► MatMul(type_table) ─► [Reshape] ─► Add ─┐
     Slice(position_table, 0, S) | Gather(position_table, Range(0, S)) ─► [Unsqueeze] ──► Add ─► LayerNormalization
 
+    input_ids ─► f(ids) ─► Gather(position_table) ─► Add       (RoBERTa: computed positions)
+
 The lookups are found structurally (a constant 2-D table read by a Gather or a one-hot
 MatMul whose index is a model input; a position table read by a Slice/Gather that no
 token-valued input feeds), then the whole sum is evaluated with ONNX Runtime on probe ids
-and compared with word[ids] + type[segments] + position[0:S]; positions must start at 0.
+and compared with word[ids] + type[segments] + position[0:S]. A table gathered at indices
+computed from the ids that are not the ids themselves (RoBERTa's padding-aware
+`cumsum(ids != pad) * (ids != pad) + pad`) is the position table: its index subgraph stays,
+and feeds the fused node's `position_ids` input.
 """
 
 from __future__ import annotations
@@ -38,18 +43,19 @@ class EmbedLayerNormFusion:
             if isinstance(found, str):
                 result.missed("embed_layernorm", found)
                 continue
-            word, position, segment, ids, segs = found
-            check = _check_numerically(graph, ln.inputs[0], word, position, segment, ids, segs)
+            word, (position, pos_ids), segment, ids, segs = found
+            check = _check_numerically(graph, ln.inputs[0], word, position, segment, ids, segs,
+                                       pos_ids)
             if check:
                 result.missed("embed_layernorm", check)
                 continue
-            self._rewrite(graph, ln, word, position, segment, ids, segs)
+            self._rewrite(graph, ln, word, position, segment, ids, segs, pos_ids)
             result.fused("embed_layernorm")
             break  # one embedding per model
         return result
 
     @staticmethod
-    def _rewrite(graph, ln, word, position, segment, ids, segs) -> None:
+    def _rewrite(graph, ln, word, position, segment, ids, segs, pos_ids) -> None:
         y = ln.outputs[0]
         hidden = word.shape[1]
         # EmbedLayerNormalization requires beta; LayerNormalization's B is optional (zeros).
@@ -59,6 +65,8 @@ class EmbedLayerNormFusion:
                   const("embeddings_word", word), const("embeddings_position", position),
                   const("embeddings_segment", segment) if segment is not None else gs.Variable.empty(),
                   ln.inputs[1], beta]
+        if pos_ids is not None:
+            inputs += [gs.Variable.empty(), _int32(graph, pos_ids)]
         out = gs.Variable("embeddings_output", dtype=y.dtype)
         mask_index = gs.Variable("embeddings_mask_index", dtype=np.int32)
         graph.nodes.append(gs.Node("EmbedLayerNormalization", "EmbedLayerNormalization",
@@ -109,14 +117,14 @@ def _graph_input(t: gs.Tensor, graph: gs.Graph) -> gs.Variable | None:
 
 
 def _lookup(t: gs.Tensor, graph: gs.Graph):
-    """(table, model input) for Gather(table, ids) or OneHot(ids) @ table, else None."""
+    """(table, model input, index) for Gather(table, index(ids)) or OneHot(ids) @ table."""
     node = producer(t)
     if node is None:
         return None
     if node.op == "Gather" and node.attrs.get("axis", 0) == 0:
         table, inp = const_value(node.inputs[0]), _graph_input(node.inputs[1], graph)
         if table is not None and table.ndim == 2 and inp is not None:
-            return table, inp
+            return table, inp, node.inputs[1]
     if node.op == "MatMul":
         onehot = producer(node.inputs[0])
         table = const_value(node.inputs[1])
@@ -125,8 +133,24 @@ def _lookup(t: gs.Tensor, graph: gs.Graph):
             inp = _graph_input(onehot.inputs[0], graph)
             if depth is not None and int(np.ravel(depth)[0]) == table.shape[0] and \
                     values is not None and list(np.ravel(values)) == [0, 1] and inp is not None:
-                return table, inp
+                return table, inp, None
     return None
+
+
+def _reads_input_as_is(graph: gs.Graph, index: gs.Tensor | None, inp: gs.Variable,
+                       rows: int) -> bool:
+    """Whether a lookup's index equals the model input on valid ids (a token lookup), as
+    opposed to positions computed from the ids."""
+    if index is None or _unwrap(index) is inp:
+        return True
+    feeds = probe_feeds(graph)
+    vals = np.random.default_rng(3).integers(0, min(rows, 97), size=feeds[inp.name].shape)
+    feeds[inp.name] = vals.astype(feeds[inp.name].dtype)
+    try:
+        (got,) = eval_with_ort(graph, [index], feeds)
+    except Exception:
+        return True  # not provably positions: keep today's reading (the sum check decides)
+    return np.size(got) == vals.size and np.array_equal(np.reshape(got, vals.shape), vals)
 
 
 def _position_table(t: gs.Tensor) -> np.ndarray | None:
@@ -146,12 +170,16 @@ def _match(graph: gs.Graph, leaves: list[gs.Tensor]):
         core = _unwrap(leaf)
         hit = _lookup(core, graph)
         if hit is not None:
-            lookups.append(hit)
+            table, inp, index = hit
+            if _reads_input_as_is(graph, index, inp, table.shape[0]):
+                lookups.append((table, inp))
+            else:
+                positions.append((table, index))
             continue
         table = _position_table(core)
         if table is None:
             return None if not lookups else "an embedding term is neither a lookup nor positions"
-        positions.append(table)
+        positions.append((table, None))
     if not lookups:
         return None
     if len(positions) != 1:
@@ -166,12 +194,22 @@ def _match(graph: gs.Graph, leaves: list[gs.Tensor]):
     return word, positions[0], segment, ids, segs
 
 
-def _check_numerically(graph, total, word, position, segment, ids, segs) -> str:
+def _check_numerically(graph, total, word, position, segment, ids, segs, pos_ids=None) -> str:
     rng = np.random.default_rng(5)
     feeds = probe_feeds(graph)
     id_vals = rng.integers(0, min(word.shape[0], 97), size=feeds[ids.name].shape)
     feeds[ids.name] = id_vals.astype(feeds[ids.name].dtype)
-    expected = word[id_vals] + position[None, :PROBE_SEQ]
+    if pos_ids is None:
+        expected = word[id_vals] + position[None, :PROBE_SEQ]
+    else:
+        try:
+            (pos_vals,) = eval_with_ort(graph, [pos_ids], feeds)
+        except Exception as exc:
+            return f"cannot evaluate the position indices ({type(exc).__name__})"
+        pos_vals = np.broadcast_to(np.reshape(pos_vals, (-1, id_vals.shape[1])), id_vals.shape)
+        if pos_vals.min() < 0 or pos_vals.max() >= position.shape[0]:
+            return "computed position indices fall outside the position table"
+        expected = word[id_vals] + position[pos_vals]
     if segs is not None:
         seg_vals = rng.integers(0, segment.shape[0], size=feeds[segs.name].shape)
         feeds[segs.name] = seg_vals.astype(feeds[segs.name].dtype)

@@ -60,6 +60,7 @@ def default_passes(precision: str = "fp32") -> list[Pass]:
     """Passes in the order they must run (later fusions match on earlier ones' output)."""
     from bertfuse.passes.attention import AttentionFusion
     from bertfuse.passes.dense_gemm import DenseGemmFusion, GemmToMatMul
+    from bertfuse.passes.einsum_matmul import EinsumToMatMul
     from bertfuse.passes.embed_layernorm import EmbedLayerNormFusion
     from bertfuse.passes.gelu import GeluFusion
     from bertfuse.passes.hidden_3d import Hidden3DPass
@@ -68,7 +69,7 @@ def default_passes(precision: str = "fp32") -> list[Pass]:
     from bertfuse.passes.shape_from_inputs import ShapeFromInputs
     from bertfuse.passes.skip_layernorm import SkipLayerNormFusion
 
-    passes: list[Pass] = [Cleanup(), GemmToMatMul(), LayerNormFusion(), EmbedLayerNormFusion(), GeluFusion(),
+    passes: list[Pass] = [Cleanup(), EinsumToMatMul(), GemmToMatMul(), LayerNormFusion(), EmbedLayerNormFusion(), GeluFusion(),
                           AttentionFusion(), SkipLayerNormFusion(), Cleanup(), ShapeFromInputs(),
                           Cleanup(), Hidden3DPass(),
                           DenseGemmFusion(), Cleanup(), SharedWeights()]
