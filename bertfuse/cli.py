@@ -180,7 +180,8 @@ def _cmd_example(args, console) -> int:
     if args.json:
         print(json.dumps({"output": str(out), "config": args.config}))
     else:
-        console.print(f"wrote {args.config} example to {out}", markup=False, highlight=False)
+        console.print(f"wrote {args.config} example to {out}", markup=False, highlight=False,
+                      soft_wrap=True)
     return 0
 
 
@@ -309,7 +310,8 @@ def _cmd_strip(args, console) -> int:
     if args.json:
         print(json.dumps({"output": target, verb: count}))
     else:
-        console.print(f"{verb} {count} initializers -> {target}", markup=False, highlight=False)
+        console.print(f"{verb} {count} initializers -> {target}", markup=False, highlight=False,
+                      soft_wrap=True)
     return 0
 
 
@@ -341,7 +343,8 @@ def _cmd_summarize(args, console) -> int:
     if args.json:
         print(json.dumps({"output": args.output}))
     else:
-        console.print(f"wrote summary to {args.output}", markup=False, highlight=False)
+        console.print(f"wrote summary to {args.output}", markup=False, highlight=False,
+                      soft_wrap=True)
     return 0
 
 
@@ -388,7 +391,8 @@ def _cmd_draw(args, console) -> int:
     if args.json:
         print(json.dumps({"output": str(out), "layer": args.layer}))
     else:
-        console.print(f"drew layer {args.layer} to {out}", markup=False, highlight=False)
+        console.print(f"drew layer {args.layer} to {out}", markup=False, highlight=False,
+                      soft_wrap=True)
     return 0
 
 
