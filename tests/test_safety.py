@@ -433,3 +433,28 @@ def test_signal_leaves_nothing_behind(work, case, stage, signo):
     assert _digest(root) == before  # sources intact, no output, no temp file or directory
     assert sorted(p.name for p in root.iterdir()) == ["ckpt", "flags", "fused.onnx", "raw.onnx",
                                                       "tmp"]
+
+
+def test_external_data_write_is_atomic_pair(work, capsys, monkeypatch):
+    """Past protobuf's 2 GB (here: a lowered threshold) the model and its .data file are
+    written in a private directory beside the target and renamed into place; a .data name
+    that is not a regular file is refused."""
+    import bertfuse.modelio as modelio
+
+    plain = work["root"] / "plain.onnx"
+    assert main(["optimize", str(work["raw"]), "-o", str(plain)]) == 0
+    monkeypatch.setattr(modelio, "EXTERNAL_DATA_THRESHOLD", 1000)
+    out = work["root"] / "ext.onnx"
+    assert main(["optimize", str(work["raw"]), "-o", str(out)]) == 0
+    assert (work["root"] / "ext.onnx.data").is_file()
+    a, b = onnx.load(str(plain)), onnx.load(str(out))  # b reads its weights from ext.onnx.data
+    weights = {t.name: onnx.numpy_helper.to_array(t) for t in a.graph.initializer}
+    assert {t.name for t in b.graph.initializer} == set(weights)
+    for t in b.graph.initializer:
+        np.testing.assert_array_equal(onnx.numpy_helper.to_array(t), weights[t.name])
+    (work["root"] / "ext2.onnx.data").symlink_to("/dev/null")
+    line = _one_line_failure(capsys, ["optimize", work["raw"], "-o", work["root"] / "ext2.onnx"])
+    assert "ext2.onnx.data" in line and "symbolic link" in line
+    assert sorted(p.name for p in work["root"].iterdir()) == [
+        "ckpt", "ext.onnx", "ext.onnx.data", "ext2.onnx.data", "fused.onnx", "plain.onnx",
+        "raw.onnx"]

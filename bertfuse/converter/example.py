@@ -66,7 +66,10 @@ def _is_example_file(name: str) -> bool:
 
 def _check_replaceable_dir(out: Path, shown: str) -> None:
     """Refuses any existing OUT_DIR but an empty directory or an earlier example."""
-    if out.is_symlink() or (out.exists() and not out.is_dir()):
+    if out.is_symlink():
+        raise BertfuseError(f"{shown}: is a symbolic link; not replacing it: pick a new or "
+                            f"empty directory")
+    if out.exists() and not out.is_dir():
         raise BertfuseError(f"{shown}: exists and is not a directory")
     if not out.is_dir():
         return
