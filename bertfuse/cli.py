@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import sys
@@ -31,6 +32,17 @@ def _int_at_least(low: int) -> Callable[[str], int]:
     return parse
 
 
+def _tolerance(text: str) -> float:
+    """A finite, non-negative float: a NaN tolerance would let every NaN output pass."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
 def _add_source_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("TF source")
     g.add_argument("--format", dest="kind", default="auto",
@@ -47,7 +59,12 @@ def _add_verify_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("verification")
     g.add_argument("--batch", type=_int_at_least(1), default=4, help="verification batch (default 4)")
     g.add_argument("--seq", type=_int_at_least(2), default=32, help="verification sequence length")
-    g.add_argument("--seed", type=int, help="seed for the random inputs (default: fresh)")
+    g.add_argument("--seed", type=_int_at_least(0), default=0,
+                   help="seed for the random inputs (default 0: the same inputs every run)")
+    g.add_argument("--atol", type=_tolerance, help="max |diff| per element (default: 1e-4 fp32, "
+                                                   "4e-2 fp16, with mean limits 1e-4 / 2e-3)")
+    g.add_argument("--rtol", type=_tolerance, help="also allow rtol * |TF| per element "
+                                                   "(default 0)")
 
 
 def _add_fusion_args(p: argparse.ArgumentParser) -> None:
@@ -140,10 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("numeric")
     g.add_argument("--numeric", action="store_true",
                    help="also run both models (ORT CPU) on the same random padded inputs")
-    g.add_argument("--atol", type=float, default=1e-3, help="numeric: max |diff| allowed")
+    g.add_argument("--atol", type=_tolerance, default=1e-3, help="numeric: max |diff| allowed "
+                                                                 "(NaN/Inf always fail)")
     g.add_argument("--batch", type=_int_at_least(1), default=4, help="numeric batch (default 4)")
     g.add_argument("--seq", type=_int_at_least(2), default=32, help="numeric sequence length")
-    g.add_argument("--seed", type=int, default=0, help="numeric: seed for the inputs")
+    g.add_argument("--seed", type=_int_at_least(0), default=0,
+                   help="numeric: seed for the inputs")
     p.add_argument("--markdown", action="store_true", help="print Markdown (for a PR comment)")
     _add_output_args(p)
 
@@ -193,6 +212,7 @@ def _options(args):
         inputs=args.inputs, outputs=args.outputs.split(",") if args.outputs else None,
         config=args.config, verify=not getattr(args, "no_verify", False),
         force=getattr(args, "force", False), seed=args.seed, batch=args.batch, seq=args.seq,
+        atol=args.atol, rtol=args.rtol,
         strict=getattr(args, "strict", False), fuse=not getattr(args, "no_fuse", False),
         precision=getattr(args, "precision", "fp32"), packed=getattr(args, "packed", False))
 
@@ -440,7 +460,10 @@ def _one_line(text: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
 
+    from bertfuse.converter.reference import prefer_onednn_off
+
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    prefer_onednn_off()  # the parity reference: see bertfuse/converter/reference.py
     err = Console(stderr=True)
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["bench"]:
@@ -453,10 +476,12 @@ def main(argv: list[str] | None = None) -> int:
         err.print(_one_line(exc), highlight=False, soft_wrap=True)
         return exc.exit_code
     console = Console(stderr=args.json)
+    from bertfuse.quiet import native_stderr_silenced
     from bertfuse.safety import Terminated, handle_signals
 
-    try:
-        with handle_signals():  # SIGTERM/SIGHUP unwind like Ctrl-C: every temp goes
+    try:  # TF/ORT's C++ logs go to fd 2 whatever the environment says: off unless --debug
+        # SIGTERM/SIGHUP unwind like Ctrl-C: every temp goes
+        with native_stderr_silenced(not args.debug), handle_signals():
             return COMMANDS[args.command](args, console)
     except BertfuseError as exc:
         if args.debug:

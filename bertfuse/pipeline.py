@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -13,7 +14,8 @@ from bertfuse.errors import BertfuseError, FusionIncomplete, ParityError
 from bertfuse.modelio import check_model, save_model
 from bertfuse.passes.manager import PipelineReport, default_passes, run_passes
 from bertfuse.safety import pause_point
-from bertfuse.verify import ParityReport, verify_against_tf
+from bertfuse.verify import DEFAULT_SEED, ParityReport, check_seed, tolerance_for, \
+    verify_against_tf
 
 
 @dataclass
@@ -68,7 +70,9 @@ class ConvertOptions:
     verify: bool = True
     force: bool = False
     precision: str = "fp32"
-    seed: int | None = None
+    seed: int | None = DEFAULT_SEED  # None: a fresh random draw
+    atol: float | None = None  # None: the fp32/fp16 table in verify.py
+    rtol: float | None = None  # None: 0
     batch: int = 4
     seq: int = 32
     strict: bool = False
@@ -85,6 +89,7 @@ def convert(src_path: str, out_path: str, opts: ConvertOptions,
     if opts.opset not in SUPPORTED_OPSETS:  # before the (slow) TF load
         raise BertfuseError(f"--opset {opts.opset} is not supported by tf2onnx 1.17 "
                             f"(choose {' or '.join(map(str, SUPPORTED_OPSETS))})")
+    _check_gate(opts)
     report = RunReport(output=out_path)
     with report.stage("load TF model", status) as st:
         source = load_source(src_path, opts.kind, opts.signature, opts.inputs, opts.outputs,
@@ -104,7 +109,8 @@ def convert(src_path: str, out_path: str, opts: ConvertOptions,
         if opts.verify:
             with report.stage("verify vs TensorFlow", status) as st:
                 report.parity = verify_against_tf(model, source, opts.precision, opts.batch,
-                                                  opts.seq, opts.seed)
+                                                  opts.seq, opts.seed, atol=opts.atol,
+                                                  rtol=opts.rtol)
                 st.detail = "ok" if report.parity.ok else "DRIFT"
     finally:
         source.close()
@@ -149,15 +155,42 @@ def _write(model: onnx.ModelProto, out_path: str, report: RunReport, force: bool
         raise FusionIncomplete(f"{out_path}: not written (--strict): "
                                + "; ".join(table.unfused()))
     if report.parity is not None and not report.parity.ok and not force:
-        worst = max((o for o in report.parity.outputs if not o.ok), key=lambda o: o.max_abs)
-        hint = " (padded tokens change the outputs: is the --inputs mapping right?)" \
-            if worst.name.startswith("mask invariance") else ""
-        raise ParityError(f"{out_path}: not written: parity check failed, {worst.name} "
-                          f"max |diff| {worst.max_abs:.3g} exceeds tolerance{hint} "
-                          f"(use --force to write anyway)", report)
+        raise ParityError(f"{out_path}: not written: parity check failed, "
+                          f"{_failure(report.parity)} (use --force to write anyway)", report)
     with report.stage("write", status):
         save_model(model, out_path)
     report.written = True
+
+
+def _check_gate(opts: ConvertOptions) -> None:
+    """Before the slow TF load: a NaN or negative tolerance or seed is bad input, and TF is
+    asked to start with oneDNN's rewrites off (see converter/reference.py)."""
+    from bertfuse.converter.reference import prefer_onednn_off
+
+    check_seed(opts.seed)
+    tolerance_for(opts.precision, opts.atol, opts.rtol)
+    if opts.verify:
+        prefer_onednn_off()
+
+
+def _failure(parity: ParityReport) -> str:
+    """The worst failing row, and a hint that fits it and the source kind."""
+    from bertfuse.verify_mask import tf_moved_on_segments
+
+    failed = [o for o in parity.outputs if not o.ok]
+    worst = max(failed, key=lambda o: (not math.isfinite(o.max_abs), o.nonfinite,
+                                       o.max_abs if math.isfinite(o.max_abs) else 0.0))
+    what = worst.note if not math.isfinite(worst.max_abs) else \
+        f"max |diff| {worst.max_abs:.3g} exceeds tolerance {parity.tolerance.atol:g}"
+    hint = ""
+    if tf_moved_on_segments(worst):
+        hint = (" (padded tokens change TF's own outputs: bertfuse rebuilt this checkpoint's "
+                "graph wrongly, please report it)" if parity.source_kind == "checkpoint" else
+                " (padded tokens change TF's own outputs: is the --inputs mapping right?)")
+    elif worst.name.startswith("mask invariance"):
+        hint = (" (the ONNX model lets padded tokens change the outputs and TF does not: a "
+                "conversion bug, please report it; --no-fuse writes the unfused graph)")
+    return f"{worst.name} {what}{hint}"
 
 
 def optimize(in_path: str, out_path: str, status: Callable[[str], None] | None = None,
@@ -185,6 +218,7 @@ def verify(model_path: str, src_path: str, opts: ConvertOptions,
     from bertfuse.converter.roles import parse_override
     from bertfuse.modelio import load_model
 
+    _check_gate(opts)
     report = RunReport()
     # The ONNX first: a missing/corrupt model fails before the slow TF load.
     with report.stage("load ONNX", status) as st:
@@ -200,7 +234,8 @@ def verify(model_path: str, src_path: str, opts: ConvertOptions,
         with report.stage("verify vs TensorFlow", status) as st:
             try:
                 report.parity = verify_against_tf(model, source, _precision_of(model),
-                                                  opts.batch, opts.seq, opts.seed)
+                                                  opts.batch, opts.seq, opts.seed,
+                                                  atol=opts.atol, rtol=opts.rtol)
             except Exception as exc:
                 if not type(exc).__module__.startswith("onnxruntime"):
                     raise

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rich.console import Console
 from rich.markup import escape
+from rich.markup import escape
 from rich.table import Table
 
 from bertfuse.pipeline import RunReport
@@ -28,15 +29,24 @@ def print_report(report: RunReport, console: Console) -> None:
         if report.passes.table is not None:
             print_encoder_table(report.passes.table, console)
     if report.parity is not None:
-        par = Table(title=f"parity vs TensorFlow ({report.parity.precision}, batch "
-                          f"{report.parity.batch}, seq {report.parity.seq}, padded)")
+        p = report.parity
+        tol = f"max {p.tolerance.atol:g}" + (f" + {p.tolerance.rtol:g}·|TF|" if p.tolerance.rtol
+                                             else "") + \
+            (f", mean {p.tolerance.mean:g}" if p.tolerance.mean is not None else "")
+        par = Table(title=f"parity vs TensorFlow ({p.precision}, batch {p.batch}, seq {p.seq}, "
+                          f"padded, seed {p.seed})",
+                    caption=f"reference: {p.reference or 'TensorFlow'}; tolerance {tol}")
         par.add_column("output")
         par.add_column("max |diff|", justify="right")
         par.add_column("mean |diff|", justify="right")
         par.add_column("")
-        for o in report.parity.outputs:
-            par.add_row(o.name, f"{o.max_abs:.3g}", f"{o.mean_abs:.3g}",
-                        "[green]ok[/green]" if o.ok else "[red]FAIL[/red]")
+        notes = any(o.note for o in p.outputs)
+        if notes:
+            par.add_column("note")
+        for o in p.outputs:
+            par.add_row(escape(o.name), f"{o.max_abs:.3g}", f"{o.mean_abs:.3g}",
+                        "[green]ok[/green]" if o.ok else "[red]FAIL[/red]",
+                        *([escape(o.note)] if notes else []))
         console.print(par)
     if report.written:
         console.print(f"wrote [bold]{escape(str(report.output))}[/bold]")  # a path: literal

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -9,9 +10,50 @@ import numpy as np
 import onnx
 
 from bertfuse import modelio
+from bertfuse.errors import BertfuseError
 from bertfuse.converter.export import random_inputs
 
 TOLERANCES = {"fp32": {"max": 1e-4, "mean": 1e-4}, "fp16": {"max": 4e-2, "mean": 2e-3}}
+DEFAULT_SEED = 0  # a reproducible gate; --seed N for another draw
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Element-wise |ONNX - TF| <= atol + rtol * |TF|, and mean |diff| <= mean (when set)."""
+
+    atol: float
+    rtol: float = 0.0
+    mean: float | None = None
+
+    def to_json(self) -> dict:
+        return {"max": self.atol, "rtol": self.rtol, "mean": self.mean}
+
+
+def check_tolerance(flag: str, value: float) -> float:
+    """Tolerances must be finite and non-negative: a NaN one would pass everything."""
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise BertfuseError(f"{flag} must be a number, got {value!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise BertfuseError(f"{flag} must be a finite number >= 0, got {value:g}")
+    return value
+
+
+def check_seed(seed: int | None) -> int | None:
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise BertfuseError(f"--seed must be an integer >= 0, got {seed!r}")
+    return seed
+
+
+def tolerance_for(precision: str, atol: float | None = None, rtol: float | None = None
+                  ) -> Tolerance:
+    """The table's max and mean limits; an explicit --atol/--rtol replaces both."""
+    table = TOLERANCES[precision]
+    if atol is None and not rtol:
+        return Tolerance(table["max"], 0.0, table["mean"])
+    atol = table["max"] if atol is None else check_tolerance("--atol", atol)
+    return Tolerance(atol, check_tolerance("--rtol", rtol or 0.0))
 
 
 @dataclass
@@ -20,6 +62,15 @@ class OutputParity:
     max_abs: float
     mean_abs: float
     ok: bool
+    nonfinite: int = 0  # NaN/Inf values on either side: always a failure
+    note: str = ""
+
+    def to_json(self) -> dict:
+        def num(x: float) -> float | None:  # strict JSON has no NaN/Infinity
+            return x if math.isfinite(x) else None
+
+        return {"name": self.name, "max_abs": num(self.max_abs), "mean_abs": num(self.mean_abs),
+                "ok": self.ok, "nonfinite": self.nonfinite, "note": self.note}
 
 
 @dataclass
@@ -28,6 +79,14 @@ class ParityReport:
     batch: int
     seq: int
     outputs: list[OutputParity]
+    tolerance: Tolerance | None = None
+    seed: int | None = DEFAULT_SEED
+    reference: str = ""  # which TensorFlow computed the reference, and where
+    source_kind: str = ""
+
+    def __post_init__(self) -> None:
+        if self.tolerance is None:
+            self.tolerance = tolerance_for(self.precision)
 
     @property
     def ok(self) -> bool:
@@ -35,8 +94,9 @@ class ParityReport:
 
     def to_json(self) -> dict:
         return {"precision": self.precision, "batch": self.batch, "seq": self.seq,
-                "ok": self.ok, "tolerance": TOLERANCES[self.precision],
-                "outputs": [o.__dict__ for o in self.outputs]}
+                "seed": self.seed, "ok": self.ok, "tolerance": self.tolerance.to_json(),
+                "reference": self.reference, "source_kind": self.source_kind,
+                "outputs": [o.to_json() for o in self.outputs]}
 
 
 def ort_session(model: onnx.ModelProto | str, providers: list[str] | None = None,
@@ -71,61 +131,59 @@ def run_onnx(session, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {o.name: v for o, v in zip(session.get_outputs(), outs)}
 
 
-def compare(reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray],
-            precision: str = "fp32") -> list[OutputParity]:
-    tol = TOLERANCES[precision]
-    result = []
-    for name, ref in reference.items():
-        if name not in candidate:
-            result.append(OutputParity(name, float("inf"), float("inf"), False))
-            continue
-        if ref.shape != candidate[name].shape:  # e.g. another hidden size: not this source
-            from bertfuse.errors import BertfuseError
+def compare_output(name: str, ref: np.ndarray | None, cand: np.ndarray | None,
+                   tol: Tolerance) -> OutputParity:
+    """One output against TF; fails closed on a missing output, a shape change or NaN/Inf."""
+    if cand is None or ref is None:
+        return OutputParity(name, math.inf, math.inf, False,
+                            note="missing from the " + ("ONNX model" if cand is None else "TF run"))
+    r, c = np.asarray(ref, np.float64), np.asarray(cand, np.float64)
+    if r.shape != c.shape:  # e.g. another hidden size: not this source (bad input)
+        raise BertfuseError(f"output {name}: TensorFlow gives shape {list(r.shape)}, the "
+                            f"ONNX model {list(c.shape)}; is the model converted from this "
+                            f"source?")
+    nonfinite = int(r.size - np.count_nonzero(np.isfinite(r) & np.isfinite(c)))
+    if nonfinite:
+        return OutputParity(name, math.nan, math.nan, False, nonfinite,
+                            f"{nonfinite} NaN/Inf value(s)")
+    diff = np.abs(r - c)
+    mx = float(diff.max()) if diff.size else 0.0
+    mean = float(diff.mean()) if diff.size else 0.0
+    ok = bool(np.all(diff <= tol.atol + tol.rtol * np.abs(r))) and \
+        (tol.mean is None or mean <= tol.mean)
+    return OutputParity(name, mx, mean, ok)
 
-            raise BertfuseError(f"output {name}: TensorFlow gives shape {list(ref.shape)}, the "
-                                f"ONNX model {list(candidate[name].shape)}; is the model "
-                                f"converted from this source?")
-        diff = np.abs(ref.astype(np.float64) - candidate[name].astype(np.float64))
-        mx, mean = float(diff.max()), float(diff.mean())
-        ok = bool(np.isfinite(mx)) and mx <= tol["max"] and mean <= tol["mean"]
-        result.append(OutputParity(name, mx, mean, ok))
-    return result
+
+def compare(reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray],
+            precision: str = "fp32", tolerance: Tolerance | None = None) -> list[OutputParity]:
+    tol = tolerance or tolerance_for(precision)
+    return [compare_output(name, ref, candidate.get(name), tol) for name, ref in reference.items()]
 
 
 def verify_against_tf(model: onnx.ModelProto | str, source, precision: str = "fp32",
-                      batch: int = 4, seq: int = 32, seed: int | None = None,
-                      pad_anywhere: bool = True) -> ParityReport:
-    """Runs TF and ORT (CPU) on the same inputs; padding at the end, middle and start of rows."""
+                      batch: int = 4, seq: int = 32, seed: int | None = DEFAULT_SEED,
+                      pad_anywhere: bool = True, atol: float | None = None,
+                      rtol: float | None = None) -> ParityReport:
+    """Runs TF and ORT (CPU) on the same inputs; padding at the end, middle and start of rows.
+    Also on the same inputs with padded ids, then padded segment ids, changed (mask checks)."""
+    from bertfuse.verify_mask import mask_rows, perturbed_feeds
+
+    tol = tolerance_for(precision, atol, rtol)
+    check_seed(seed)
     seq = min(seq, source.max_positions or seq)
     if source.fixed_seq:
         seq = source.fixed_seq
     feeds = random_inputs(batch, seq, source.vocab_size or 100, source.type_vocab_size,
                           seed=seed, pad_anywhere=pad_anywhere)
-    reference = source.run(feeds)
+    sets = {"base": feeds}
+    if "input_mask" in source.inputs and "sequence_output" in source.outputs:
+        sets.update(perturbed_feeds(feeds, source, seed))
+    names = list(sets)
+    references = dict(zip(names, source.run_many([sets[n] for n in names])))
     session = ort_session(model)
-    candidate = run_onnx(session, feeds)  # inputs the model ignores are fed too
-    results = compare(reference, candidate, precision)
-    if "input_mask" in source.inputs and "sequence_output" in candidate:
-        results.append(mask_invariance(session, feeds, candidate, precision, seed))
-    return ParityReport(precision, batch, seq, results)
-
-
-def mask_invariance(session, feeds: dict[str, np.ndarray], outputs: dict[str, np.ndarray],
-                    precision: str, seed: int | None) -> OutputParity:
-    """Padded tokens must not change the outputs at kept positions. Parity against TF cannot
-    see a wrong --inputs mapping (both sides get the same wrong wiring); this can: with mask
-    and segment ids swapped, changing padded ids changes everything."""
-    rng = np.random.default_rng(None if seed is None else seed + 1)
-    mask = feeds["input_mask"].astype(bool)
-    changed = dict(feeds)
-    ids = feeds["input_ids"].copy()
-    ids[~mask] = rng.integers(1, max(int(ids.max()) + 1, 2), size=int((~mask).sum()))
-    changed["input_ids"] = ids
-    names = [i.name for i in session.get_inputs()]
-    again = run_onnx(session, {k: v for k, v in changed.items() if k in names})
-    diff = np.abs(outputs["sequence_output"].astype(np.float64) -
-                  again["sequence_output"].astype(np.float64))[mask]
-    mx = float(diff.max()) if diff.size else 0.0
-    mean = float(diff.mean()) if diff.size else 0.0
-    return OutputParity("mask invariance (padded ids changed)", mx, mean,
-                        mx <= TOLERANCES[precision]["max"])
+    # Inputs the model ignores (a canonical segment_ids the source lacks) are fed too.
+    candidates = {n: run_onnx(session, sets[n]) for n in names}
+    results = compare(references["base"], candidates["base"], precision, tol)
+    if len(names) > 1 and "sequence_output" in candidates["base"]:
+        results += mask_rows(feeds["input_mask"], references, candidates, tol)
+    return ParityReport(precision, batch, seq, results, tol, seed, source.backend, source.kind)

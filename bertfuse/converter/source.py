@@ -32,6 +32,7 @@ class TFSource:
     max_positions: int | None = None
     fixed_seq: int | None = None
     config: dict | None = None  # bert_config.json contents, where the source has one
+    backend: str = ""  # which TF computed the last reference (for the report)
     _session: Any = None
 
     @property
@@ -42,18 +43,22 @@ class TFSource:
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Runs the TF graph on role-keyed inputs; returns canonical-name-keyed outputs."""
-        import tensorflow as tf
+        return self.run_many([feeds])[0]
 
-        if self._session is None:
-            graph = tf.Graph()
-            with graph.as_default():
-                tf.graph_util.import_graph_def(self.graph_def, name="")
-            self._session = tf.compat.v1.Session(graph=graph)
-        feed = {self.inputs[r]: feeds[r].astype(self.input_dtypes[r]) for r in self.inputs}
-        feed.update({f"{name}:0": value for name, value in self.weights.items()})
-        names = list(self.outputs)
-        values = self._session.run([self.outputs[n] for n in names], feed_dict=feed)
-        return dict(zip(names, values))
+    def run_many(self, feed_sets: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+        """The TF reference for each feed set, with oneDNN's rewrites off: in this process when
+        its TF has them off, else in a worker process (see converter/reference.py)."""
+        from bertfuse.converter import reference
+
+        if reference.in_process():
+            if self._session is None:
+                self._session = reference.new_session(self.graph_def)
+            self.backend = reference.describe("in-process")
+            return reference.run_graph(self.graph_def, self.weights, self.inputs,
+                                       self.input_dtypes, self.outputs, feed_sets,
+                                       self._session)
+        self.backend = reference.describe("subprocess")
+        return reference.run_in_subprocess(self, feed_sets)
 
     def close(self) -> None:
         if self._session is not None:

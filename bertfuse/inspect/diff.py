@@ -7,13 +7,14 @@ Findings come in categories; ``--fail-on`` picks the ones that make the exit cod
     opset-change  an opset (any domain) was added, removed or changed version
     op-change     the op histogram changed
     init-change   an initializer was added, removed, or changed shape or dtype
-    numeric       with --numeric: max |diff| of an output above --atol
+    numeric       with --numeric: max |diff| of an output above --atol, or NaN/Inf in either
 
 Fusion gained, node-count and weight-size changes are reported, never failed on.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -272,20 +273,31 @@ def numeric_diff(path_a: str, path_b: str, batch: int = 4, seq: int = 32, seed: 
             rows.append({"output": name, "shape_a": list(x.shape), "shape_b": list(y.shape),
                          "max_abs": None, "mean_abs": None})
             continue
-        d = np.abs(x - y)
+        # NaN/Inf fail closed: counted per side, left out of max/mean (strict JSON has no NaN).
+        bad_a, bad_b = ~np.isfinite(x), ~np.isfinite(y)
+        d = np.abs(x - y)[~(bad_a | bad_b)]
         rows.append({"output": name, "shape_a": list(x.shape), "shape_b": list(y.shape),
                      "max_abs": float(d.max()) if d.size else 0.0,
-                     "mean_abs": float(d.mean()) if d.size else 0.0})
+                     "mean_abs": float(d.mean()) if d.size else 0.0,
+                     "nonfinite_a": int(bad_a.sum()), "nonfinite_b": int(bad_b.sum())})
     return rows
 
 
 def add_numeric(res: DiffResult, rows: list[dict], atol: float, batch: int, seq: int) -> None:
+    if not (math.isfinite(atol) and atol >= 0):  # a NaN atol would pass every difference
+        raise BertfuseError(f"--atol must be a finite number >= 0, got {atol!r}")
     res.numeric = rows
     for r in rows:
+        bad = {side: r.get(f"nonfinite_{side}", 0) for side in ("a", "b")}
         if r["max_abs"] is None:
             res.findings.append(Finding("numeric", f"output {r['output']}: shape "
                                                    f"{r['shape_a']} -> {r['shape_b']}"))
-        elif r["max_abs"] > atol:
+        elif bad["a"] or bad["b"]:
+            where = ", ".join(f"{n} in {side.upper()}" for side, n in bad.items() if n)
+            res.findings.append(Finding("numeric", f"output {r['output']}: NaN/Inf values "
+                                                   f"({where}; batch {batch}, seq {seq}, "
+                                                   f"padded)"))
+        elif not r["max_abs"] <= atol:
             res.findings.append(Finding("numeric", f"output {r['output']}: max |diff| "
                                                    f"{r['max_abs']:.3g} > atol {atol:g} "
                                                    f"(batch {batch}, seq {seq}, padded)"))
@@ -314,9 +326,14 @@ def diff_text(res: DiffResult) -> str:
         for r in res.numeric:
             if r["max_abs"] is not None:
                 out.append(f"     {r['output']:<20} max |diff| {r['max_abs']:.3g}  "
-                           f"mean |diff| {r['mean_abs']:.3g}")
+                           f"mean |diff| {r['mean_abs']:.3g}{_nonfinite_text(r)}")
     out.append(_verdict(res))
     return "\n".join(out) + "\n"
+
+
+def _nonfinite_text(row: dict) -> str:
+    n = row.get("nonfinite_a", 0) + row.get("nonfinite_b", 0)
+    return f"  ({n} NaN/Inf, left out of max/mean)" if n else ""
 
 
 def _verdict(res: DiffResult) -> str:
@@ -344,7 +361,8 @@ def diff_markdown(res: DiffResult) -> str:
         out += ["", "</details>"]
     if res.numeric:
         out += ["", "| output | max \\|diff\\| | mean \\|diff\\| |", "| --- | ---: | ---: |"]
-        out += [f"| {r['output']} | {r['max_abs']:.3g} | {r['mean_abs']:.3g} |"
+        out += [f"| {r['output']} | {r['max_abs']:.3g} | {r['mean_abs']:.3g}"
+                f"{_nonfinite_text(r)} |"
                 for r in res.numeric if r["max_abs"] is not None]
     out += ["", _verdict(res)]
     return "\n".join(out) + "\n"
