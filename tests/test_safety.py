@@ -353,10 +353,13 @@ def test_bench_without_gpu(tmp_path):
 
     if _no_cuda() is None:
         pytest.skip("a CUDA GPU is here")
-    tmpdir = tmp_path / "tmp"
+    tmpdir, skeletons = tmp_path / "tmp", tmp_path / "skel"
     tmpdir.mkdir()
+    skeletons.mkdir()
+    for config in ("base", "large", "shenma-3l"):  # found; never read without a GPU
+        (skeletons / f"{config}_raw.skel.onnx").write_bytes(b"")
     proc = subprocess.run([sys.executable, "-m", "bertfuse.cli", "bench", "--skeletons",
-                           str(tmp_path)], capture_output=True, text=True, timeout=120,
+                           str(skeletons)], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "TMPDIR": str(tmpdir)})
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and "CUDA" in lines[0], proc.stderr

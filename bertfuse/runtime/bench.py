@@ -438,10 +438,6 @@ def main(argv: list[str] | None = None) -> int:
                          "(default 1 2 4; the flag alone: none)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."), help="where JSON results go")
     args = ap.parse_args(argv)
-    no_gpu = _no_cuda()
-    if no_gpu:  # before any temp file: nothing is left behind
-        print(f"bertfuse bench: error: needs a CUDA GPU ({no_gpu})", file=sys.stderr)
-        return 2
     configs = {WORKLOADS[n][0] for n in args.workloads} | \
         {packed_bench.WORKLOADS[n][0] for n in (list(packed_bench.WORKLOADS)
                                                  if args.packed is None else args.packed)}
@@ -450,6 +446,10 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"bertfuse bench: no skeleton for {', '.join(missing)} in {args.skeletons} "
               f"(expected <config>_raw.skel.onnx, made by bertfuse strip-weights)")
+        return 2
+    no_gpu = _no_cuda()
+    if no_gpu:  # before any temp file: nothing is left behind
+        print(f"bertfuse bench: error: needs a CUDA GPU ({no_gpu})", file=sys.stderr)
         return 2
     import onnxruntime as ort
 
