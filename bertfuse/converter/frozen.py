@@ -113,12 +113,15 @@ def source_from_graph_def(graph_def, kind: str, path: str, inputs: dict[str, str
         name = canonical_output_name(shown, None, set(canon))
         canon[name] = out
         original[name] = shown
-    # A backbone that returns one unnamed [B, S, H] tensor (keras-hub's DistilBERT, RoBERTa):
-    # that tensor is the sequence output.
-    rank3 = [n for n, t in canon.items() if (output_ranks or {}).get(t) == 3]
-    if "sequence_output" not in canon and len(rank3) == 1:
-        canon["sequence_output"] = canon.pop(rank3[0])
-        original["sequence_output"] = original.pop(rank3[0])
+    # One unnamed output, by rank: a backbone's [B, S, H] is the sequence output (keras-hub's
+    # DistilBERT, RoBERTa), a classifier's [B, C] its logits (keras-hub's *TextClassifier).
+    ranks = output_ranks or {}
+    if len(canon) == 1 and not {"sequence_output", "pooled_output", "logits"} & set(canon):
+        (only,) = canon
+        canon_name = {3: "sequence_output", 2: "logits"}.get(ranks.get(canon[only]))
+        if canon_name:
+            canon[canon_name] = canon.pop(only)
+            original[canon_name] = original.pop(only)
     weights = externalize_weights(graph_def)
     vocab, type_vocab, max_pos = _table_sizes(graph_def, weights)
     return TFSource(kind=kind, path=path, graph_def=graph_def, weights=weights, inputs=inputs,
