@@ -400,6 +400,8 @@ def _no_cuda() -> str | None:
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         return f"onnxruntime {ort.__version__} has no CUDAExecutionProvider; install " \
                f"onnxruntime-gpu"
+    if hasattr(ort, "preload_dlls"):  # CUDA/cuDNN from pip's nvidia-* wheels, as main() does
+        ort.preload_dlls()
     io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1]) for n in ("x", "y")]
     probe = helper.make_model(helper.make_graph([helper.make_node("Identity", ["x"], ["y"])],
                                                 "probe", io[:1], io[1:]),
