@@ -52,6 +52,9 @@ class EmbedLayerNormFusion:
             self._rewrite(graph, ln, word, position, segment, ids, segs, pos_ids)
             result.fused("embed_layernorm")
             break  # one embedding per model
+        if not result.diagnostics:  # say why, rather than nothing (MobileBERT has no LayerNorm)
+            result.missed("embed_layernorm", "no LayerNormalization reads a sum of embedding "
+                                             "lookups")
         return result
 
     @staticmethod
