@@ -6,11 +6,10 @@ import argparse
 import json
 import math
 import os
-import re
 import sys
 from typing import Callable
 
-from bertfuse.errors import BertfuseError, ParityError, UsageError
+from bertfuse.errors import BertfuseError, ParityError, UsageError, library_error_message
 
 
 class _Parser(argparse.ArgumentParser):
@@ -249,27 +248,11 @@ def _cmd_convert(args, console) -> int:
     from bertfuse import pipeline
 
     _check_verify_size(args)
-    _check_output_path(args.output, *_convert_sources(args))
+    from bertfuse.safety import convert_inputs
+
+    _check_output_path(args.output, *convert_inputs(args.source, args.config, args.kind))
     return _run_with_report(args, console, lambda up: pipeline.convert(
         args.source, args.output, _options(args), up))
-
-
-def _convert_sources(args) -> tuple[list[str], list[str]]:
-    """(files, directories) `convert` reads: the output may be none of them, nor inside one."""
-    import glob
-
-    files, dirs = [args.config] if args.config else [], []
-    src = args.source
-    if os.path.isdir(src):
-        return files, dirs + [src]
-    files.append(src)
-    prefix = re.sub(r"(\.index|\.data-\d+-of-\d+)$", "", src)
-    if args.kind == "checkpoint" or os.path.exists(prefix + ".index"):
-        # A checkpoint prefix: its shards, and the config and `checkpoint` file beside it.
-        beside = os.path.dirname(os.path.abspath(prefix))
-        files += glob.glob(glob.escape(prefix) + ".*")
-        files += [os.path.join(beside, n) for n in ("bert_config.json", "checkpoint")]
-    return files, dirs
 
 
 def _target(args) -> str:
@@ -354,7 +337,7 @@ def _cmd_summarize(args, console) -> int:
     from bertfuse.safety import write_text
 
     if args.output:
-        _check_output_path(args.output, [args.model])
+        _check_output_path(args.output, [args.model], model=False)
     text = dumps(summarize(args.model))
     if not args.output:
         sys.stdout.write(text)
@@ -402,7 +385,7 @@ def _cmd_draw(args, console) -> int:
     from bertfuse.inspect.draw import render, to_dot
     from bertfuse.inspect.summary import load_light
 
-    _check_output_path(args.output, [args.model, args.before])
+    _check_output_path(args.output, [args.model, args.before], model=False)
     model = load_light(args.model)
     before = load_light(args.before) if args.before else None
     dot = to_dot(model, args.layer, before, name=os.path.basename(args.model),
@@ -416,38 +399,18 @@ def _cmd_draw(args, console) -> int:
     return 0
 
 
-def _check_output_path(path: str, inputs: list[str | None] = (),
-                       source_dirs: list[str] = ()) -> None:
+def _check_output_path(path: str, inputs: list[str | None] = (), source_dirs: list[str] = (),
+                       model: bool = True) -> None:
     """Refuses an output that is an input, lies in a source directory, or is not a regular
     file (bertfuse/safety.py)."""
     from bertfuse.safety import check_output
 
-    check_output(path, [i for i in inputs if i], source_dirs)
+    check_output(path, inputs, source_dirs, model)
 
 
 COMMANDS = {"example": _cmd_example, "convert": _cmd_convert, "optimize": _cmd_optimize,
             "verify": _cmd_verify, "strip-weights": _cmd_strip, "inspect": _cmd_inspect,
             "summarize": _cmd_summarize, "diff": _cmd_diff, "draw": _cmd_draw}
-
-
-def _resource_or_tf_error(exc: Exception) -> str | None:
-    """Bad input that surfaces as a library error: memory exhausted, or TF's
-    InvalidArgumentError/ResourceExhaustedError from running the user's model, whose first
-    line ("Graph execution error:") says nothing: the line that does, and the node."""
-    if isinstance(exc, MemoryError):
-        return f"out of memory ({str(exc) or 'MemoryError'}); try a smaller --batch/--seq"
-    name = type(exc).__name__
-    if not type(exc).__module__.startswith("tensorflow") or \
-            name not in ("InvalidArgumentError", "ResourceExhaustedError"):
-        return None
-    lines = [ln.strip() for ln in str(getattr(exc, "message", None) or exc).splitlines()]
-    node = next((ln[len("Node:"):].strip(" '") for ln in lines if ln.startswith("Node:")), "")
-    skip = ("Graph execution error", "Detected at node", "Node:", "[[", "Original stack trace",
-            "File ", "Traceback")
-    body = next((ln for ln in lines if ln and not ln.startswith(skip)), name)
-    hint = "; try a smaller --batch/--seq" if name == "ResourceExhaustedError" else ""
-    return (f"TensorFlow failed running the source model ({name}"
-            f"{' at node ' + node if node else ''}): {body[:300]}{hint}")
 
 
 def _one_line(text: str) -> str:
@@ -505,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # a bug of ours: one line, the traceback with --debug
         if args.debug:
             raise
-        bad = _resource_or_tf_error(exc)
+        bad = library_error_message(exc)
         if bad:
             err.print(f"[red]bertfuse: error:[/red] {_one_line(bad)}", highlight=False,
                       soft_wrap=True)

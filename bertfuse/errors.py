@@ -25,3 +25,25 @@ class FusionIncomplete(BertfuseError):
     """--strict and at least one layer was left unfused."""
 
     exit_code = 1
+
+
+def library_error_message(exc: BaseException) -> str | None:
+    """Bad input that surfaces as a library error, as one line; None for anything else.
+
+    Memory exhausted (a huge --batch), or TensorFlow's InvalidArgumentError /
+    ResourceExhaustedError from running the user's model, whose first line ("Graph execution
+    error:") says nothing: the line that does, and the node."""
+    if isinstance(exc, MemoryError):
+        return f"out of memory ({str(exc) or 'MemoryError'}); try a smaller --batch/--seq"
+    name = type(exc).__name__
+    if not type(exc).__module__.startswith("tensorflow") or \
+            name not in ("InvalidArgumentError", "ResourceExhaustedError"):
+        return None
+    lines = [ln.strip() for ln in str(getattr(exc, "message", None) or exc).splitlines()]
+    node = next((ln[len("Node:"):].strip(" '") for ln in lines if ln.startswith("Node:")), "")
+    skip = ("Graph execution error", "Detected at node", "Node:", "[[", "Original stack trace",
+            "File ", "Traceback")
+    body = next((ln for ln in lines if ln and not ln.startswith(skip)), name)
+    hint = "; try a smaller --batch/--seq" if name == "ResourceExhaustedError" else ""
+    return (f"TensorFlow failed running the source model ({name}"
+            f"{' at node ' + node if node else ''}): {body[:300]}{hint}")

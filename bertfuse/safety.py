@@ -12,7 +12,9 @@
 
 from __future__ import annotations
 
+import glob
 import os
+import re
 import shutil
 import signal
 import stat
@@ -195,22 +197,24 @@ def check_replaceable(path: str | Path) -> None:
                         f"writes only new or regular files")
 
 
-def check_output(path: str, inputs: Iterable[str] = (), source_dirs: Iterable[str] = ()) -> None:
+def check_output(path: str, inputs: Iterable[str | None] = (), source_dirs: Iterable[str] = (),
+                 model: bool = True) -> None:
     """Refuses (BertfuseError, exit 2) an output path that could destroy anything: see the
-    module docstring. `inputs` are files the command reads, `source_dirs` directories."""
+    module docstring. `inputs` are files the command reads, `source_dirs` directories; a
+    `model` output may also write PATH.data (weights past protobuf's 2 GB)."""
     parent = os.path.dirname(os.path.abspath(path))
     if os.path.exists(parent) and not os.path.isdir(parent):
         raise BertfuseError(f"{path}: {parent} is not a directory")
     if not os.path.isdir(parent):
         raise BertfuseError(f"{path}: output directory {parent} does not exist")
-    sidecar = path + ".data"  # where weights go past protobuf's 2 GB
-    for p in (path, sidecar):
+    written = (path, path + ".data") if model else (path,)
+    for p in written:
         check_replaceable(p)
     real = os.path.realpath(path)
     for inp in inputs:
         if not inp:
             continue
-        for p in (path, sidecar):
+        for p in written:
             if _same_file(p, inp) or os.path.realpath(p) == os.path.realpath(inp):
                 raise BertfuseError(f"{path}: is the input {inp}; refusing to overwrite it "
                                     f"(write to another path)")
@@ -220,12 +224,29 @@ def check_output(path: str, inputs: Iterable[str] = (), source_dirs: Iterable[st
         if _within(real, os.path.realpath(d)):
             raise BertfuseError(f"{path}: is inside the source directory {d}; refusing to "
                                 f"write there (write the output elsewhere)")
-        ids = {_file_id(p) for p in (path, sidecar)} - {None}
+        ids = {_file_id(p) for p in written} - {None}
         if ids:
             hit = _find_file_id(d, ids)
             if hit:
                 raise BertfuseError(f"{path}: is a hard link to {hit} in the source "
                                     f"directory {d}; refusing to overwrite it")
+
+
+def convert_inputs(source: str, config: str | None, kind: str = "auto"
+                   ) -> tuple[list[str], list[str]]:
+    """(files, directories) that `convert SOURCE` reads: its output may be none of them, nor
+    inside one of the directories."""
+    files, dirs = [config] if config else [], []
+    if os.path.isdir(source):
+        return files, [source]
+    files.append(source)
+    prefix = re.sub(r"(\.index|\.data-\d+-of-\d+)$", "", source)
+    if kind == "checkpoint" or os.path.exists(prefix + ".index"):
+        # A checkpoint prefix: its shards, and the config and `checkpoint` file beside it.
+        beside = os.path.dirname(os.path.abspath(prefix))
+        files += glob.glob(glob.escape(prefix) + ".*")
+        files += [os.path.join(beside, n) for n in ("bert_config.json", "checkpoint")]
+    return files, dirs
 
 
 def _file_id(path: str) -> tuple[int, int] | None:

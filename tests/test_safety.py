@@ -320,7 +320,7 @@ def test_verify_source_with_another_hidden_size(models, tmp_path, capsys):
     cfg = BertConfig(**{**EXAMPLE_CONFIGS["tiny"].__dict__})
     cfg.hidden_size = 64
     other = write_example(cfg, str(tmp_path / "h64"), seed=0)
-    rc = main(["verify", str(models["fused"]), "--against", other, "--seed", "0"])
+    rc = main(["verify", str(models["fused"]), "--against", str(other), "--seed", "0"])
     cap = capsys.readouterr()
     lines = [ln for ln in cap.err.splitlines() if ln.strip()]
     assert rc in (1, 2), cap.err
