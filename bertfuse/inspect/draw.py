@@ -21,7 +21,6 @@ import html
 import os
 import shutil
 import subprocess
-import tempfile
 from collections import defaultdict
 from pathlib import Path
 
@@ -29,6 +28,7 @@ import onnx
 
 from bertfuse.encoder_table import GELU_OPS, RAW_LN_OPS
 from bertfuse.errors import BertfuseError
+from bertfuse.safety import mode_of, replace_file, temp_file
 
 CORE_OPS = ("Attention", "Softmax")
 FUSED = {  # op -> (fill, legend label)
@@ -281,24 +281,20 @@ def render(dot_source: str, output: str | Path, dpi: int = 110) -> Path:
                             f".dot)")
     if not output.parent.exists():
         raise BertfuseError(f"{output.parent}: output directory does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent)
-    os.close(fd)
-    try:
+    with temp_file(output) as tmp:  # removed on every exit path, signals included
         if fmt == "dot":
-            Path(tmp).write_text(dot_source)
+            tmp.write_text(dot_source)
         else:
             dot = shutil.which("dot")
             if dot is None:
                 raise BertfuseError("Graphviz 'dot' not found: install it (apt-get install "
                                     "graphviz, brew install graphviz) or write .dot")
-            args = [dot, f"-T{fmt}", "-o", tmp] + ([f"-Gdpi={dpi}"] if fmt == "png" else [])
+            args = [dot, f"-T{fmt}", "-o", str(tmp)] + ([f"-Gdpi={dpi}"] if fmt == "png"
+                                                        else [])
             proc = subprocess.run(args, input=dot_source.encode(), capture_output=True,
                                   timeout=120)
             if proc.returncode != 0:
                 raise BertfuseError(f"dot failed: {proc.stderr.decode(errors='replace')[:200]}")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, output)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        os.chmod(tmp, mode_of(output))
+        replace_file(tmp, output)
     return output
