@@ -111,10 +111,8 @@ def _remove(path: str, is_dir: bool) -> None:
     try:
         if is_dir:
             shutil.rmtree(path, ignore_errors=True)
-        else:
-            for p in (path, path + ".data"):
-                if os.path.lexists(p):
-                    os.unlink(p)
+        elif os.path.lexists(path):
+            os.unlink(path)
     except OSError:
         pass
     _State.live.pop(path, None)
