@@ -461,3 +461,23 @@ def test_external_data_write_is_atomic_pair(work, capsys, monkeypatch):
     assert sorted(p.name for p in work["root"].iterdir()) == [
         "ckpt", "ext.onnx", "ext.onnx.data", "ext2.onnx.data", "fused.onnx", "plain.onnx",
         "raw.onnx"]
+
+
+def test_a_signal_waits_for_a_held_block_and_temps_go():
+    """A signal inside held() (temp creation, rename pairs) is raised when the block ends;
+    the registered temporaries are gone when handle_signals() ends."""
+    from bertfuse import safety
+
+    done, made = [], []
+    with pytest.raises(safety.Terminated) as info:
+        with safety.handle_signals():
+            with safety.temp_dir(prefix="bertfuse-test-") as tmp:
+                made.append(tmp)
+                with safety.held():
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    time.sleep(0.05)
+                    done.append("held block finished")
+                done.append("after")  # never reached
+    assert info.value.signo == signal.SIGTERM
+    assert done == ["held block finished"] and not made[0].exists()
+    assert signal.getsignal(signal.SIGTERM) is not safety._on_signal  # handlers restored
