@@ -179,11 +179,14 @@ def _failure(parity: ParityReport) -> str:
 
     failed = [o for o in parity.outputs if not o.ok]
     worst = max(failed, key=lambda o: (not math.isfinite(o.max_abs), o.nonfinite,
-                                       o.max_abs if math.isfinite(o.max_abs) else 0.0))
+                                       o.max_abs if math.isfinite(o.max_abs) else 0.0,
+                                       not o.name.startswith("mask invariance")))
     what = worst.note if not math.isfinite(worst.max_abs) else \
         f"max |diff| {worst.max_abs:.3g} exceeds tolerance {parity.tolerance.atol:g}"
     hint = ""
-    if tf_moved_on_segments(worst):
+    if not math.isfinite(worst.max_abs):
+        pass  # NaN/Inf or a missing output: the note says it all
+    elif tf_moved_on_segments(worst):
         hint = (" (padded tokens change TF's own outputs: bertfuse rebuilt this checkpoint's "
                 "graph wrongly, please report it)" if parity.source_kind == "checkpoint" else
                 " (padded tokens change TF's own outputs: is the --inputs mapping right?)")
