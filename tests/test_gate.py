@@ -281,37 +281,35 @@ def test_compare_fails_closed():
         json.dumps(r.to_json(), allow_nan=False)
 
 
-@pytest.fixture
-def nan_export(monkeypatch):
-    """Puts a NaN into the largest weight after the passes."""
-    import bertfuse.pipeline as pipeline
-    from onnx import numpy_helper
+@pytest.fixture(scope="module")
+def nan_pb(contrib_pb) -> Path:
+    """contrib_pb with one NaN in the pooler's bias: TF and ONNX both give NaN pooled
+    outputs, and agreeing on NaN must still fail."""
+    import tensorflow as tf
 
-    original = pipeline._optimize
-
-    def poison(*args, **kwargs):
-        model = original(*args, **kwargs)
-        init = max(model.graph.initializer, key=lambda t: int(np.prod(t.dims)))
-        arr = numpy_helper.to_array(init).astype(np.float32).copy()
-        arr.flat[0] = np.nan
-        init.CopyFrom(numpy_helper.from_array(arr, init.name))
-        return model
-
-    monkeypatch.setattr(pipeline, "_optimize", poison)
+    graph_def = tf.compat.v1.GraphDef()
+    graph_def.ParseFromString(contrib_pb.read_bytes())
+    (node,) = [n for n in graph_def.node if n.name == "bert/pooler/dense/bias"]
+    value = tf.make_ndarray(node.attr["value"].tensor).copy()
+    value[3] = np.nan
+    node.attr["value"].tensor.CopyFrom(tf.make_tensor_proto(value))
+    path = contrib_pb.with_name("nan_bert.pb")
+    path.write_bytes(graph_def.SerializeToString())
+    return path
 
 
-def test_nan_model_fails_convert_and_verify(ckpt_erf, tmp_path, nan_export):
+def test_nan_model_fails_convert_and_verify(nan_pb, tmp_path):
     out = tmp_path / "nan.onnx"
-    code, report, err = _cli("convert", ckpt_erf.path, "-o", out, "--json", "--batch", "2")
+    code, report, err = _cli("convert", nan_pb, "-o", out, "--json", "--batch", "2")
     assert code == 1 and not out.exists(), err
-    assert "NaN/Inf" in err and "--inputs" not in err, err
-    bad = [o for o in report["parity"]["outputs"] if not o["ok"]]
-    assert bad and all(o["nonfinite"] > 0 and o["max_abs"] is None for o in bad), bad
-    code, report, err = _cli("convert", ckpt_erf.path, "-o", out, "--json", "--force",
-                             "--batch", "2")
+    assert "pooled_output" in err and "NaN/Inf" in err and "--inputs" not in err, err
+    pooled = _rows(report["parity"])["pooled_output"]
+    assert not pooled["ok"] and pooled["nonfinite"] > 0 and pooled["max_abs"] is None, pooled
+    assert _rows(report["parity"])["sequence_output"]["ok"]
+    code, report, err = _cli("convert", nan_pb, "-o", out, "--json", "--force", "--batch", "2")
     assert code == 1 and out.exists()
-    code, report, _ = _cli("verify", out, "--against", ckpt_erf.path, "--json", "--batch", "2")
-    assert code == 1 and not report["parity"]["ok"]
+    code, report, _ = _cli("verify", out, "--against", nan_pb, "--json", "--batch", "2")
+    assert code == 1 and not _rows(report["parity"])["pooled_output"]["ok"]
 
 
 def _nan_model(path: Path) -> None:
