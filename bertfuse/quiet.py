@@ -11,17 +11,27 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from contextlib import contextmanager
 from typing import Iterator
 
 
 @contextmanager
 def native_stderr_silenced(enabled: bool = True) -> Iterator[None]:
-    """fd 2 (and so sys.stderr's writes: Python warnings, TF's Python logger) goes to
-    os.devnull inside the block; restored on every exit path."""
+    """fd 2 (and so sys.stderr's writes, TF's Python logger among them) goes to os.devnull
+    inside the block, and Python warnings are ignored (a spinner's stderr proxy would print
+    them on stdout); restored on every exit path."""
     if not enabled:
         yield
         return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with _fd2_to_devnull():
+            yield
+
+
+@contextmanager
+def _fd2_to_devnull() -> Iterator[None]:
     _flush()
     try:
         saved = os.dup(2)
