@@ -353,7 +353,9 @@ def test_frozen_inputs_override_succeeds(bad, out_dir, capsys):
     assert report["written"] and report["parity"]["ok"]
     assert report["original_names"]["input_ids"] == "alpha"
     assert sorted(f.name for f in out_dir.iterdir()) == ["odd.onnx"]
-    assert [i.name for i in onnx.load(str(out)).graph.input] == ["input_ids", "input_mask"]
+    # One interface: a source without token types still gets segment_ids (ignored).
+    assert [i.name for i in onnx.load(str(out)).graph.input] == ["input_ids", "input_mask",
+                                                                 "segment_ids"]
 
 
 # --------------------------------------------------------------------------- parity gate
