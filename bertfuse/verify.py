@@ -10,8 +10,9 @@ import numpy as np
 import onnx
 
 from bertfuse import modelio
-from bertfuse.errors import BertfuseError
 from bertfuse.converter.export import random_inputs
+from bertfuse.errors import BertfuseError
+from bertfuse.verify_mask import mask_rows, perturbed_feeds
 
 TOLERANCES = {"fp32": {"max": 1e-4, "mean": 1e-4}, "fp16": {"max": 4e-2, "mean": 2e-3}}
 DEFAULT_SEED = 0  # a reproducible gate; --seed N for another draw
@@ -166,8 +167,6 @@ def verify_against_tf(model: onnx.ModelProto | str, source, precision: str = "fp
                       rtol: float | None = None) -> ParityReport:
     """Runs TF and ORT (CPU) on the same inputs; padding at the end, middle and start of rows.
     Also on the same inputs with padded ids, then padded segment ids, changed (mask checks)."""
-    from bertfuse.verify_mask import mask_rows, perturbed_feeds
-
     tol = tolerance_for(precision, atol, rtol)
     check_seed(seed)
     seq = min(seq, source.max_positions or seq)
@@ -185,5 +184,6 @@ def verify_against_tf(model: onnx.ModelProto | str, source, precision: str = "fp
     candidates = {n: run_onnx(session, sets[n]) for n in names}
     results = compare(references["base"], candidates["base"], precision, tol)
     if len(names) > 1 and "sequence_output" in candidates["base"]:
-        results += mask_rows(feeds["input_mask"], references, candidates, tol)
+        results += [OutputParity(*row) for row in
+                    mask_rows(feeds["input_mask"], references, candidates, tol)]
     return ParityReport(precision, batch, seq, results, tol, seed, source.backend, source.kind)

@@ -48,9 +48,9 @@ def _nonfinite(*arrays: np.ndarray) -> int:
     return sum(int(a.size - np.count_nonzero(np.isfinite(a))) for a in arrays)
 
 
-def mask_rows(mask: np.ndarray, references: dict, candidates: dict, tol) -> list:
-    from bertfuse.verify import OutputParity
-
+def mask_rows(mask: np.ndarray, references: dict, candidates: dict, tol) -> list[tuple]:
+    """(name, max, mean, ok, nonfinite, note) per check, for verify.OutputParity; `tol` is a
+    verify.Tolerance, the references/candidates keyed 'base', 'ids', 'segments'."""
     kept = mask.astype(bool)
     t0 = references["base"]["sequence_output"]
     o0 = candidates["base"]["sequence_output"]
@@ -63,8 +63,7 @@ def mask_rows(mask: np.ndarray, references: dict, candidates: dict, tol) -> list
         o1 = candidates[key].get("sequence_output")
         bad = _nonfinite(t0, o0, t1, o1) if o1 is not None else 1
         if bad:
-            rows.append(OutputParity(name, math.nan, math.nan, False, bad,
-                                     f"{bad} NaN/Inf value(s)"))
+            rows.append((name, math.nan, math.nan, False, bad, f"{bad} NaN/Inf value(s)"))
             continue
         dt, do = _moves(t0, t1, kept), _moves(o0, o1, kept)
         tf_moved = float(np.abs(dt).max()) if dt.size else 0.0
@@ -83,7 +82,7 @@ def mask_rows(mask: np.ndarray, references: dict, candidates: dict, tol) -> list
                     f"the ONNX model moves by {onnx_moved:.3g}, TF does not" if not ok else "")
         mx = float(gap.max()) if gap.size else 0.0
         mean = float(gap.mean()) if gap.size else 0.0
-        rows.append(OutputParity(name, mx, mean, ok, 0, note))
+        rows.append((name, mx, mean, ok, 0, note))
     return rows
 
 

@@ -250,7 +250,7 @@ def test_swapped_mask_and_segments_are_refused(neighbour_pb, tmp_path):
 
 
 def test_mask_check_fails_on_nan():
-    from bertfuse.verify import tolerance_for
+    from bertfuse.verify import OutputParity, tolerance_for
     from bertfuse.verify_mask import IDS, mask_rows
 
     mask = np.array([[1, 1, 0, 0]], np.int32)
@@ -259,7 +259,7 @@ def test_mask_check_fails_on_nan():
     nan[0, 2] = np.nan  # at a padded position: the kept positions alone would hide it
     refs = {"base": {"sequence_output": base}, "ids": {"sequence_output": base}}
     cands = {"base": {"sequence_output": base}, "ids": {"sequence_output": nan}}
-    (row,) = mask_rows(mask, refs, cands, tolerance_for("fp32"))
+    (row,) = [OutputParity(*r) for r in mask_rows(mask, refs, cands, tolerance_for("fp32"))]
     assert row.name == IDS and not row.ok and row.nonfinite == 2
     json.dumps(row.to_json(), allow_nan=False)
 
