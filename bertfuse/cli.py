@@ -247,10 +247,7 @@ def _show(args, console, report) -> None:
 def _cmd_convert(args, console) -> int:
     from bertfuse import pipeline
 
-    _check_verify_size(args)
-    from bertfuse.safety import convert_inputs
-
-    _check_output_path(args.output, *convert_inputs(args.source, args.config, args.kind))
+    _check_verify_size(args)  # the output path is checked by pipeline.convert, first thing
     return _run_with_report(args, console, lambda up: pipeline.convert(
         args.source, args.output, _options(args), up))
 
@@ -285,7 +282,7 @@ def _cmd_optimize(args, console) -> int:
 
     target = _target(args)
     return _run_with_report(args, console, lambda up: pipeline.optimize(
-        args.model, target, up, args.strict, args.precision, args.packed))
+        args.model, target, up, args.strict, args.precision, args.packed, args.in_place))
 
 
 def _cmd_verify(args, console) -> int:

@@ -12,6 +12,7 @@ import onnx
 
 from bertfuse.errors import BertfuseError, FusionIncomplete, ParityError
 from bertfuse.modelio import check_model, save_model
+from bertfuse.safety import check_output, convert_inputs
 from bertfuse.passes.manager import PipelineReport, default_passes, run_passes
 from bertfuse.safety import pause_point
 from bertfuse.verify import DEFAULT_SEED, ParityReport, check_seed, tolerance_for, \
@@ -90,6 +91,8 @@ def convert(src_path: str, out_path: str, opts: ConvertOptions,
         raise BertfuseError(f"--opset {opts.opset} is not supported by tf2onnx 1.17 "
                             f"(choose {' or '.join(map(str, SUPPORTED_OPSETS))})")
     _check_gate(opts)
+    # The Python API gets the CLI's guarantee too: the output is none of the source's files.
+    check_output(out_path, *convert_inputs(src_path, opts.config, opts.kind))
     report = RunReport(output=out_path)
     with report.stage("load TF model", status) as st:
         source = load_source(src_path, opts.kind, opts.signature, opts.inputs, opts.outputs,
@@ -197,9 +200,14 @@ def _failure(parity: ParityReport) -> str:
 
 
 def optimize(in_path: str, out_path: str, status: Callable[[str], None] | None = None,
-             strict: bool = False, precision: str = "fp32", packed: bool = False) -> RunReport:
-    """Passes on an ONNX model a user exported themselves."""
+             strict: bool = False, precision: str = "fp32", packed: bool = False,
+             in_place: bool = False) -> RunReport:
+    """Passes on an ONNX model a user exported themselves. `out_path` may be `in_path` only
+    with `in_place` (the file is then replaced after success, never half-written)."""
     from bertfuse.modelio import load_model
+
+    if not in_place:
+        check_output(out_path, [in_path])
 
     report = RunReport(output=out_path)
     with report.stage("load ONNX", status) as st:

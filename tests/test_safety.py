@@ -481,3 +481,20 @@ def test_a_signal_waits_for_a_held_block_and_temps_go():
     assert info.value.signo == signal.SIGTERM
     assert done == ["held block finished"] and not made[0].exists()
     assert signal.getsignal(signal.SIGTERM) is not safety._on_signal  # handlers restored
+
+
+@pytest.mark.parametrize("api", ["convert", "optimize"])
+def test_python_api_refuses_an_output_that_is_an_input(work, api):
+    """The guarantee is the pipeline's, not only the CLI's."""
+    from bertfuse import pipeline
+    from bertfuse.errors import BertfuseError
+
+    root = work["root"]
+    before = _digest(root)
+    with pytest.raises(BertfuseError, match="source directory|is the input"):
+        if api == "convert":
+            pipeline.convert(str(work["ckpt"]), str(work["ckpt"] / "bert_config.json"),
+                             pipeline.ConvertOptions())
+        else:
+            pipeline.optimize(str(work["raw"]), str(work["raw"]))
+    assert _digest(root) == before
