@@ -218,14 +218,13 @@ def memcpy_nodes(path: str) -> int:
         return sum(1 for n in model.graph.node if n.op_type.startswith("Memcpy"))
 
 
-def run_workload(name: str, skeleton: str, batch: int, seq: int, iters: int,
+def run_workload(name: str, skeleton: str, batch: int, seq: int, iters: int, work: str,
                  profiles: list | None = None) -> tuple[list[Result], dict[str, str]]:
     """Times every variant; the runtime rows' kernel profiles are queued on `profiles` as
     (result, call) to run after all timing (CUPTI left enabled slows later launches)."""
     from bertfuse.runtime.session import model_facts
 
-    work = tempfile.mkdtemp(prefix="bertfuse-bench-")
-    paths = prepare_models(skeleton, work)
+    paths = prepare_models(skeleton, tempfile.mkdtemp(dir=work))
     facts = model_facts(onnx.load(paths["raw32"], load_external_data=False))
     feeds = request(batch, seq, facts.vocab_size or 1000)
     mask = feeds["input_mask"]
@@ -453,6 +452,14 @@ def main(argv: list[str] | None = None) -> int:
     if no_gpu:  # before any temp file: nothing is left behind
         print(f"bertfuse bench: error: needs a CUDA GPU ({no_gpu})", file=sys.stderr)
         return 2
+    from bertfuse.safety import handle_signals, temp_dir
+
+    # Every prepared model lives under one temp dir, removed on any exit (signals included).
+    with handle_signals(), temp_dir(prefix="bertfuse-bench-") as work:
+        return _bench(args, str(work))
+
+
+def _bench(args, work: str) -> int:
     import onnxruntime as ort
 
     ort.preload_dlls()
@@ -471,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
         config, batch, seq = WORKLOADS[name]
         skeleton = os.path.join(args.skeletons, f"{config}_raw.skel.onnx")
         print(f"== {name}", flush=True)
-        rs, paths = run_workload(name, skeleton, batch, seq, args.iters, profiles)
+        rs, paths = run_workload(name, skeleton, batch, seq, args.iters, work, profiles)
         prepared[config] = paths
         for r in rs:
             print(f"   {r.variant:45s} p50 {r.p50_us:9.1f} us  p99 {r.p99_us:9.1f}  "
@@ -485,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
     def paths_for(config: str) -> dict[str, str]:
         if config not in prepared:
             skeleton = os.path.join(args.skeletons, f"{config}_raw.skel.onnx")
-            prepared[config] = prepare_models(skeleton, tempfile.mkdtemp(prefix="bertfuse-"))
+            prepared[config] = prepare_models(skeleton, tempfile.mkdtemp(dir=work))
         return prepared[config]
 
     packed_names = list(packed_bench.WORKLOADS) if args.packed is None else args.packed
