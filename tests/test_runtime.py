@@ -534,8 +534,10 @@ def test_seq_limits_are_refused_before_ort(models, monkeypatch):
     _refuse_ort(monkeypatch, s)
     with pytest.raises(RequestError, match=r"sequence length 65 outside 1\.\.64"):
         s.run(**_valid(2, 65))
-    # ... and the model's position table (128) when the caller asks for more.
-    s = new_session(models["fp32"], max_seq=512, seq_buckets=(32, 256, 512))
+    # ... and the model's position table (128): the default, and a limit on what is asked.
+    with pytest.raises(BertfuseError, match="position table has 128 rows"):
+        new_session(models["fp32"], max_seq=512)
+    s = new_session(models["fp32"], max_seq=None, seq_buckets=(32, 256, 512))
     assert s.max_seq == POSITIONS and s.seq_buckets == [32, POSITIONS]
     _refuse_ort(monkeypatch, s)
     with pytest.raises(RequestError, match=r"sequence length 129 outside 1\.\.128"):
@@ -544,7 +546,8 @@ def test_seq_limits_are_refused_before_ort(models, monkeypatch):
 
 
 def test_raw_model_seq_beyond_positions_is_refused(models, monkeypatch):
-    s = new_session(models["raw"], max_seq=512, seq_buckets=(32, 512))
+    s = new_session(models["raw"], max_seq=None, seq_buckets=(32, 512))
+    assert s.max_seq == POSITIONS  # read off the raw graph's position table
     _refuse_ort(monkeypatch, s)
     with pytest.raises(RequestError):
         s.run(**_valid(2, POSITIONS + 1))

@@ -17,6 +17,7 @@ PackedAttention and RestorePadding have CUDA kernels only, so this runs on the G
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -29,10 +30,12 @@ from bertfuse.passes.packing import (PACKED_INPUTS, PackedShape, choose_shape, p
                                      packed_shapes)
 from bertfuse.runtime.pinned import new_stream
 from bertfuse.runtime.pool import GATE
-from bertfuse.runtime.session import (DEFAULT_BATCH_BUCKETS, DEFAULT_SEQ_BUCKETS, RequestError,
-                                      _buckets, check_request, claim_thread, cuda_providers,
-                                      fetch, model_facts, run_options, select_outputs,
-                                      smallest, staging, upload)
+from bertfuse.runtime.requests import (RequestError, check_flag, check_int, check_request,
+                                       check_sizes, check_warmup, load_model, model_facts,
+                                       select_outputs)
+from bertfuse.runtime.session import (DEFAULT_BATCH_BUCKETS, DEFAULT_SEQ_BUCKETS, ClosedError,
+                                      _buckets, claim_thread, cuda_providers, fetch,
+                                      run_options, smallest, staging, upload)
 
 _ALIGN = 16  # int32 elements: every input starts 64-byte aligned in the shared buffer
 
@@ -51,7 +54,8 @@ class _PackedBucket:
 class PackedSession:
     """`PackedSession(packed_model, max_batch, max_seq).run(input_ids, input_mask, segment_ids)`."""
 
-    def __init__(self, model: str | onnx.ModelProto, max_batch: int = 32, max_seq: int = 512,
+    def __init__(self, model: str | onnx.ModelProto, max_batch: int = 32,
+                 max_seq: int | None = None,
                  batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS,
                  seq_buckets: Sequence[int] = DEFAULT_SEQ_BUCKETS, token_steps: int = 8,
                  device: str = "cuda", cuda_graph: bool = True,
@@ -60,7 +64,12 @@ class PackedSession:
         import onnxruntime as ort
 
         self._ort = ort
-        proto = onnx.load(model, load_external_data=False) if isinstance(model, str) else model
+        self._closed = False
+        check_int("token_steps", token_steps, 1)
+        for name, flag in (("cuda_graph", cuda_graph), ("validate", validate),
+                           ("pinned", pinned), ("own_stream", own_stream)):
+            check_flag(name, flag)
+        proto = load_model(model)
         self.facts = model_facts(proto)
         if not set(PACKED_INPUTS) <= set(self.facts.inputs):
             raise BertfuseError("not a packed model: convert it with --packed")
@@ -71,8 +80,8 @@ class PackedSession:
         self._request_facts = dataclasses.replace(
             self.facts, inputs=["input_ids", "input_mask"]
             + (["segment_ids"] if "segment_ids" in self.facts.inputs else []))
-        if self.facts.max_positions:
-            max_seq = min(max_seq, self.facts.max_positions)
+        max_batch, max_seq = check_sizes(self.facts, max_batch, max_seq, batch_buckets,
+                                         seq_buckets)
         self.max_batch, self.max_seq, self.validate = max_batch, max_seq, validate
         self.batch_buckets = _buckets(batch_buckets, max_batch)
         self.seq_buckets = _buckets(seq_buckets, max_seq)
@@ -82,7 +91,7 @@ class PackedSession:
         self._opts.log_severity_level = 3
         self.stream = new_stream() if own_stream and pinned else None
         self._provider_options = provider_options
-        self._data = model if isinstance(model, str) else proto.SerializeToString()
+        self._data = proto.SerializeToString() if proto is model else os.fspath(model)
         self.cuda_graph = cuda_graph
         self.fallback_reason = ""
         try:
@@ -117,11 +126,37 @@ class PackedSession:
 
     def warmup(self, buckets: Sequence[tuple[int, int]] | None = None) -> None:
         """Captures every token bucket of the given [batch, seq] buckets (default: all)."""
+        shapes = None if buckets is None else check_warmup(buckets, self.max_batch, self.max_seq)
         with self._lock:
+            self._require_open()
             claim_thread(self)
-            for b, s in buckets or [(b, s) for b in self.batch_buckets for s in self.seq_buckets]:
+            every = [(b, s) for b in self.batch_buckets for s in self.seq_buckets]
+            for b, s in every if shapes is None else shapes:
                 for shape in self.shapes_for(b, s):
                     self._bucket(shape)
+
+    def _require_open(self) -> None:
+        if self._closed:
+            raise ClosedError("this PackedSession is closed")
+
+    def close(self) -> None:
+        """Releases the ORT session and every token bucket's buffers (device and
+        page-locked host); later calls raise ClosedError. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            held = [self._buckets, self.session]
+            self._buckets, self._shapes, self.session = {}, {}, None
+        with GATE.capturing():  # frees device memory: never during another's capture
+            held[0].clear()
+            del held[:]  # as Session.close: the gate is taken after the lock is let go
+
+    def __enter__(self) -> "PackedSession":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
     def _layout(self, shape: PackedShape) -> dict[str, tuple[int, tuple[int, ...]]]:
         """Offset (in int32 elements) and shape of every model input in the shared buffer."""
@@ -206,6 +241,7 @@ class PackedSession:
 
         With to_host=False the outputs stay on the device as the bucket's OrtValues (rows
         past the batch are filler), valid until the next call."""
+        self._require_open()
         names = select_outputs(self.facts.outputs, outputs)
         given = {"input_ids": input_ids, "input_mask": input_mask, "segment_ids": segment_ids}
         arrays = check_request(given, self._request_facts, self.max_batch, self.max_seq,
@@ -213,8 +249,7 @@ class PackedSession:
         mask = arrays.get("input_mask")
         if not isinstance(mask, np.ndarray) or not isinstance(arrays["input_ids"], np.ndarray):
             raise RequestError("the packed path takes host (NumPy) arrays with an input_mask")
-        if not (mask != 0).any(axis=1).all():
-            raise RequestError("every row needs at least one token (a row of mask zeros)")
+        # An all-masked row came back unmasked (unmask_empty_rows): packed, it keeps a token.
         return self.run_checked(arrays, to_host, names)
 
     def run_checked(self, arrays: dict[str, np.ndarray], to_host: bool = True,
@@ -229,6 +264,7 @@ class PackedSession:
         if tokens is None:
             tokens = int(np.count_nonzero(mask))
         with self._lock, GATE.running():
+            self._require_open()
             claim_thread(self)
             shape = choose_shape(self.shapes_for(batch, seq), batch, tokens)
             bucket = self._bucket(shape)

@@ -18,11 +18,15 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 from bertfuse.errors import BertfuseError
 from bertfuse.runtime.pinned import copy_to_device_async, copy_to_host, new_stream, pinned_empty
 from bertfuse.runtime.pool import GATE
+from bertfuse.runtime.requests import (ConfigError, ModelFacts, RequestError,  # noqa: F401
+                                       check_flag, check_options, check_range, check_ranges,
+                                       check_request, check_sizes, check_warmup, load_model,
+                                       model_facts, select_outputs, unmask_empty_rows,
+                                       upper_bound)
 from bertfuse.runtime.variants import attention_mask_variant, mask_mode
 
 ROLES = ("input_ids", "input_mask", "segment_ids")
@@ -34,12 +38,12 @@ AUTO_KEYLEN_MIN_SEQ = 128
 VARIANT_TOLERANCE = 5e-2  # right_padded='auto': [3B+2] below this bucket length, [B] from it
 
 
-class RequestError(BertfuseError, ValueError):
-    """A request that would reach a kernel with bad data: refused before it runs."""
-
-
 class ThreadError(BertfuseError, RuntimeError):
     """A session with CUDA graphs called from a second thread."""
+
+
+class ClosedError(BertfuseError, RuntimeError):
+    """A session used after close()."""
 
 
 def claim_thread(session: Any) -> None:
@@ -60,42 +64,6 @@ def claim_thread(session: Any) -> None:
 
 
 @dataclass
-class ModelFacts:
-    inputs: list[str]
-    outputs: list[str]
-    vocab_size: int | None
-    type_vocab_size: int | None
-    max_positions: int | None
-
-
-def model_facts(model: onnx.ModelProto) -> ModelFacts:
-    """Input/output names and embedding table sizes, read without running the model."""
-    inits = {i.name: i for i in model.graph.initializer}
-    inputs = [i.name for i in model.graph.input if i.name not in inits]
-    vocab = types = positions = None
-    for node in model.graph.node:
-        if node.op_type == "EmbedLayerNormalization":
-            dims = [list(inits[n].dims) if n in inits else None for n in node.input[2:5]]
-            vocab = dims[0][0] if dims[0] else None
-            positions = dims[1][0] if len(dims) > 1 and dims[1] else None
-            types = dims[2][0] if len(dims) > 2 and dims[2] else None
-            break
-    if vocab is None:  # raw graph: read the embedding tables off the ops that use them
-        tables = [list(inits[n.input[0]].dims) for n in model.graph.node
-                  if n.op_type == "Gather" and n.input[0] in inits and len(inits[n.input[0]].dims) == 2]
-        if tables:
-            vocab = max(t[0] for t in tables)
-            small = [t[0] for t in tables if t[0] < 16]
-            types = min(small) if small else None
-        for n in model.graph.node:
-            if n.op_type == "OneHot" and n.input[1] in inits:
-                types = int(numpy_helper.to_array(inits[n.input[1]]).reshape(-1)[0])
-            if n.op_type == "Slice" and n.input[0] in inits and len(inits[n.input[0]].dims) == 2:
-                positions = inits[n.input[0]].dims[0]
-    return ModelFacts(inputs, [o.name for o in model.graph.output], vocab, types, positions)
-
-
-@dataclass
 class _Bucket:
     batch: int
     seq: int
@@ -110,7 +78,8 @@ class _Bucket:
 class Session:
     """`Session(model, max_batch, max_seq).run(input_ids, input_mask, segment_ids)`."""
 
-    def __init__(self, model: str | onnx.ModelProto, max_batch: int = 32, max_seq: int = 512,
+    def __init__(self, model: str | onnx.ModelProto, max_batch: int = 32,
+                 max_seq: int | None = None,
                  batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS,
                  seq_buckets: Sequence[int] = DEFAULT_SEQ_BUCKETS, device: str = "cuda",
                  cuda_graph: bool = True, provider_options: Mapping[str, str] | None = None,
@@ -119,9 +88,34 @@ class Session:
                  pack_below_fill: float = 0.65, pinned: bool = True,
                  own_stream: bool = True, right_padded: str = "auto",
                  token_steps: int = 8) -> None:
+        """max_seq None: the model's position table (512 where the model does not show it).
+        Arguments are checked before any work: a ConfigError names the first bad one."""
         import onnxruntime as ort
 
         self._ort = ort
+        self._closed = False
+        if device not in ("cuda", "cpu"):
+            raise ConfigError(f"device must be 'cuda' or 'cpu', not {device!r}")
+        if right_padded not in ("auto", "keylen", "keyseq"):
+            raise ConfigError("right_padded must be 'auto', 'keylen' or 'keyseq', not "
+                                f"{right_padded!r}")
+        check_options(provider_options, pack_below_fill, token_steps, variant_min_seq,
+                      {"cuda_graph": cuda_graph, "validate": validate, "pinned": pinned,
+                       "mask_variants": mask_variants, "own_stream": own_stream})
+        proto = load_model(model)
+        self.facts = model_facts(proto)
+        # Per input, the first value out of range as uint32 (negatives wrap to >= 2**31).
+        self._upper = np.array([min(upper_bound(self.facts, n) or 2**31, 2**31)
+                                for n in self.facts.inputs], np.uint32)
+        unknown = [n for n in self.facts.inputs if n not in ROLES]
+        if unknown:
+            raise BertfuseError(f"model inputs {unknown} are not bertfuse's canonical "
+                                f"{list(ROLES)}; convert or optimize it with bertfuse first")
+        max_batch, max_seq = check_sizes(self.facts, max_batch, max_seq, batch_buckets,
+                                         seq_buckets)
+        self.max_batch, self.max_seq = max_batch, max_seq
+        self.batch_buckets = _buckets(batch_buckets, max_batch)
+        self.seq_buckets = _buckets(seq_buckets, max_seq)
         # Low-fill requests can go to the packed form of the same model (CUDA only). Measured
         # (docs/benchmarks.md §4): packing pays below ~70% fill at 3 layers b20 s64 and below
         # ~85% at BERT-base b32 s128; full batches lose 9-11% packed.
@@ -134,20 +128,6 @@ class Session:
                                         seq_buckets, token_steps, device=device,
                                         cuda_graph=cuda_graph, provider_options=provider_options,
                                         validate=validate, pinned=pinned)
-        proto = onnx.load(model, load_external_data=False) if isinstance(model, str) else model
-        self.facts = model_facts(proto)
-        # Per input, the first value out of range as uint32 (negatives wrap to >= 2**31).
-        self._upper = np.array([min(_upper_bound(self.facts, n) or 2**31, 2**31)
-                                for n in self.facts.inputs], np.uint32)
-        unknown = [n for n in self.facts.inputs if n not in ROLES]
-        if unknown:
-            raise BertfuseError(f"model inputs {unknown} are not bertfuse's canonical "
-                                f"{list(ROLES)}; convert or optimize it with bertfuse first")
-        if self.facts.max_positions:
-            max_seq = min(max_seq, self.facts.max_positions)
-        self.max_batch, self.max_seq = max_batch, max_seq
-        self.batch_buckets = _buckets(batch_buckets, max_batch)
-        self.seq_buckets = _buckets(seq_buckets, max_seq)
         self.device = device
         self.validate = validate
         self.pinned = pinned and device == "cuda"  # page-locked host staging for the copy
@@ -157,9 +137,6 @@ class Session:
         # attention). Measured on the H200 (docs/benchmarks.md §3): keyseq is fastest below
         # seq 128 (243 -> 229 us GPU at 3 layers b20 s64), cuDNN's keylen from 128 on, so
         # 'auto' splits there. variant_min_seq keeps the raw mask below a bucket length.
-        if right_padded not in ("auto", "keylen", "keyseq"):
-            raise BertfuseError("right_padded must be 'auto', 'keylen' or 'keyseq', not "
-                                f"{right_padded!r}")
         self.right_padded = right_padded
         self.variant_min_seq = variant_min_seq
         self.variant_notes: dict[tuple[int, int, str], str] = {}
@@ -174,12 +151,10 @@ class Session:
         if device == "cuda":
             self.stream = new_stream() if own_stream and self.pinned else None
             providers: list = cuda_providers(ort, cuda_graph, self.stream, provider_options)
-        elif device == "cpu":
+        else:
             cuda_graph = False
             self.stream = None
             providers = ["CPUExecutionProvider"]
-        else:
-            raise BertfuseError(f"device must be 'cuda' or 'cpu', not {device!r}")
         self.cuda_graph = cuda_graph
         self.fallback_reason = ""
         self._opts, self._providers = opts, providers
@@ -239,16 +214,21 @@ class Session:
 
     def warmup(self, buckets: Sequence[tuple[int, int]] | None = None,
                packed: bool = False) -> None:
-        """Allocates, binds and captures every bucket (or the given ones) up front. With
-        packed=True also the packed model's token buckets for them (8 graphs per bucket, so
-        by default they are captured on first use instead)."""
-        buckets = buckets or [(b, s) for b in self.batch_buckets for s in self.seq_buckets]
+        """Allocates, binds and captures every bucket (or those serving the given [batch,
+        seq] request shapes) up front. With packed=True also the packed model's token
+        buckets for them (8 graphs per bucket, so by default they are captured on first use
+        instead)."""
+        check_flag("packed", packed)
+        shapes = None if buckets is None else check_warmup(buckets, self.max_batch, self.max_seq)
         with self._lock:
+            self._require_open()
             claim_thread(self)
-            for b, s in buckets:
-                self._bucket(b, s)
+            keys = [(b, s) for b in self.batch_buckets for s in self.seq_buckets] \
+                if shapes is None else [self.bucket_for(b, s) for b, s in shapes]
+            for key in dict.fromkeys(keys):
+                self._bucket(*key)
         if packed and self.packed is not None:
-            self.packed.warmup(buckets)
+            self.packed.warmup(keys)
 
     def _probe_output_dims(self) -> dict[str, tuple[str | int, ...]]:
         """Output shapes as ('B', 'S', 768)-style templates, from one tiny CPU-side run."""
@@ -358,6 +338,7 @@ class Session:
         pay for copying sequence_output to the host. With to_host=False the outputs stay on
         the device as ORT OrtValues of the bucket's shape (valid until the next call): slice
         them yourself with the returned 'batch'/'seq'."""
+        self._require_open()
         names = select_outputs(self.facts.outputs, outputs)
         given = {"input_ids": input_ids, "input_mask": input_mask, "segment_ids": segment_ids}
         arrays = self._check(given)
@@ -370,6 +351,7 @@ class Session:
             out = self.packed.run_checked(arrays, to_host=to_host, outputs=names, tokens=tokens)
             return out if to_host else {"batch": batch, "seq": seq, **out}
         with self._lock, GATE.running():
+            self._require_open()  # closed while this request waited for the lock
             claim_thread(self)
             key = self.bucket_for(batch, seq)
             if self.validate and key not in self._buckets:
@@ -389,6 +371,8 @@ class Session:
         """ORT's run alone (the graph replay) of the warm bucket and mask variant that a request
         with this [batch, seq] mask is served by: benchmarks time it apart from preparing
         the request."""
+        self._require_open()
+        mask = unmask_empty_rows(np.asarray(mask))  # as run() stages it
         batch, seq = mask.shape
         bucket = self._buckets[self.bucket_for(batch, seq)]
         mode = self._session_for(mask, bucket, batch, seq)
@@ -416,14 +400,42 @@ class Session:
                 >= self._upper
             if over.any():
                 name = self.facts.inputs[int(np.argmax(over))]
-                _check_range(arrays[name], name, _upper_bound(self.facts, name))
+                check_range(arrays[name], name, upper_bound(self.facts, name))
         upload(bucket.packed, host, None if device_inputs else self.stream)
         for i, src in device_inputs:  # device arrays: copied on the device, not via the host
-            _device_copy(bucket.packed, i, src, batch, seq)
+            _device_copy(bucket.packed, i, src, batch, seq, self.facts.inputs[i] == "input_mask")
 
     def _check(self, given: dict[str, Any]) -> dict[str, Any]:
         return check_request(given, self.facts, self.max_batch, self.max_seq, self.validate,
                              staged_ranges=True)
+
+    def _require_open(self) -> None:
+        if self._closed:
+            raise ClosedError(f"this {type(self).__name__} is closed")
+
+    def close(self) -> None:
+        """Releases the ORT sessions, the buckets' buffers and bindings, their page-locked
+        staging and the packed session; later calls raise ClosedError. Idempotent. Waits
+        for a running request. The memory is freed through the capture gate (a free during
+        another thread's stream capture would break it), and not under the session's lock:
+        a pool job waiting for that lock inside the gate would wait for us forever."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            held = [self._buckets, self.sessions]  # bindings and buffers first, then sessions
+            self._buckets, self.sessions, self.session = {}, {}, None
+        with GATE.capturing():
+            while held:
+                held.pop(0).clear()
+        if self.packed is not None:
+            self.packed.close()
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
     def device_memory_used(self) -> int | None:
         """Bytes in use on the device (cudaMemGetInfo), or None off the GPU."""
@@ -436,46 +448,6 @@ class Session:
             return int(total - free)
         except Exception:
             return None
-
-
-def check_request(given: dict[str, Any], facts: ModelFacts, max_batch: int, max_seq: int,
-                  validate: bool = True, staged_ranges: bool = False) -> dict[str, Any]:
-    """The request's arrays, int32, or a RequestError naming what is wrong. staged_ranges:
-    the caller checks the value ranges of host arrays of 4 bytes or less once they are
-    staged as int32 (wider ones could wrap there, so they are checked here)."""
-    arrays: dict[str, Any] = {}
-    shape = None
-    for role, value in given.items():
-        if value is None:
-            continue
-        if role not in facts.inputs:
-            raise RequestError(f"this model takes no {role}")
-        if isinstance(value, np.ndarray):
-            arr, kind = value, value.dtype.kind  # the hot path: no dtype parsing
-        elif hasattr(value, "__dlpack__"):  # device arrays; torch spells dtypes torch.int32
-            arr, kind = value, np.dtype(str(value.dtype).rsplit(".", 1)[-1]).kind
-        else:
-            arr = np.asarray(value)
-            kind = arr.dtype.kind
-        if kind not in "iu":
-            raise RequestError(f"{role} must be an integer array, got {arr.dtype}")
-        if len(arr.shape) != 2:
-            raise RequestError(f"{role} must be [batch, seq], got shape {tuple(arr.shape)}")
-        if shape is not None and tuple(arr.shape) != shape:
-            raise RequestError(f"{role} has shape {tuple(arr.shape)}, input_ids {shape}")
-        shape = tuple(arr.shape)
-        arrays[role] = arr
-    if "input_ids" not in arrays:
-        raise RequestError("input_ids is required")
-    batch, seq = shape
-    if not 1 <= batch <= max_batch:
-        raise RequestError(f"batch {batch} outside 1..{max_batch}")
-    if not 1 <= seq <= max_seq:
-        raise RequestError(f"sequence length {seq} outside 1..{max_seq}")
-    if validate:
-        check_ranges(arrays, facts, staged=False if staged_ranges else None)
-    return {k: (v.astype(np.int32, copy=False) if isinstance(v, np.ndarray) else v)
-            for k, v in arrays.items()}
 
 
 def cuda_providers(ort: Any, cuda_graph: bool, stream: int | None,
@@ -522,18 +494,6 @@ def staging(shape: tuple[int, ...], pinned: bool) -> np.ndarray:
         return np.zeros(shape, np.int32)
     host.fill(0)
     return host
-
-
-def select_outputs(available: Sequence[str], outputs: Sequence[str] | str | None) -> list[str]:
-    """The output names a request asks for (default all), or a RequestError."""
-    if outputs is None:
-        return list(available)
-    names = [outputs] if isinstance(outputs, str) else list(outputs)
-    unknown = [n for n in names if n not in available]
-    if unknown or not names:
-        what = f"no output {unknown[0]!r} in this model" if unknown else "outputs is empty"
-        raise RequestError(f"{what}; it has {list(available)}")
-    return names
 
 
 def fetch(value: Any, batch: int, seq: int, has_seq: bool) -> np.ndarray:
@@ -588,41 +548,16 @@ def _buckets(values: Sequence[int], limit: int) -> list[int]:
     return out
 
 
-def check_ranges(arrays: dict[str, Any], facts: ModelFacts, staged: bool | None = None) -> None:
-    """Refuses values outside each role's table. staged=True/False: only the arrays that are
-    / are not checked once staged as int32 (host arrays of 4 bytes or less: wider ones
-    could wrap there)."""
-    for role, arr in arrays.items():
-        is_staged = isinstance(arr, np.ndarray) and arr.dtype.itemsize <= 4
-        if staged is None or is_staged == staged:
-            _check_range(arr, role, _upper_bound(facts, role))
-
-
-def _upper_bound(facts: ModelFacts, role: str) -> int | None:
-    return {"input_ids": facts.vocab_size, "segment_ids": facts.type_vocab_size,
-            "input_mask": 2}.get(role)
-
-
-def _check_range(arr: Any, role: str, upper: int | None) -> None:
-    if isinstance(arr, np.ndarray):
-        # One reduction on the hot path: as unsigned, negatives become huge.
-        flat = arr.view(f"u{arr.dtype.itemsize}") if arr.dtype.kind == "i" else arr
-        if upper is not None and int(flat.max()) < upper:
-            return
-        lo, hi = int(arr.min()), int(arr.max())
-    else:
-        lo, hi = int(arr.min().item()), int(arr.max().item())
-    if lo < 0 or (upper is not None and hi >= upper):
-        bound = f"[0, {upper})" if upper is not None else ">= 0"
-        raise RequestError(f"{role} values must be in {bound}, got {lo}..{hi}")
-
-
-def _device_copy(packed: Any, index: int, src: Any, batch: int, seq: int) -> None:
+def _device_copy(packed: Any, index: int, src: Any, batch: int, seq: int,
+                 is_mask: bool) -> None:
     """packed[index, :batch, :seq] <- src (a DLPack device array), via CuPy."""
     import cupy
 
     shape = tuple(packed.shape())
     mem = cupy.cuda.UnownedMemory(packed.data_ptr(), int(np.prod(shape)) * 4, packed)
     view = cupy.ndarray(shape, cupy.int32, cupy.cuda.MemoryPointer(mem, 0))
-    view[index, :batch, :seq] = cupy.from_dlpack(src).astype(cupy.int32, copy=False)
+    rows = view[index, :batch, :seq]
+    rows[...] = cupy.from_dlpack(src).astype(cupy.int32, copy=False)
+    if is_mask:  # all-masked rows unmasked, as unmask_empty_rows does for host masks
+        rows += (~rows.any(axis=1, keepdims=True)).astype(cupy.int32)
     cupy.cuda.get_current_stream().synchronize()
