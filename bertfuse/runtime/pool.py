@@ -26,6 +26,13 @@ import threading
 from concurrent.futures import Future
 from typing import Any, Callable, Iterator
 
+from bertfuse.errors import BertfuseError
+from bertfuse.runtime.requests import check_int
+
+
+class NestedCallError(BertfuseError, RuntimeError):
+    """A pool job submitting to a pool: it could wait forever (see SessionPool.submit)."""
+
 
 class CaptureGate:
     """Requests run side by side; a capture (or a session's construction) runs alone.
@@ -86,6 +93,7 @@ class CaptureGate:
 # One gate for the process: a global-mode stream capture fails work from every thread, so
 # every bertfuse session (pooled or not) runs through it.
 GATE = CaptureGate()
+_WORKERS: set[int] = set()  # thread ids of every pool's workers: submit() refuses them
 
 
 class SessionPool:
@@ -97,8 +105,7 @@ class SessionPool:
 
     def __init__(self, make: Callable[[], Any], replicas: int = 2,
                  prepare: Callable[[Any], None] | None = None) -> None:
-        if replicas < 1:
-            raise ValueError(f"replicas must be at least 1, not {replicas}")
+        check_int("replicas", replicas, 1)
         self.replicas: list[Any] = [None] * replicas
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._closed = False
@@ -115,6 +122,14 @@ class SessionPool:
 
     def _serve(self, index: int, make: Callable[[], Any], prepare: Callable[[Any], None] | None,
                started: Future) -> None:
+        _WORKERS.add(threading.get_ident())
+        try:
+            self._replica(index, make, prepare, started)
+        finally:
+            _WORKERS.discard(threading.get_ident())
+
+    def _replica(self, index: int, make: Callable[[], Any],
+                 prepare: Callable[[Any], None] | None, started: Future) -> None:
         try:
             with GATE.capturing():  # building and warming a replica: ORT allocates, captures
                 session = make()
@@ -136,12 +151,21 @@ class SessionPool:
                 future.set_exception(exc)
             else:
                 future.set_result(result)
+        close = getattr(session, "close", None)
+        if close is not None:  # on the thread that built it, which owns its CUDA graphs
+            close()
 
     def submit(self, fn: Callable[[Any], Any]) -> Future:
         """fn(replica) on the first free replica's thread. Device outputs of
         run(..., to_host=False) are valid inside fn only: the replica takes the next job next."""
         if self._closed:
             raise RuntimeError("this SessionPool is closed")
+        if threading.get_ident() in _WORKERS:
+            # Its own pool: with every replica busy (one replica: always) the job waits for
+            # itself. Another pool: the job waits inside the gate's running count, and a
+            # capture there waits for that count to drop.
+            raise NestedCallError("a SessionPool job called a SessionPool; use the replica "
+                                  "it is given (fn(replica)) instead")
         future: Future = Future()
         self._jobs.put((fn, future))
         return future
@@ -157,7 +181,8 @@ class SessionPool:
         return self.call(lambda session: session.run(*args, **kwargs))
 
     def close(self) -> None:
-        """Stops the workers once the queued jobs are done."""
+        """Stops the workers once the queued jobs are done, and closes the replicas (each on
+        its own worker thread; from a pool job, its own replica closes after that job)."""
         if self._closed:
             return
         self._closed = True
