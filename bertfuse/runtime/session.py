@@ -98,7 +98,7 @@ class Session:
             raise ConfigError(f"device must be 'cuda' or 'cpu', not {device!r}")
         if right_padded not in ("auto", "keylen", "keyseq"):
             raise ConfigError("right_padded must be 'auto', 'keylen' or 'keyseq', not "
-                                f"{right_padded!r}")
+                              f"{right_padded!r}")
         check_options(provider_options, pack_below_fill, token_steps, variant_min_seq,
                       {"cuda_graph": cuda_graph, "validate": validate, "pinned": pinned,
                        "mask_variants": mask_variants, "own_stream": own_stream})
