@@ -307,3 +307,15 @@ def test_pool_close_closes_its_replicas(tiny_onnx):
     with pytest.raises(RuntimeError, match="closed"):
         pool.run(**feeds)
     pool.close()  # idempotent
+
+
+def test_pool_closes_a_replica_whose_prepare_failed(tiny_onnx):
+    made: list[Session] = []
+
+    def make() -> Session:
+        made.append(new_session(tiny_onnx["fp32"]))
+        return made[-1]
+
+    with pytest.raises(ConfigError, match="warmup batch"):
+        SessionPool(make, replicas=2, prepare=lambda s: s.warmup([(0, 1)]))
+    assert len(made) == 2 and all(s._closed for s in made)

@@ -130,6 +130,7 @@ class SessionPool:
 
     def _replica(self, index: int, make: Callable[[], Any],
                  prepare: Callable[[Any], None] | None, started: Future) -> None:
+        session = None
         try:
             with GATE.capturing():  # building and warming a replica: ORT allocates, captures
                 session = make()
@@ -138,6 +139,8 @@ class SessionPool:
             self.replicas[index] = session
         except BaseException as exc:  # reported by the constructor
             started.set_exception(exc)
+            if session is not None and hasattr(session, "close"):  # prepare() failed
+                session.close()
             return
         started.set_result(None)
         while (job := self._jobs.get()) is not None:
