@@ -319,3 +319,18 @@ def test_pool_closes_a_replica_whose_prepare_failed(tiny_onnx):
     with pytest.raises(ConfigError, match="warmup batch"):
         SessionPool(make, replicas=2, prepare=lambda s: s.warmup([(0, 1)]))
     assert len(made) == 2 and all(s._closed for s in made)
+
+
+def test_packed_session_arguments_are_checked_before_cuda(ckpt_erf, convert_cached):
+    """PackedSession runs on CUDA only, but its arguments are refused on any machine,
+    before a session is made."""
+    from bertfuse.runtime.packed import PackedSession
+
+    conv = convert_cached(ckpt_erf, "--packed")
+    assert conv.exit_code == 0, conv.report
+    for kw, message in (({"max_batch": 0}, "max_batch must be at least 1"),
+                        ({"max_seq": POSITIONS + 1}, "position table has 128 rows"),
+                        ({"token_steps": 0}, "token_steps must be at least 1"),
+                        ({"pinned": None}, "pinned must be True or False")):
+        with pytest.raises(ConfigError, match=message):
+            PackedSession(conv.onnx_path, **kw)
