@@ -33,6 +33,10 @@ from pathlib import Path
 from typing import Callable
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# The parity reference needs oneDNN's rewrites off (bertfuse/converter/reference.py). Set
+# before TensorFlow loads, the test process computes it in-process; otherwise every convert
+# would start a reference worker. tests/test_gate.py runs real processes with it on.
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

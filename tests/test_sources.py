@@ -183,5 +183,6 @@ def test_tf_nn_gelu_converts(tmp_path):
     assert code == 0, report
     _parity_ok(report["parity"], ("sequence_output",))
     model = onnx.load(str(tmp_path / "gelu.onnx"))
-    assert [i.name for i in model.graph.input] == ["input_ids", "input_mask"]
+    # No token types in the source: the canonical segment_ids input is there, unused.
+    assert [i.name for i in model.graph.input] == ["input_ids", "input_mask", "segment_ids"]
     assert "Erf" in {n.op_type for n in model.graph.node}
