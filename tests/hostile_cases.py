@@ -22,7 +22,7 @@ import numpy as np
 # Library inputs: placeholder -> file name in the workspace (built once per session).
 LIBRARY = {"ckpt": "ckpt", "fused": "fused.onnx", "raw": "raw.onnx", "summary": "summary.json",
            "skel": "skel.onnx", "nan": "nan.onnx", "inf": "inf.onnx", "toy": "toy.onnx",
-           "frozen": "frozen.pb"}
+           "frozen": "frozen.pb", "savedmodel": "savedmodel"}
 DROP = object()  # ("cfg", ...) edit: remove the key
 SHARD = "bert_model.ckpt.data-00000-of-00001"
 INDEX = "bert_model.ckpt.index"
@@ -183,6 +183,26 @@ CONFIGS = [
 ]
 
 
+# ------------------------------------------------------------------- verify --against
+
+AGAINST = [
+    C("against-missing", "verify {fused} --against {w}/nope", 2, "no such file"),
+    C("against-garbage-pb", "verify {fused} --against {g.pb}", 2, "not a TensorFlow GraphDef",
+      [("file", "g.pb", GARBAGE)]),
+    C("against-empty-dir", "verify {fused} --against {d}", 2, "neither a SavedModel",
+      [("mkdir", "d")]),
+    C("against-onnx", "verify {fused} --against {raw}", 2, "raw.onnx"),
+    C("against-config-mismatch", "verify {fused} --against {ckpt} --config {c.json}", 2,
+      "layer_2", [("cfg", "c.json", {"num_hidden_layers": 3})]),
+    C("against-config-missing", "verify {fused} --against {ckpt} --config {w}/nope.json", 2,
+      "nope.json"),
+    C("against-format-frozen-on-ckpt", "verify {fused} --against {ckpt} --format frozen", 2,
+      "is a directory"),
+    C("against-ckpt-inputs", "verify {fused} --against {ckpt} --inputs input_ids=x", 2,
+      "do not apply to a checkpoint"),
+]
+
+
 # ------------------------------------------------------------------------ refused outputs
 
 OUTPUTS = [
@@ -322,6 +342,11 @@ NUMERIC = [
     C("num-draw--layer=huge", "draw {fused} --layer 100000000 -o {w}/d.dot", 2, "no layer"),
     *_num("strip", "strip-weights {skel} V -o {out}", "--fill", ["-1", "nan", "x", "1e8"]),
     *_num("example", "example --config tiny V -o {w}/ex", "--seed", ["-1", "nan", "x"]),
+    C("example-config-empty", "example --config  -o {w}/ex", 2, "unknown example config"),
+    C("example-config-path", "example --config {ckpt}/bert_config.json -o {w}/ex", 2,
+      "unknown example config"),
+    C("example-hidden-act-markup", "example --config tiny --hidden-act [bold]x -o {w}/ex", 2,
+      "[bold]x"),
 ]
 
 
@@ -346,6 +371,13 @@ MAPPINGS = [
       "do not apply to a checkpoint"),
     C("map-signature-on-garbage-savedmodel", "convert {sm} --signature nosuch -o {out}", 2,
       "SavedModel", [("mkdir", "sm"), ("file", "sm/saved_model.pb", GARBAGE)]),
+    C("map-signature-unknown", "convert {savedmodel} --signature [bold]nosuch -o {out}", 2,
+      "no signature '[bold]nosuch'"),
+    C("map-signature-empty", "convert {savedmodel} --signature  -o {out}", 2, "signature"),
+    C("map-inputs-savedmodel-unknown-name",
+      "convert {savedmodel} --inputs input_ids=nosuch -o {out}", 2, "nosuch"),
+    C("map-outputs-savedmodel-unknown", "convert {savedmodel} --outputs nosuch -o {out}", 2,
+      "nosuch"),
     C("map-precision-fp8", "optimize {raw} --precision fp8 -o {out}", 2, "--precision"),
     C("map-unknown-command", "frobnicate", 2, "frobnicate"),
     C("map-no-command", "", 2, None),
@@ -434,8 +466,8 @@ NAMES = [
     C("name-long-missing", "inspect {w}/" + "x" * 300 + ".onnx", 2, None),
     C("name-markup-inspect-ok", ["inspect", "{m [bold].onnx}"], 0, None,
       [("copy", "m [bold].onnx", "{fused}")]),
-    C("name-unicode-strip-ok", ["strip-weights", "{fused}", "-o", "{w}/模型 é [bold]x[red].onnx"], 0, None,
-      creates=("模型 é [bold]x[red].onnx",)),
+    C("name-unicode-strip-ok", ["strip-weights", "{fused}", "-o", "{w}/模型 é [bold]x[red].onnx"],
+      0, None, creates=("模型 é [bold]x[red].onnx",)),
     C("name-space-summarize-ok", ["summarize", "{fused}", "-o", "{w}/my summary [red].json"], 0, None,
       creates=("my summary [red].json",)),
     C("name-markup-draw-ok", "draw {fused} --layer 1 -o {w}/[x]/l.dot", 0, None,
@@ -458,8 +490,8 @@ BENCH = [
 ]
 
 
-ALL_CASES: list[Case] = [*_bad_file_cases(), *SOURCES, *CONFIGS, *OUTPUTS, *NUMERIC, *MAPPINGS,
-                         *DIFFS, *META, *NAMES, *BENCH]
+ALL_CASES: list[Case] = [*_bad_file_cases(), *SOURCES, *CONFIGS, *AGAINST, *OUTPUTS, *NUMERIC,
+                         *MAPPINGS, *DIFFS, *META, *NAMES, *BENCH]
 
 
 # ------------------------------------------------------------------ runtime API (CPU EP)

@@ -70,7 +70,8 @@ def _toy_model(path: Path) -> None:
 
 
 @pytest.fixture(scope="session")
-def hostile_lib(tmp_path_factory, ckpt_erf, frozen_pb, convert_cached) -> dict[str, Path]:
+def hostile_lib(tmp_path_factory, ckpt_erf, frozen_pb, savedmodel_dir, convert_cached
+                ) -> dict[str, Path]:
     """Every library input of the case table, made once (the conversion shared with other
     modules through convert_cached)."""
     from bertfuse.inspect.summary import dumps, summarize
@@ -86,6 +87,7 @@ def hostile_lib(tmp_path_factory, ckpt_erf, frozen_pb, convert_cached) -> dict[s
     shutil.copy(fused.onnx_path, p["fused"])
     shutil.copy(raw.onnx_path, p["raw"])
     shutil.copy(frozen_pb.path, p["frozen"])
+    shutil.copytree(savedmodel_dir.path, p["savedmodel"])
     p["summary"].write_text(dumps(summarize(str(p["fused"]))))
     model = load_model(str(p["fused"]))
     strip_weights(model)
