@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -34,6 +35,24 @@ def load_model(path: str | Path, load_weights: bool = True) -> onnx.ModelProto:
     if not model.opset_import or not model.graph.node:
         raise BertfuseError(f"{path}: not an ONNX model (no graph or no opset)")
     return model
+
+
+def check_input_model(model: onnx.ModelProto, path: str | Path) -> None:
+    """A model to be rewritten must be sound first: a cycle, or an initializer whose bytes do
+    not fill its dims, is bad input (the passes would fail on it as if bertfuse had a bug)."""
+    for t in model.graph.initializer:
+        if t.data_location == onnx.TensorProto.EXTERNAL or not t.HasField("raw_data"):
+            continue
+        itemsize = onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+        need = math.prod(t.dims) * itemsize
+        if len(t.raw_data) != need:
+            raise BertfuseError(f"{path}: initializer {t.name!r} has {len(t.raw_data)} bytes, "
+                                f"its dims {list(t.dims)} need {need}")
+    try:
+        onnx.checker.check_model(str(path))
+    except Exception as exc:
+        raise BertfuseError(f"{path}: fails onnx's checker: "
+                            f"{str(exc).splitlines()[0][:300]}") from None
 
 
 def check_model(model: onnx.ModelProto, providers: list[str] | None = None,

@@ -204,7 +204,7 @@ def optimize(in_path: str, out_path: str, status: Callable[[str], None] | None =
              in_place: bool = False) -> RunReport:
     """Passes on an ONNX model a user exported themselves. `out_path` may be `in_path` only
     with `in_place` (the file is then replaced after success, never half-written)."""
-    from bertfuse.modelio import load_model
+    from bertfuse.modelio import check_input_model, load_model
 
     if not in_place:
         check_output(out_path, [in_path])
@@ -212,6 +212,7 @@ def optimize(in_path: str, out_path: str, status: Callable[[str], None] | None =
     report = RunReport(output=out_path)
     with report.stage("load ONNX", status) as st:
         raw = load_model(in_path)
+        check_input_model(raw, in_path)
         st.nodes = len(raw.graph.node)
     model = _optimize(raw, report, status, precision)
     with report.stage("check (onnx checker + ORT load)", status):

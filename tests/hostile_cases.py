@@ -458,6 +458,33 @@ META = [
 ]
 
 
+# ------------------------------------------- structurally damaged graphs (weights, topology)
+
+def _graph(name: str, argv: str, how: str, arg: Any = None, code: int = 2,
+           needle: str | None = "m.onnx", xfail: str | None = None) -> Case:
+    return C(f"graph-{name}", argv, code, needle, [("tamper", "m.onnx", "{fused}", how, arg)],
+             xfail=xfail)
+
+
+GRAPHS = [
+    _graph("external-absolute-optimize", "optimize {m.onnx} -o {out}", "external",
+           "/etc/hostname"),
+    _graph("external-escape-verify", "verify {m.onnx} --against {ckpt}", "external",
+           "../../../../etc/hostname"),
+    _graph("external-escape-numeric", "diff {m.onnx} {fused} --numeric", "external",
+           "../../etc/hostname"),
+    _graph("external-missing-strip", "strip-weights {m.onnx} -o {out}", "external",
+           "nope.bin"),
+    _graph("dims-vs-bytes-optimize", "optimize {m.onnx} -o {out}", "dims", [2**62, 1024]),
+    _graph("dims-small-optimize", "optimize {m.onnx} -o {out}", "dims", [7, 128]),
+    _graph("dims-vs-bytes-numeric", "diff {fused} {m.onnx} --numeric", "dims", [7, 128]),
+    _graph("cycle-optimize", "optimize {m.onnx} -o {out}", "cycle"),
+    _graph("cycle-verify", "verify {m.onnx} --against {ckpt}", "cycle"),
+    _graph("duplicate-output-optimize", "optimize {m.onnx} -o {out}", "dup_output"),
+    _graph("duplicate-output-numeric", "diff {fused} {m.onnx} --numeric", "dup_output"),
+]
+
+
 # ---------------------------------------------------- odd but valid names: printed literally
 
 NAMES = [
@@ -491,7 +518,7 @@ BENCH = [
 
 
 ALL_CASES: list[Case] = [*_bad_file_cases(), *SOURCES, *CONFIGS, *AGAINST, *OUTPUTS, *NUMERIC,
-                         *MAPPINGS, *DIFFS, *META, *NAMES, *BENCH]
+                         *MAPPINGS, *DIFFS, *META, *GRAPHS, *NAMES, *BENCH]
 
 
 # ------------------------------------------------------------------ runtime API (CPU EP)

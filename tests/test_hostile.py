@@ -58,6 +58,26 @@ def _tamper(src: Path, dst: Path, name: str, value: float) -> None:
     onnx.save(model, str(dst))
 
 
+def _tamper_graph(src: Path, dst: Path, how: str, arg) -> None:
+    """A structurally damaged copy: 'external' (the word table's bytes said to live at `arg`),
+    'dims' (its dims no longer match its bytes), 'cycle' (a node reads a later node's output),
+    'dup_output' (two nodes write one name)."""
+    model = onnx.load(str(src))
+    g = model.graph
+    table = next(t for t in g.initializer if t.name == "embeddings_word")
+    if how == "external":
+        table.ClearField("raw_data")
+        table.data_location = TensorProto.EXTERNAL
+        table.external_data.add(key="location", value=arg)
+    elif how == "dims":
+        table.dims[:] = arg
+    elif how == "cycle":
+        g.node[1].input[0] = g.node[5].output[0]
+    elif how == "dup_output":
+        g.node[2].output[0] = g.node[4].output[0]
+    onnx.save(model, str(dst))
+
+
 def _toy_model(path: Path) -> None:
     """A valid ONNX model that is no BERT: Gather + Relu, output 'y'."""
     graph = helper.make_graph(
@@ -179,6 +199,8 @@ class Workspace:
                 if value is not None:
                     model.metadata_props.add(key=key, value=value)
                 onnx.save(model, str(path))
+            elif op == "tamper":
+                _tamper_graph(Path(self.fmt(args[0])), path, args[1], args[2])
             else:
                 raise AssertionError(f"unknown set-up step {op}")
 
