@@ -235,6 +235,12 @@ OUTPUTS = [
       [("link", "out.onnx.data", "/dev/null")]),
     C("out-convert-savedmodel-dir", "convert {sm} -o {sm}/m.onnx", 2,
       "inside the source directory", [("mkdir", "sm"), ("file", "sm/saved_model.pb", GARBAGE)]),
+    C("out-convert-through-dir-alias", "convert {ckpt} -o {alias}/m.onnx", 2,
+      "inside the source directory", [("link", "alias", "{ckpt}")]),
+    C("out-convert-source-is-alias", "convert {alias} -o {ckpt}/m.onnx", 2,
+      "inside the source directory", [("link", "alias", "{ckpt}")]),
+    C("out-convert-index-as-source", "convert {ckpt}/" + INDEX + " -o {ckpt}/" + SHARD, 2,
+      "is the input"),
     C("out-convert-long-name", "convert {ckpt} -o {w}/" + "n" * 300 + ".onnx", 2,
       "too long"),
     # optimize
