@@ -12,13 +12,13 @@ import json
 import logging
 import os
 
-import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from bertfuse import __version__
 from bertfuse.converter.source import ROLES, TFSource
 from bertfuse.errors import BertfuseError
+from bertfuse.inputs import random_inputs  # noqa: F401  (its old home: callers import it here)
 
 SUPPORTED_OPSETS = (17, 18)
 # Ops tf2onnx emits when it cannot map a TF op: they load in no runtime.
@@ -161,24 +161,3 @@ def _canonicalise_io(model: onnx.ModelProto, src: TFSource) -> None:
             dims[0].dim_param, dims[1].dim_param = "batch", "seq"
         elif len(dims) >= 1 and not dims[0].dim_value:
             dims[0].dim_param = "batch"
-
-
-def random_inputs(batch: int, seq: int, vocab: int, type_vocab: int = 2, seed: int | None = None,
-                  pad_anywhere: bool = False) -> dict[str, np.ndarray]:
-    """Fresh random ids with padding: zeros at the end of some rows (and, with pad_anywhere,
-    holes in the middle and at the start of others). Row 0 is always full."""
-    rng = np.random.default_rng(seed)
-    ids = rng.integers(1, max(vocab, 2), size=(batch, seq), dtype=np.int64).astype(np.int32)
-    segs = rng.integers(0, max(type_vocab, 1), size=(batch, seq)).astype(np.int32)
-    mask = np.ones((batch, seq), np.int32)
-    for b in range(1, batch):
-        kind = b % 3 if pad_anywhere else 1
-        if kind == 1:  # right padding
-            mask[b, rng.integers(1, seq):] = 0
-        elif kind == 2:  # a hole in the middle
-            lo = rng.integers(1, max(seq - 1, 2))
-            mask[b, lo:lo + rng.integers(1, max(seq - lo, 2))] = 0
-        else:  # left padding
-            mask[b, : rng.integers(1, seq)] = 0
-    ids[mask == 0] = 0
-    return {"input_ids": ids, "input_mask": mask, "segment_ids": segs}

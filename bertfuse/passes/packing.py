@@ -17,14 +17,13 @@ GPU; the CPU can only check their structure.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import onnx_graphsurgeon as gs
 
+# The request layout, shared with the runtime, lives below both (bertfuse/packing_layout.py).
+from bertfuse.packing_layout import (PACKED_INPUTS, PackedShape, choose_shape,  # noqa: F401
+                                     pack_into, packed_shapes)
 from bertfuse.passes.base import MS_DOMAIN, PassResult, const, replace_tensor
-
-PACKED_INPUTS = ("token_index", "token_offset", "cumulative_sequence_length")
 
 
 class PackingPass:
@@ -92,76 +91,3 @@ class PackingPass:
             + [index, offset, cumulative]
         result.fused("packing")
         return result
-
-
-
-@dataclass(frozen=True)
-class PackedShape:
-    """One fixed shape of the packed model, so a CUDA graph can be captured for it.
-
-    input_ids/segment_ids are [batch, seq]; the encoder runs on `tokens` rows; token_offset is
-    [rows, seq] with rows = batch + filler rows. A request with t real tokens is padded up to
-    `tokens` with filler tokens that form sequences of their own (the rows past the request's
-    batch), so every token the kernels touch belongs to some sequence and no row is empty.
-    """
-
-    batch: int
-    seq: int
-    tokens: int
-    rows: int
-
-
-def packed_shapes(batch: int, seq: int, steps: int = 8) -> list[PackedShape]:
-    """The token buckets of one [batch, seq] bucket: `steps` equal steps up to batch x seq."""
-    step = -(-batch * seq // steps)
-    extra_rows = -(-step // seq) + 1
-    while extra_rows * (seq - 1) < step:  # filler rows must hold a step's worth of tokens
-        extra_rows += 1
-    return [PackedShape(batch, seq, k * step + extra_rows, batch + extra_rows)
-            for k in range(1, steps + 1)]
-
-
-def choose_shape(shapes: list[PackedShape], batch: int, tokens: int) -> PackedShape:
-    """The smallest shape that holds `tokens` real tokens of `batch` rows plus a filler token
-    for each remaining row."""
-    for shape in shapes:
-        if shape.tokens >= tokens + shape.rows - batch:
-            return shape
-    raise ValueError(f"{tokens} tokens do not fit {shapes[-1]}")
-
-
-def pack_into(mask: np.ndarray, shape: PackedShape,
-              out: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
-    """token_index / token_offset / cumulative_sequence_length of `mask` ([b, s] 0/1, b and s
-    within the shape), padded to `shape` with filler sequences; written into `out`'s arrays
-    when given (the runtime's staging buffer). It is on the request path: few NumPy calls."""
-    b, s = mask.shape
-    keep = np.zeros((shape.rows, shape.seq), bool)
-    np.not_equal(mask, 0, out=keep[:b, :s])
-    lengths = np.add.reduce(keep, axis=1, dtype=np.int64)
-    real = int(lengths.sum())
-    filler_rows = shape.rows - b
-    extra = shape.tokens - real
-    if not filler_rows <= extra <= filler_rows * shape.seq:
-        raise ValueError(f"{real} tokens in {b} rows do not pack into {shape}")
-    each, rest = divmod(extra, filler_rows)
-    lengths[b:] = each
-    lengths[b:b + rest] += 1
-    keep[b:] = np.arange(shape.seq) < lengths[b:, None]
-    flat = keep.reshape(-1)
-    kept = flat.nonzero()[0]  # row by row: the order the kernels expect
-    if out is None:
-        out = {"token_index": np.empty(shape.tokens, np.int32),
-               "token_offset": np.empty((shape.rows, shape.seq), np.int32),
-               "cumulative_sequence_length": np.empty(shape.rows + 1, np.int32)}
-    offset = out["token_offset"].reshape(-1)
-    offset[:shape.tokens] = kept
-    offset[shape.tokens:] = (~flat).nonzero()[0]
-    index = out["token_index"]
-    index[:] = kept
-    index[np.searchsorted(kept, shape.batch * shape.seq):] = 0  # filler past input_ids: token 0
-    cumulative = out["cumulative_sequence_length"]
-    cumulative[0] = 0
-    np.cumsum(lengths, out=cumulative[1:])
-    return out
-

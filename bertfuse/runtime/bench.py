@@ -22,6 +22,7 @@ from typing import Callable
 import numpy as np
 import onnx
 
+from bertfuse.inputs import padded_request as request
 from bertfuse.passes.manager import default_passes, run_passes
 from bertfuse.runtime.weights import fill_weights, is_stripped
 
@@ -46,17 +47,6 @@ class Result:
     kernels: int | None = None
     note: str = ""
     breakdown: list = field(default_factory=list)
-
-
-def request(batch: int, seq: int, vocab: int, seed: int = 1) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    ids = rng.integers(1, vocab, size=(batch, seq)).astype(np.int32)
-    mask = np.ones((batch, seq), np.int32)
-    for i in range(batch):
-        mask[i, rng.integers(max(1, seq // 2), seq + 1):] = 0  # every row keeps a token
-    seg = np.zeros((batch, seq), np.int32)
-    seg[:, seq // 2:] = 1
-    return {"input_ids": ids, "input_mask": mask, "segment_ids": seg}
 
 
 def time_calls(fn: Callable[[], object], iters: int, warmup: int = 30) -> tuple[float, float]:

@@ -23,6 +23,7 @@ from typing import Any, Callable
 import numpy as np
 import onnx
 
+from bertfuse.inputs import lengths_request as request
 from bertfuse.passes.cleanup import Cleanup
 from bertfuse.passes.manager import run_passes
 from bertfuse.passes.packing import PackingPass, choose_shape
@@ -44,15 +45,6 @@ def _mixes(lengths: Lengths, rng: np.random.Generator, batch: int,
     ones = mixed.copy()
     ones[::3] = 1
     return {"mixed": mixed, "all full": np.full(batch, seq), "with length-1 rows": ones}
-
-
-def request(lengths: np.ndarray, seq: int, vocab: int, seed: int = 1) -> tuple:
-    rng = np.random.default_rng(seed)
-    mask = (np.arange(seq)[None, :] < np.asarray(lengths)[:, None]).astype(np.int32)
-    ids = rng.integers(1, vocab, size=mask.shape).astype(np.int32) * mask
-    segs = np.zeros(mask.shape, np.int32)
-    segs[:, seq // 2:] = 1
-    return ids, mask, segs
 
 
 def uniform_case(argv: list[str] | None, description: str, iters: int) -> tuple:
