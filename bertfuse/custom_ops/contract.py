@@ -81,6 +81,43 @@ class OpContract:
                 return a
         raise KeyError(f"{self.op_type} has no attribute {name!r}")
 
+    def node(self, name: str, inputs: Sequence[Any], outputs: Sequence[Any], **attrs: Any):
+        """An onnx-graphsurgeon node of this op, checked against the contract.
+
+        ``inputs``/``outputs`` are positional slots: ``None`` (or an empty tensor) skips an
+        optional slot, trailing skipped slots are dropped. Every required slot must be filled,
+        attributes must be known to the op (required ones given); ``None`` leaves one unset.
+        A fusion that breaks the contract fails here, at build time, not in ORT at load time."""
+        import onnx_graphsurgeon as gs
+
+        ins = self._slots(inputs, self.inputs, "input", gs)
+        outs = self._slots(outputs, self.outputs, "output", gs)
+        known = {a.name: a for a in self.attributes}
+        unknown = sorted(set(attrs) - set(known))
+        if unknown:
+            raise ValueError(f"{self.op_type} has no attribute {', '.join(unknown)}")
+        checked: dict[str, Any] = {}
+        for key, spec in known.items():
+            value = attrs.get(key)
+            if value is None:
+                if spec.required:
+                    raise ValueError(f"{self.op_type} needs attribute {key!r}")
+                continue
+            checked[key] = _attr_value(self.op_type, spec, value)
+        return gs.Node(self.op_type, name, checked, inputs=ins, outputs=outs,
+                       domain=self.domain or None)
+
+    def _slots(self, given: Sequence[Any], specs: Sequence[TensorSpec], kind: str, gs) -> list:
+        if len(given) > len(specs):
+            raise ValueError(f"{self.op_type} takes at most {len(specs)} {kind}s, got {len(given)}")
+        slots = [t if t is not None and getattr(t, "name", "") != "" else None for t in given]
+        while slots and slots[-1] is None:
+            slots.pop()
+        for i, spec in enumerate(specs):
+            if not spec.optional and (i >= len(slots) or slots[i] is None):
+                raise ValueError(f"{self.op_type} {kind} {i} ({spec.name}) is required")
+        return [t if t is not None else gs.Variable.empty() for t in slots]
+
     def to_markdown(self) -> str:
         """Input/output/attribute tables in the README's format."""
 
@@ -100,6 +137,19 @@ class OpContract:
                 default = "required" if a.required else ("unset" if a.default is None else repr(a.default))
                 lines.append(f"| `{a.name}` | {a.type} | {default} | {cell(a.meaning)} |")
         return "\n".join(lines)
+
+
+def _attr_value(op: str, spec: AttrSpec, value: Any) -> Any:
+    """The attribute value as its declared type (an int where a float is declared is widened)."""
+    if spec.type == "int" and isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return int(value)
+    if spec.type == "float" and isinstance(value, (int, float, np.integer, np.floating)) and \
+            not isinstance(value, bool):
+        return float(value)
+    if spec.type == "ints" and isinstance(value, (list, tuple)) and \
+            all(isinstance(v, (int, np.integer)) for v in value):
+        return [int(v) for v in value]
+    raise TypeError(f"{op} attribute {spec.name!r} must be {spec.type}, got {value!r}")
 
 
 def _by_name(specs: Sequence[TensorSpec], name: str, op: str) -> TensorSpec:

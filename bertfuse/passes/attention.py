@@ -27,7 +27,8 @@ import onnx_graphsurgeon as gs
 
 from bertfuse.passes.attention_match import MASK_FLOOR, AttentionMatch, Projection, \
     _scalar_factor, match_numeric
-from bertfuse.passes.base import MS_DOMAIN, PassResult, const, const_value, is_graph_output, \
+from bertfuse.custom_ops.attention import CONTRACT as ATTENTION
+from bertfuse.passes.base import PassResult, const, const_value, is_graph_output, \
     producer, reaches_op, replace_tensor, scalar_value
 from bertfuse.passes.evaluate import ancestors, bs_input, eval_with_ort, rank_of
 from bertfuse.passes.probe import probe_feeds, probe_mask
@@ -167,8 +168,7 @@ class AttentionFusion:
         if abs(m.scale - default_scale) > 1e-6 * default_scale:
             attrs["scale"] = float(m.scale)
         out3 = gs.Variable(f"{prefix}_output", dtype=m.output.dtype)
-        graph.nodes.append(gs.Node("Attention", f"{prefix}_Attention", attrs, inputs=inputs,
-                                   outputs=[out3], domain=MS_DOMAIN))
+        graph.nodes.append(ATTENTION.node(f"{prefix}_Attention", inputs, [out3], **attrs))
         if rank_of(m.output) != 3:
             flat = gs.Variable(f"{prefix}_output2d", dtype=m.output.dtype)
             graph.nodes.append(gs.Node("Reshape", f"{prefix}_to2d", inputs=[

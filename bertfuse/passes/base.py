@@ -9,7 +9,7 @@ from typing import Callable, Iterable, Protocol
 import numpy as np
 import onnx_graphsurgeon as gs
 
-MS_DOMAIN = "com.microsoft"
+from bertfuse.custom_ops.contract import MS_DOMAIN  # noqa: F401  (the one domain constant)
 
 
 @dataclass

@@ -20,7 +20,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from bertfuse.passes.base import MS_DOMAIN, PassResult, const, const_value, producer, \
+from bertfuse.custom_ops.embed_layernorm import CONTRACT as EMBED_LN
+from bertfuse.passes.base import PassResult, const, const_value, producer, \
     replace_tensor
 from bertfuse.passes.evaluate import ancestors, eval_with_ort
 from bertfuse.passes.probe import PROBE_SEQ, probe_feeds
@@ -64,17 +65,15 @@ class EmbedLayerNormFusion:
         # EmbedLayerNormalization requires beta; LayerNormalization's B is optional (zeros).
         beta = ln.inputs[2] if len(ln.inputs) > 2 and ln.inputs[2].name != "" else \
             const("embeddings_beta", np.zeros([hidden], dtype=_float_dtype(ln.inputs[1], word)))
-        inputs = [_int32(graph, ids), _int32(graph, segs) if segs is not None else gs.Variable.empty(),
+        inputs = [_int32(graph, ids), _int32(graph, segs) if segs is not None else None,
                   const("embeddings_word", word), const("embeddings_position", position),
-                  const("embeddings_segment", segment) if segment is not None else gs.Variable.empty(),
-                  ln.inputs[1], beta]
-        if pos_ids is not None:
-            inputs += [gs.Variable.empty(), _int32(graph, pos_ids)]
+                  const("embeddings_segment", segment) if segment is not None else None,
+                  ln.inputs[1], beta, None,
+                  _int32(graph, pos_ids) if pos_ids is not None else None]
         out = gs.Variable("embeddings_output", dtype=y.dtype)
         mask_index = gs.Variable("embeddings_mask_index", dtype=np.int32)
-        graph.nodes.append(gs.Node("EmbedLayerNormalization", "EmbedLayerNormalization",
-                                   {"epsilon": float(ln.attrs.get("epsilon", 1e-5))},
-                                   inputs=inputs, outputs=[out, mask_index], domain=MS_DOMAIN))
+        graph.nodes.append(EMBED_LN.node("EmbedLayerNormalization", inputs, [out, mask_index],
+                                         epsilon=float(ln.attrs.get("epsilon", 1e-5))))
         if y.shape is not None and len(y.shape) == 2:
             flat = gs.Variable("embeddings_output2d", dtype=y.dtype)
             graph.nodes.append(gs.Node("Reshape", "embeddings_to2d", inputs=[

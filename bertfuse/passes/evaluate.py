@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from bertfuse.custom_ops.contract import MS_DOMAIN, MS_OPSET
 from bertfuse.passes.base import const_value, producer
 
 ELEMENTWISE = {"Add", "Sub", "Mul", "Div", "Neg", "Sqrt", "Reciprocal", "Pow", "Erf", "Tanh",
@@ -220,7 +221,7 @@ def eval_with_ort(graph: gs.Graph, outputs: list[gs.Tensor],
     model.ir_version = min(model.ir_version, 10)
     del model.opset_import[:]
     model.opset_import.extend([onnx.helper.make_opsetid("", graph.opset),
-                               onnx.helper.make_opsetid("com.microsoft", 1)])
+                               onnx.helper.make_opsetid(MS_DOMAIN, MS_OPSET)])
     opts = ort.SessionOptions()
     opts.log_severity_level = 4
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL

@@ -22,7 +22,8 @@ from math import erf
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from bertfuse.passes.base import (MS_DOMAIN, PassResult, const_value, detach, is_graph_output,
+from bertfuse.custom_ops.gelu import CONTRACTS as GELU_CONTRACTS
+from bertfuse.passes.base import (PassResult, const_value, detach, is_graph_output,
                                   producer, replace_tensor)
 from bertfuse.passes.evaluate import closed_region, eval_elementwise, region_outputs
 
@@ -90,8 +91,7 @@ class GeluFusion:
             op, inputs = ("BiasGelu", [src, bias]) if bias is not None else ("Gelu", [x])
         else:
             op, inputs = "FastGelu", ([src, bias] if bias is not None else [x])
-        graph.nodes.append(gs.Node(op, f"{y.name}_{op}", {}, inputs=inputs, outputs=[out],
-                                   domain=MS_DOMAIN))
+        graph.nodes.append(GELU_CONTRACTS[op].node(f"{y.name}_{op}", inputs, [out]))
         replace_tensor(graph, y, out)
         detach(region)
         if bias is not None and adder is not None and not x.outputs:

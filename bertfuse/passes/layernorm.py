@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from bertfuse.custom_ops.layernorm import CONTRACT as LAYER_NORM
 from bertfuse.passes.base import PassResult, const, detach, replace_tensor, scalar_value
 from bertfuse.passes.evaluate import closed_region, eval_elementwise, region_outputs
 
@@ -45,11 +46,9 @@ class LayerNormFusion:
             region, y, gamma, beta, eps = outcome
             claimed.update(id(n) for n in region)
             ln_out = gs.Variable(f"{y.name}_ln", dtype=y.dtype, shape=y.shape)
-            ln = gs.Node("LayerNormalization", f"{region[-1].name}_LayerNorm",
-                         {"axis": -1, "epsilon": eps},
-                         inputs=[x, const(f"{y.name}_gamma", gamma),
-                                 const(f"{y.name}_beta", beta)],
-                         outputs=[ln_out])
+            ln = LAYER_NORM.node(f"{region[-1].name}_LayerNorm",
+                                 [x, const(f"{y.name}_gamma", gamma), const(f"{y.name}_beta", beta)],
+                                 [ln_out], axis=-1, epsilon=eps)
             graph.nodes.append(ln)
             replace_tensor(graph, y, ln_out)
             detach(region)

@@ -11,6 +11,7 @@ from typing import Callable, Sequence
 import onnx
 import onnx_graphsurgeon as gs
 
+from bertfuse.custom_ops.contract import MS_DOMAIN, MS_OPSET
 from bertfuse.encoder_table import EncoderTable, encoder_table
 from bertfuse.passes.base import Diagnostic, Pass, census
 from bertfuse.passes.cleanup import Cleanup
@@ -146,6 +147,6 @@ def _ensure_opsets(out: onnx.ModelProto, original: onnx.ModelProto) -> None:
     for o in original.opset_import:
         if o.domain not in have:
             out.opset_import.append(o)
-    if any(n.domain == "com.microsoft" for n in out.graph.node) and "com.microsoft" not in \
+    if any(n.domain == MS_DOMAIN for n in out.graph.node) and MS_DOMAIN not in \
             {o.domain for o in out.opset_import}:
-        out.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
+        out.opset_import.append(onnx.helper.make_opsetid(MS_DOMAIN, MS_OPSET))

@@ -14,7 +14,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from bertfuse.passes.base import MS_DOMAIN, PassResult, const_value, producer, reaches_op, \
+from bertfuse.custom_ops.skip_layernorm import CONTRACT as SKIP_LN
+from bertfuse.passes.base import PassResult, const_value, producer, reaches_op, \
     replace_tensor
 
 
@@ -36,17 +37,12 @@ class SkipLayerNormFusion:
             dense, bias, residual = found
             # LayerNormalization's B (beta) is optional, and so is SkipLayerNormalization's:
             # without it leave beta's slot empty (or off entirely when there is no bias).
-            beta = ln.inputs[2] if len(ln.inputs) > 2 else gs.Variable.empty()
-            inputs = [dense, residual, ln.inputs[1], beta]
-            if bias is not None:
-                inputs.append(bias)
-            elif beta.name == "":
-                inputs.pop()
+            beta = ln.inputs[2] if len(ln.inputs) > 2 else None
             y = ln.outputs[0]
             out = gs.Variable(f"{y.name}_skipln", dtype=y.dtype, shape=y.shape)
-            graph.nodes.append(gs.Node("SkipLayerNormalization", f"{ln.name}_Skip",
-                                       {"epsilon": float(ln.attrs.get("epsilon", 1e-5))},
-                                       inputs=inputs, outputs=[out], domain=MS_DOMAIN))
+            graph.nodes.append(SKIP_LN.node(f"{ln.name}_Skip",
+                                            [dense, residual, ln.inputs[1], beta, bias], [out],
+                                            epsilon=float(ln.attrs.get("epsilon", 1e-5))))
             replace_tensor(graph, y, out)
             result.rewrites += 1
         return result
