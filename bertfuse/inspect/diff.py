@@ -29,7 +29,9 @@ def parse_fail_on(text: str | None) -> tuple[str, ...]:
     if text is None:
         return DEFAULT_FAIL_ON
     items = tuple(t.strip() for t in text.split(",") if t.strip())
-    if items in (("none",), ()):
+    if not items:  # an unset shell variable, say: a gate must not open silently
+        raise BertfuseError("--fail-on is empty (name categories, all, or none)")
+    if items == ("none",):
         return ()
     if items == ("all",):
         return CATEGORIES
