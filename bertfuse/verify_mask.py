@@ -2,7 +2,9 @@
 
 TF and ONNX get the same wiring, so a wrong --inputs mapping (mask and segment ids swapped)
 passes plain parity. Two perturbations of the padded positions (input_mask == 0) catch it,
-each compared at the kept positions of sequence_output:
+each compared at the kept positions of sequence_output (or, for a model with only per-row
+outputs such as a classifier's logits, on the first output of the rows whose first token,
+[CLS], is kept):
 
 * padded ids changed: the ONNX model must move exactly as TF moves. Usually neither moves;
   a model whose own outputs legitimately read padded ids (MobileBERT's trigram embedding
@@ -51,16 +53,26 @@ def _nonfinite(*arrays: np.ndarray) -> int:
 def mask_rows(mask: np.ndarray, references: dict, candidates: dict, tol) -> list[tuple]:
     """(name, max, mean, ok, nonfinite, note) per check, for verify.OutputParity; `tol` is a
     verify.Tolerance, the references/candidates keyed 'base', 'ids', 'segments'."""
-    kept = mask.astype(bool)
-    t0 = references["base"]["sequence_output"]
-    o0 = candidates["base"]["sequence_output"]
+    # Watched: sequence_output at the kept tokens; a model with only per-row outputs (a
+    # classifier's logits, a pooled output) is watched on the whole of its first output.
+    out = "sequence_output" if "sequence_output" in references["base"] else \
+        next(iter(references["base"]))
+    t0 = references["base"][out]
+    o0 = candidates["base"].get(out)
+    if o0 is None:
+        return []  # the missing output already failed plain parity
+    if out == "sequence_output":
+        kept = mask.astype(bool)
+    else:  # a row's output is read off its first token ([CLS]): rows where that is kept
+        kept = np.zeros(np.shape(t0), bool)
+        kept[mask[:, 0].astype(bool)] = True
     bound = tol.atol + tol.rtol * np.abs(np.asarray(t0, np.float64))[kept]
     rows = []
     for key, name in (("ids", IDS), ("segments", SEGMENTS)):
         if key not in references:
             continue
-        t1 = references[key]["sequence_output"]
-        o1 = candidates[key].get("sequence_output")
+        t1 = references[key][out]
+        o1 = candidates[key].get(out)
         bad = _nonfinite(t0, o0, t1, o1) if o1 is not None else 1
         if bad:
             rows.append((name, math.nan, math.nan, False, bad, f"{bad} NaN/Inf value(s)"))

@@ -96,8 +96,11 @@ def test_thirdparty_fused_and_exact(name, rel, converted):
     path, report = converted(name, rel)
     assert report.written and report.parity is not None and report.parity.ok, \
         report.parity.to_json() if report.parity else None
+    # The mask checks run on every model, heads included (a classifier's logits).
     model = onnx.load(path)
     feeds, expected, meta = _feeds_and_expected(name, model)
+    checks = [o.name for o in report.parity.outputs if o.name.startswith("mask invariance")]
+    assert len(checks) == (2 if meta["has_segment_ids"] else 1), checks
     ops = Counter(n.op_type for n in model.graph.node)
     layers = meta["layers"]
     if "mobilebert" not in name:  # MobileBERT: fusion optional
@@ -143,3 +146,16 @@ def test_shared_layer_weights_stay_shared(converted):
     assert len({i.name for i in big}) == len(big)
     names = [i.name for i in model.graph.initializer]
     assert len(names) == len(set(names))
+
+
+def test_head_with_mask_and_segments_swapped_is_refused(tmp_path):
+    """A classifier has no sequence_output: its logits carry the mask check."""
+    from bertfuse.errors import ParityError
+    from bertfuse.pipeline import ConvertOptions, convert
+
+    out = tmp_path / "swapped.onnx"
+    opts = ConvertOptions(inputs="input_ids=input_ids,input_mask=token_type_ids,"
+                                 "segment_ids=attention_mask")
+    with pytest.raises(ParityError, match="mask invariance"):
+        convert(str(FIXTURES / "hf_bert_cls" / "model"), str(out), opts)
+    assert not out.exists()
