@@ -343,6 +343,7 @@ NUMERIC = [
     *_num("diff", "diff {fused} {raw} --numeric V", "--batch", ["0"]),
     *_num("diff", "diff {fused} {raw} --numeric V", "--seq", ["1"]),
     *_num("diff", "diff {fused} {raw} --numeric V", "--seed", ["-1"]),
+    C("num-diff--seq=past-positions", "diff {fused} {raw} --numeric --seq 129", 2, "seq 129"),
     *_num("draw", "draw {fused} V -o {w}/d.dot", "--layer", ["-1", "x", "1e8", "nan"]),
     C("num-draw--layer=past-last", "draw {fused} --layer 2 -o {w}/d.dot", 2, "no layer 2"),
     C("num-draw--layer=huge", "draw {fused} --layer 100000000 -o {w}/d.dot", 2, "no layer"),

@@ -267,7 +267,14 @@ def numeric_diff(path_a: str, path_b: str, batch: int = 4, seq: int = 32, seed: 
     common = [n for n in names_a if n in names_b]
     if not common:
         raise BertfuseError("--numeric: the two models share no output name")
-    results = [s.run(common, _feeds(s, batch, seq, seed, *vocab)) for s in sessions]
+    results = []
+    for p, s in zip((path_a, path_b), sessions):
+        feeds = _feeds(s, batch, seq, seed, *vocab)
+        try:  # e.g. --seq past the model's position table: the user's input, not a bug
+            results.append(s.run(common, feeds))
+        except Exception as exc:
+            raise BertfuseError(f"{p}: ONNX Runtime fails on the --numeric inputs (batch "
+                                f"{batch}, seq {seq}): {str(exc).splitlines()[0][:200]}") from None
     rows = []
     for name, x, y in zip(common, *results):
         x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
