@@ -4,7 +4,10 @@ Layers are found by their attention core: each Attention node (fused) or Softmax
 starts a layer; the nodes after it up to the next one belong to it. What a layer should
 hold once fused: 1 Attention, 2 SkipLayerNormalization, 1 GELU-family op; before the first
 layer, 1 EmbedLayerNormalization. Whatever is still raw there is listed, and the reasons the
-passes recorded are attached.
+passes recorded are attached to the layers that are not fully fused: a miss recorded in a
+layer (passes number layers the same way: passes.base.Layers) goes to that layer, a layer-less
+one to every unfused layer. Misses of the passes that do not decide a layer's fusion (cleanup,
+the pooler's Gemm, fp16, shared weights) stay in the pass diagnostics only.
 """
 
 from __future__ import annotations
@@ -14,6 +17,9 @@ from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 GELU_OPS = ("BiasGelu", "FastGelu", "Gelu", "GemmFastGelu")
+# Pass components whose misses do not explain an unfused layer (embed_layernorm has its row).
+NOT_LAYER = ("embed_layernorm", "cleanup", "dense_gemm", "first_token", "gemm_to_matmul", "fp16",
+             "shared_weights")
 RAW_LN_OPS = ("ReduceMean", "GlobalAveragePool", "InstanceNormalization", "LayerNormalization")
 
 
@@ -86,17 +92,22 @@ def encoder_table(op_types: Sequence[str], diagnostics: Iterable = ()) -> Encode
             counts["Tanh"] -= 1  # the pooler's activation follows the last layer
         leftovers = {op: counts[op] for op in ("Softmax",) + RAW_LN_OPS + ("Erf", "Tanh")
                      if counts[op]}
-        reasons = [d.reason for d in diagnostics
-                   if not d.fused and d.layer == i and d.reason]
         layers.append(LayerStatus(i, counts["Attention"] > 0, counts["SkipLayerNormalization"],
-                                  any(counts[g] for g in GELU_OPS), leftovers, reasons))
-    # Layer-less findings (LayerNorm, GELU, 3-D restructuring) go to every unfused layer.
-    general = [f"{d.component}: {d.reason}" for d in diagnostics
-               if not d.fused and d.layer is None and d.component != "embed_layernorm"]
+                                  any(counts[g] for g in GELU_OPS), leftovers))
+    misses = [d for d in diagnostics if not d.fused and d.reason and
+              d.component not in NOT_LAYER]
+    # Layer-less findings (embedding LayerNorm, 3-D restructuring, ...) go to every unfused layer.
+    general = [_reason(d) for d in misses if d.layer is None]
     for l in layers:
         if not l.fused:
+            l.reasons = [_reason(d) for d in misses if d.layer == l.layer]
             l.reasons.extend(r for r in general if r not in l.reasons)
     embed = "EmbedLayerNormalization" in prelude or "EmbedLayerNormalization" in op_types[:3]
     embed_reasons = [d.reason for d in diagnostics
                      if d.component == "embed_layernorm" and not d.fused]
     return EncoderTable(embed, embed_reasons, layers)
+
+
+def _reason(d) -> str:
+    """Attention's reasons as they are (the column names it), the others with their pass."""
+    return d.reason if d.component == "attention" else f"{d.component}: {d.reason}"

@@ -1,10 +1,17 @@
-"""What every pass shares: its result type, diagnostics, and small graph helpers."""
+"""What every pass shares: its result type, diagnostics, and small graph helpers.
+
+The pass protocol: a pass looks at candidates (the anchors of its pattern: every LayerNorm
+for skip_layernorm, every Erf/Tanh for gelu, every Identity for cleanup, ...), tries a match
+on each (a `MatchResult`, failed with a reason where a check does not hold) and ends every
+candidate in its `PassResult` as fused or missed, with the encoder layer where one is known
+(`Layers`). Nothing a pass looks at is skipped silently.
+"""
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Protocol
+from typing import Any, Callable, Iterable, Protocol
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -27,9 +34,40 @@ class Diagnostic:
         return f"{where}{self.component}: {state}"
 
 
+class MatchResult:
+    """One match attempt (onnxscript's MatchResult): it carries what the match found until a
+    check calls `.fail(reason)`; false once failed.
+
+        m = MatchResult()
+        if node.op != "Add":
+            return m.fail("input is not an Add")
+        return m.ok((dense, bias, residual))
+    """
+
+    __slots__ = ("reason", "found")
+
+    def __init__(self) -> None:
+        self.reason = ""
+        self.found: Any = None
+
+    def ok(self, found: Any) -> "MatchResult":
+        self.found = found
+        return self
+
+    def fail(self, reason: str) -> "MatchResult":
+        self.reason, self.found = reason or "no reason given", None
+        return self
+
+    def __bool__(self) -> bool:
+        return not self.reason
+
+    def __repr__(self) -> str:
+        return f"MatchResult(failed: {self.reason})" if self.reason else "MatchResult(ok)"
+
+
 @dataclass
 class PassResult:
-    """What a pass changed: how many rewrites, and what it found along the way."""
+    """What a pass changed: how many rewrites, and per candidate whether it fused and why not."""
 
     rewrites: int = 0
     diagnostics: list[Diagnostic] = field(default_factory=list)
@@ -40,6 +78,35 @@ class PassResult:
 
     def missed(self, component: str, reason: str, layer: int | None = None) -> None:
         self.diagnostics.append(Diagnostic(component, False, layer, reason))
+
+    def record(self, component: str, match: MatchResult, layer: int | None = None) -> bool:
+        """Ends a candidate as missed (a failed match, with its reason) or not; returns whether
+        it matched. The pass calls `fused` once it has rewritten the match."""
+        if not match:
+            self.missed(component, match.reason, layer)
+        return bool(match)
+
+    def missed_reasons(self, component: str | None = None) -> list[str]:
+        return [d.reason for d in self.diagnostics
+                if not d.fused and (component is None or d.component == component)]
+
+
+class Layers:
+    """The encoder layer of each node, numbered as the encoder table numbers them: every
+    attention core (Softmax, or a fused Attention) starts a layer, in topological order.
+    Nodes before the first one (the embeddings) have no layer. Taken when a pass starts:
+    the manager toposorts the graph after every pass; nodes added later have no layer."""
+
+    def __init__(self, graph: gs.Graph) -> None:
+        self._layer: dict[int, int | None] = {}
+        layer: int | None = None
+        for node in graph.nodes:
+            if node.op in ("Softmax", "Attention"):
+                layer = 0 if layer is None else layer + 1
+            self._layer[id(node)] = layer
+
+    def of(self, node: gs.Node | None) -> int | None:
+        return None if node is None else self._layer.get(id(node))
 
 
 class Pass(Protocol):

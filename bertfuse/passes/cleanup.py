@@ -4,6 +4,10 @@
     x(float) ─► Cast(to=float) ─► y      ==>  x ─► y
     x ─► Reshape(a) ─► Reshape(b) ─► y   ==>  x ─► Reshape(b) ─► y
     Constant / Shape-of-static-tensor arithmetic   ==>  folded initializers
+
+Candidates: every Identity, no-op Cast, Reshape of a Reshape and Reshape to its input's own
+static shape; each ends removed (fused) or kept with a reason (an input/output name to keep,
+a Reshape that copies dims from its input). Folding is onnx-graphsurgeon's and not itemised.
 """
 
 from __future__ import annotations
@@ -12,18 +16,20 @@ import numpy as np
 import onnx_graphsurgeon as gs
 from onnx import helper
 
-from bertfuse.passes.base import PassResult, const_value, is_graph_output, producer, \
-    replace_tensor
+from bertfuse.passes.base import Layers, MatchResult, PassResult, const_value, is_graph_output, \
+    producer, replace_tensor
 
 
-def _bypass(graph: gs.Graph, node: gs.Node, src: gs.Tensor) -> bool:
+def _bypass(graph: gs.Graph, node: gs.Node, src: gs.Tensor) -> MatchResult:
+    m = MatchResult()
     out = node.outputs[0]
     if is_graph_output(graph, out) and (is_graph_output(graph, src) or src in graph.inputs):
-        return False  # an input/output must keep its name: leave the node
+        # an input/output must keep its name: leave the node
+        return m.fail(f"{node.op} {node.name} links model inputs/outputs: kept for their names")
     replace_tensor(graph, out, src)
     node.outputs.clear()
     node.inputs.clear()
-    return True
+    return m.ok(node)
 
 
 class Cleanup:
@@ -37,23 +43,32 @@ class Cleanup:
         except Exception:  # folding is an optimisation: a model it cannot fold still runs
             pass
         graph.cleanup()
+        layers = Layers(graph)
         for node in list(graph.nodes):
             if not node.inputs or not node.outputs:
                 continue
             src = node.inputs[0]
-            if node.op == "Identity":
-                result.rewrites += _bypass(graph, node, src)
-            elif node.op == "Cast" and src.dtype is not None and \
+            layer = layers.of(node)
+            if node.op == "Identity" or node.op == "Cast" and src.dtype is not None and \
                     np.dtype(src.dtype) == helper.tensor_dtype_to_np_dtype(node.attrs["to"]):
-                result.rewrites += _bypass(graph, node, src)
+                match = _bypass(graph, node, src)
             elif node.op == "Reshape":
                 prev = producer(src)
-                if prev is not None and prev.op == "Reshape" and len(src.outputs) == 1 and \
-                        _no_copied_dims(node):
+                chained = prev is not None and prev.op == "Reshape" and len(src.outputs) == 1
+                if chained and _no_copied_dims(node):
                     node.inputs[0] = prev.inputs[0]
-                    result.rewrites += 1
+                    match = MatchResult().ok(node)
                 elif _same_static_shape(src, node):
-                    result.rewrites += _bypass(graph, node, src)
+                    match = _bypass(graph, node, src)
+                elif chained:
+                    match = MatchResult().fail(f"Reshape {node.name} copies dims (0) from the "
+                                               f"Reshape {prev.name} before it: both kept")
+                else:
+                    continue  # a Reshape that changes the shape: nothing to clean
+            else:
+                continue
+            if result.record(self.name, match, layer):
+                result.fused(self.name, layer)
         graph.cleanup().toposort()
         return result
 

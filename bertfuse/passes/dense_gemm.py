@@ -13,78 +13,114 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from bertfuse.passes.base import PassResult, const, const_value, producer, replace_tensor
+from bertfuse.passes.base import Layers, MatchResult, PassResult, const, const_value, producer, \
+    replace_tensor
 
 
 class DenseGemmFusion:
+    """Candidates: every Squeeze(axis 1) of a Slice (first token) and every MatMul by a
+    constant matrix whose one consumer is an Add (a dense layer with a bias); each ends fused
+    or missed. Encoder MatMuls on [B,S,H] miss here by design (their biases go into
+    SkipLayerNorm/BiasGelu), so a fully fused encoder leaves only its 3-D leftovers here."""
+
     name = "dense_gemm"
 
     def __call__(self, graph: gs.Graph) -> PassResult:
         result = PassResult()
+        layers = Layers(graph)
         for node in list(graph.nodes):
-            if node.op == "Squeeze" and self._first_token(graph, node):
-                result.rewrites += 1
+            if node.op == "Squeeze" and _squeezes_slice(node):
+                match = _first_token(node)
+                if result.record("first_token", match, layers.of(node)):
+                    _gather_first(graph, node, match.found)
+                    result.fused("first_token", layers.of(node))
         for node in list(graph.nodes):
-            if node.op == "MatMul" and self._gemm(graph, node):
-                result.rewrites += 1
+            if node.op == "MatMul" and _dense_with_bias(node):
+                match = _gemm(node)
+                if result.record(self.name, match, layers.of(node)):
+                    _to_gemm(graph, node, *match.found)
+                    result.fused(self.name, layers.of(node))
         return result
 
-    @staticmethod
-    def _first_token(graph: gs.Graph, squeeze: gs.Node) -> bool:
-        axes = squeeze.attrs.get("axes")
-        if axes is None and len(squeeze.inputs) > 1:
-            axes = const_value(squeeze.inputs[1])
-        sl = producer(squeeze.inputs[0])
-        if axes is None or list(np.ravel(axes)) != [1] or sl is None or sl.op != "Slice":
-            return False
-        if len(squeeze.inputs[0].outputs) != 1:
-            return False
-        vals = [const_value(t) for t in sl.inputs[1:]]
-        if len(vals) < 3 or any(v is None for v in vals[:3]):
-            return False
-        starts, ends, axes_s = (np.ravel(v).tolist() for v in vals[:3])
-        steps = np.ravel(vals[3]).tolist() if len(vals) > 3 and vals[3] is not None else [1]
-        # Slices on other axes must be full ranges; on axis 1 exactly [0, 1).
-        for s, e, a, st in zip(starts, ends, axes_s, steps * len(axes_s)):
-            if st != 1:
-                return False
-            if a == 1:
-                if (s, e) != (0, 1):
-                    return False
-            elif s != 0 or e < 2**31 - 1:
-                return False
-        if 1 not in axes_s:
-            return False
-        out = gs.Variable(f"{squeeze.outputs[0].name}_first", dtype=squeeze.outputs[0].dtype)
-        graph.nodes.append(gs.Node("Gather", f"{squeeze.name}_first_token", {"axis": 1},
-                                   inputs=[sl.inputs[0], const(f"{squeeze.name}_index0",
-                                                               np.array(0, np.int64))],
-                                   outputs=[out]))
-        replace_tensor(graph, squeeze.outputs[0], out)
-        return True
 
-    @staticmethod
-    def _gemm(graph: gs.Graph, matmul: gs.Node) -> bool:
-        x, w_t = matmul.inputs
-        w = const_value(w_t)
-        rank = _rank2(x)
-        if w is None or w.ndim != 2 or not rank:
-            return False
-        y = matmul.outputs[0]
-        if len(y.outputs) != 1 or y.outputs[0].op != "Add":
-            return False
-        add = y.outputs[0]
-        other = add.inputs[1] if add.inputs[0] is y else add.inputs[0]
-        b = const_value(other)
-        if b is None or b.ndim != 1 or b.shape[0] != w.shape[1]:
-            return False
-        out = gs.Variable(f"{add.outputs[0].name}_gemm", dtype=add.outputs[0].dtype)
-        graph.nodes.append(gs.Node("Gemm", f"{matmul.name}_Gemm", {}, inputs=[
-            x, w_t if isinstance(w_t, gs.Constant) else const(f"{matmul.name}_W", w),
-            other if isinstance(other, gs.Constant) else const(f"{matmul.name}_b", b)],
-            outputs=[out]))
-        replace_tensor(graph, add.outputs[0], out)
-        return True
+def _squeeze_axes(squeeze: gs.Node):
+    axes = squeeze.attrs.get("axes")
+    if axes is None and len(squeeze.inputs) > 1:
+        axes = const_value(squeeze.inputs[1])
+    return axes
+
+
+def _squeezes_slice(squeeze: gs.Node) -> bool:
+    axes = _squeeze_axes(squeeze)
+    sl = producer(squeeze.inputs[0])
+    return axes is not None and list(np.ravel(axes)) == [1] and sl is not None and \
+        sl.op == "Slice"
+
+
+def _first_token(squeeze: gs.Node) -> MatchResult:
+    """Found: the sliced tensor, for Squeeze(Slice(x, axis 1, 0:1), 1)."""
+    m = MatchResult()
+    sl = producer(squeeze.inputs[0])
+    if len(squeeze.inputs[0].outputs) != 1:
+        return m.fail(f"the slice before {squeeze.name} is also read elsewhere")
+    vals = [const_value(t) for t in sl.inputs[1:]]
+    if len(vals) < 3 or any(v is None for v in vals[:3]):
+        return m.fail(f"slice {sl.name} has no constant starts, ends and axes")
+    starts, ends, axes_s = (np.ravel(v).tolist() for v in vals[:3])
+    steps = np.ravel(vals[3]).tolist() if len(vals) > 3 and vals[3] is not None else [1]
+    # Slices on other axes must be full ranges; on axis 1 exactly [0, 1).
+    for s, e, a, st in zip(starts, ends, axes_s, steps * len(axes_s)):
+        if st != 1:
+            return m.fail(f"slice {sl.name} has step {st}")
+        if a == 1:
+            if (s, e) != (0, 1):
+                return m.fail(f"slice {sl.name} takes [{s}, {e}) on axis 1, not the first token")
+        elif s != 0 or e < 2**31 - 1:
+            return m.fail(f"slice {sl.name} also cuts axis {a}")
+    if 1 not in axes_s:
+        return m.fail(f"slice {sl.name} does not slice axis 1")
+    return m.ok(sl.inputs[0])
+
+
+def _gather_first(graph: gs.Graph, squeeze: gs.Node, x: gs.Tensor) -> None:
+    out = gs.Variable(f"{squeeze.outputs[0].name}_first", dtype=squeeze.outputs[0].dtype)
+    graph.nodes.append(gs.Node("Gather", f"{squeeze.name}_first_token", {"axis": 1},
+                               inputs=[x, const(f"{squeeze.name}_index0",
+                                                np.array(0, np.int64))],
+                               outputs=[out]))
+    replace_tensor(graph, squeeze.outputs[0], out)
+
+
+def _dense_with_bias(matmul: gs.Node) -> bool:
+    w = const_value(matmul.inputs[1])
+    y = matmul.outputs[0]
+    return w is not None and w.ndim == 2 and len(y.outputs) == 1 and y.outputs[0].op == "Add"
+
+
+def _gemm(matmul: gs.Node) -> MatchResult:
+    """Found: (W, the bias Add, its bias operand, the bias value), for a rank-2 input."""
+    m = MatchResult()
+    x, w_t = matmul.inputs
+    w = const_value(w_t)
+    if not _rank2(x):
+        return m.fail(f"{matmul.name} reads a tensor not known to be 2-D (Gemm is rank-2)")
+    add = matmul.outputs[0].outputs[0]
+    other = add.inputs[1] if add.inputs[0] is matmul.outputs[0] else add.inputs[0]
+    b = const_value(other)
+    if b is None or b.ndim != 1 or b.shape[0] != w.shape[1]:
+        return m.fail(f"the Add after {matmul.name} is not a 1-D bias of width {w.shape[1]}")
+    return m.ok((w, add, other, b))
+
+
+def _to_gemm(graph: gs.Graph, matmul: gs.Node, w: np.ndarray, add: gs.Node, other: gs.Tensor,
+             b: np.ndarray) -> None:
+    x, w_t = matmul.inputs
+    out = gs.Variable(f"{add.outputs[0].name}_gemm", dtype=add.outputs[0].dtype)
+    graph.nodes.append(gs.Node("Gemm", f"{matmul.name}_Gemm", {}, inputs=[
+        x, w_t if isinstance(w_t, gs.Constant) else const(f"{matmul.name}_W", w),
+        other if isinstance(other, gs.Constant) else const(f"{matmul.name}_b", b)],
+        outputs=[out]))
+    replace_tensor(graph, add.outputs[0], out)
 
 
 def _rank2(t: gs.Tensor) -> bool:
@@ -114,19 +150,14 @@ class GemmToMatMul:
 
     def __call__(self, graph: gs.Graph) -> PassResult:
         result = PassResult()
+        layers = Layers(graph)
         for node in list(graph.nodes):
-            if node.op != "Gemm" or node.attrs.get("transA", 0) or \
-                    float(node.attrs.get("alpha", 1.0)) != 1.0:
+            if node.op != "Gemm":
                 continue
-            w = const_value(node.inputs[1])
-            if w is None or w.ndim != 2:
+            match = _gemm_parts(node)
+            if not result.record(self.name, match, layers.of(node)):
                 continue
-            if node.attrs.get("transB", 0):
-                w = w.T
-            bias = const_value(node.inputs[2]) if len(node.inputs) > 2 and \
-                node.inputs[2].name else None
-            if bias is not None and (bias.ndim > 1 and bias.shape[0] != 1):
-                continue
+            w, bias = match.found
             y = node.outputs[0]
             mm_out = gs.Variable(f"{y.name}_matmul", dtype=y.dtype)
             graph.nodes.append(gs.Node("MatMul", f"{node.name}_MatMul", inputs=[
@@ -140,5 +171,22 @@ class GemmToMatMul:
                 mm_out = out
             replace_tensor(graph, y, mm_out)
             node.outputs.clear()
-            result.rewrites += 1
+            result.fused(self.name, layers.of(node))
         return result
+
+
+def _gemm_parts(node: gs.Node) -> MatchResult:
+    """Found: ([in, out] weight, bias or None) of Gemm(x, W[, b]) with a constant W."""
+    m = MatchResult()
+    if node.attrs.get("transA", 0) or float(node.attrs.get("alpha", 1.0)) != 1.0:
+        return m.fail(f"{node.name} has transA or alpha != 1")
+    w = const_value(node.inputs[1])
+    if w is None or w.ndim != 2:
+        return m.fail(f"{node.name} has no constant weight matrix")
+    if node.attrs.get("transB", 0):
+        w = w.T
+    bias = const_value(node.inputs[2]) if len(node.inputs) > 2 and \
+        node.inputs[2].name else None
+    if bias is not None and (bias.ndim > 1 and bias.shape[0] != 1):
+        return m.fail(f"{node.name} adds a bias that is not one row")
+    return m.ok((w, bias))

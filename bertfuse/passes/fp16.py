@@ -7,6 +7,10 @@ fp16 instead, and each float graph output gets one Cast back to fp32 at the very
 Cast sits between fused ops. Constants are clamped to fp16's finite range (a -1e9 or
 float32-min mask constant would otherwise become -inf and turn a fully padded row into NaN).
 Attention's mask_filter_value is already at most -10000 in magnitude (attention.py).
+
+Candidates: every float32 initializer; each ends converted (fused), or missed when values
+beyond fp16's range had to be clamped (the conversion is then not exact; a mask constant's
+clamp is harmless). Constant attributes, Casts and outputs follow without being itemised.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 from onnx import TensorProto
 
-from bertfuse.passes.base import PassResult
+from bertfuse.passes.base import Layers, PassResult
 
 FP16_MAX = float(np.finfo(np.float16).max)
 
@@ -31,11 +35,20 @@ class Fp16Pass:
 
     def __call__(self, graph: gs.Graph) -> PassResult:
         result = PassResult()
+        layers = Layers(graph)
         tensors = graph.tensors()
         for t in tensors.values():
             if isinstance(t, gs.Constant) and t.values.dtype == np.float32:
-                t.values = _half(np.asarray(t.values))
-                result.rewrites += 1
+                values = np.asarray(t.values)
+                clamped = int(np.count_nonzero(np.abs(values) > FP16_MAX))
+                t.values = _half(values)
+                layer = layers.of(t.outputs[0]) if t.outputs else None
+                if clamped:
+                    result.missed(self.name, f"{t.name}: {clamped} values beyond fp16's range "
+                                             f"clamped to +-{FP16_MAX:g}", layer)
+                    result.rewrites += 1
+                else:
+                    result.fused(self.name, layer)
             elif isinstance(t, gs.Variable) and t.dtype is not None and \
                     np.dtype(t.dtype) == np.float32:
                 t.dtype = np.float16

@@ -13,6 +13,9 @@ Tanh approximation (modeling.py's current form, Keras approximate=True):
 Structure only finds the candidate: the closed elementwise region around an Erf/Tanh whose
 one external input is x. The region is then evaluated on probes in float64 and must equal
 x·Φ(x) (→ BiasGelu, or Gelu without a bias) or the tanh form (→ FastGelu) to 1e-7.
+
+Candidates: every Erf, and every Tanh that computes GELU or has GELU's 0.044715 upstream (a
+pooler's Tanh is not one); each ends fused or missed, in its encoder layer.
 """
 
 from __future__ import annotations
@@ -23,8 +26,8 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from bertfuse.custom_ops.gelu import CONTRACTS as GELU_CONTRACTS
-from bertfuse.passes.base import (PassResult, const_value, detach, is_graph_output,
-                                  producer, replace_tensor)
+from bertfuse.passes.base import (Layers, MatchResult, PassResult, const_value, detach,
+                                  is_graph_output, producer, replace_tensor)
 from bertfuse.passes.evaluate import closed_region, eval_elementwise, region_outputs
 
 _erf = np.vectorize(erf)
@@ -43,23 +46,24 @@ class GeluFusion:
 
     def __call__(self, graph: gs.Graph) -> PassResult:
         result = PassResult()
+        layers = Layers(graph)
         for anchor in [n for n in graph.nodes if n.op in ("Erf", "Tanh")]:
             if not anchor.outputs or not anchor.inputs:
-                continue  # consumed by an earlier match
-            found = self._match(graph, anchor)
-            if isinstance(found, str):
-                if anchor.op == "Erf" or _near_cubic(anchor):
-                    result.missed("gelu", found)
+                continue  # inside a region an earlier match fused
+            match = self._match(graph, anchor)
+            if not match and anchor.op == "Tanh" and not _near_cubic(anchor):
+                continue  # a Tanh activation (the pooler's), not a GELU candidate
+            if not result.record(self.name, match, layers.of(anchor)):
                 continue
-            x, y, region, kind = found
-            self._rewrite(graph, x, y, region, kind)
-            result.rewrites += 1
+            self._rewrite(graph, *match.found)
+            result.fused(self.name, layers.of(anchor))
         return result
 
     @staticmethod
-    def _match(graph: gs.Graph, anchor: gs.Node):
+    def _match(graph: gs.Graph, anchor: gs.Node) -> MatchResult:
         # x is a tensor upstream of the Erf/Tanh that both its branch and the final Mul
         # read. Try the anchor's elementwise ancestors, nearest first, as x.
+        m = MatchResult()
         for t in _upstream(anchor, steps=8):
             region = closed_region([t])
             if anchor not in region:
@@ -68,8 +72,8 @@ class GeluFusion:
             if len(outs) == 1:
                 kind = _classify(region, t, outs[0])
                 if kind:
-                    return t, outs[0], region, kind
-        return f"{anchor.op} is not part of x·Φ(x) (no region computes GELU)"
+                    return m.ok((t, outs[0], region, kind))
+        return m.fail(f"{anchor.op} is not part of x·Φ(x) (no region computes GELU)")
 
     @staticmethod
     def _rewrite(graph: gs.Graph, x: gs.Tensor, y: gs.Tensor, region: list[gs.Node],

@@ -9,6 +9,9 @@ fusions the encoder is a chain of row-wise ops between flattening and unflatteni
 Every row-wise op computes the same on [B,S,H] as on [B*S,H], so when every path from the
 flattening Reshapes reaches only row-wise ops and Reshapes back to [B,S,·] (checked by
 evaluating their target shapes on probe inputs), all of those Reshapes are removed.
+
+Candidates: the flattening Reshapes, decided together: all are removed (each reported fused,
+with the Reshapes back) or none, with one reason for the whole encoder.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from bertfuse.passes.base import PassResult, const_value, is_graph_output, replace_tensor
+from bertfuse.passes.base import Layers, PassResult, const_value, is_graph_output, replace_tensor
 from bertfuse.passes.evaluate import eval_with_ort, rank_of
 from bertfuse.passes.probe import PROBE_BATCH, PROBE_SEQ, probe_feeds
 
@@ -30,6 +33,7 @@ class Hidden3DPass:
 
     def __call__(self, graph: gs.Graph) -> PassResult:
         result = PassResult()
+        layers = Layers(graph)
         flattens = [n for n in graph.nodes if _is_flatten(n)]
         if not flattens:
             return result
@@ -50,10 +54,10 @@ class Hidden3DPass:
                 t.shape = None  # the 2-D shapes recorded by shape inference no longer hold
         for f in flattens:
             replace_tensor(graph, f.outputs[0], f.inputs[0])
-            result.rewrites += 1
+            result.fused(self.name, layers.of(f))
         for term, out in zip(terminals, unflattened):
             replace_tensor(graph, out, term.inputs[0])
-            result.rewrites += 1
+            result.fused(self.name, layers.of(term))
         return result
 
 

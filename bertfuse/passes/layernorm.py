@@ -13,6 +13,9 @@ elementwise region that x feeds, requires it to have one output y and exactly tw
 reads eps off the Add on the variance, then evaluates the region in float64 on random probes:
 y must equal normalize(x) * γ + β for some per-channel γ, β, which it solves for and checks on
 a fresh probe. Reductions over anything but the last axis fail that check.
+
+Candidates: every mean-like reduce whose output a Sub reads (a plain mean, such as pooling, is
+not one); each ends fused or missed, in its encoder layer.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from bertfuse.custom_ops.layernorm import CONTRACT as LAYER_NORM
-from bertfuse.passes.base import PassResult, const, detach, replace_tensor, scalar_value
+from bertfuse.passes.base import Layers, MatchResult, PassResult, const, detach, replace_tensor, \
+    scalar_value
 from bertfuse.passes.evaluate import closed_region, eval_elementwise, region_outputs
 
 REDUCE = ("ReduceMean", "GlobalAveragePool")
@@ -32,6 +36,7 @@ class LayerNormFusion:
 
     def __call__(self, graph: gs.Graph) -> PassResult:
         result = PassResult()
+        layers = Layers(graph)
         claimed: set[int] = set()
         for node in list(graph.nodes):
             if node.op not in REDUCE or id(node) in claimed or not node.inputs:
@@ -39,11 +44,10 @@ class LayerNormFusion:
             x = node.inputs[0]
             if not any(c.op == "Sub" for c in node.outputs[0].outputs):
                 continue  # a plain mean (pooling), not the start of a normalisation
-            outcome = match_layernorm(graph, x)
-            if isinstance(outcome, str):
-                result.missed("layernorm", outcome)
+            match = match_layernorm(graph, x)
+            if not result.record(self.name, match, layers.of(node)):
                 continue
-            region, y, gamma, beta, eps = outcome
+            region, y, gamma, beta, eps = match.found
             claimed.update(id(n) for n in region)
             ln_out = gs.Variable(f"{y.name}_ln", dtype=y.dtype, shape=y.shape)
             ln = LAYER_NORM.node(f"{region[-1].name}_LayerNorm",
@@ -52,15 +56,16 @@ class LayerNormFusion:
             graph.nodes.append(ln)
             replace_tensor(graph, y, ln_out)
             detach(region)
-            result.rewrites += 1
+            result.fused(self.name, layers.of(node))
         return result
 
 
-def match_layernorm(graph: gs.Graph, x: gs.Tensor):
-    """Returns (region, y, gamma, beta, eps) or a reason string."""
+def match_layernorm(graph: gs.Graph, x: gs.Tensor) -> MatchResult:
+    """Found: (region, y, gamma, beta, eps)."""
+    m = MatchResult()
     full = closed_region([x])
     if not region_outputs(graph, full):
-        return "normalisation output not found"
+        return m.fail("normalisation output not found")
     # Constant-only ops after the LN output (a mean pooling, a Tanh, ...) also land in the
     # closed region, so its last output need not be the LN's. Every tensor made in the region
     # is a candidate y, latest first (so γ and β are taken in, and an op after them that keeps
@@ -74,12 +79,12 @@ def match_layernorm(graph: gs.Graph, x: gs.Tensor):
             continue
         found = _fit(graph, x, region, y)
         if not isinstance(found, str):
-            return found
+            return m.ok(found)
         reason = reason or found  # the reason for the latest candidate
     if reason:
-        return reason
+        return m.fail(reason)
     reduces = [n for n in full if n.op in REDUCE]
-    return f"expected 2 reductions (mean, variance), found {len(reduces)}"
+    return m.fail(f"expected 2 reductions (mean, variance), found {len(reduces)}")
 
 
 def _fit(graph: gs.Graph, x: gs.Tensor, region: list[gs.Node], y: gs.Tensor):

@@ -6,6 +6,9 @@ After a fusion replaces a block, tf2onnx's shape arithmetic (Keras' Tensordot si
 output Reshape from Shape(block output)) can keep the whole unfused block alive. When t has
 no consumers but Shape nodes, each Shape's value is evaluated at two probe sizes and, when
 every entry is B, S, B*S or a constant, rebuilt from the Shape of a [batch, seq] model input.
+
+Candidates: every such Shape node; each ends rebuilt (fused) or missed (no [batch, seq] model
+input, shapes that cannot be evaluated, an entry that is not B, S, B*S or a constant).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from bertfuse.passes.base import PassResult, const, replace_tensor
+from bertfuse.passes.base import Layers, PassResult, const, replace_tensor
 from bertfuse.passes.evaluate import bs_input, eval_with_ort
 from bertfuse.passes.probe import probe_feeds
 
@@ -25,24 +28,30 @@ class ShapeFromInputs:
 
     def __call__(self, graph: gs.Graph) -> PassResult:
         result = PassResult()
+        layers = Layers(graph)
         ref = bs_input(graph)
-        if ref is None:
-            return result
         shapes = [n for n in graph.nodes if n.op == "Shape" and n.inputs[0].outputs and
                   all(c.op == "Shape" for c in n.inputs[0].outputs) and n.inputs[0].inputs and
                   n.inputs[0] is not ref]
         if not shapes:
             return result
+        if ref is None:
+            for node in shapes:
+                result.missed(self.name, "no [batch, seq] integer model input to measure",
+                              layers.of(node))
+            return result
         try:
             values = [eval_with_ort(graph, [n.outputs[0] for n in shapes],
                                     probe_feeds(graph, batch=b, seq=s)) for b, s in _SIZES]
         except Exception as exc:
-            result.missed("shape_from_inputs", f"cannot evaluate shapes ({type(exc).__name__})")
+            result.missed(self.name, f"cannot evaluate shapes ({type(exc).__name__})")
             return result
         ref_shape = None
         for i, node in enumerate(shapes):
             pattern = _pattern(values[0][i], values[1][i])
             if pattern is None:
+                result.missed(self.name, f"{node.name}: an entry of the shape is not B, S, B*S "
+                                         "or a constant", layers.of(node))
                 continue
             if ref_shape is None:
                 ref_shape = gs.Variable("input_shape_bs", dtype=np.int64)
@@ -50,7 +59,7 @@ class ShapeFromInputs:
                                            outputs=[ref_shape]))
             replace_tensor(graph, node.outputs[0], _build(graph, ref_shape, pattern, node.name))
             node.outputs.clear()
-            result.rewrites += 1
+            result.fused(self.name, layers.of(node))
         return result
 
 

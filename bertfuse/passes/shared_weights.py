@@ -9,6 +9,9 @@ what that layer reads (a transposed Gemm weight per use, a packed QKV weight and
 LayerNorm parameters per fused layer), so a model that shares its weights would leave
 bertfuse L times its size. Merging by content is exact, and it also catches weights that a
 model repeats without meaning to share them.
+
+Candidates: every constant input of 16 values or more; a copy of one seen before ends fused
+(merged into it), the rest are the first of their content (nothing to merge, not a miss).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import hashlib
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from bertfuse.passes.base import PassResult
+from bertfuse.passes.base import Layers, PassResult
 
 # Scalars and shape vectors are folded constants, not weights: leave them.
 _MIN_VALUES = 16
@@ -29,6 +32,7 @@ class SharedWeights:
 
     def __call__(self, graph: gs.Graph) -> PassResult:
         result = PassResult()
+        layers = Layers(graph)
         first: dict[tuple, gs.Constant] = {}
         for node in graph.nodes:
             for i, t in enumerate(node.inputs):
@@ -40,7 +44,7 @@ class SharedWeights:
                 kept = first.setdefault(key, t)
                 if kept is not t:
                     node.inputs[i] = kept
-                    result.rewrites += 1
+                    result.fused(self.name, layers.of(node))
         if result.rewrites:
             graph.cleanup()
         return result

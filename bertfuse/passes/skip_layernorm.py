@@ -7,6 +7,9 @@
 Either Add operand order, bias Add on either side. The sublayer side must be a dense layer's
 output (a MatMul, with or without its bias Add): that is what tells a residual connection
 apart from the embedding sum, which stays for EmbedLayerNormalization.
+
+Candidates: every LayerNormalization; each ends fused or missed (LayerNorm not over the last
+axis, input not an Add, the sum read elsewhere, no dense-layer operand).
 """
 
 from __future__ import annotations
@@ -15,8 +18,8 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from bertfuse.custom_ops.skip_layernorm import CONTRACT as SKIP_LN
-from bertfuse.passes.base import PassResult, const_value, producer, reaches_op, \
-    replace_tensor
+from bertfuse.passes.base import Layers, MatchResult, PassResult, const_value, producer, \
+    reaches_op, replace_tensor
 
 
 class SkipLayerNormFusion:
@@ -24,17 +27,13 @@ class SkipLayerNormFusion:
 
     def __call__(self, graph: gs.Graph) -> PassResult:
         result = PassResult()
+        layers = Layers(graph)
         for ln in [n for n in graph.nodes if n.op == "LayerNormalization"]:
-            if ln.attrs.get("axis", -1) != -1:
+            layer = layers.of(ln)
+            match = _match(ln)
+            if not result.record(self.name, match, layer):
                 continue
-            s = ln.inputs[0]
-            add = producer(s)
-            if add is None or add.op != "Add" or len(s.outputs) != 1:
-                continue
-            found = _sublayer_and_residual(add)
-            if found is None:
-                continue
-            dense, bias, residual = found
+            dense, bias, residual = match.found
             # LayerNormalization's B (beta) is optional, and so is SkipLayerNormalization's:
             # without it leave beta's slot empty (or off entirely when there is no bias).
             beta = ln.inputs[2] if len(ln.inputs) > 2 else None
@@ -44,8 +43,25 @@ class SkipLayerNormFusion:
                                             [dense, residual, ln.inputs[1], beta, bias], [out],
                                             epsilon=float(ln.attrs.get("epsilon", 1e-5))))
             replace_tensor(graph, y, out)
-            result.rewrites += 1
+            result.fused(self.name, layer)
         return result
+
+
+def _match(ln: gs.Node) -> MatchResult:
+    m = MatchResult()
+    if ln.attrs.get("axis", -1) != -1:
+        return m.fail(f"LayerNormalization {ln.name} is over axis {ln.attrs['axis']}, "
+                      "not the last")
+    s = ln.inputs[0]
+    add = producer(s)
+    if add is None or add.op != "Add":
+        return m.fail(f"LayerNormalization {ln.name} does not read an Add (no residual sum)")
+    if len(s.outputs) != 1:
+        return m.fail(f"the residual sum before {ln.name} is also read elsewhere")
+    found = _sublayer_and_residual(add)
+    if found is None:
+        return m.fail(f"no operand of the sum before {ln.name} is a dense layer's output")
+    return m.ok(found)
 
 
 def _dense_output(t: gs.Tensor) -> bool:
