@@ -2,8 +2,9 @@
 
     .venv/bin/python examples/serve_runtime.py [MODEL.onnx] [--device cuda]
 
-Without MODEL, a tiny example is written and converted first. Requests of different shapes
-land in preallocated buckets; bad requests are refused before they reach a kernel.
+Without MODEL, a tiny example is written and converted first. On CUDA, requests of different
+shapes land in preallocated buckets, each replaying its CUDA graph; on the CPU each runs at
+its own shape (what is fast there). Bad requests are refused before they reach a kernel.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def tiny_model(workdir: Path) -> str:
 
 
 def main() -> None:
-    from bertfuse.runtime.session import RequestError, Session
+    from bertfuse.runtime import RequestError, Session
 
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     device = "cuda" if "--device" in sys.argv and sys.argv[-1] == "cuda" else "cpu"
@@ -37,14 +38,14 @@ def main() -> None:
         model = args[0] if args else tiny_model(Path(tmp))
         sess = Session(model, max_batch=8, max_seq=64, batch_buckets=(1, 4, 8),
                        seq_buckets=(16, 32, 64), device=device)
-        sess.warmup()  # every bucket allocated (and, on CUDA, captured) up front
+        sess.warmup()  # CUDA: every bucket allocated and captured; CPU: one largest request
         rng = np.random.default_rng(0)
         for batch, seq in ((1, 10), (3, 30), (8, 64)):
             ids = rng.integers(1, sess.facts.vocab_size, (batch, seq)).astype(np.int32)
             mask = np.ones((batch, seq), np.int32)
             mask[0, seq // 2:] = 0  # padding in the first row
             out = sess.run(ids, mask)
-            print(f"request {batch}x{seq} -> bucket {sess.bucket_for(batch, seq)}: "
+            print(f"request {batch}x{seq} -> runs at {sess.bucket_for(batch, seq)}: "
                   f"sequence_output {out['sequence_output'].shape}, "
                   f"pooled_output {out['pooled_output'].shape}")
         try:

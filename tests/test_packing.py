@@ -10,7 +10,7 @@ import pytest
 
 from bertfuse.cli import main
 from bertfuse.custom_ops import attention, packed_attention
-from bertfuse.passes.packing import PACKED_INPUTS, choose_shape, pack_into, packed_shapes
+from bertfuse.packing_layout import PACKED_INPUTS, choose_shape, pack_into, packed_shapes
 
 
 def _mask(rng: np.random.Generator, batch: int, seq: int, kind: str) -> np.ndarray:
@@ -108,7 +108,7 @@ def test_packed_fp16_restores_before_the_output_cast(ckpt_erf, tmp_path, capsys)
 
 
 def test_runtime_packs_only_low_fill_requests():
-    from bertfuse.runtime.session import tokens_to_pack as use_packed
+    from bertfuse.runtime.router import tokens_to_pack as use_packed
 
     low = np.zeros((4, 32), np.int32)
     low[:, :6] = 1
@@ -123,7 +123,8 @@ def test_runtime_packs_only_low_fill_requests():
 def test_packed_session_stages_a_request_into_its_bucket(rng):
     """PackedSession's host side (CUDA is needed only to run): a smaller request lands in
     the bucket's staging views zero-padded, with the packing of its mask."""
-    from bertfuse.runtime.packed import PackedSession, _capture_mask
+    from bertfuse.packing_layout import capture_mask as _capture_mask
+    from bertfuse.runtime.packed import PackedSession
 
     mask = _mask(rng, 3, 12, "mixed")
     ids = rng.integers(1, 100, (3, 12)).astype(np.int32)

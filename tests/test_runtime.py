@@ -26,7 +26,8 @@ from bertfuse import cli  # noqa: E402
 from bertfuse.errors import BertfuseError  # noqa: E402
 from bertfuse.passes.manager import default_passes, run_passes  # noqa: E402
 from bertfuse.runtime import bench  # noqa: E402
-from bertfuse.runtime.session import RequestError, Session  # noqa: E402
+from bertfuse.runtime.requests import RequestError  # noqa: E402
+from bertfuse.runtime.router import Session  # noqa: E402
 from bertfuse.runtime.variants import attention_mask_variant, mask_mode  # noqa: E402
 from bertfuse.runtime.weights import (META_KEY, MIN_ELEMENTS, fill_weights,  # noqa: E402
                                       is_stripped, strip_weights)
@@ -93,8 +94,10 @@ def max_diff(got: dict, want: dict, mask: np.ndarray) -> float:
 
 
 def new_session(path: str, **kw) -> Session:
+    """A CPU session with the GPU's machinery (buckets, mask variants), so CI exercises it."""
     kw = {"max_batch": MAX_BATCH, "max_seq": MAX_SEQ, "batch_buckets": BATCH_BUCKETS,
-          "seq_buckets": SEQ_BUCKETS, "device": "cpu", **kw}
+          "seq_buckets": SEQ_BUCKETS, "device": "cpu", "pad_to_buckets": True,
+          "mask_variants": True, **kw}
     return Session(path, **kw)
 
 
@@ -633,7 +636,8 @@ def test_threads_match_sequential_own_buckets(sessions):
 def test_pool_replicas_match_one_session(models, sessions):
     """SessionPool: 4 threads on 2 replicas give one session's results; every bucket a
     replica makes under load is made while no other request runs (the capture gate)."""
-    from bertfuse.runtime.pool import GATE, SessionPool
+    from bertfuse.runtime.device import GATE
+    from bertfuse.runtime.pool import SessionPool
 
     made: list[tuple[int, bool]] = []
     ran_on: set[str] = set()
@@ -684,7 +688,7 @@ def test_pool_device_outputs_only_inside_the_replicas_turn(models):
 
 def test_a_graph_session_serves_one_thread(models):
     """With CUDA graphs (ORT keeps them per thread) a second thread is refused, clearly."""
-    from bertfuse.runtime.session import ThreadError
+    from bertfuse.runtime.device import ThreadError
 
     s = new_session(models["fp32"])
     s.cuda_graph = True  # the CPU EP has no graphs: only the thread check is under test
@@ -707,7 +711,7 @@ def _raises(fn) -> BaseException | None:
 
 
 def test_capture_gate_waits_for_running_requests_and_blocks_new_ones():
-    from bertfuse.runtime.pool import CaptureGate
+    from bertfuse.runtime.device import CaptureGate
 
     gate = CaptureGate()
     a_inside, a_release, log = threading.Event(), threading.Event(), []
@@ -744,7 +748,7 @@ def test_capture_gate_waits_for_running_requests_and_blocks_new_ones():
 
 
 def test_capture_gate_two_capturers_inside_requests_do_not_deadlock():
-    from bertfuse.runtime.pool import CaptureGate
+    from bertfuse.runtime.device import CaptureGate
 
     gate = CaptureGate()
     barrier, done = threading.Barrier(2), []
@@ -767,7 +771,7 @@ def test_capture_gate_two_capturers_inside_requests_do_not_deadlock():
 def test_capture_gate_nests():
     """Nested runs count once; a capture inside a capture, or a run inside a capture (a
     bucket verifying itself), passes through instead of waiting on its own thread."""
-    from bertfuse.runtime.pool import CaptureGate
+    from bertfuse.runtime.device import CaptureGate
 
     gate = CaptureGate()
     with gate.running():
@@ -785,7 +789,8 @@ def test_capture_gate_nests():
 
 
 def test_warmup_creates_every_bucket_and_nothing_after(models):
-    s = Session(models["fp32"], max_batch=MAX_BATCH, max_seq=64, device="cpu")
+    s = Session(models["fp32"], max_batch=MAX_BATCH, max_seq=64, device="cpu",
+                pad_to_buckets=True)
     assert s.batch_buckets == [1, 2, 4, 8] and s.seq_buckets == [32, 64]
     assert s.cuda_graph is False
     assert not s._buckets
@@ -1061,7 +1066,7 @@ def test_time_interleaved_alternates_and_counts():
 
 
 def test_staging_falls_back_to_numpy_without_cuda():
-    from bertfuse.runtime.session import staging
+    from bertfuse.runtime.device import staging
 
     host = staging((3, 2, 4), pinned=False)
     assert host.shape == (3, 2, 4) and host.dtype == np.int32 and not host.any()

@@ -18,9 +18,10 @@ import pytest
 ort = pytest.importorskip("onnxruntime")
 
 from bertfuse.errors import BertfuseError  # noqa: E402
-from bertfuse.runtime.pool import GATE, NestedCallError, SessionPool  # noqa: E402
-from bertfuse.runtime.requests import ConfigError, unmask_empty_rows  # noqa: E402
-from bertfuse.runtime.session import ClosedError, Session  # noqa: E402
+from bertfuse.runtime.device import GATE  # noqa: E402
+from bertfuse.runtime.pool import NestedCallError, SessionPool  # noqa: E402
+from bertfuse.runtime.requests import ClosedError, ConfigError, unmask_empty_rows  # noqa: E402
+from bertfuse.runtime.router import Session  # noqa: E402
 from test_runtime import (MAX_BATCH, MAX_SEQ, OUTPUTS, POSITIONS, make_request,  # noqa: E402
                           new_session, plain_run, plain_session, record_modes)
 

@@ -1,0 +1,20 @@
+"""The serving runtime, in rooms that import only downwards:
+
+    requests (checks, model facts) -> options -> progress -> pinned -> device (providers,
+    staging, capture gate) -> variants -> session (padded) -> packed -> router (Session)
+    -> pool
+
+`from bertfuse.runtime import Session, SessionOptions, SessionPool` is the entry point.
+"""
+
+from bertfuse.runtime.device import GATE, CaptureGate, ThreadError
+from bertfuse.runtime.options import SessionOptions
+from bertfuse.runtime.packed import PackedSession
+from bertfuse.runtime.pool import NestedCallError, SessionPool
+from bertfuse.runtime.requests import ClosedError, ConfigError, RequestError
+from bertfuse.runtime.router import Session
+from bertfuse.runtime.session import PaddedSession
+
+__all__ = ["GATE", "CaptureGate", "ClosedError", "ConfigError", "NestedCallError",
+           "PackedSession", "PaddedSession", "RequestError", "Session", "SessionOptions",
+           "SessionPool", "ThreadError"]

@@ -212,7 +212,7 @@ def run_workload(name: str, skeleton: str, batch: int, seq: int, iters: int, wor
                  profiles: list | None = None) -> tuple[list[Result], dict[str, str]]:
     """Times every variant; the runtime rows' kernel profiles are queued on `profiles` as
     (result, call) to run after all timing (CUPTI left enabled slows later launches)."""
-    from bertfuse.runtime.session import model_facts
+    from bertfuse.runtime.requests import model_facts
 
     paths = prepare_models(skeleton, tempfile.mkdtemp(dir=work))
     facts = model_facts(onnx.load(paths["raw32"], load_external_data=False))
@@ -277,7 +277,7 @@ def _runtime_session(path: str, feeds: dict[str, np.ndarray], packed: bool = Fal
     """bertfuse's Session on one bucket of exactly the request's shape, warmed up, and its
     call (packed=True: every request goes to the packed form, in its token bucket)."""
     from bertfuse.runtime.packed_bench import packed_form
-    from bertfuse.runtime.session import Session
+    from bertfuse.runtime.router import Session
 
     batch, seq = feeds["input_ids"].shape
     if packed:
@@ -315,7 +315,7 @@ def soak(model_path: str, requests: int = 10_000, seed: int = 3) -> dict:
     import threading
 
     from bertfuse.runtime.pool import SessionPool
-    from bertfuse.runtime.session import Session
+    from bertfuse.runtime.router import Session
 
     s = Session(model_path, max_batch=32, max_seq=128, batch_buckets=(1, 4, 8, 16, 32),
                 seq_buckets=(32, 64, 128), device="cuda", cuda_graph=True)

@@ -26,17 +26,16 @@ import numpy as np
 import onnx
 
 from bertfuse.errors import BertfuseError
-from bertfuse.passes.packing import (PACKED_INPUTS, PackedShape, choose_shape, pack_into,
-                                     packed_shapes)
+from bertfuse.packing_layout import (PACKED_INPUTS, PackedShape, capture_mask, choose_shape,
+                                     pack_into, packed_shapes)
+from bertfuse.runtime.device import GATE, SessionMaker, claim_thread, fetch, staging, upload
+from bertfuse.runtime.options import SessionOptions, session_options
 from bertfuse.runtime.pinned import new_stream
-from bertfuse.runtime.pool import GATE
-from bertfuse.runtime.requests import (RequestError, check_flag, check_int, check_request,
+from bertfuse.runtime.requests import (ClosedError, RequestError, bucket_list, check_request,
                                        check_sizes, check_warmup, load_model, model_facts,
-                                       select_outputs)
-from bertfuse.runtime.session import (DEFAULT_BATCH_BUCKETS, DEFAULT_SEQ_BUCKETS, ClosedError,
-                                      _buckets, claim_thread, cuda_providers, fetch,
-                                      run_options, smallest, staging, upload)
+                                       select_outputs, smallest)
 
+_capture_mask = capture_mask  # its old name here
 _ALIGN = 16  # int32 elements: every input starts 64-byte aligned in the shared buffer
 
 
@@ -54,67 +53,50 @@ class _PackedBucket:
 class PackedSession:
     """`PackedSession(packed_model, max_batch, max_seq).run(input_ids, input_mask, segment_ids)`."""
 
-    def __init__(self, model: str | onnx.ModelProto, max_batch: int = 32,
-                 max_seq: int | None = None,
-                 batch_buckets: Sequence[int] = DEFAULT_BATCH_BUCKETS,
-                 seq_buckets: Sequence[int] = DEFAULT_SEQ_BUCKETS, token_steps: int = 8,
-                 device: str = "cuda", cuda_graph: bool = True,
-                 provider_options: dict | None = None, validate: bool = True,
-                 pinned: bool = True, own_stream: bool = True) -> None:
+    def __init__(self, model: str | onnx.ModelProto, options: SessionOptions | None = None,
+                 **overrides: Any) -> None:
+        """The options a padded Session takes; the packed path reads the sizes, buckets,
+        token_steps, cuda_graph, provider_options, validate, pinned and own_stream."""
         import onnxruntime as ort
 
         self._ort = ort
         self._closed = False
-        check_int("token_steps", token_steps, 1)
-        for name, flag in (("cuda_graph", cuda_graph), ("validate", validate),
-                           ("pinned", pinned), ("own_stream", own_stream)):
-            check_flag(name, flag)
+        opts = session_options(options, overrides)
         proto = load_model(model)
         self.facts = model_facts(proto)
         if not set(PACKED_INPUTS) <= set(self.facts.inputs):
             raise BertfuseError("not a packed model: convert it with --packed")
-        if device != "cuda":
+        if opts.device != "cuda":
             raise BertfuseError("packed models run on CUDA only (ORT has no CPU kernels for "
                                 "PackedAttention/RestorePadding)")
         # Requests carry a mask like the padded model's; the packed model has none.
         self._request_facts = dataclasses.replace(
             self.facts, inputs=["input_ids", "input_mask"]
             + (["segment_ids"] if "segment_ids" in self.facts.inputs else []))
-        max_batch, max_seq = check_sizes(self.facts, max_batch, max_seq, batch_buckets,
-                                         seq_buckets)
-        self.max_batch, self.max_seq, self.validate = max_batch, max_seq, validate
-        self.batch_buckets = _buckets(batch_buckets, max_batch)
-        self.seq_buckets = _buckets(seq_buckets, max_seq)
-        self.token_steps = token_steps
-        self.pinned = pinned
-        self._opts = ort.SessionOptions()
-        self._opts.log_severity_level = 3
-        self.stream = new_stream() if own_stream and pinned else None
-        self._provider_options = provider_options
+        max_batch, max_seq = check_sizes(self.facts, opts.max_batch, opts.max_seq,
+                                         opts.batch_buckets, opts.seq_buckets)
+        self.max_batch, self.max_seq, self.validate = max_batch, max_seq, opts.validate
+        self.batch_buckets = bucket_list(opts.batch_buckets, max_batch)
+        self.seq_buckets = bucket_list(opts.seq_buckets, max_seq)
+        self.token_steps = opts.token_steps
+        self.pinned = opts.pinned
+        self.stream = new_stream() if opts.own_stream and opts.pinned else None
         self._data = proto.SerializeToString() if proto is model else os.fspath(model)
-        self.cuda_graph = cuda_graph
-        self.fallback_reason = ""
-        try:
-            self.session = self._new_session()
-        except Exception as exc:
-            if not cuda_graph:
-                raise
-            self._graph_off(exc)
+        self._maker = SessionMaker(ort, "cuda", opts.cuda_graph, self.stream,
+                                   opts.provider_options)
+        self.session = self._maker.open(self._data)
         self._lock = threading.Lock()
         self._owner: int | None = None  # the thread its CUDA graphs belong to (claim_thread)
         self._buckets: dict[PackedShape, _PackedBucket] = {}
         self._shapes: dict[tuple[int, int], list[PackedShape]] = {}
 
-    def _new_session(self):
-        providers = cuda_providers(self._ort, self.cuda_graph, self.stream, self._provider_options)
-        with GATE.capturing():  # ORT allocates weights on the device: not during a capture
-            return self._ort.InferenceSession(self._data, self._opts, providers=providers)
+    @property
+    def cuda_graph(self) -> bool:
+        return self._maker.cuda_graph
 
-    def _graph_off(self, exc: Exception) -> None:
-        """Capture impossible: plain IO binding from here on."""
-        self.cuda_graph = False
-        self.fallback_reason = str(exc).splitlines()[0][:200]
-        self.session = self._new_session()
+    @property
+    def fallback_reason(self) -> str:
+        return self._maker.fallback_reason
 
     # -- buckets ----------------------------------------------------------------------------
 
@@ -184,7 +166,7 @@ class PackedSession:
         host = staging((-(-total // _ALIGN) * _ALIGN,), self.pinned)
         views = {n: host[at:at + int(np.prod(d))].reshape(d) for n, (at, d) in layout.items()}
         self._stage(views, {"input_ids": np.zeros((shape.batch, shape.seq), np.int32),
-                            "input_mask": _capture_mask(shape)}, shape)
+                            "input_mask": capture_mask(shape)}, shape)
         device = ort.OrtValue.ortvalue_from_numpy(host, "cuda", 0)
         binding = self.session.io_binding()
         for name, (at, dims) in layout.items():
@@ -192,7 +174,7 @@ class PackedSession:
         # Output shapes from one uncaptured run (gpu_graph_id -1), then fixed buffers.
         for name in self.facts.outputs:
             binding.bind_output(name, "cuda")
-        self.session.run_with_iobinding(binding, run_options(self._ort, self.cuda_graph, -1))
+        self.session.run_with_iobinding(binding, self._maker.run_options(-1))
         out_shapes = [v.shape() for v in binding.get_outputs()]
         binding.clear_binding_outputs()
         outputs = {}
@@ -200,15 +182,16 @@ class PackedSession:
             outputs[name] = ort.OrtValue.ortvalue_from_shape_and_type(dims, np.float32, "cuda", 0)
             binding.bind_ortvalue_output(name, outputs[name])
         graph_id = len(self._buckets)
-        bucket = _PackedBucket(shape, binding, run_options(self._ort, self.cuda_graph, graph_id),
-                               device, host, views, outputs)
+        bucket = _PackedBucket(shape, binding, self._maker.run_options(graph_id), device, host,
+                               views, outputs)
         try:
             for _ in range(2):  # the first runs of a graph id capture it
                 self.session.run_with_iobinding(binding, bucket.run_options)
         except Exception as exc:
             if not self.cuda_graph:
                 raise
-            self._graph_off(exc)
+            self._maker.graph_off(exc)  # capture impossible: plain IO binding from here on
+            self.session = self._maker.open(self._data)
             self._buckets.clear()
             return self._new_bucket(shape)
         return bucket
@@ -277,11 +260,3 @@ class PackedSession:
             return {n: fetch(bucket.outputs[n], batch, seq, len(bucket.outputs[n].shape()) == 3)
                     for n in names}
 
-
-def _capture_mask(shape: PackedShape) -> np.ndarray:
-    """A mask that fills the bucket's token count exactly (filler rows one token each)."""
-    tokens = shape.tokens - (shape.rows - shape.batch)
-    tokens = min(max(tokens, shape.batch), shape.batch * shape.seq)
-    each, rest = divmod(tokens, shape.batch)
-    lengths = each + (np.arange(shape.batch) < rest)
-    return (np.arange(shape.seq)[None, :] < lengths[:, None]).astype(np.int32)

@@ -88,7 +88,8 @@ def run(paths_for: Callable[[str], dict[str, str]], iters: int,
     """Rows of the padded-vs-packed table and the fill sweep; paths_for(config) gives the
     prepared model paths (bench.prepare_models)."""
     from bertfuse.runtime.packed import PackedSession
-    from bertfuse.runtime.session import Session, model_facts
+    from bertfuse.runtime.requests import model_facts
+    from bertfuse.runtime.router import Session
 
     rows, sweep, load = [], [], []
     for name in workloads or list(WORKLOADS):

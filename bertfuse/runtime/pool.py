@@ -13,20 +13,20 @@ Why workers own the replicas: ONNX Runtime's CUDA EP keeps CUDA graphs per threa
 in its per-thread context), and its docs rule out Run() on one session from several threads
 with CUDA graphs. A replica that only ever runs on its worker thread captures each graph
 once and replays it from then on. Capture (cudaDeviceSynchronize, then a global-mode stream
-capture) must not overlap work from other threads either: captures pass a `CaptureGate`,
-which waits until no other request runs. Each replica holds its own copy of the weights
+capture) must not overlap work from other threads either: captures pass the `CaptureGate`
+(device.py), which waits until no other request runs. Each replica holds its own copy of the weights
 (ORT sessions do not share device initializers), so device memory grows with replicas.
 """
 
 from __future__ import annotations
 
-import contextlib
 import queue
 import threading
 from concurrent.futures import Future
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from bertfuse.errors import BertfuseError
+from bertfuse.runtime.device import GATE, CaptureGate  # noqa: F401  (the gate's old home)
 from bertfuse.runtime.requests import check_int
 
 
@@ -34,65 +34,6 @@ class NestedCallError(BertfuseError, RuntimeError):
     """A pool job submitting to a pool: it could wait forever (see SessionPool.submit)."""
 
 
-class CaptureGate:
-    """Requests run side by side; a capture (or a session's construction) runs alone.
-
-    running(): an ORT call that may replay a graph or copy memory. Nested calls in one thread
-    count once, and a thread that holds the capture passes straight through.
-    capturing(): waits until no other thread is running, keeps new runs out until it ends,
-    and is re-entrant. A thread inside running() steps out of the count while it waits, so
-    two requests that both want to capture do not deadlock: the second waits for the first's
-    request to end."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._running = 0  # threads inside running(), outermost call only
-        self._capturing = False
-        self._mine = threading.local()  # depth: running() nesting; holds: this thread captures
-
-    @contextlib.contextmanager
-    def running(self) -> Iterator[None]:
-        depth = getattr(self._mine, "depth", 0)
-        counted = depth == 0 and not getattr(self._mine, "holds", False)
-        if counted:
-            with self._cond:
-                self._cond.wait_for(lambda: not self._capturing)
-                self._running += 1
-        self._mine.depth = depth + 1
-        try:
-            yield
-        finally:
-            self._mine.depth = depth
-            if counted:
-                with self._cond:
-                    self._running -= 1
-                    self._cond.notify_all()
-
-    @contextlib.contextmanager
-    def capturing(self) -> Iterator[None]:
-        if getattr(self._mine, "holds", False):
-            yield
-            return
-        inside = int(getattr(self._mine, "depth", 0) > 0)
-        with self._cond:
-            self._running -= inside
-            self._cond.notify_all()
-            self._cond.wait_for(lambda: self._running == 0 and not self._capturing)
-            self._capturing = True
-        self._mine.holds = True
-        try:
-            yield
-        finally:
-            self._mine.holds = False
-            with self._cond:
-                self._capturing = False
-                self._running += inside
-                self._cond.notify_all()
-
-
-# One gate for the process: a global-mode stream capture fails work from every thread, so
-# every bertfuse session (pooled or not) runs through it.
-GATE = CaptureGate()
 _WORKERS: set[int] = set()  # thread ids of every pool's workers: submit() refuses them
 
 

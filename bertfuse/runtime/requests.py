@@ -1,17 +1,18 @@
 """What callers hand the runtime, checked before anything reaches a kernel: requests (dtypes,
-shapes, id ranges, the all-masked row), constructor and warm-up arguments.
+shapes, id ranges, the all-masked row), sizes and warm-up arguments, output selection.
 
-Read before the model runs: the model's input/output names and embedding table sizes
-(`model_facts`), which bound the ids and the sequence length.
+Read before the model runs: the model's input/output names, embedding table sizes and
+declared output shapes (`model_facts`, `declared_output_dims`), which bound the ids and the
+sequence length. The bottom room of runtime/: it imports nothing else of it.
 """
 
 from __future__ import annotations
 
-import math
+import bisect
 import numbers
 import os
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import onnx
@@ -26,6 +27,15 @@ class RequestError(BertfuseError, ValueError):
 
 class ConfigError(BertfuseError, ValueError):
     """A session built or warmed with arguments it cannot serve: refused before any work."""
+
+
+class ClosedError(BertfuseError, RuntimeError):
+    """A session used after close()."""
+
+
+ROLES = ("input_ids", "input_mask", "segment_ids")
+DEFAULT_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32)
+DEFAULT_SEQ_BUCKETS = (32, 64, 128, 256, 512)
 
 
 @dataclass
@@ -73,6 +83,34 @@ def model_facts(model: onnx.ModelProto) -> ModelFacts:
             if n.op_type == "Slice" and n.input[0] in inits and len(inits[n.input[0]].dims) == 2:
                 positions = inits[n.input[0]].dims[0]
     return ModelFacts(inputs, [o.name for o in model.graph.output], vocab, types, positions)
+
+
+def check_canonical(facts: ModelFacts) -> None:
+    unknown = [n for n in facts.inputs if n not in ROLES]
+    if unknown:
+        raise BertfuseError(f"model inputs {unknown} are not bertfuse's canonical "
+                            f"{list(ROLES)}; convert or optimize it with bertfuse first")
+
+
+def declared_output_dims(model: onnx.ModelProto) -> dict[str, tuple] | None:
+    """('B', 'S', 768)-style templates from the declared output shapes, if all are known."""
+    dims = {}
+    for out in model.graph.output:
+        shape = out.type.tensor_type.shape.dim
+        template: list = []
+        for i, d in enumerate(shape):
+            if d.dim_value > 0:
+                template.append(d.dim_value)
+            elif d.dim_param and i == 0:
+                template.append("B")
+            elif d.dim_param and i == 1 and len(shape) == 3:
+                template.append("S")
+            else:
+                return None
+        if not template:
+            return None
+        dims[out.name] = tuple(template)
+    return dims
 
 
 # -- requests ---------------------------------------------------------------------------
@@ -171,7 +209,6 @@ def check_range(arr: Any, role: str, upper: int | None) -> None:
         raise RequestError(f"{role} values must be in {bound}, got {lo}..{hi}")
 
 
-
 def select_outputs(available: Sequence[str], outputs: Sequence[str] | str | None) -> list[str]:
     """The output names a request asks for (default all), or a RequestError."""
     if outputs is None:
@@ -225,19 +262,14 @@ def check_sizes(facts: ModelFacts, max_batch: Any, max_seq: Any, batch_buckets: 
     return max_batch, max_seq
 
 
-def check_options(provider_options: Any, pack_below_fill: Any, token_steps: Any,
-                  variant_min_seq: Any, flags: Mapping[str, Any]) -> None:
-    """The remaining Session arguments: one ConfigError naming the first bad one."""
-    for name, value in flags.items():
-        check_flag(name, value)
-    if provider_options is not None and not isinstance(provider_options, Mapping):
-        raise ConfigError(f"provider_options must be a mapping, not {provider_options!r}")
-    if isinstance(pack_below_fill, bool) or not isinstance(pack_below_fill, numbers.Real) \
-            or not math.isfinite(pack_below_fill) or pack_below_fill < 0:
-        raise ConfigError("pack_below_fill must be a fraction of the batch's positions "
-                          f"(0 packs nothing, above 1 everything), not {pack_below_fill!r}")
-    check_int("token_steps", token_steps, 1)
-    check_int("variant_min_seq", variant_min_seq, 0)
+def bucket_list(values: Sequence[int], limit: int) -> list[int]:
+    """The bucket sizes up to `limit`, sorted, with `limit` itself as the last."""
+    return sorted({v for v in values if 0 < v <= limit} | {limit})
+
+
+def smallest(buckets: Sequence[int], value: int) -> int:
+    """The smallest bucket that holds `value` (buckets sorted, value within the last)."""
+    return buckets[bisect.bisect_left(buckets, value)]
 
 
 def check_warmup(buckets: Any, max_batch: int, max_seq: int) -> list[tuple[int, int]]:

@@ -13,18 +13,28 @@ it the CUDA kernels take the unfused softmax path. Two narrower cases have faste
 * `nomask`: no padding at all. Attention gets no mask input.
 
 The runtime checks each request's mask on the host and picks the variant that is provably
-equal to the raw form for it.
+equal to the raw form for it (`VariantPolicy`), and every bucket checks each variant against
+the raw mask on a probe request when it is made (`check_variants`).
 """
 
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from bertfuse.inputs import variant_probe
+
 MASK = "input_mask"
+# right_padded='auto': [3B+2] below this bucket length, [B] from it.
+AUTO_KEYLEN_MIN_SEQ = 128
+# A variant differing from the raw mask by more than this on a probe misreads the mask:
+# genuine differences are kernel rounding (fp16 about 1e-2), a misread mask is O(1).
+VARIANT_TOLERANCE = 5e-2
 
 
 def mask_mode(mask: np.ndarray) -> str:
@@ -37,6 +47,74 @@ def mask_mode(mask: np.ndarray) -> str:
     if mask[:, 0].all() and (mask[:, :-1] >= mask[:, 1:]).all():
         return "keylen"
     return "raw"
+
+
+@dataclass(frozen=True)
+class VariantPolicy:
+    """Which session (mask variant) serves a request. Rows that are right-padded (or full)
+    can use a narrower mask form with faster attention kernels, each provably equal to the
+    raw mask for them: 'keylen' ([B]: cuDNN flash attention), 'keyseq' ([3B+2]: cutlass
+    memory-efficient attention). Measured on the H200 (docs/benchmarks.md §3): keyseq is
+    fastest below seq 128 (243 -> 229 us GPU at 3 layers b20 s64), cuDNN's keylen from 128
+    on, so 'auto' splits there. min_seq keeps the raw mask below a bucket length. [3B+2]
+    selects cutlass attention in fp16 only; fp32 would take the unfused path."""
+
+    right_padded: str  # 'auto', 'keylen' or 'keyseq'
+    min_seq: int
+    fp16: bool
+
+    def mode_for(self, kind: str, bucket_seq: int) -> str:
+        """The session for a request whose mask is of `kind` (mask_mode) in a bucket."""
+        if kind == "raw" or bucket_seq < self.min_seq:
+            return "raw"
+        if self.right_padded == "auto":
+            if bucket_seq < AUTO_KEYLEN_MIN_SEQ:  # right-padded and full rows alike
+                return "keyseq" if self.fp16 else "raw"
+            return kind
+        return self.right_padded if kind == "keylen" else kind
+
+    def modes_used(self, seq_buckets: Sequence[int]) -> list[str]:
+        """The variant sessions some bucket can use (sorted; 'raw' is always there)."""
+        used = {self.mode_for(kind, s) for kind in ("keylen", "nomask")
+                for s in seq_buckets if s >= self.min_seq}
+        return sorted(used - {"raw"})
+
+    @staticmethod
+    def request_kind(mask: object, bucket: tuple[int, int], request: tuple[int, int]) -> str:
+        """mask_mode of a request's mask in a bucket: None is 'nomask', a device mask 'raw'."""
+        kind = "nomask" if mask is None else \
+            mask_mode(mask) if isinstance(mask, np.ndarray) else "raw"
+        if kind == "nomask" and bucket != request:
+            kind = "keylen"  # bucket padding adds padded keys to every row: right padding
+        return kind
+
+
+def check_variants(modes: Sequence[str], batch: int, seq: int, inputs: Sequence[str],
+                   vocab: int | None,
+                   run: Callable[[str, dict[str, np.ndarray]], dict[str, np.ndarray]]
+                   ) -> dict[str, str]:
+    """Every mask variant must match the raw mask on a probe request in a [batch, seq]
+    bucket (right-padded; all ones for 'nomask'). ORT picks attention kernels per shape,
+    precision and GPU, and a kernel that misreads the narrower mask form (seen on the H200:
+    [3B+2] with fp32 CUDA) must never serve requests. `run(mode, arrays)` runs the bucket
+    with one variant and returns its outputs; returns {mode: why} for the variants to turn
+    off in that bucket."""
+    ids, lengths = variant_probe(batch, seq, vocab)
+    bad = {}
+    for mode in modes:
+        keep = np.arange(seq)[None, :] < (np.full((batch, 1), seq) if mode == "nomask"
+                                          else lengths[:, None])
+        arrays = {"input_ids": ids, "input_mask": keep.astype(np.int32),
+                  "segment_ids": np.zeros((batch, seq), np.int32)}
+        arrays = {k: v for k, v in arrays.items() if k in inputs}
+        got = {run_mode: run(run_mode, arrays) for run_mode in ("raw", mode)}
+        worst = 0.0
+        for name, want in got["raw"].items():
+            diff = np.abs(got[mode][name] - want)
+            worst = max(worst, float((diff[keep] if diff.ndim == 3 else diff).max()))
+        if not worst <= VARIANT_TOLERANCE:  # NaN too
+            bad[mode] = f"max |diff| {worst:.3g} vs the raw mask"
+    return bad
 
 
 def attention_mask_variant(model: onnx.ModelProto, mode: str) -> onnx.ModelProto | None:

@@ -1,0 +1,220 @@
+"""Where the runtime meets the device: ORT's providers and run options, ORT sessions with the
+CUDA-graph fallback, host staging, uploads and fetches, the capture gate and thread claims.
+
+Nothing here knows about buckets, mask variants or packing; session.py and packed.py build
+on it. pinned.py below it talks to libcudart directly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, Iterator, Mapping
+
+import numpy as np
+
+from bertfuse.errors import BertfuseError
+from bertfuse.runtime.pinned import copy_to_device_async, copy_to_host, pinned_empty
+
+
+class ThreadError(BertfuseError, RuntimeError):
+    """A session with CUDA graphs called from a second thread."""
+
+
+class CaptureGate:
+    """Requests run side by side; a capture (or a session's construction) runs alone.
+
+    running(): an ORT call that may replay a graph or copy memory. Nested calls in one thread
+    count once, and a thread that holds the capture passes straight through.
+    capturing(): waits until no other thread is running, keeps new runs out until it ends,
+    and is re-entrant. A thread inside running() steps out of the count while it waits, so
+    two requests that both want to capture do not deadlock: the second waits for the first's
+    request to end."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._running = 0  # threads inside running(), outermost call only
+        self._capturing = False
+        self._mine = threading.local()  # depth: running() nesting; holds: this thread captures
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        depth = getattr(self._mine, "depth", 0)
+        counted = depth == 0 and not getattr(self._mine, "holds", False)
+        if counted:
+            with self._cond:
+                self._cond.wait_for(lambda: not self._capturing)
+                self._running += 1
+        self._mine.depth = depth + 1
+        try:
+            yield
+        finally:
+            self._mine.depth = depth
+            if counted:
+                with self._cond:
+                    self._running -= 1
+                    self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def capturing(self) -> Iterator[None]:
+        if getattr(self._mine, "holds", False):
+            yield
+            return
+        inside = int(getattr(self._mine, "depth", 0) > 0)
+        with self._cond:
+            self._running -= inside
+            self._cond.notify_all()
+            self._cond.wait_for(lambda: self._running == 0 and not self._capturing)
+            self._capturing = True
+        self._mine.holds = True
+        try:
+            yield
+        finally:
+            self._mine.holds = False
+            with self._cond:
+                self._capturing = False
+                self._running += inside
+                self._cond.notify_all()
+
+
+# One gate for the process: a global-mode stream capture fails work from every thread, so
+# every bertfuse session (pooled or not) runs through it.
+GATE = CaptureGate()
+
+
+def claim_thread(session: Any) -> None:
+    """ONNX Runtime's CUDA EP keeps CUDA graphs per thread and rules out Run() from several
+    threads with graphs on: a second thread would capture every graph again, and its capture
+    can break another thread's run. So a session with graphs serves the first thread that
+    runs or warms it; SessionPool serves many threads with one replica per worker thread."""
+    if not session.cuda_graph:
+        return
+    me = threading.get_ident()
+    if session._owner is None:
+        session._owner = me
+    elif session._owner != me:
+        raise ThreadError(f"this {type(session).__name__} captured its CUDA graphs on another "
+                          "thread, and ONNX Runtime keeps graphs per thread: call it from that "
+                          "thread only, or serve several threads with bertfuse.runtime.pool."
+                          "SessionPool")
+
+
+def cuda_providers(ort: Any, cuda_graph: bool, stream: int | None,
+                   provider_options: Mapping[str, str] | None) -> list:
+    """The CUDA EP as bertfuse runs it: CUDA graphs on or off, and on our own stream when
+    there is one (the request's copy is queued on it ahead of the replay)."""
+    if hasattr(ort, "preload_dlls"):
+        ort.preload_dlls()
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        raise BertfuseError("device='cuda' needs onnxruntime-gpu (pip install 'bertfuse[gpu]'); "
+                            f"this onnxruntime has {ort.get_available_providers()}")
+    opts = {"enable_cuda_graph": "1" if cuda_graph else "0"}
+    if stream is not None:
+        opts["user_compute_stream"] = str(stream)
+    return [("CUDAExecutionProvider", {**opts, **(provider_options or {})})]
+
+
+def run_options(ort: Any, cuda_graph: bool, graph_id: int):
+    """RunOptions replaying (or capturing) CUDA graph `graph_id`; -1 runs uncaptured."""
+    ro = ort.RunOptions()
+    if cuda_graph:
+        ro.add_run_config_entry("gpu_graph_id", str(graph_id))
+    return ro
+
+
+class SessionMaker:
+    """Opens the ORT sessions of one bertfuse session, with CUDA graphs while they work.
+
+    Capture needs every node on the GPU. When a session cannot be made with graphs (or a
+    caller's capture fails: `graph_off`), the maker turns graphs off for good and says why
+    in `fallback_reason`; later sessions are plain IO binding."""
+
+    def __init__(self, ort: Any, device: str, cuda_graph: bool, stream: int | None,
+                 provider_options: Mapping[str, str] | None) -> None:
+        self.ort = ort
+        self.opts = ort.SessionOptions()
+        self.opts.log_severity_level = 3
+        self.cuda_graph = cuda_graph and device == "cuda"
+        self.providers: list = cuda_providers(ort, self.cuda_graph, stream, provider_options) \
+            if device == "cuda" else ["CPUExecutionProvider"]
+        self.fallback_reason = ""
+
+    def open(self, model: bytes | str):
+        """An InferenceSession of `model` (serialized bytes or a path)."""
+        with GATE.capturing():  # ORT allocates weights on the device: not during a capture
+            try:
+                return self.ort.InferenceSession(model, self.opts, providers=self.providers)
+            except Exception as exc:
+                if not self.cuda_graph:
+                    raise
+                self.graph_off(exc)
+                return self.ort.InferenceSession(model, self.opts, providers=self.providers)
+
+    def graph_off(self, exc: BaseException) -> None:
+        """Capture impossible: plain IO binding from here on."""
+        self.cuda_graph = False
+        self.fallback_reason = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+        name, opts = self.providers[0]
+        self.providers = [(name, {**opts, "enable_cuda_graph": "0"})]
+
+    def run_options(self, graph_id: int):
+        return run_options(self.ort, self.cuda_graph, graph_id)
+
+
+def staging(shape: tuple[int, ...], pinned: bool) -> np.ndarray:
+    """A zeroed int32 host buffer for requests, page-locked when asked and possible."""
+    host = pinned_empty(shape, np.int32) if pinned else None
+    if host is None:
+        return np.zeros(shape, np.int32)
+    host.fill(0)
+    return host
+
+
+def upload(device: Any, host: np.ndarray, stream: int | None) -> None:
+    """host -> device: queued on `stream` (ORT's end-of-run sync covers it), else a
+    synchronous copy."""
+    if stream is not None:
+        copy_to_device_async(device.data_ptr(), host, stream)
+    else:
+        device.update_inplace(host)
+
+
+def fetch(value: Any, batch: int, seq: int, has_seq: bool) -> np.ndarray:
+    """A bucket output's rows [:batch] (and positions [:seq] when has_seq) as a new host
+    array. On the GPU only those rows cross the bus; on the CPU EP a copy of the slice."""
+    if value.device_name() == "cuda":
+        shape = value.shape()
+        host = np.empty([batch] + list(shape[1:]), np.float32)
+        if not copy_to_host(host, value.data_ptr()):
+            host = value.numpy()[:batch]
+    else:
+        host = value.numpy()[:batch].copy()  # a view of the bucket's buffer otherwise
+    return host[:, :seq] if has_seq else host
+
+
+def device_copy(packed: Any, index: int, src: Any, batch: int, seq: int,
+                is_mask: bool) -> None:
+    """packed[index, :batch, :seq] <- src (a DLPack device array), via CuPy."""
+    import cupy
+
+    shape = tuple(packed.shape())
+    mem = cupy.cuda.UnownedMemory(packed.data_ptr(), int(np.prod(shape)) * 4, packed)
+    view = cupy.ndarray(shape, cupy.int32, cupy.cuda.MemoryPointer(mem, 0))
+    rows = view[index, :batch, :seq]
+    rows[...] = cupy.from_dlpack(src).astype(cupy.int32, copy=False)
+    if is_mask:  # all-masked rows unmasked, as unmask_empty_rows does for host masks
+        rows += (~rows.any(axis=1, keepdims=True)).astype(cupy.int32)
+    cupy.cuda.get_current_stream().synchronize()
+
+
+def device_memory_used(device: str) -> int | None:
+    """Bytes in use on the device (cudaMemGetInfo), or None off the GPU."""
+    if device != "cuda":
+        return None
+    try:
+        import cupy
+
+        free, total = cupy.cuda.runtime.memGetInfo()
+        return int(total - free)
+    except Exception:
+        return None
