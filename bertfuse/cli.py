@@ -9,7 +9,8 @@ import os
 import sys
 from typing import Callable
 
-from bertfuse.errors import BertfuseError, ParityError, UsageError, library_error_message
+from bertfuse.errors import BertfuseError, ParityError, UsageError, library_error_message, \
+    missing_dependency_message
 
 
 class _Parser(argparse.ArgumentParser):
@@ -90,7 +91,10 @@ def _add_output_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from bertfuse import __version__
+
     parser = _Parser(prog="bertfuse", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"bertfuse {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("example", help="write a Google-layout BERT checkpoint with random weights")
@@ -120,6 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="raw ONNX exported by tf2onnx")
     _add_write_target(p, "output .onnx")
     _add_fusion_args(p)
+    p.add_argument_group("interface").add_argument(
+        "--inputs", metavar="ROLE=NAME,...",
+        help="rename the inputs to input_ids, input_mask, segment_ids (int32), as bertfuse's "
+             "Session takes them; inputs not named are recognised by name, e.g. "
+             "input_ids=input_word_ids,segment_ids=input_type_ids")
     _add_output_args(p)
 
     p = sub.add_parser("strip-weights", help="drop large initializers' bytes (keep shape/dtype)")
@@ -178,7 +187,31 @@ def build_parser() -> argparse.ArgumentParser:
     _add_source_args(p)
     _add_verify_args(p)
     _add_output_args(p)
+    for name, p in sub.choices.items():
+        if name in EXAMPLES:
+            p.epilog = "example:\n" + EXAMPLES[name]
+            p.formatter_class = argparse.RawDescriptionHelpFormatter
     return parser
+
+
+# One worked example per subcommand, shown at the end of its --help.
+EXAMPLES = {
+    "example": "  bertfuse example --config tiny -o out/tiny",
+    "convert": "  bertfuse convert out/tiny -o tiny.onnx\n"
+               "  bertfuse convert saved_model/ -o model_fp16.onnx --precision fp16 \\\n"
+               "      --inputs input_ids=ids,input_mask=mask,segment_ids=types --json",
+    "optimize": "  python -m tf2onnx.convert --saved-model sm/ --opset 17 --output raw.onnx\n"
+                "  bertfuse optimize raw.onnx -o fused.onnx \\\n"
+                "      --inputs input_ids=input_word_ids,segment_ids=input_type_ids",
+    "verify": "  bertfuse verify tiny.onnx --against out/tiny --batch 2 --seq 64",
+    "strip-weights": "  bertfuse strip-weights model.onnx -o skeleton.onnx\n"
+                     "  bertfuse strip-weights skeleton.onnx -o filled.onnx --fill 0",
+    "inspect": "  bertfuse inspect model.onnx --markdown >> \"$GITHUB_STEP_SUMMARY\"",
+    "summarize": "  bertfuse summarize model.onnx -o model.summary.json",
+    "diff": "  bertfuse diff model.summary.json model.onnx --fail-on fusion-loss,io-change\n"
+            "  bertfuse diff old.onnx new.onnx --numeric --atol 1e-3",
+    "draw": "  bertfuse draw model.onnx --layer 0 --before raw.onnx -o layer0.svg",
+}
 
 
 def _status_printer(args: argparse.Namespace, console) -> tuple[Callable[[str], None] | None, object]:
@@ -268,13 +301,9 @@ def _target(args) -> str:
 
 def _check_verify_size(args) -> None:
     """Random verification inputs past this many tokens only exhaust memory."""
-    tokens = getattr(args, "batch", 1) * getattr(args, "seq", 1)
-    if tokens > _MAX_VERIFY_TOKENS:
-        raise BertfuseError(f"--batch {args.batch} x --seq {args.seq} is {tokens} tokens; "
-                            f"the comparison takes at most {_MAX_VERIFY_TOKENS}")
+    from bertfuse.pipeline import check_verify_size
 
-
-_MAX_VERIFY_TOKENS = 1 << 16
+    check_verify_size(getattr(args, "batch", 1), getattr(args, "seq", 1))
 
 
 def _cmd_optimize(args, console) -> int:
@@ -282,7 +311,8 @@ def _cmd_optimize(args, console) -> int:
 
     target = _target(args)
     return _run_with_report(args, console, lambda up: pipeline.optimize(
-        args.model, target, up, args.strict, args.precision, args.packed, args.in_place))
+        args.model, target, up, args.strict, args.precision, args.packed, args.in_place,
+        args.inputs))
 
 
 def _cmd_verify(args, console) -> int:
@@ -418,13 +448,12 @@ def _one_line(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from rich.console import Console
-
     from bertfuse.converter.reference import prefer_onednn_off
+    from bertfuse.report import make_console
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     prefer_onednn_off()  # the parity reference: see bertfuse/converter/reference.py
-    err = Console(stderr=True)
+    err = make_console(stderr=True)
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["bench"]:
         from bertfuse.runtime.bench import main as bench_main
@@ -435,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         err.print(_one_line(exc), highlight=False, soft_wrap=True)
         return exc.exit_code
-    console = Console(stderr=args.json)
+    console = make_console(stderr=args.json)
     from bertfuse.quiet import native_stderr_silenced
     from bertfuse.safety import Terminated, handle_signals
 
@@ -465,7 +494,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # a bug of ours: one line, the traceback with --debug
         if args.debug:
             raise
-        bad = library_error_message(exc)
+        bad = missing_dependency_message(exc) or library_error_message(exc)
         if bad:
             err.print(f"[red]bertfuse: error:[/red] {_one_line(bad)}", highlight=False,
                       soft_wrap=True)

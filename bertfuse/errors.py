@@ -27,6 +27,42 @@ class FusionIncomplete(BertfuseError):
     exit_code = 1
 
 
+class MissingDependency(BertfuseError, ImportError):
+    """An optional package the command needs is not installed (exit 2, with the pip line)."""
+
+
+# Optional packages -> the extra that installs them (pyproject.toml).
+_EXTRAS = {"tensorflow": "tf", "tf2onnx": "tf", "tf_keras": "tf", "onnxruntime": "cpu"}
+
+
+def missing_dependency_message(exc: BaseException) -> str | None:
+    """A ModuleNotFoundError for an optional package as one line with the install hint."""
+    if not isinstance(exc, ModuleNotFoundError) or not exc.name:
+        return None
+    top = exc.name.split(".")[0]
+    extra = _EXTRAS.get(top)
+    if extra is None:
+        return None
+    needs = "converting and verifying need TensorFlow and tf2onnx" if extra == "tf" else \
+        "running a model needs ONNX Runtime"
+    alt = " (or 'bertfuse[tf-cpu]')" if extra == "tf" else " (or 'bertfuse[gpu]' on CUDA)"
+    return f"{top} is not installed: {needs}; pip install 'bertfuse[{extra}]'{alt}"
+
+
+def require(*modules: str) -> None:
+    """Raises MissingDependency (with the pip line) unless each module can be imported."""
+    import importlib.util
+
+    for name in modules:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):  # a parent package missing, or None in sys.modules
+            found = False
+        if not found:
+            exc = ModuleNotFoundError(f"No module named {name!r}", name=name)
+            raise MissingDependency(missing_dependency_message(exc) or str(exc))
+
+
 def library_error_message(exc: BaseException) -> str | None:
     """Bad input that surfaces as a library error, as one line; None for anything else.
 

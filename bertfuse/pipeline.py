@@ -10,7 +10,7 @@ from typing import Callable, Iterator
 
 import onnx
 
-from bertfuse.errors import BertfuseError, FusionIncomplete, ParityError
+from bertfuse.errors import BertfuseError, FusionIncomplete, ParityError, require
 from bertfuse.modelio import check_model, save_model
 from bertfuse.safety import check_output, convert_inputs
 from bertfuse.passes.manager import PipelineReport, default_passes, run_passes
@@ -35,6 +35,7 @@ class RunReport:
     original_names: dict[str, str] = field(default_factory=dict)
     output: str | None = None
     written: bool = False
+    command: str = ""  # convert | optimize | verify
 
     @contextmanager
     def stage(self, name: str, status: Callable[[str], None] | None = None) -> Iterator[Stage]:
@@ -50,7 +51,14 @@ class RunReport:
             self.stages.append(st)
 
     def to_json(self) -> dict:
+        """The documented JSON report (README, "JSON reports"); bump SCHEMA_VERSION in
+        report.py when a field changes meaning or goes away."""
+        from bertfuse.report import SCHEMA_VERSION, tool_versions
+
         return {
+            "schema_version": SCHEMA_VERSION,
+            "command": self.command,
+            "tools": tool_versions(),
             "output": self.output,
             "written": self.written,
             "stages": [s.__dict__ for s in self.stages],
@@ -65,7 +73,7 @@ class ConvertOptions:
     opset: int = 17
     signature: str = "serving_default"
     kind: str = "auto"
-    inputs: str | None = None
+    inputs: str | dict[str, str] | None = None  # ROLE=NAME,... or {role: name}
     outputs: list[str] | None = None
     config: str | None = None
     verify: bool = True
@@ -84,16 +92,27 @@ class ConvertOptions:
 def convert(src_path: str, out_path: str, opts: ConvertOptions,
             status: Callable[[str], None] | None = None) -> RunReport:
     """Export, passes, verification; writes only a model that passed (unless forced)."""
-    from bertfuse.converter import load_source
-    from bertfuse.converter.export import SUPPORTED_OPSETS, tf_to_onnx
+    return convert_model(src_path, out_path, opts, status)[1]
+
+
+def convert_model(src_path: str, out_path: str | None, opts: ConvertOptions,
+                  status: Callable[[str], None] | None = None
+                  ) -> tuple[onnx.ModelProto, RunReport]:
+    """convert, returning the model too; out_path None: checked and gated, not written."""
+    from bertfuse.converter.export import SUPPORTED_OPSETS
 
     if opts.opset not in SUPPORTED_OPSETS:  # before the (slow) TF load
         raise BertfuseError(f"--opset {opts.opset} is not supported by tf2onnx 1.17 "
                             f"(choose {' or '.join(map(str, SUPPORTED_OPSETS))})")
     _check_gate(opts)
+    require("tensorflow", "tf2onnx", "onnxruntime")
     # The Python API gets the CLI's guarantee too: the output is none of the source's files.
-    check_output(out_path, *convert_inputs(src_path, opts.config, opts.kind))
-    report = RunReport(output=out_path)
+    if out_path is not None:
+        check_output(out_path, *convert_inputs(src_path, opts.config, opts.kind))
+    from bertfuse.converter import load_source
+    from bertfuse.converter.export import tf_to_onnx
+
+    report = RunReport(output=out_path, command="convert")
     with report.stage("load TF model", status) as st:
         source = load_source(src_path, opts.kind, opts.signature, opts.inputs, opts.outputs,
                              opts.config)
@@ -120,7 +139,7 @@ def convert(src_path: str, out_path: str, opts: ConvertOptions,
     if opts.packed:
         model = _pack(model, report, status)
     _write(model, out_path, report, opts.force, status, opts.strict)
-    return report
+    return model, report
 
 
 def _pack(model: onnx.ModelProto, report: RunReport,
@@ -151,18 +170,39 @@ def _optimize(raw: onnx.ModelProto, report: RunReport, status: Callable[[str], N
     return model
 
 
-def _write(model: onnx.ModelProto, out_path: str, report: RunReport, force: bool,
+def _write(model: onnx.ModelProto, out_path: str | None, report: RunReport, force: bool,
            status: Callable[[str], None] | None, strict: bool = False) -> None:
+    """The gate (--strict, parity), then the file; out_path None: the gate alone."""
     table = report.passes.table if report.passes else None
+    what, force_hint = (f"{out_path}: not written", "use --force to write anyway") \
+        if out_path is not None else ("refused", "force=True returns it anyway")
     if strict and table is not None and not table.fully_fused:
-        raise FusionIncomplete(f"{out_path}: not written (--strict): "
-                               + "; ".join(table.unfused()))
+        raise FusionIncomplete(f"{what} (--strict): " + "; ".join(table.unfused()))
     if report.parity is not None and not report.parity.ok and not force:
-        raise ParityError(f"{out_path}: not written: parity check failed, "
-                          f"{_failure(report.parity)} (use --force to write anyway)", report)
+        raise ParityError(f"{what}: parity check failed, {_failure(report.parity)} "
+                          f"({force_hint})", report)
+    if out_path is None:
+        return
     with report.stage("write", status):
         save_model(model, out_path)
     report.written = True
+
+
+PRECISIONS = ("fp32", "fp16")
+MAX_VERIFY_TOKENS = 1 << 16  # random verification inputs past this only exhaust memory
+
+
+def check_precision(precision: str) -> None:
+    if precision not in PRECISIONS:
+        raise BertfuseError(f"precision {precision!r} is not supported (choose "
+                            f"{' or '.join(PRECISIONS)})")
+
+
+def check_verify_size(batch: int, seq: int) -> None:
+    tokens = batch * seq
+    if tokens > MAX_VERIFY_TOKENS:
+        raise BertfuseError(f"--batch {batch} x --seq {seq} is {tokens} tokens; the "
+                            f"comparison takes at most {MAX_VERIFY_TOKENS}")
 
 
 def _check_gate(opts: ConvertOptions) -> None:
@@ -170,7 +210,9 @@ def _check_gate(opts: ConvertOptions) -> None:
     asked to start with oneDNN's rewrites off (see converter/reference.py)."""
     from bertfuse.converter.reference import prefer_onednn_off
 
+    check_precision(opts.precision)
     check_seed(opts.seed)
+    check_verify_size(opts.batch, opts.seq)
     tolerance_for(opts.precision, opts.atol, opts.rtol)
     if opts.verify:
         prefer_onednn_off()
@@ -201,26 +243,53 @@ def _failure(parity: ParityReport) -> str:
 
 def optimize(in_path: str, out_path: str, status: Callable[[str], None] | None = None,
              strict: bool = False, precision: str = "fp32", packed: bool = False,
-             in_place: bool = False) -> RunReport:
+             in_place: bool = False, inputs: str | dict[str, str] | None = None) -> RunReport:
     """Passes on an ONNX model a user exported themselves. `out_path` may be `in_path` only
-    with `in_place` (the file is then replaced after success, never half-written)."""
+    with `in_place` (the file is then replaced after success, never half-written).
+    `inputs` (ROLE=NAME,... or {role: name}): rename the inputs to the canonical roles."""
+    return optimize_model(in_path, out_path, status, strict, precision, packed, in_place,
+                          inputs)[1]
+
+
+def optimize_model(source: str | onnx.ModelProto, out_path: str | None,
+                   status: Callable[[str], None] | None = None, strict: bool = False,
+                   precision: str = "fp32", packed: bool = False, in_place: bool = False,
+                   inputs: str | dict[str, str] | None = None
+                   ) -> tuple[onnx.ModelProto, RunReport]:
+    """optimize, returning the model too; `source` a path or a ModelProto; out_path None:
+    checked (and --strict gated), not written."""
+    from bertfuse.converter.roles import parse_override
     from bertfuse.modelio import check_input_model, load_model
 
-    if not in_place:
-        check_output(out_path, [in_path])
-
-    report = RunReport(output=out_path)
+    check_precision(precision)
+    override = parse_override(inputs) if inputs is not None else None
+    from_file = not isinstance(source, onnx.ModelProto)
+    if out_path is not None and not in_place:
+        check_output(out_path, [source] if from_file else [])
+    require("onnxruntime")  # the check loads the model in ONNX Runtime
+    report = RunReport(output=out_path, command="optimize")
     with report.stage("load ONNX", status) as st:
-        raw = load_model(in_path)
-        check_input_model(raw, in_path)
+        if from_file:
+            raw = load_model(source)
+            check_input_model(raw, source)
+        else:
+            raw = source
         st.nodes = len(raw.graph.node)
+    if override is not None:  # before the passes, as convert does: they see the roles
+        from bertfuse.converter.interface import role_inputs
+
+        with report.stage("rename inputs to roles", status):
+            renamed = role_inputs(raw, override)
+            report.original_names = {i.name: o.name for i, o in
+                                     zip(renamed.graph.input, raw.graph.input)}
+            raw = renamed
     model = _optimize(raw, report, status, precision)
     with report.stage("check (onnx checker + ORT load)", status):
         check_model(model)
     if packed:
         model = _pack(model, report, status)
     _write(model, out_path, report, True, status, strict)
-    return report
+    return model, report
 
 
 def verify(model_path: str, src_path: str, opts: ConvertOptions,
@@ -231,7 +300,8 @@ def verify(model_path: str, src_path: str, opts: ConvertOptions,
     from bertfuse.modelio import load_model
 
     _check_gate(opts)
-    report = RunReport()
+    require("tensorflow", "onnxruntime")
+    report = RunReport(command="verify")
     # The ONNX first: a missing/corrupt model fails before the slow TF load.
     with report.stage("load ONNX", status) as st:
         model = load_model(model_path)

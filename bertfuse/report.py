@@ -2,12 +2,49 @@
 
 from __future__ import annotations
 
+import os
+import sys
+from importlib import metadata
+from typing import TYPE_CHECKING, TextIO
+
 from rich.console import Console
-from rich.markup import escape
 from rich.markup import escape
 from rich.table import Table
 
-from bertfuse.pipeline import RunReport
+if TYPE_CHECKING:
+    from bertfuse.pipeline import RunReport
+
+# The JSON run report's layout (README, "JSON reports"): bumped when a field changes meaning
+# or goes away; new fields may appear without a bump.
+SCHEMA_VERSION = 1
+
+
+def tool_versions() -> dict[str, str | None]:
+    """The versions that made a report: installed packages (read from their metadata, so
+    nothing is imported for it) and TensorFlow only where this process loaded it."""
+    from bertfuse import __version__
+
+    def installed(*dists: str) -> str | None:
+        for dist in dists:
+            try:
+                return metadata.version(dist)
+            except metadata.PackageNotFoundError:
+                continue
+        return None
+
+    tf = sys.modules.get("tensorflow")
+    return {"bertfuse": __version__, "tf2onnx": installed("tf2onnx"), "onnx": installed("onnx"),
+            "onnxruntime": installed("onnxruntime", "onnxruntime-gpu"),
+            "tensorflow": getattr(tf, "__version__", None) if tf is not None else None}
+
+
+def make_console(stderr: bool = False, file: TextIO | None = None) -> Console:
+    """A rich Console that wraps at the terminal's width, and not at all (no 80-column
+    tables) when the output is a file or a pipe, as in CI logs; COLUMNS still wins."""
+    stream = file or (sys.stderr if stderr else sys.stdout)
+    tty = hasattr(stream, "isatty") and stream.isatty()
+    width = None if tty or os.environ.get("COLUMNS") else 10_000
+    return Console(stderr=stderr, file=file, width=width)
 
 
 def print_report(report: RunReport, console: Console) -> None:

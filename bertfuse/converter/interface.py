@@ -24,8 +24,6 @@ def _base(name: str) -> str:
 def match_interface(model: onnx.ModelProto, source: TFSource, model_path: str, src_path: str,
                     role_override: dict[str, str] | None = None) -> onnx.ModelProto:
     """Returns the model, or a copy with canonical I/O names and int32 inputs."""
-    from bertfuse.converter.export import _rename
-
     graph = model.graph
     inits = {i.name for i in graph.initializer}
     inputs = [i for i in graph.input if i.name not in inits]
@@ -58,6 +56,26 @@ def match_interface(model: onnx.ModelProto, source: TFSource, model_path: str, s
         raise BertfuseError(f"{model_path}: outputs {', '.join(o.name for o in graph.output)} "
                             f"match none of {src_path}'s ({', '.join(source.outputs)})")
 
+    return _renamed(model, by_name, out_renames)
+
+
+def role_inputs(model: onnx.ModelProto, role_override: dict[str, str]) -> onnx.ModelProto:
+    """`optimize --inputs`: the model, or a copy whose inputs are named for their roles and
+    fed as int32 (what bertfuse's Session takes); inputs the override leaves out are
+    recognised by name, as for verify."""
+    inits = {i.name for i in model.graph.initializer}
+    names = [i.name for i in model.graph.input if i.name not in inits]
+    by_name = {n: r for r, n in assign_roles(names, role_override).items()}
+    return _renamed(model, by_name, {})
+
+
+def _renamed(model: onnx.ModelProto, by_name: dict[str, str],
+             out_renames: dict[str, str]) -> onnx.ModelProto:
+    """A copy with inputs renamed to their roles (a Cast feeds a non-int32 one from its
+    int32 role) and outputs renamed; the model itself when nothing changes."""
+    from bertfuse.converter.export import _rename
+
+    inputs = [i for i in model.graph.input if i.name in by_name]
     casts = [i for i in inputs if i.type.tensor_type.elem_type != TensorProto.INT32]
     in_renames = {n: r for n, r in by_name.items() if n != r}
     if not (in_renames or out_renames or casts):
@@ -75,8 +93,12 @@ def match_interface(model: onnx.ModelProto, source: TFSource, model_path: str, s
             role = by_name[inp.name]
             graph.node.insert(0, helper.make_node("Cast", [role], [inp.name],
                                                   to=inp.type.tensor_type.elem_type,
-                                                  name=f"{role}_verify_cast"))
-            new_inputs.append(helper.make_tensor_value_info(role, TensorProto.INT32, None))
+                                                  name=f"{role}_cast_in"))
+            served = onnx.ValueInfoProto()
+            served.CopyFrom(inp)  # the same shape, fed as int32 under the role's name
+            served.name = role
+            served.type.tensor_type.elem_type = TensorProto.INT32
+            new_inputs.append(served)
         else:
             new_inputs.append(inp)
     del graph.input[:]

@@ -26,8 +26,17 @@ def _norm(name: str) -> str:
     return name.rsplit("/", 1)[-1].lower()
 
 
-def parse_override(text: str | None) -> dict[str, str]:
-    """`--inputs input_ids=ids,input_mask=mask[,segment_ids=types]` -> {role: name}."""
+def parse_override(text: str | dict[str, str] | None) -> dict[str, str]:
+    """`--inputs input_ids=ids,input_mask=mask[,segment_ids=types]` -> {role: name}; the
+    Python API's {role: name} is checked the same way."""
+    if isinstance(text, dict):
+        for role, name in text.items():
+            if role not in ROLE_NAMES:
+                raise BertfuseError(f"inputs: unknown role {role!r} (roles: "
+                                    f"{', '.join(ROLE_NAMES)})")
+            if not isinstance(name, str) or not name.strip():
+                raise BertfuseError(f"inputs: {role} must name a model input, not {name!r}")
+        return {role: name.strip() for role, name in text.items()}
     if not text:
         return {}
     out: dict[str, str] = {}
