@@ -6,8 +6,9 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-# cpu = onnxruntime; use EXTRAS=tf,gpu,test for onnxruntime-gpu (never both: they clash).
-EXTRAS ?= tf,cpu,test
+# tf-cpu = tensorflow-cpu (tf = the full tensorflow package, e.g. beside one you have);
+# cpu = onnxruntime; use EXTRAS=tf-cpu,gpu,test for onnxruntime-gpu (never both: they clash).
+EXTRAS ?= tf-cpu,cpu,test
 STAMP  := $(VENV)/.bertfuse-installed
 DEMO   ?= shenma-3l
 
@@ -25,17 +26,22 @@ $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@case ",$(EXTRAS)," in *,cpu,*,gpu,*|*,gpu,*,cpu,*) \
 	    echo "EXTRAS=$(EXTRAS): pick cpu or gpu, not both" >&2; exit 1;; esac; \
+	case ",$(EXTRAS)," in *,tf,*,tf-cpu,*|*,tf-cpu,*,tf,*) \
+	    echo "EXTRAS=$(EXTRAS): pick tf or tf-cpu, not both" >&2; exit 1;; esac; \
 	case ",$(EXTRAS)," in *,cpu,*) other=onnxruntime-gpu;; *,gpu,*) other=onnxruntime;; \
 	    *) other=;; esac; \
 	if [ -n "$$other" ] && $(BIN)/python -m pip show -q "$$other" >/dev/null 2>&1; then \
 	    echo "$(VENV) already has $$other; onnxruntime and onnxruntime-gpu must not be" \
 	         "installed together: '$(BIN)/pip uninstall $$other' or remove $(VENV)" >&2; \
 	    exit 1; fi
+	@# keras-hub out first: pip would report its missing tensorflow-text as a conflict.
+	@$(BIN)/python -m pip uninstall -y -q keras-hub >/dev/null 2>&1 || true
 	$(BIN)/python -m pip install -e '.[$(EXTRAS)]'
-	@# keras-hub (a Keras 3 BERT for the fusion tests) without tensorflow-text, which would
-	@# pull the full tensorflow package over tensorflow-cpu.
-	$(BIN)/python -m pip install --no-deps 'keras-hub==0.32.*'
-	$(BIN)/python -m pip install regex kagglehub tokenizers sentencepiece
+	@# keras-hub (a Keras 3 BERT for the fusion tests) with --no-deps, which an extra cannot
+	@# say: its tensorflow-text would pull the full tensorflow package over tensorflow-cpu.
+	@# Its other requirements are in the `test` extra.
+	@case ",$(EXTRAS)," in *,test,*) \
+	    $(BIN)/python -m pip install -q --no-deps 'keras-hub==0.32.*';; esac
 	@touch $@
 
 # Graphviz `dot` for `bertfuse draw` (a system package): apt-get installs it when it is missing
