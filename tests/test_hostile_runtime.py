@@ -17,7 +17,7 @@ import pytest
 from bertfuse.errors import BertfuseError
 from bertfuse.runtime.pool import NestedCallError, SessionPool
 from bertfuse.runtime.requests import ConfigError, RequestError
-from bertfuse.runtime.session import ClosedError, Session
+from bertfuse.runtime import ClosedError, Session
 from hostile_cases import (BAD_FILES, CONSTRUCTORS, IDS, LIBRARY, MASK, POOL_REPLICAS,
                            REQUESTS, SEGS, WARMUPS)
 from hostile_workspace import Workspace, assert_nothing_left, derive_models, digest

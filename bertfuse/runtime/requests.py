@@ -47,15 +47,29 @@ class ModelFacts:
     max_positions: int | None
 
 
+STRIPPED_KEY = "bertfuse_stripped"  # weights.META_KEY: a skeleton has no weights to serve
+
+
 def load_model(model: Any) -> onnx.ModelProto:
     """A ModelProto as given, or read from a path (weights stay external where they are)."""
     if isinstance(model, onnx.ModelProto):
         return model
     if not isinstance(model, (str, os.PathLike)):
         raise ConfigError(f"model must be a path or an onnx.ModelProto, not {type(model).__name__}")
-    if not os.path.isfile(model):
-        raise ConfigError(f"no model file at {os.fspath(model)}")
-    return onnx.load(os.fspath(model), load_external_data=False)
+    path = os.fspath(model)
+    if not os.path.isfile(path):
+        raise ConfigError(f"no model file at {path}")
+    try:
+        proto = onnx.load(path, load_external_data=False)
+    except Exception as exc:  # protobuf's DecodeError, JSON parse errors, ...
+        why = (str(exc).splitlines() or [type(exc).__name__])[0][:100]
+        raise ConfigError(f"{path} is not an ONNX model ({why})") from None
+    if not proto.graph.node:  # an empty file parses as an empty model
+        raise ConfigError(f"{path} is not an ONNX model (no graph)")
+    if any(p.key == STRIPPED_KEY for p in proto.metadata_props):
+        raise ConfigError(f"{path} is a weight-stripped skeleton: refill it first "
+                          "(bertfuse strip-weights MODEL -o OUT --fill SEED)")
+    return proto
 
 
 def model_facts(model: onnx.ModelProto) -> ModelFacts:
@@ -134,7 +148,11 @@ def check_request(given: dict[str, Any], facts: ModelFacts, max_batch: int, max_
         elif hasattr(value, "__dlpack__"):  # device arrays; torch spells dtypes torch.int32
             arr, kind = value, np.dtype(str(value.dtype).rsplit(".", 1)[-1]).kind
         else:
-            arr = np.asarray(value)
+            try:
+                arr = np.asarray(value)
+            except (ValueError, TypeError) as exc:  # ragged lists
+                raise RequestError(f"{role} must be a [batch, seq] integer array "
+                                   f"({str(exc).splitlines()[0][:80]})") from None
             kind = arr.dtype.kind
         if kind not in "iu":
             raise RequestError(f"{role} must be an integer array, got {arr.dtype}")
@@ -197,9 +215,13 @@ def upper_bound(facts: ModelFacts, role: str) -> int | None:
 
 def check_range(arr: Any, role: str, upper: int | None) -> None:
     if isinstance(arr, np.ndarray):
-        # One reduction on the hot path: as unsigned, negatives become huge.
-        flat = arr.view(f"u{arr.dtype.itemsize}") if arr.dtype.kind == "i" else arr
-        if upper is not None and int(flat.max()) < upper:
+        # One reduction on the hot path: as unsigned, negatives become huge (at least
+        # 2**(bits-1): for narrow types that may stay under the bound, so check both ends).
+        bits = 8 * arr.dtype.itemsize
+        signed = arr.dtype.kind == "i"
+        flat = arr.view(f"u{arr.dtype.itemsize}") if signed else arr
+        if upper is not None and (not signed or 2 ** (bits - 1) >= upper) \
+                and int(flat.max()) < upper:
             return
         lo, hi = int(arr.min()), int(arr.max())
     else:
