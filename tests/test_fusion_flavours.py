@@ -1,4 +1,4 @@
-"""End-to-end fusion targets for every TF source flavour (the 8 fixtures of conftest).
+"""End-to-end fusion targets for every TF source flavour (the 8 fixtures of conftest.py).
 
 Each flavour goes through `bertfuse convert` with default settings (fp32, and `--precision
 fp16`), and the fused model must reach the same targets whatever the source looked like:
@@ -31,11 +31,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import SOURCE_FIXTURES, TFModel
 from onnx import TensorProto, numpy_helper
 
 from bertfuse import cli
 from bertfuse.verify import ort_session, run_onnx
+from builders.tf_models import SOURCE_FIXTURES, TFModel
 
 L = 2  # EXAMPLE_CONFIGS['tiny'].num_hidden_layers
 MS = "com.microsoft"

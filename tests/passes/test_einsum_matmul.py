@@ -1,9 +1,8 @@
-"""EinsumToMatMul and SharedWeights on tiny hand-built graphs, run with ORT before and after.
+"""EinsumToMatMul on tiny hand-built graphs, run with ORT before and after.
 
-Einsum: every equation Keras' EinsumDense / MultiHeadAttention writes in a BERT layer (the
-ones tf2onnx leaves as Einsum in Model Garden's AlbertEncoder), each checked numerically
-against the Einsum it replaces; equations it cannot lower are left alone with a reason.
-SharedWeights: equal weights become one initializer, different ones stay apart.
+Every equation Keras' EinsumDense / MultiHeadAttention writes in a BERT layer (the ones
+tf2onnx leaves as Einsum in Model Garden's AlbertEncoder), each checked numerically against
+the Einsum it replaces; equations it cannot lower are left alone with a reason.
 """
 
 from __future__ import annotations
@@ -13,20 +12,15 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-ort = pytest.importorskip("onnxruntime")
-
-from bertfuse.passes.einsum_matmul import EinsumToMatMul  # noqa: E402
-from bertfuse.passes.manager import run_passes  # noqa: E402
-from bertfuse.passes.shared_weights import SharedWeights  # noqa: E402
+from bertfuse.passes.einsum_matmul import EinsumToMatMul
+from bertfuse.passes.manager import run_passes
+from passes.common import run
 
 B, T, N, D, H = 2, 5, 3, 4, 12
 
 
 def _run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    return sess.run(None, feeds)
+    return list(run(model, feeds).values())
 
 
 def _einsum_model(equation: str, a_shape, b_shape, b_const: np.ndarray | None):
@@ -80,25 +74,3 @@ def test_einsum_left_alone_with_a_reason(equation, a_shape, b_shape):
     assert [n.op_type for n in lowered.graph.node] == ["Einsum"]
     reasons = [d.reason for d in report.diagnostics if not d.fused]
     assert reasons and equation in reasons[0]
-
-
-def _two_matmuls(w0: np.ndarray, w1: np.ndarray) -> onnx.ModelProto:
-    nodes = [helper.make_node("MatMul", ["x", "w0"], ["h"]),
-             helper.make_node("MatMul", ["h", "w1"], ["y"])]
-    graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])],
-        initializer=[numpy_helper.from_array(w0, "w0"), numpy_helper.from_array(w1, "w1")])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-
-
-@pytest.mark.parametrize("same", [True, False])
-def test_shared_weights_merge_equal_tensors_only(same):
-    rng = np.random.default_rng(1)
-    w0 = rng.standard_normal((8, 8)).astype(np.float32)
-    w1 = w0.copy() if same else w0 + np.float32(1e-3)
-    model = _two_matmuls(w0, w1)
-    x = {"x": rng.standard_normal((2, 8)).astype(np.float32)}
-    merged, _ = run_passes(model, [SharedWeights()])
-    assert len(merged.graph.initializer) == (1 if same else 2)
-    np.testing.assert_array_equal(_run(merged, x)[0], _run(model, x)[0])

@@ -1,0 +1,1 @@
+"""Tests of bertfuse.passes: one file per pass module (test_<module>.py)."""

@@ -1,0 +1,50 @@
+"""DenseGemmFusion: the pooler's first-token Slice+Squeeze and 2-D MatMul + bias.
+
+ORT before/after on the same random inputs, ops counted: passes/common.py.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from bertfuse.passes.dense_gemm import DenseGemmFusion
+from builders.onnx_graphs import G, census, dense
+from passes.common import B, H, S, assert_same, fuse, vec
+
+
+def gemm_model(rng, rank, bias_first=False, first_token=False):
+    g = G("gemm")
+    x = g.input("x", np.float32, ["N", H] if rank == 2 else ["B", "S", H])
+    if first_token:
+        x = g.op("Squeeze", g.op("Slice", x, g.ints(0), g.ints(1), g.ints(1)), g.ints(1))
+    y = dense(g, x, (rng.standard_normal((H, 8)) * 0.3).astype(np.float32), vec(rng, 8),
+              bias_first=bias_first)
+    g.op("Tanh", y, out="y")
+    g.output("y")
+    return g.model()
+
+
+@pytest.mark.parametrize("bias_first", [False, True], ids=["Add(y,b)", "Add(b,y)"])
+def test_dense_gemm_on_2d(rng, seed, bias_first):
+    model = gemm_model(rng, 2, bias_first)
+    fused, _ = fuse(model, DenseGemmFusion())
+    assert census(fused) == Counter({("", "Gemm"): 1, ("", "Tanh"): 1}), census(fused)
+    assert_same(model, fused, {"x": rng.standard_normal((B * S, H)).astype(np.float32)}, seed)
+
+
+def test_dense_gemm_leaves_3d_matmul(rng, seed):
+    model = gemm_model(rng, 3)
+    fused, _ = fuse(model, DenseGemmFusion())
+    assert census(fused) == Counter({("", "MatMul"): 1, ("", "Add"): 1, ("", "Tanh"): 1})
+    assert_same(model, fused, {"x": rng.standard_normal((B, S, H)).astype(np.float32)}, seed)
+
+
+def test_dense_gemm_first_token_pooler(rng, seed):
+    model = gemm_model(rng, 3, first_token=True)
+    fused, _ = fuse(model, DenseGemmFusion())
+    assert census(fused) == Counter({("", "Gather"): 1, ("", "Gemm"): 1, ("", "Tanh"): 1}), \
+        census(fused)
+    assert_same(model, fused, {"x": rng.standard_normal((B, S, H)).astype(np.float32)}, seed)

@@ -1,0 +1,49 @@
+"""The default pipeline on whole tiny BERTs: fused op counts, the encoder table, parity.
+
+ORT before/after on the same random inputs, ops counted: passes/common.py.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from builders.onnx_graphs import MS, bert, census, mask_rows
+from passes.common import B, S, assert_same, bert_feeds, fuse
+
+
+def test_encoder_table_reports_an_unfused_layer(rng, seed):
+    model = bert(rng, layers=2, broken_layer=1)
+    fused, report = fuse(model)
+    table = report.table
+    assert table.embed_layernorm
+    assert len(table.layers) == 2
+    l0, l1 = table.layers
+    assert l0.fused and l0.attention and l0.skip_layernorm == 2 and l0.gelu
+    assert not l1.fused and not l1.attention
+    assert l1.leftovers.get("Softmax") == 1
+    assert any("probabilities" in r for r in l1.reasons), l1.reasons
+    assert not table.fully_fused
+    lines = table.unfused()
+    assert len(lines) == 1 and lines[0].startswith("layer 1: attention") and \
+        "probabilities" in lines[0], lines
+    feeds = {"input_ids": rng.integers(0, 40, (B, S)).astype(np.int32),
+             "segment_ids": rng.integers(0, 2, (B, S)).astype(np.int32),
+             "input_mask": mask_rows(B, S, rng)}
+    assert_same(model, fused, feeds, seed)
+
+
+@pytest.mark.parametrize("gelu_form", ["erf_x_half", "tanh_pow"])
+def test_whole_bert_fully_fused(rng, seed, gelu_form):
+    model = bert(rng, gelu_form=gelu_form)
+    fused, report = fuse(model)
+    c = census(fused)
+    want = {(MS, "EmbedLayerNormalization"): 1, (MS, "Attention"): 2,
+            (MS, "SkipLayerNormalization"): 4,
+            (MS, "BiasGelu" if gelu_form.startswith("erf") else "FastGelu"): 2,
+            ("", "Gemm"): 1, ("", "Gather"): 1, ("", "Tanh"): 1, ("", "MatMul"): 6}
+    assert c == Counter(want), c
+    assert report.table.fully_fused, report.table.unfused()
+    assert_same(model, fused, bert_feeds(rng), seed)
