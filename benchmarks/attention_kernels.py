@@ -16,8 +16,12 @@ import tempfile
 
 import onnx
 
-from bertfuse.runtime.bench import WORKLOADS, kernel_profile, prepare_models, request, time_calls
-from bertfuse.runtime.session import Session, model_facts
+from bertfuse.bench.models import prepare_models
+from bertfuse.bench.timing import kernel_profile, time_calls
+from bertfuse.bench.workloads import PADDED_WORKLOADS as WORKLOADS
+from bertfuse.inputs import padded_request as request
+from bertfuse.runtime import Session
+from bertfuse.runtime.requests import model_facts
 
 
 def main() -> None:

@@ -14,10 +14,9 @@ import ctypes
 import numpy as np
 
 from bertfuse.runtime import pinned
-from bertfuse.runtime.packed import PackedSession
-from bertfuse.runtime.packed_bench import packed_form, uniform_case
-from bertfuse.runtime.pool import SessionPool
-from bertfuse.runtime.session import Session
+from bertfuse.bench.models import packed_form
+from bertfuse.bench.packed import uniform_case
+from bertfuse.runtime import PackedSession, Session, SessionPool
 from stream_overlap import rate
 
 

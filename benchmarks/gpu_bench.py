@@ -1,15 +1,18 @@
-"""GPU benchmark entry point (same as `bertfuse bench`). Run on the GPU host:
+"""GPU benchmark entry point: the same command as `bertfuse bench` (`bertfuse bench --help`).
 
-    export PYTHONPATH=/tmp/site:$PWD
-    python3 benchmarks/gpu_bench.py --skeletons .carry --out $OUT --soak 10000
+On the GPU host, with bertfuse installed beside onnxruntime-gpu the ordinary way
+(`pip install -e '.[gpu]'`, or `EXTRAS=gpu make venv`):
 
-Skeletons are raw tf2onnx exports stripped of their weights here (where TensorFlow is):
-    bertfuse convert CKPT --no-fuse --no-verify -o raw.onnx && bertfuse strip-weights raw.onnx -o .carry/<config>_raw.skel.onnx
+    python benchmarks/gpu_bench.py --skeletons skel/ --out results/ --soak 10000
+
+Skeletons are raw tf2onnx exports stripped of their weights where TensorFlow is:
+    bertfuse convert CKPT --no-fuse --no-verify -o raw.onnx
+    bertfuse strip-weights raw.onnx -o skel/<config>_raw.skel.onnx
 """
 
 import sys
 
-from bertfuse.runtime.bench import main
+from bertfuse.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(["bench", *sys.argv[1:]]))

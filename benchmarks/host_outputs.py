@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from bertfuse.runtime.bench import time_interleaved
-from bertfuse.runtime.packed import PackedSession
-from bertfuse.runtime.packed_bench import packed_form, uniform_case
-from bertfuse.runtime.session import Session
+from bertfuse.bench.models import packed_form
+from bertfuse.bench.packed import uniform_case
+from bertfuse.bench.timing import time_interleaved
+from bertfuse.runtime import PackedSession, Session
 
 
 def whole_buckets(session, ids, mask, segs) -> dict[str, np.ndarray]:

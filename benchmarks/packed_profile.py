@@ -12,11 +12,11 @@ import tempfile
 import numpy as np
 import onnx
 
-from bertfuse.passes.packing import choose_shape, pack_into
-from bertfuse.runtime.bench import kernel_profile, prepare_models, time_calls
-from bertfuse.runtime.packed import PackedSession
-from bertfuse.runtime.packed_bench import packed_form, request
-from bertfuse.runtime.session import Session
+from bertfuse.bench.models import packed_form, prepare_models
+from bertfuse.bench.timing import kernel_profile, time_calls
+from bertfuse.inputs import lengths_request as request
+from bertfuse.packing_layout import choose_shape, pack_into
+from bertfuse.runtime import PackedSession, Session
 
 
 def main() -> None:

@@ -15,10 +15,9 @@ from __future__ import annotations
 import threading
 import time
 
-from bertfuse.runtime.packed import PackedSession
-from bertfuse.runtime.packed_bench import packed_form, uniform_case
-from bertfuse.runtime.pool import SessionPool
-from bertfuse.runtime.session import Session
+from bertfuse.bench.models import packed_form
+from bertfuse.bench.packed import uniform_case
+from bertfuse.runtime import PackedSession, Session, SessionPool
 
 
 def rate(pool: SessionPool, workers: int, loop, iters: int) -> float:

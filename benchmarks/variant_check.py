@@ -15,9 +15,11 @@ import tempfile
 import numpy as np
 import onnx
 
-from bertfuse.runtime.bench import compare, prepare_models
-from bertfuse.runtime.packed_bench import request
-from bertfuse.runtime.session import Session, model_facts
+from bertfuse.bench.models import prepare_models
+from bertfuse.bench.timing import compare
+from bertfuse.inputs import lengths_request as request
+from bertfuse.runtime import Session
+from bertfuse.runtime.requests import model_facts
 
 
 def main() -> None:

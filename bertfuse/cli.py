@@ -138,9 +138,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="instead: refill a stripped model with seeded random weights")
     _add_output_args(p)
 
-    # `bench` takes its own arguments (bertfuse/runtime/bench.py); listed here for --help.
-    sub.add_parser("bench", help="GPU benchmark: ORT raw / ORT optimizer / bertfuse "
-                                 "(bertfuse bench --help)", add_help=False)
+    p = sub.add_parser("bench", help="GPU benchmark: ORT raw / ORT optimizer / bertfuse "
+                                     "runtime, padded vs packed (needs onnxruntime-gpu)")
+    from bertfuse.bench.command import add_arguments
+
+    add_arguments(p)
+    _add_output_args(p)
 
     p = sub.add_parser("inspect", help="I/O, opsets, op histogram, weight bytes, encoder "
                                        "table (weights are not read)")
@@ -211,6 +214,9 @@ EXAMPLES = {
     "diff": "  bertfuse diff model.summary.json model.onnx --fail-on fusion-loss,io-change\n"
             "  bertfuse diff old.onnx new.onnx --numeric --atol 1e-3",
     "draw": "  bertfuse draw model.onnx --layer 0 --before raw.onnx -o layer0.svg",
+    "bench": "  bertfuse strip-weights raw.onnx -o skel/shenma-3l_raw.skel.onnx\n"
+             "  bertfuse bench --skeletons skel --workloads 'shenma-3l b20 s64' --packed "
+             "--out results/",
 }
 
 
@@ -435,7 +441,14 @@ def _check_output_path(path: str, inputs: list[str | None] = (), source_dirs: li
     check_output(path, inputs, source_dirs, model)
 
 
-COMMANDS = {"example": _cmd_example, "convert": _cmd_convert, "optimize": _cmd_optimize,
+def _cmd_bench(args, console) -> int:
+    from bertfuse.bench.command import run
+
+    return run(args)
+
+
+COMMANDS = {"bench": _cmd_bench,
+            "example": _cmd_example, "convert": _cmd_convert, "optimize": _cmd_optimize,
             "verify": _cmd_verify, "strip-weights": _cmd_strip, "inspect": _cmd_inspect,
             "summarize": _cmd_summarize, "diff": _cmd_diff, "draw": _cmd_draw}
 
@@ -455,10 +468,6 @@ def main(argv: list[str] | None = None) -> int:
     prefer_onednn_off()  # the parity reference: see bertfuse/converter/reference.py
     err = make_console(stderr=True)
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["bench"]:
-        from bertfuse.runtime.bench import main as bench_main
-
-        return bench_main(argv[1:])
     try:
         args = build_parser().parse_args(argv)
     except UsageError as exc:

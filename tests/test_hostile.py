@@ -80,7 +80,7 @@ def _param(case: Case):
 
 
 def _has_cuda() -> bool:
-    from bertfuse.runtime.bench import _no_cuda
+    from bertfuse.bench.models import no_cuda as _no_cuda
 
     return _no_cuda() is None
 

@@ -1,6 +1,6 @@
 """The packed form (issue 5) on the CPU: packing arithmetic, checked through NumPy references
 of PackedAttention/RestorePadding, and graph structure. The kernels exist on CUDA only;
-`bertfuse bench` (runtime/packed_bench.py) checks them against the padded model on the GPU."""
+`bertfuse bench` (bertfuse/bench/packed.py) checks them against the padded model on the GPU."""
 
 from __future__ import annotations
 
@@ -150,7 +150,7 @@ def test_packed_session_stages_a_request_into_its_bucket(rng):
 
 
 def test_packed_bench_tables_from_rows():
-    from bertfuse.runtime.packed_bench import format_tables
+    from bertfuse.bench.packed import format_tables
 
     row = {"workload": "uniform [8,64] b20 s64", "mix": "mixed", "fill": 0.6,
            "precision": "fp16", "padded_p50_us": 300.0, "packed_p50_us": 200.0, "speedup": 1.5,

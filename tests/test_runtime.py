@@ -25,7 +25,9 @@ ort = pytest.importorskip("onnxruntime")
 from bertfuse import cli  # noqa: E402
 from bertfuse.errors import BertfuseError  # noqa: E402
 from bertfuse.passes.manager import default_passes, run_passes  # noqa: E402
-from bertfuse.runtime import bench  # noqa: E402
+from bertfuse.bench import padded as bench  # noqa: E402
+from bertfuse.bench.timing import compare, time_interleaved  # noqa: E402
+from bertfuse.inputs import padded_request  # noqa: E402
 from bertfuse.runtime.requests import RequestError  # noqa: E402
 from bertfuse.runtime.router import Session  # noqa: E402
 from bertfuse.runtime.variants import attention_mask_variant, mask_mode  # noqa: E402
@@ -986,7 +988,7 @@ def test_fill_raw_skeleton_then_passes_matches_raw(models):
 
 def test_bench_request_shapes_and_padding():
     for batch, seq in ((1, 2), (20, 64), (32, 128), (3, 7), (16, 1)):
-        r = bench.request(batch, seq, VOCAB, seed=4)
+        r = padded_request(batch, seq, VOCAB, seed=4)
         assert set(r) == {"input_ids", "input_mask", "segment_ids"}
         for v in r.values():
             assert v.shape == (batch, seq) and v.dtype == np.int32
@@ -996,11 +998,11 @@ def test_bench_request_shapes_and_padding():
         lengths = mask.sum(1)
         assert (lengths >= seq // 2).all() and (lengths >= 1).all()
         assert (seg[:, : seq // 2] == 0).all() and (seg[:, seq // 2:] == 1).all()
-        again = bench.request(batch, seq, VOCAB, seed=4)
+        again = padded_request(batch, seq, VOCAB, seed=4)
         assert all(np.array_equal(r[k], again[k]) for k in r)
-    a, b = bench.request(8, 64, VOCAB, seed=1), bench.request(8, 64, VOCAB, seed=2)
+    a, b = padded_request(8, 64, VOCAB, seed=1), padded_request(8, 64, VOCAB, seed=2)
     assert not np.array_equal(a["input_ids"], b["input_ids"])
-    padded = bench.request(32, 128, VOCAB, seed=1)["input_mask"]
+    padded = padded_request(32, 128, VOCAB, seed=1)["input_mask"]
     assert (padded == 0).any()  # the benchmark's rows really are padded
 
 
@@ -1012,19 +1014,19 @@ def test_bench_compare_only_counts_valid_positions():
     outs = {k: v.astype(np.float32).astype(np.float64) for k, v in ref.items()}
     outs["sequence_output"][mask == 0] = 1e6  # garbage in the padding is not a difference
     outs["extra"] = np.zeros(3)  # an output with no reference is ignored
-    worst, mean = bench.compare(outs, ref, mask)
+    worst, mean = compare(outs, ref, mask)
     assert worst < 1e-6 and mean < 1e-6
     r, c = np.argwhere(mask == 1)[-1]
     outs["sequence_output"][r, c, 3] += 0.5
-    worst, _ = bench.compare(outs, ref, mask)
+    worst, _ = compare(outs, ref, mask)
     assert worst == pytest.approx(0.5, abs=1e-6)
     outs["sequence_output"][r, c, 3] -= 0.5
     outs["pooled_output"][3, 0] += 0.25  # 2-D outputs count everywhere
-    worst, mean = bench.compare(outs, ref, mask)
+    worst, mean = compare(outs, ref, mask)
     assert worst == pytest.approx(0.25, abs=1e-6)
     assert mean == pytest.approx((0.25 / 32) / 2, rel=1e-3)
     del outs["sequence_output"]  # a missing output is skipped, not an error
-    assert bench.compare(outs, ref, mask)[0] == pytest.approx(0.25, abs=1e-6)
+    assert compare(outs, ref, mask)[0] == pytest.approx(0.25, abs=1e-6)
 
 
 def test_bench_format_table():
@@ -1055,7 +1057,7 @@ def test_bench_format_table():
 def test_time_interleaved_alternates_and_counts():
     calls: list[str] = []
     fns = {name: (lambda n=name: calls.append(n)) for name in ("a", "b", "c")}
-    timed = bench.time_interleaved(fns, iters=40, rounds=4, warmup=2)
+    timed = time_interleaved(fns, iters=40, rounds=4, warmup=2)
     assert set(timed) == {"a", "b", "c"}
     assert all(p50 >= 0 and p99 >= p50 for p50, p99 in timed.values())
     timed_calls = calls[6:]  # after 2 warm-up calls each
@@ -1075,6 +1077,11 @@ def test_staging_falls_back_to_numpy_without_cuda():
 
 
 def test_bench_refuses_a_missing_skeleton_in_one_line(tmp_path, capsys):
-    assert bench.main(["--skeletons", str(tmp_path), "--packed"]) == 2
-    out = capsys.readouterr().out.strip().splitlines()
-    assert len(out) == 1 and "no skeleton for base, large, shenma-3l" in out[0]
+    """`bertfuse bench` is an ordinary subcommand: argparse, one stderr line, exit 2."""
+    assert cli.main(["bench", "--skeletons", str(tmp_path), "--packed"]) == 2
+    cap = capsys.readouterr()
+    err = cap.err.strip().splitlines()
+    assert len(err) == 1 and "no skeleton for base, large, shenma-3l" in err[0], cap.err
+    assert not cap.out
+    assert cli.main(["bench", "--skeletons", str(tmp_path), "--iters", "x"]) == 2
+    assert "--iters" in capsys.readouterr().err

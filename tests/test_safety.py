@@ -349,7 +349,7 @@ def test_tf_graph_execution_error_is_one_clear_line(tmp_path, capsys):
 
 
 def test_bench_without_gpu(tmp_path):
-    from bertfuse.runtime.bench import _no_cuda
+    from bertfuse.bench.models import no_cuda as _no_cuda
 
     if _no_cuda() is None:
         pytest.skip("a CUDA GPU is here")

@@ -1,4 +1,4 @@
-"""Padded vs packed bertfuse on the GPU (issue 5), part of `bertfuse bench`.
+"""Padded vs packed bertfuse on the GPU, part of `bertfuse bench`.
 
 For each workload and length mix, the same request runs through:
 - padded: the fused model in the runtime (arena + CUDA graph, exact [batch, seq] bucket);
@@ -23,21 +23,12 @@ from typing import Any, Callable
 import numpy as np
 import onnx
 
+from bertfuse.bench.models import packed_form, prepare_models
+from bertfuse.bench.timing import time_interleaved
+from bertfuse.bench.workloads import PACKED_WORKLOADS as WORKLOADS
+from bertfuse.bench.workloads import Lengths
 from bertfuse.inputs import lengths_request as request
-from bertfuse.passes.cleanup import Cleanup
-from bertfuse.passes.manager import run_passes
-from bertfuse.passes.packing import PackingPass, choose_shape
-from bertfuse.runtime.bench import time_interleaved
-
-Lengths = Callable[[np.random.Generator, int, int], np.ndarray]
-
-WORKLOADS: dict[str, tuple[str, int, int, Lengths]] = {
-    # name: (model config, batch, seq, lengths(rng, batch, seq))
-    "uniform [8,64] b20 s64": ("shenma-3l", 20, 64, lambda r, b, s: r.integers(8, 65, b)),
-    "skewed b32 s128": ("base", 32, 128, lambda r, b, s: np.concatenate(
-        [r.integers(8, 25, b - 4), np.full(4, s)])),
-}
-
+from bertfuse.packing_layout import choose_shape
 
 def _mixes(lengths: Lengths, rng: np.random.Generator, batch: int,
            seq: int) -> dict[str, np.ndarray]:
@@ -55,8 +46,6 @@ def uniform_case(argv: list[str] | None, description: str, iters: int) -> tuple:
     import tempfile
 
     import onnxruntime as ort
-
-    from bertfuse.runtime.bench import prepare_models
 
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--skeleton", required=True)
@@ -76,11 +65,6 @@ def diff(got: dict, want: dict, mask: np.ndarray) -> tuple[float, float]:
     d_pool = np.abs(got["pooled_output"].astype(np.float64) - want["pooled_output"])[rows]
     return float(max(d_seq.max(), d_pool.max())), float(np.concatenate(
         [d_seq.reshape(-1), d_pool.reshape(-1)]).mean())
-
-
-def packed_form(fused: onnx.ModelProto) -> onnx.ModelProto:
-    model, _ = run_passes(fused, [PackingPass(), Cleanup()])
-    return model
 
 
 def run(paths_for: Callable[[str], dict[str, str]], iters: int,
