@@ -18,7 +18,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from bertfuse.passes.base import const_value, producer, scalar_value
-from bertfuse.passes.evaluate import ancestors, eval_with_ort, rank_of
+from bertfuse.passes.evaluate import ancestors, bs_input, eval_with_ort, rank_of
 from bertfuse.passes.probe import probe_feeds, probe_mask
 
 MASK_FLOOR = -10000.0  # exp underflows to 0 already; finite in fp16
@@ -221,7 +221,9 @@ def _solve_with_mask(graph, x, out, weights, biases, scales, hidden_in, hidden, 
                      feeds):
     rng = np.random.default_rng(11)
     feeds = dict(feeds)
-    b, s = next(iter(feeds.values())).shape[:2]
+    # B and S of the probes: a [batch, seq] input's (the first input may be another tensor)
+    ref = bs_input(graph)
+    b, s = feeds[ref.name].shape[:2] if ref is not None else next(iter(feeds.values())).shape[:2]
     mask = probe_mask(b, s, seed=5)
     if mask_input is not None:
         feeds[mask_input.name] = mask.astype(feeds[mask_input.name].dtype)

@@ -101,7 +101,9 @@ def run_passes(model: onnx.ModelProto, passes: Sequence[Pass] | None = None,
         report.records.append(PassRecord(p.name, round(time.perf_counter() - start, 3),
                                          result.rewrites, sum(before.values()),
                                          sum(after.values()), delta))
-        report.diagnostics.extend(result.diagnostics)
+        # A pass that runs again (cleanup) finds the same misses again: each is kept once.
+        report.diagnostics.extend(d for d in result.diagnostics
+                                  if d.fused or d not in report.diagnostics)
     report.census_after = census(graph)
     out = gs.export_onnx(graph, do_type_check=False)
     out.ir_version = model.ir_version

@@ -12,7 +12,7 @@ from onnx import TensorProto
 
 from bertfuse.passes.cleanup import Cleanup
 from builders.onnx_graphs import G, census
-from passes.common import assert_same, count, fuse
+from passes.common import assert_same, count, fuse, fused_in, missed
 
 
 def test_cleanup_identity_cast_and_reshape_chain(rng, seed):
@@ -37,3 +37,20 @@ def test_cleanup_reshape_chain_with_zero_dim(rng, seed):
     fused, _ = fuse(model, Cleanup())
     assert count(fused, "Reshape") == 2, census(fused)
     assert_same(model, fused, {"x": rng.standard_normal((2, 3, 4)).astype(np.float32)}, seed)
+
+
+def test_cleanup_keeps_an_identity_from_input_to_output(rng, seed):
+    g = G("cleanup")
+    x = g.input("x", np.float32, ["A", 4])
+    g.op("Identity", x, out="y")  # the model's output is its input, under another name
+    g.output("y")
+    g.op("Relu", g.op("Identity", x), out="z")
+    g.output("z")
+    model = g.model()
+    fused, report = fuse(model, Cleanup())
+    assert census(fused) == Counter({("", "Identity"): 1, ("", "Relu"): 1}), census(fused)
+    assert [o.name for o in fused.graph.output] == ["y", "z"]
+    (reason,) = missed(report, "cleanup")
+    assert "kept for their names" in reason
+    assert fused_in(report, "cleanup") == [None]  # the Identity before Relu went
+    assert_same(model, fused, {"x": rng.standard_normal((3, 4)).astype(np.float32)}, seed)

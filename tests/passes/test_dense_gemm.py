@@ -10,9 +10,9 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from bertfuse.passes.dense_gemm import DenseGemmFusion
+from bertfuse.passes.dense_gemm import DenseGemmFusion, GemmToMatMul
 from builders.onnx_graphs import G, census, dense
-from passes.common import B, H, S, assert_same, fuse, vec
+from passes.common import B, H, S, assert_same, fuse, fused_in, missed, vec
 
 
 def gemm_model(rng, rank, bias_first=False, first_token=False):
@@ -37,8 +37,10 @@ def test_dense_gemm_on_2d(rng, seed, bias_first):
 
 def test_dense_gemm_leaves_3d_matmul(rng, seed):
     model = gemm_model(rng, 3)
-    fused, _ = fuse(model, DenseGemmFusion())
+    fused, report = fuse(model, DenseGemmFusion())
     assert census(fused) == Counter({("", "MatMul"): 1, ("", "Add"): 1, ("", "Tanh"): 1})
+    (reason,) = missed(report, "dense_gemm")
+    assert "2-D" in reason, reason
     assert_same(model, fused, {"x": rng.standard_normal((B, S, H)).astype(np.float32)}, seed)
 
 
@@ -48,3 +50,30 @@ def test_dense_gemm_first_token_pooler(rng, seed):
     assert census(fused) == Counter({("", "Gather"): 1, ("", "Gemm"): 1, ("", "Tanh"): 1}), \
         census(fused)
     assert_same(model, fused, {"x": rng.standard_normal((B, S, H)).astype(np.float32)}, seed)
+
+
+def gemm_node_model(rng, **attrs):
+    g = G("gemm")
+    x = g.input("x", np.float32, ["N", H])
+    w = (rng.standard_normal((8, H) if attrs.get("transB") else (H, 8)) * 0.3).astype(np.float32)
+    g.op("Gemm", x, g.const(w), g.const(vec(rng, 8)), out="y", **attrs)
+    g.output("y")
+    return g.model()
+
+
+@pytest.mark.parametrize("attrs", [{}, {"transB": 1}, {"beta": 0.5}], ids=["plain", "transB", "beta"])
+def test_gemm_to_matmul(rng, seed, attrs):
+    model = gemm_node_model(rng, **attrs)
+    fused, report = fuse(model, GemmToMatMul())
+    assert census(fused) == Counter({("", "MatMul"): 1, ("", "Add"): 1}), census(fused)
+    assert fused_in(report, "gemm_to_matmul") == [None]
+    assert_same(model, fused, {"x": rng.standard_normal((B * S, H)).astype(np.float32)}, seed)
+
+
+def test_gemm_with_alpha_stays_and_is_missed(rng, seed):
+    model = gemm_node_model(rng, alpha=2.0)
+    fused, report = fuse(model, GemmToMatMul())
+    assert census(fused) == Counter({("", "Gemm"): 1})
+    (reason,) = missed(report, "gemm_to_matmul")
+    assert "alpha" in reason
+    assert_same(model, fused, {"x": rng.standard_normal((B * S, H)).astype(np.float32)}, seed)

@@ -10,7 +10,7 @@ from onnx import TensorProto
 
 from bertfuse.passes.manager import default_passes, run_passes
 from builders.onnx_graphs import MS, G, attention, attention_weights, bert, census, mask_rows
-from passes.common import B, H, N, S, attr, bert_feeds, run
+from passes.common import B, H, N, S, attr, bert_feeds, run, vec
 
 
 def test_fp16_int32_inputs_fp32_outputs_one_cast_each(rng, seed):
@@ -62,3 +62,21 @@ def test_fp16_unfused_google_mask_loads(rng, seed):
              "input_mask": mask_rows(B, S, rng)}
     want, got = run(model, feeds), run(fused, feeds)
     assert np.abs(got["ctx"] - want["ctx"]).max() < 5e-2
+
+
+def test_fp16_clamped_constant_is_reported(rng, seed):
+    g = G("fp16_clamp")
+    ids = g.input("input_ids", np.int32, ["N", H])
+    x = g.op("Cast", ids, to=TensorProto.FLOAT)
+    big = np.full(H, -1e9, np.float32)  # a mask constant beyond fp16's range
+    g.op("Max", g.op("Add", x, g.const(big)), g.const(vec(rng, H)), out="y")
+    g.output("y")
+    model = g.model()
+    fused, report = run_passes(model, default_passes("fp16"))
+    reasons = [d.reason for d in report.diagnostics if d.component == "fp16" and not d.fused]
+    assert len(reasons) == 1 and "clamped" in reasons[0], reasons
+    assert len([d for d in report.diagnostics if d.component == "fp16" and d.fused]) == 1
+    feeds = {"input_ids": rng.integers(-50, 50, (B * S, H)).astype(np.int32)}
+    want, got = run(model, feeds), run(fused, feeds)
+    assert np.isfinite(got["y"]).all()
+    assert np.abs(got["y"] - want["y"]).max() < 5e-2, f"seed {seed}"

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from builders.onnx_graphs import MS, bert, census, mask_rows
-from passes.common import B, S, assert_same, bert_feeds, fuse
+from passes.common import B, S, assert_same, bert_feeds, fuse, fused_in
 
 
 def test_encoder_table_reports_an_unfused_layer(rng, seed):
@@ -46,4 +46,19 @@ def test_whole_bert_fully_fused(rng, seed, gelu_form):
             ("", "Gemm"): 1, ("", "Gather"): 1, ("", "Tanh"): 1, ("", "MatMul"): 6}
     assert c == Counter(want), c
     assert report.table.fully_fused, report.table.unfused()
+    assert_same(model, fused, bert_feeds(rng), seed)
+
+
+def test_every_fusion_reports_its_layer(rng, seed):
+    model = bert(rng, layers=2)
+    fused, report = fuse(model)
+    assert fused_in(report, "embed_layernorm") == [None]
+    assert fused_in(report, "layernorm") == [None, 0, 0, 1, 1]  # the embeddings' first
+    assert fused_in(report, "attention") == [0, 1]
+    assert fused_in(report, "skip_layernorm") == [0, 0, 1, 1]
+    assert fused_in(report, "gelu") == [0, 1]
+    assert not [d for d in report.diagnostics if not d.fused and d.component in
+                ("attention", "skip_layernorm", "gelu", "layernorm", "embed_layernorm")]
+    records = {r.name: r.rewrites for r in report.records}
+    assert records["skip_layernorm"] == 4 and records["gelu"] == 2, records
     assert_same(model, fused, bert_feeds(rng), seed)

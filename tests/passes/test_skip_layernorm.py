@@ -14,7 +14,7 @@ import pytest
 from bertfuse.passes.layernorm import LayerNormFusion
 from bertfuse.passes.skip_layernorm import SkipLayerNormFusion
 from builders.onnx_graphs import MS, G, census, dense, layernorm
-from passes.common import B, H, INTER, S, assert_same, attr, count, fuse, node, vec
+from passes.common import B, H, INTER, S, assert_same, attr, count, fuse, missed, node, vec
 
 
 def skip_model(rng, bias=True, bias_first=False, residual_first=False, sum_out=False,
@@ -62,9 +62,11 @@ def test_skip_layernorm_fuses(rng, seed, bias, bias_first, residual_first):
 
 def test_skip_layernorm_sum_read_by_another_node_is_not_fused(rng, seed):
     model = skip_model(rng, sum_out="node")
-    fused, _ = fuse(model, LayerNormFusion(), SkipLayerNormFusion())
+    fused, report = fuse(model, LayerNormFusion(), SkipLayerNormFusion())
     assert count(fused, "SkipLayerNormalization", MS) == 0
     assert count(fused, "LayerNormalization") == 1
+    assert [r for r in missed(report, "skip_layernorm") if "read elsewhere" in r], \
+        report.diagnostics
     assert_same(model, fused, skip_feeds(rng), seed)
 
 
@@ -80,3 +82,21 @@ def test_skip_layernorm_from_layernorm_without_beta(rng, seed):
     fused, _ = fuse(model, SkipLayerNormFusion())
     assert count(fused, "SkipLayerNormalization", MS) == 1, census(fused)
     assert_same(model, fused, skip_feeds(rng), seed)
+
+
+def test_skip_layernorm_without_a_dense_operand_is_missed(rng, seed):
+    # LayerNorm(a + b) of two inputs: no dense layer, so no residual block (an embedding sum)
+    g = G("sum")
+    a = g.input("a", np.float32, ["N", H])
+    r = g.input("residual", np.float32, ["N", H])
+    g.op("LayerNormalization", g.op("Add", a, r), g.const(vec(rng, H, 0.2, 1.0)),
+         g.const(vec(rng, H)), axis=-1, epsilon=1e-5, out="y")
+    g.output("y")
+    model = g.model()
+    fused, report = fuse(model, SkipLayerNormFusion())
+    assert count(fused, "SkipLayerNormalization", MS) == 0
+    (reason,) = missed(report, "skip_layernorm")
+    assert "dense layer" in reason, reason
+    feeds = {"a": rng.standard_normal((B * S, H)).astype(np.float32),
+             "residual": rng.standard_normal((B * S, H)).astype(np.float32)}
+    assert_same(model, fused, feeds, seed)
