@@ -26,8 +26,9 @@ __version__ = "0.1.0"
 _LAZY = {
     "convert": "bertfuse.api",
     "optimize": "bertfuse.api",
-    "Session": "bertfuse.runtime.router",
-    "SessionPool": "bertfuse.runtime.pool",
+    "Session": "bertfuse.runtime",
+    "SessionOptions": "bertfuse.runtime",
+    "SessionPool": "bertfuse.runtime",
     "RunReport": "bertfuse.pipeline",
 }
 
@@ -37,8 +38,7 @@ __all__ = ["BertfuseError", "FusionIncomplete", "MissingDependency", "ParityErro
 if TYPE_CHECKING:
     from bertfuse.api import convert, optimize
     from bertfuse.pipeline import RunReport
-    from bertfuse.runtime.pool import SessionPool
-    from bertfuse.runtime.router import Session
+    from bertfuse.runtime import Session, SessionOptions, SessionPool
 
 
 def __getattr__(name: str) -> Any:

@@ -71,8 +71,7 @@ def print_report(report: RunReport, console: Console) -> None:
                                              else "") + \
             (f", mean {p.tolerance.mean:g}" if p.tolerance.mean is not None else "")
         par = Table(title=f"parity vs TensorFlow ({p.precision}, batch {p.batch}, seq {p.seq}, "
-                          f"padded, seed {p.seed})",
-                    caption=f"reference: {p.reference or 'TensorFlow'}; tolerance {tol}")
+                          f"padded, seed {p.seed})")
         par.add_column("output")
         par.add_column("max |diff|", justify="right")
         par.add_column("mean |diff|", justify="right")
@@ -85,6 +84,9 @@ def print_report(report: RunReport, console: Console) -> None:
                         "[green]ok[/green]" if o.ok else "[red]FAIL[/red]",
                         *([escape(o.note)] if notes else []))
         console.print(par)
+        # A line of its own: a caption would wrap at the table's width.
+        console.print(f"[dim]reference: {escape(p.reference or 'TensorFlow')}; tolerance "
+                      f"{tol}[/dim]", highlight=False)
     if report.written:
         console.print(f"wrote [bold]{escape(str(report.output))}[/bold]")  # a path: literal
 

@@ -63,10 +63,29 @@ fi
     || { tail -20 "$OUT/tf2onnx.log" >&2; exit 1; }
 echo "tf2onnx wrote $OUT/raw.onnx (log: $OUT/tf2onnx.log)"
 
-# 2. bertfuse's fusion passes on it: the report shows what each pass rewrote.
-"$BIN/bertfuse" optimize "$OUT/raw.onnx" -o "$OUT/fused.onnx"
+# 2. bertfuse's fusion passes on it: the report shows what each pass rewrote. --inputs
+#    renames the export's inputs to input_ids / input_mask / segment_ids (int32), the names
+#    bertfuse's Session takes; names it recognises (input_mask here) need no entry.
+"$BIN/bertfuse" optimize "$OUT/raw.onnx" -o "$OUT/fused.onnx" \
+    --inputs "${OPT_INPUTS:-input_ids=input_word_ids,segment_ids=input_type_ids}"
 
 # 3. Check the fused model against the TF model it came from (TF names are matched to roles;
 #    VERIFY_ARGS="--inputs input_ids=NAME,input_mask=NAME" where they can't be).
 # shellcheck disable=SC2086
 "$BIN/bertfuse" verify "$OUT/fused.onnx" --against "$MODEL" ${VERIFY_ARGS:-}
+
+# 4. Serve it with bertfuse's runtime (device="cuda" with onnxruntime-gpu).
+"$BIN/python" - "$OUT/fused.onnx" <<'PY'
+import sys
+
+import numpy as np
+
+import bertfuse
+
+with bertfuse.Session(sys.argv[1], max_batch=4, max_seq=32, device="cpu") as sess:
+    ids = np.random.default_rng(0).integers(1, sess.facts.vocab_size, (2, 16), dtype=np.int32)
+    mask = np.ones_like(ids)
+    mask[1, 9:] = 0
+    out = sess.run(ids, mask)
+    print("Session:", {name: value.shape for name, value in out.items()})
+PY

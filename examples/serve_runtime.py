@@ -20,12 +20,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
 def tiny_model(workdir: Path) -> str:
-    from bertfuse import pipeline
+    import bertfuse
     from bertfuse.converter.example import write_example
 
     src = write_example("tiny", str(workdir / "tiny"))
     out = workdir / "tiny.onnx"
-    pipeline.convert(str(src), str(out), pipeline.ConvertOptions(seed=0))
+    bertfuse.convert(src, out, seed=0)
     return str(out)
 
 
