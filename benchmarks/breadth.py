@@ -315,7 +315,7 @@ def _counts(c: dict) -> str:
 
 
 def markdown(rows: list[dict]) -> str:
-    head = ("| family | source | format | raw nodes | bertfuse Attn / SkipLN / EmbedLN / GELU | nodes | "
+    head = ("| family | model | format | raw nodes | bertfuse Attn / SkipLN / EmbedLN / GELU | nodes | "
             "leftover Softmax / LN | fp32 max diff vs library | fp16 max / mean vs library | "
             "ORT bert_tf (opt 0): fused, nodes | ORT bert (opt 1): fused, nodes |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
