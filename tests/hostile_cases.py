@@ -385,6 +385,12 @@ MAPPINGS = [
       "convert {savedmodel} --inputs input_ids=nosuch -o {out}", 2, "nosuch"),
     C("map-outputs-savedmodel-unknown", "convert {savedmodel} --outputs nosuch -o {out}", 2,
       "nosuch"),
+    *[C(f"map-optimize-inputs-{tag}", "optimize {raw} --inputs " + value + " -o {out}", 2,
+        needle) for tag, value, needle in [
+          ("unknown-role", "bogus=input_ids", "bogus"), ("no-equals", "input_ids", "ROLE=NAME"),
+          ("missing-name", "input_ids=[red]nosuch", "[red]nosuch"),
+          ("duplicate-role", "input_ids=input_ids,input_ids=input_mask", "input_ids"),
+          ("empty", "", "--inputs")]],
     C("map-precision-fp8", "optimize {raw} --precision fp8 -o {out}", 2, "--precision"),
     C("map-unknown-command", "frobnicate", 2, "frobnicate"),
     C("map-no-command", "", 2, None),
