@@ -9,10 +9,8 @@
 Weights are packed [H, 3H] in Q, K, V column order: Q is the operand that is NOT transposed
 into the score MatMul's second input, K is, and V is what the probabilities multiply. The
 scale is the product of every constant factor on the Q, K and score paths; it is written as
-the `scale` attribute when it differs from 1/sqrt(D). The mask is checked numerically: the
-adder (or Where condition) is evaluated with ONNX Runtime on probe masks with padding at the
-end, middle and start of rows and must equal (1 - mask[b, j]) * c for one constant c, for
-every query row. Attention then reads the model's raw 2-D mask input (padding anywhere).
+the `scale` attribute when it differs from 1/sqrt(D). The mask is checked numerically
+(attention_mask.py); Attention then reads the model's raw 2-D mask input (padding anywhere).
 
 Layers in any other arrangement (Keras einsum, HF) are matched by evaluation instead:
 attention_match.py.
@@ -20,18 +18,17 @@ attention_match.py.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from bertfuse.custom_ops.attention import CONTRACT as ATTENTION
+from bertfuse.passes.attention_mask import MaskTerm, check_mask, split_mask
 from bertfuse.passes.attention_match import MASK_FLOOR, AttentionMatch, Projection, \
     _scalar_factor, match_numeric
-from bertfuse.custom_ops.attention import CONTRACT as ATTENTION
-from bertfuse.passes.base import PassResult, const, const_value, is_graph_output, \
-    producer, reaches_op, replace_tensor, scalar_value
-from bertfuse.passes.evaluate import ancestors, bs_input, eval_with_ort, rank_of
-from bertfuse.passes.probe import probe_feeds, probe_mask
+from bertfuse.passes.base import MatchResult, PassResult, const, const_value, is_graph_output, \
+    producer, replace_tensor
+from bertfuse.passes.evaluate import bs_input, eval_with_ort, rank_of
+from bertfuse.passes.probe import probe_feeds
 
 
 class AttentionFusion:
@@ -45,28 +42,34 @@ class AttentionFusion:
         result = PassResult()
         softmaxes = [n for n in graph.nodes if n.op == "Softmax"]
         for layer, softmax in enumerate(softmaxes):
-            if is_graph_output(graph, softmax.outputs[0]):
-                # Fusing would keep the whole unfused block alive for that output.
-                result.missed("attention", "attention probabilities are a model output", layer)
+            match = self._match_any(graph, softmax)
+            if not result.record(self.name, match, layer):
                 continue
-            found = self.match(graph, softmax)
-            if isinstance(found, str):
-                # Not the modeling.py arrangement: find the same math numerically.
-                numeric = match_numeric(graph, softmax)
-                if isinstance(numeric, str):
-                    result.missed("attention", f"{found}; by evaluation: {numeric}", layer)
-                    continue
-                found = numeric
-            self._rewrite(graph, found, layer)
-            result.fused("attention", layer)
+            self._rewrite(graph, match.found, layer)
+            result.fused(self.name, layer)
         return result
+
+    def _match_any(self, graph: gs.Graph, softmax: gs.Node) -> MatchResult:
+        """The structural match, else the numeric one (attention_match.py)."""
+        m = MatchResult()
+        if is_graph_output(graph, softmax.outputs[0]):
+            # Fusing would keep the whole unfused block alive for that output.
+            return m.fail("attention probabilities are a model output")
+        found = self.match(graph, softmax)
+        if isinstance(found, str):
+            # Not the modeling.py arrangement: find the same math numerically.
+            numeric = match_numeric(graph, softmax)
+            if isinstance(numeric, str):
+                return m.fail(f"{found}; by evaluation: {numeric}")
+            found = numeric
+        return m.ok(found)
 
     # -- matching ---------------------------------------------------------------------------
 
     def match(self, graph: gs.Graph, softmax: gs.Node) -> AttentionMatch | str:
         if softmax.attrs.get("axis", -1) not in (-1, 3):
             return "softmax is not over the key axis"
-        scores, mask_term = _split_mask(softmax.inputs[0])
+        scores, mask_term = split_mask(softmax.inputs[0])
         scale = 1.0
         qk = None
         t = scores
@@ -141,7 +144,7 @@ class AttentionFusion:
     def _mask(self, graph: gs.Graph, term: MaskTerm):
         key = id(term.tensor)
         if key not in self._mask_cache:
-            self._mask_cache[key] = _check_mask(graph, term)
+            self._mask_cache[key] = check_mask(graph, term)
         return self._mask_cache[key]
 
     # -- rewriting --------------------------------------------------------------------------
@@ -208,44 +211,6 @@ class AttentionFusion:
         return self._mask_int32[id(mask)]
 
 
-@dataclass
-class MaskTerm:
-    """An additive mask tensor, or a Where(condition, scores, fill) selection."""
-
-    tensor: gs.Tensor
-    fill: float | None = None  # Where form: the value written at padded positions
-    keep_when_true: bool = True  # Where form: condition true means "attend"
-
-
-def _split_mask(t: gs.Tensor) -> tuple[gs.Tensor, MaskTerm | None]:
-    """The softmax input as scores + adder, Where(cond, scores, fill), or plain scores.
-    A scalar constant added last is dropped: softmax is shift-invariant (HF's
-    stable_softmax adds 1e-9)."""
-    node = producer(t)
-    while node is not None and node.op == "Add" and len(node.inputs) == 2 and \
-            len(t.outputs) == 1 and any(scalar_value(i) is not None for i in node.inputs):
-        t = next(i for i in node.inputs if scalar_value(i) is None)
-        node = producer(t)
-    if node is not None and node.op == "Add" and len(node.inputs) == 2:
-        a, b = node.inputs
-        if _leads_to_matmul(a):
-            return a, MaskTerm(b)
-        if _leads_to_matmul(b):
-            return b, MaskTerm(a)
-    if node is not None and node.op == "Where":
-        cond, x, y = node.inputs
-        if _leads_to_matmul(x) and scalar_value(y) is not None:
-            return x, MaskTerm(cond, scalar_value(y), True)
-        if _leads_to_matmul(y) and scalar_value(x) is not None:
-            return y, MaskTerm(cond, scalar_value(x), False)
-    return t, None
-
-
-def _leads_to_matmul(t: gs.Tensor) -> bool:
-    """A MatMul's output, possibly through scalar scalings (the 1/sqrt(d) of Q or K)."""
-    return reaches_op(t, "MatMul", lambda n: (_scalar_factor(n) or (None,))[0], nodes=4)
-
-
 def _perm(node: gs.Node) -> list[int]:
     return list(node.attrs.get("perm", []))
 
@@ -309,53 +274,3 @@ def _walk_context(pv: gs.Node) -> gs.Tensor | str:
     if len(t.outputs) != 1 or t.outputs[0].op != "Reshape":
         return "context heads are not merged by a Reshape"
     return t.outputs[0].outputs[0]
-
-
-def _check_mask(graph: gs.Graph, term: MaskTerm):
-    """Finds the model input the mask term is a function of, and the additive constant."""
-    _, sources = ancestors([term.tensor])
-    if not sources:
-        return "mask does not depend on any model input"
-    last_reason = "no model input acts as the mask"
-    for cand in sources:
-        if cand.dtype is not None and np.dtype(cand.dtype).kind not in "iub":
-            continue
-        value: float | str = last_reason
-        for seed in (7, 11):
-            feeds = probe_feeds(graph)
-            mask = probe_mask(seed=seed)
-            feeds[cand.name] = mask.astype(feeds[cand.name].dtype)
-            try:
-                (got,) = eval_with_ort(graph, [term.tensor], feeds)
-            except Exception as exc:
-                return f"cannot evaluate the mask subgraph ({type(exc).__name__})"
-            value = _mask_constant(np.asarray(got), mask, term)
-            if isinstance(value, str):
-                last_reason = value
-                break
-        if not isinstance(value, str):
-            return cand, value
-    return last_reason
-
-
-def _mask_constant(got: np.ndarray, mask: np.ndarray, term: MaskTerm) -> float | str:
-    """c such that the term is (1 - mask[b, j]) * c at every query row, else a reason."""
-    b, s = mask.shape
-    if got.ndim != 4 or got.shape[0] not in (1, b) or got.shape[-1] != s:
-        return f"mask term has shape {list(got.shape)}, expected [B, 1|N, 1|S, S]"
-    full = np.broadcast_to(got, (b, got.shape[1], got.shape[2], s))
-    keep = np.broadcast_to(mask[:, None, None, :].astype(bool), full.shape)
-    if term.fill is not None:  # Where form: the condition must select exactly the kept keys
-        cond = full.astype(bool)
-        if not np.array_equal(cond, keep if term.keep_when_true else ~keep):
-            return "Where condition does not follow the mask"
-        return term.fill if term.fill < -1.0 else f"Where fills padded keys with {term.fill:.3g}"
-    if np.abs(full[keep]).max(initial=0.0) > 1e-6:
-        return "mask term is not 0 at kept positions"
-    masked = full[~keep]
-    if masked.size == 0:
-        return "probe has no padding"
-    c = float(masked.flat[0])
-    if not np.allclose(masked, c, rtol=1e-6) or c > -1.0:
-        return f"padded positions get {c:.3g}, not one large negative constant"
-    return c

@@ -21,7 +21,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from bertfuse.custom_ops.embed_layernorm import CONTRACT as EMBED_LN
-from bertfuse.passes.base import PassResult, const, const_value, producer, \
+from bertfuse.passes.base import MatchResult, PassResult, const, const_value, producer, \
     replace_tensor
 from bertfuse.passes.evaluate import ancestors, eval_with_ort
 from bertfuse.passes.probe import PROBE_SEQ, probe_feeds
@@ -40,22 +40,15 @@ class EmbedLayerNormFusion:
                 continue
             found = _match(graph, leaves)
             if found is None:
-                continue  # not an embedding sum (e.g. a residual add)
-            if isinstance(found, str):
-                result.missed("embed_layernorm", found)
+                continue  # not an embedding sum (e.g. a residual add): not a candidate
+            if not result.record(self.name, _checked(graph, ln, found)):
                 continue
             word, (position, pos_ids), segment, ids, segs = found
-            check = _check_numerically(graph, ln.inputs[0], word, position, segment, ids, segs,
-                                       pos_ids)
-            if check:
-                result.missed("embed_layernorm", check)
-                continue
             self._rewrite(graph, ln, word, position, segment, ids, segs, pos_ids)
-            result.fused("embed_layernorm")
+            result.fused(self.name)
             break  # one embedding per model
         if not result.diagnostics:  # say why, rather than nothing (MobileBERT has no LayerNorm)
-            result.missed("embed_layernorm", "no LayerNormalization reads a sum of embedding "
-                                             "lookups")
+            result.missed(self.name, "no LayerNormalization reads a sum of embedding lookups")
         return result
 
     @staticmethod
@@ -194,6 +187,16 @@ def _match(graph: gs.Graph, leaves: list[gs.Tensor]):
     if ids is segs:
         return "word and token-type lookups read the same input"
     return word, positions[0], segment, ids, segs
+
+
+def _checked(graph: gs.Graph, ln: gs.Node, found) -> MatchResult:
+    """The structural match `found` (or its reason), confirmed numerically."""
+    m = MatchResult()
+    if isinstance(found, str):
+        return m.fail(found)
+    word, (position, pos_ids), segment, ids, segs = found
+    check = _check_numerically(graph, ln.inputs[0], word, position, segment, ids, segs, pos_ids)
+    return m.fail(check) if check else m.ok(found)
 
 
 def _check_numerically(graph, total, word, position, segment, ids, segs, pos_ids=None) -> str:
