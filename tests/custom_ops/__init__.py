@@ -1,0 +1,1 @@
+"""Tests of bertfuse.custom_ops: one file per op module (test_<module>.py), ORT CPU vs reference."""
