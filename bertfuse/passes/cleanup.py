@@ -49,8 +49,7 @@ class Cleanup:
                 continue
             src = node.inputs[0]
             layer = layers.of(node)
-            if node.op == "Identity" or node.op == "Cast" and src.dtype is not None and \
-                    np.dtype(src.dtype) == helper.tensor_dtype_to_np_dtype(node.attrs["to"]):
+            if node.op == "Identity" or _no_op_cast(node, src):
                 match = _bypass(graph, node, src)
             elif node.op == "Reshape":
                 prev = producer(src)
@@ -71,6 +70,11 @@ class Cleanup:
                 result.fused(self.name, layer)
         graph.cleanup().toposort()
         return result
+
+
+def _no_op_cast(node: gs.Node, src: gs.Tensor) -> bool:
+    return node.op == "Cast" and src.dtype is not None and \
+        np.dtype(src.dtype) == helper.tensor_dtype_to_np_dtype(node.attrs["to"])
 
 
 def _no_copied_dims(node: gs.Node) -> bool:
