@@ -262,6 +262,9 @@ def optimize_model(source: str | onnx.ModelProto, out_path: str | None,
     from bertfuse.modelio import check_input_model, load_model
 
     check_precision(precision)
+    if isinstance(inputs, str) and not inputs.strip():  # the API's {} means "all by name"
+        raise BertfuseError("--inputs: expected ROLE=NAME,... (roles: input_ids, input_mask, "
+                            "segment_ids)")
     override = parse_override(inputs) if inputs is not None else None
     from_file = not isinstance(source, onnx.ModelProto)
     if out_path is not None and not in_place:
