@@ -1,6 +1,7 @@
-"""The packed form (issue 5) on the CPU: packing arithmetic, checked through NumPy references
+"""The packed form on the CPU: packing arithmetic, checked through NumPy references
 of PackedAttention/RestorePadding, and graph structure. The kernels exist on CUDA only;
-`bertfuse bench` (bertfuse/bench/packed.py) checks them against the padded model on the GPU."""
+`bertfuse bench` (bertfuse/bench/packed.py) checks them against the padded model on the GPU;
+the runtime's side is in tests/runtime/test_packed.py and test_router.py."""
 
 from __future__ import annotations
 
@@ -105,70 +106,3 @@ def test_packed_fp16_restores_before_the_output_cast(ckpt_erf, tmp_path, capsys)
     restore = next(n for n in model.graph.node if n.op_type == "RestorePadding")
     readers = [n.op_type for n in model.graph.node if restore.output[0] in n.input]
     assert sorted(readers) == ["Cast", "Gather"], readers
-
-
-def test_runtime_packs_only_low_fill_requests():
-    from bertfuse.runtime.router import tokens_to_pack as use_packed
-
-    low = np.zeros((4, 32), np.int32)
-    low[:, :6] = 1
-    assert use_packed(low, 0.5)
-    assert not use_packed(np.ones((4, 32), np.int32), 0.5)  # full batches stay padded
-    empty_row = low.copy()
-    empty_row[2] = 0
-    assert not use_packed(empty_row, 0.5)  # a row without tokens cannot be packed
-    assert not use_packed(None, 0.5)
-
-
-def test_packed_session_stages_a_request_into_its_bucket(rng):
-    """PackedSession's host side (CUDA is needed only to run): a smaller request lands in
-    the bucket's staging views zero-padded, with the packing of its mask."""
-    from bertfuse.packing_layout import capture_mask as _capture_mask
-    from bertfuse.runtime.packed import PackedSession
-
-    mask = _mask(rng, 3, 12, "mixed")
-    ids = rng.integers(1, 100, (3, 12)).astype(np.int32)
-    segs = np.ones((3, 12), np.int32)
-    shape = choose_shape(packed_shapes(4, 16), 3, int(mask.sum()))
-    views = {"input_ids": np.full((4, 16), 7, np.int32),
-             "segment_ids": np.full((4, 16), 7, np.int32),
-             "token_index": np.empty(shape.tokens, np.int32),
-             "token_offset": np.empty((shape.rows, 16), np.int32),
-             "cumulative_sequence_length": np.empty(shape.rows + 1, np.int32)}
-    PackedSession._stage(views, {"input_ids": ids, "input_mask": mask, "segment_ids": segs},
-                         shape)
-    assert (views["input_ids"][:3, :12] == ids).all() and views["input_ids"][3:].sum() == 0
-    assert views["input_ids"][:, 12:].sum() == 0 and views["segment_ids"][:, 12:].sum() == 0
-    assert (views["segment_ids"][:3, :12] == 1).all()
-    for name, value in pack_into(mask, shape).items():
-        assert (views[name] == value).all(), name
-    # Every token bucket can be captured with the runtime's capture mask.
-    for b, s in ((1, 32), (20, 64), (32, 128), (32, 32), (8, 512)):
-        for sh in packed_shapes(b, s):
-            p = pack_into(_capture_mask(sh), sh)
-            assert p["cumulative_sequence_length"][-1] == sh.tokens
-
-
-def test_packed_bench_tables_from_rows():
-    from bertfuse.bench.packed import format_tables
-
-    row = {"workload": "uniform [8,64] b20 s64", "mix": "mixed", "fill": 0.6,
-           "precision": "fp16", "padded_p50_us": 300.0, "packed_p50_us": 200.0, "speedup": 1.5,
-           "packed_nograph_p50_us": 450.0, "routed_p50_us": 210.0, "max_diff": 1e-2,
-           "mean_diff": 4e-4}
-    failed = {"workload": "skewed b32 s128", "mix": "all full", "fill": 1.0,
-              "precision": "fp32", "error": "CUDA out of memory"}
-    sweep = [{"workload": "uniform [8,64] b20 s64", "fill": 0.5, "padded_p50_us": 300.0,
-              "packed_p50_us": 250.0, "speedup": 1.2}]
-    load = {"workload": "uniform [8,64] b20 s64", "precision": "fp16", "streams": 2,
-            "replica_max_diff": 0.0}
-    for kind, rate in (("padded", 100000), ("packed", 150000), ("packed16", 160000),
-                       ("routed", 140000)):
-        load.update({f"{kind}_seq_per_s": rate, f"{kind}_p50_us": 380.4, f"{kind}_p99_us": 500.0})
-        if kind != "padded":
-            load[f"{kind}_speedup"] = round(rate / 100000, 2)
-    text = format_tables({"rows": [row, failed], "sweep": sweep, "load": [load]})
-    assert "| 300.0 | 200.0 | 1.5 | 450.0 | 210.0 | 66,667 | 100,000 |" in text
-    assert "failed: CUDA out of memory" in text and "| 0.5 | 300.0 | 250.0 | 1.2 |" in text
-    assert "| 2 | 100,000 (380/500) | 150,000 (380/500) | 160,000 (380/500) | " \
-           "140,000 (380/500) | 1.5 | 1.6 | 1.4 | 0.00e+00 |" in text
