@@ -72,7 +72,8 @@ def _bench(args: argparse.Namespace, work: str) -> dict:
     from bertfuse.bench.padded import WORKLOADS, Result, format_table, run_workload, soak
     from bertfuse.bench.timing import kernel_profile
 
-    ort.preload_dlls()
+    if hasattr(ort, "preload_dlls"):  # CUDA/cuDNN from pip's nvidia-* wheels (ORT >= 1.21)
+        ort.preload_dlls()
     results: list[Result] = []
     extra: dict = {}
     prepared: dict[str, dict[str, str]] = {}

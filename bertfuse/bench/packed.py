@@ -51,7 +51,8 @@ def uniform_case(argv: list[str] | None, description: str, iters: int) -> tuple:
     ap.add_argument("--skeleton", required=True)
     ap.add_argument("--iters", type=int, default=iters)
     args = ap.parse_args(argv)
-    ort.preload_dlls()
+    if hasattr(ort, "preload_dlls"):  # CUDA/cuDNN from pip's nvidia-* wheels (ORT >= 1.21)
+        ort.preload_dlls()
     paths = prepare_models(args.skeleton, tempfile.mkdtemp(), anchors=False)
     _, b, s, lengths = WORKLOADS["uniform [8,64] b20 s64"]
     return args, onnx.load(paths["bertfuse16"]), request(

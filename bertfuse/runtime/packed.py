@@ -31,6 +31,7 @@ from bertfuse.packing_layout import (PACKED_INPUTS, PackedShape, capture_mask, c
 from bertfuse.runtime.device import GATE, SessionMaker, claim_thread, fetch, staging, upload
 from bertfuse.runtime.options import SessionOptions, session_options
 from bertfuse.runtime.pinned import new_stream
+from bertfuse.runtime.progress import check_progress, steps
 from bertfuse.runtime.requests import (ClosedError, RequestError, bucket_list, check_request,
                                        check_sizes, check_warmup, load_model, model_facts,
                                        select_outputs, smallest)
@@ -106,16 +107,22 @@ class PackedSession:
             self._shapes[(b, s)] = packed_shapes(b, s, self.token_steps)
         return self._shapes[(b, s)]
 
-    def warmup(self, buckets: Sequence[tuple[int, int]] | None = None) -> None:
-        """Captures every token bucket of the given [batch, seq] buckets (default: all)."""
+    def warmup(self, buckets: Sequence[tuple[int, int]] | None = None,
+               progress: Any = None) -> None:
+        """Captures every token bucket of the given [batch, seq] buckets (default: all).
+        `progress`: see runtime/progress.py (one step per [batch, seq] bucket)."""
+        check_progress(progress)
         shapes = None if buckets is None else check_warmup(buckets, self.max_batch, self.max_seq)
         with self._lock:
             self._require_open()
             claim_thread(self)
             every = [(b, s) for b in self.batch_buckets for s in self.seq_buckets]
-            for b, s in every if shapes is None else shapes:
-                for shape in self.shapes_for(b, s):
-                    self._bucket(shape)
+            keys = every if shapes is None else shapes
+            with steps(progress, len(keys), "capturing packed buckets") as step:
+                for b, s in keys:
+                    for shape in self.shapes_for(b, s):
+                        self._bucket(shape)
+                    step((b, s))
 
     def _require_open(self) -> None:
         if self._closed:

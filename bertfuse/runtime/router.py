@@ -47,7 +47,7 @@ class Session(PaddedSession):
         check_flag("packed", packed)
         keys = super().warmup(buckets, progress)
         if packed and self.packed is not None:
-            self.packed.warmup(keys)
+            self.packed.warmup(keys, progress)
         return keys
 
     def _serve(self, arrays: dict[str, Any], names: list[str], to_host: bool) -> dict[str, Any]:
