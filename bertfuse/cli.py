@@ -40,7 +40,7 @@ def _options(args):
 
     return ConvertOptions(
         opset=getattr(args, "opset", 17), signature=args.signature, kind=args.kind,
-        inputs=args.inputs, outputs=args.outputs.split(",") if args.outputs else None,
+        inputs=args.inputs, outputs=args.outputs.split(",") if args.outputs is not None else None,
         config=args.config, verify=not getattr(args, "no_verify", False),
         force=getattr(args, "force", False), seed=args.seed, batch=args.batch, seq=args.seq,
         atol=args.atol, rtol=args.rtol,

@@ -133,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("strip-weights", help="drop large initializers' bytes (keep shape/dtype)")
     p.add_argument("model", help="ONNX model")
     _add_write_target(p, "output skeleton .onnx")
-    p.add_argument("--fill", type=int, metavar="SEED",
+    p.add_argument("--fill", type=_int_at_least(0), metavar="SEED",
                    help="instead: refill a stripped model with seeded random weights")
     _add_output_args(p)
 

@@ -205,12 +205,20 @@ def check_verify_size(batch: int, seq: int) -> None:
                             f"comparison takes at most {MAX_VERIFY_TOKENS}")
 
 
+def _check_inputs_text(inputs: str | dict[str, str] | None) -> None:
+    """An empty --inputs is a mistake (the API's {} means "every input by name")."""
+    if isinstance(inputs, str) and not inputs.strip():
+        raise BertfuseError("--inputs: expected ROLE=NAME,... (roles: input_ids, input_mask, "
+                            "segment_ids)")
+
+
 def _check_gate(opts: ConvertOptions) -> None:
     """Before the slow TF load: a NaN or negative tolerance or seed is bad input, and TF is
     asked to start with oneDNN's rewrites off (see converter/reference.py)."""
     from bertfuse.converter.reference import prefer_onednn_off
 
     check_precision(opts.precision)
+    _check_inputs_text(opts.inputs)
     check_seed(opts.seed)
     check_verify_size(opts.batch, opts.seq)
     tolerance_for(opts.precision, opts.atol, opts.rtol)
@@ -262,9 +270,7 @@ def optimize_model(source: str | onnx.ModelProto, out_path: str | None,
     from bertfuse.modelio import check_input_model, load_model
 
     check_precision(precision)
-    if isinstance(inputs, str) and not inputs.strip():  # the API's {} means "all by name"
-        raise BertfuseError("--inputs: expected ROLE=NAME,... (roles: input_ids, input_mask, "
-                            "segment_ids)")
+    _check_inputs_text(inputs)
     override = parse_override(inputs) if inputs is not None else None
     from_file = not isinstance(source, onnx.ModelProto)
     if out_path is not None and not in_place:
