@@ -339,12 +339,14 @@ def layer_weights(rng: np.random.Generator, hidden: int, inter: int) -> dict[str
 
 def encoder_layer(g: G, x: str, mask: str, w: dict[str, np.ndarray], hidden: int, heads: int,
                   gelu_form: str = "erf_x_half", ln_form: str = "moments",
-                  eps: float = 1e-12, probs_out: str | None = None, **attn) -> str:
-    """Google modeling.py's transformer layer on 2-D hidden states."""
+                  eps: float = 1e-12, probs_out: str | None = None, gelu_half: float = 0.5,
+                  **attn) -> str:
+    """Google modeling.py's transformer layer on 2-D hidden states (gelu_half other than 0.5:
+    an activation that is not GELU)."""
     ctx = attention(g, x, mask, w, hidden, heads, probs_out=probs_out, **attn)
     a = dense(g, ctx, w["wo"], w["bo"])
     y1 = layernorm(g, g.op("Add", a, x), w["g1"], w["b1"], eps, form=ln_form)
-    i = gelu(g, dense(g, y1, w["wi"], w["bi"]), gelu_form)
+    i = gelu(g, dense(g, y1, w["wi"], w["bi"]), gelu_form, half=gelu_half)
     o = dense(g, i, w["wo2"], w["bo2"])
     return layernorm(g, g.op("Add", o, y1), w["g2"], w["b2"], eps, form=ln_form)
 
@@ -411,10 +413,12 @@ def embeddings(g: G, ids: str, segs: str | None, w: dict[str, np.ndarray], *,
 def bert(rng: np.random.Generator, *, layers: int = 2, hidden: int = 16, heads: int = 2,
          inter: int = 32, vocab: int = 40, positions: int = 16, types: int = 2,
          gelu_form: str = "erf_x_half", broken_layer: int | None = None,
-         pooler: bool = True, ids_dtype=np.int32) -> onnx.ModelProto:
+         pooler: bool = True, ids_dtype=np.int32,
+         not_gelu_layer: int | None = None) -> onnx.ModelProto:
     """A whole tiny Google-style BERT: int ids/mask/segments -> sequence_output [B,S,H]
     (unflattened from 2-D through Shape arithmetic) and pooled_output [B,H].
-    broken_layer: that layer's attention probabilities are also read by a ReduceSum (unfusable)."""
+    broken_layer: that layer's attention probabilities are also read by a ReduceSum (unfusable).
+    not_gelu_layer: that layer's activation is 0.6 * x * (1 + erf(x / sqrt2)), not GELU."""
     g = G("bert")
     ids = g.input("input_ids", ids_dtype, ["B", "S"])
     mask = g.input("input_mask", ids_dtype, ["B", "S"])
@@ -425,7 +429,8 @@ def bert(rng: np.random.Generator, *, layers: int = 2, hidden: int = 16, heads: 
     for i in range(layers):
         probs = f"probs_{i}" if i == broken_layer else None
         h = encoder_layer(g, h, mask, layer_weights(rng, hidden, inter), hidden, heads,
-                          gelu_form=gelu_form, probs_out=probs)
+                          gelu_form=gelu_form, probs_out=probs,
+                          gelu_half=0.6 if i == not_gelu_layer else 0.5)
         if probs:  # the probabilities are also read by another node: unfusable
             g.op("ReduceSum", probs, g.ints(-1), keepdims=0, out=f"probs_max_{i}")
             g.output(f"probs_max_{i}")

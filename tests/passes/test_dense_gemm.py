@@ -77,3 +77,34 @@ def test_gemm_with_alpha_stays_and_is_missed(rng, seed):
     (reason,) = missed(report, "gemm_to_matmul")
     assert "alpha" in reason
     assert_same(model, fused, {"x": rng.standard_normal((B * S, H)).astype(np.float32)}, seed)
+
+
+def test_dense_gemm_bias_not_1d_is_missed(rng, seed):
+    g = G("gemm")
+    x = g.input("x", np.float32, ["N", H])
+    w = (rng.standard_normal((H, 8)) * 0.3).astype(np.float32)
+    y = g.op("Add", g.op("MatMul", x, g.const(w)), g.const(vec(rng, 8).reshape(1, 8)))
+    g.op("Tanh", y, out="y")
+    g.output("y")
+    model = g.model()
+    fused, report = fuse(model, DenseGemmFusion())
+    assert census(fused) == Counter({("", "MatMul"): 1, ("", "Add"): 1, ("", "Tanh"): 1})
+    (reason,) = missed(report, "dense_gemm")
+    assert "1-D bias" in reason, reason
+    assert_same(model, fused, {"x": rng.standard_normal((B * S, H)).astype(np.float32)}, seed)
+
+
+def test_dense_gemm_first_token_slice_read_elsewhere_is_missed(rng, seed):
+    g = G("gemm")
+    x = g.input("x", np.float32, ["B", "S", H])
+    first = g.op("Slice", x, g.ints(0), g.ints(1), g.ints(1))
+    g.op("ReduceSum", first, g.ints(-1), keepdims=0, out="first_sum")  # another reader
+    g.output("first_sum")
+    g.op("Tanh", g.op("Squeeze", first, g.ints(1)), out="y")
+    g.output("y")
+    model = g.model()
+    fused, report = fuse(model, DenseGemmFusion())
+    assert census(fused)[("", "Gather")] == 0, census(fused)
+    (reason,) = missed(report, "first_token")
+    assert "read elsewhere" in reason, reason
+    assert_same(model, fused, {"x": rng.standard_normal((B, S, H)).astype(np.float32)}, seed)

@@ -62,3 +62,17 @@ def test_every_fusion_reports_its_layer(rng, seed):
     records = {r.name: r.rewrites for r in report.records}
     assert records["skip_layernorm"] == 4 and records["gelu"] == 2, records
     assert_same(model, fused, bert_feeds(rng), seed)
+
+
+def test_a_layer_whose_activation_is_not_gelu_is_reported_there(rng, seed):
+    model = bert(rng, layers=3, not_gelu_layer=1)
+    fused, report = fuse(model)
+    l0, l1, l2 = report.table.layers
+    assert l0.fused and l2.fused and not l1.fused
+    assert l1.attention and l1.skip_layernorm == 2 and not l1.gelu
+    assert l1.leftovers.get("Erf") == 1
+    assert any(r.startswith("gelu: Erf is not part of") for r in l1.reasons), l1.reasons
+    assert fused_in(report, "gelu") == [0, 2]
+    lines = report.table.unfused()
+    assert len(lines) == 1 and lines[0].startswith("layer 1: GELU not fused (gelu: "), lines
+    assert_same(model, fused, bert_feeds(rng), seed)
