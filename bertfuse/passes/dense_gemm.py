@@ -20,8 +20,8 @@ from bertfuse.passes.base import Layers, MatchResult, PassResult, const, const_v
 class DenseGemmFusion:
     """Candidates: every Squeeze(axis 1) of a Slice (first token) and every MatMul by a
     constant matrix whose one consumer is an Add (a dense layer with a bias); each ends fused
-    or missed. Encoder MatMuls on [B,S,H] miss here by design (their biases go into
-    SkipLayerNorm/BiasGelu), so a fully fused encoder leaves only its 3-D leftovers here."""
+    or missed. In a fused encoder SkipLayerNorm/BiasGelu have taken the 3-D layers' biases;
+    a 3-D MatMul + Add still here (an unfused layer's) misses, Gemm being rank-2."""
 
     name = "dense_gemm"
 
