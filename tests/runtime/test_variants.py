@@ -198,3 +198,27 @@ def test_all_masked_row_takes_the_narrow_mask_forms(tiny_onnx):
     s.run(**feeds)
     s.replay_call(feeds["input_mask"])()
     assert log[-2:] == ["keylen", "keylen"], log
+
+
+def test_variant_policy_table():
+    """VariantPolicy.mode_for against the documented table: 'auto' takes [3B+2] below bucket
+    length 128 in fp16 only, the request's own kind from 128; min_seq keeps 'raw' below it."""
+    from bertfuse.runtime.variants import AUTO_KEYLEN_MIN_SEQ, VariantPolicy
+
+    fp16, fp32 = VariantPolicy("auto", 0, True), VariantPolicy("auto", 0, False)
+    for kind in ("keylen", "nomask"):
+        assert fp16.mode_for(kind, AUTO_KEYLEN_MIN_SEQ - 1) == "keyseq"
+        assert fp32.mode_for(kind, AUTO_KEYLEN_MIN_SEQ - 1) == "raw"
+        assert fp16.mode_for(kind, AUTO_KEYLEN_MIN_SEQ) == kind
+        assert VariantPolicy("keyseq", 0, False).mode_for(kind, 16) == \
+            ("keyseq" if kind == "keylen" else "nomask")
+        assert VariantPolicy("keylen", 64, True).mode_for(kind, 32) == "raw"
+    assert all(p.mode_for("raw", s) == "raw" for p in (fp16, fp32) for s in (8, 512))
+    assert fp16.modes_used([32, 64, 128]) == ["keylen", "keyseq", "nomask"]
+    assert fp32.modes_used([32, 64]) == []
+    assert VariantPolicy("auto", 256, True).modes_used([32, 128]) == []
+    # No mask in a larger bucket: the bucket's padded keys make every row right-padded.
+    assert VariantPolicy.request_kind(None, (4, 16), (4, 16)) == "nomask"
+    assert VariantPolicy.request_kind(None, (4, 16), (3, 16)) == "keylen"
+    assert VariantPolicy.request_kind(np.ones((3, 16), np.int32), (4, 16), (3, 16)) == "keylen"
+    assert VariantPolicy.request_kind(object(), (4, 16), (4, 16)) == "raw"  # a device mask
