@@ -25,8 +25,8 @@ from bertfuse.custom_ops.attention import CONTRACT as ATTENTION
 from bertfuse.passes.attention_mask import MaskTerm, check_mask, split_mask
 from bertfuse.passes.attention_match import MASK_FLOOR, AttentionMatch, Projection, \
     _scalar_factor, match_numeric
-from bertfuse.passes.base import MatchResult, PassResult, const, const_value, is_graph_output, \
-    producer, replace_tensor
+from bertfuse.passes.base import MatchResult, PassResult, cast_int32, const, const_value, \
+    is_graph_output, producer, replace_tensor
 from bertfuse.passes.evaluate import bs_input, eval_with_ort, rank_of
 from bertfuse.passes.probe import probe_feeds
 
@@ -203,11 +203,8 @@ class AttentionFusion:
     def _int32_mask(self, graph: gs.Graph, mask: gs.Variable) -> gs.Tensor:
         if np.dtype(mask.dtype) == np.int32:
             return mask
-        if id(mask) not in self._mask_int32:
-            cast = gs.Variable(f"{mask.name}_int32", dtype=np.int32, shape=mask.shape)
-            graph.nodes.append(gs.Node("Cast", f"{mask.name}_to_int32", {"to": 6},
-                                       inputs=[mask], outputs=[cast]))
-            self._mask_int32[id(mask)] = cast
+        if id(mask) not in self._mask_int32:  # one Cast shared by every layer
+            self._mask_int32[id(mask)] = cast_int32(graph, mask)
         return self._mask_int32[id(mask)]
 
 

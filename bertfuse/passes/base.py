@@ -220,3 +220,17 @@ def replace_tensor(graph: gs.Graph, old: gs.Tensor, new: gs.Tensor) -> None:
 
 def const(name: str, value: np.ndarray) -> gs.Constant:
     return gs.Constant(name, np.array(value, order="C"))  # keeps 0-d scalars 0-d
+
+
+def cast_int32(graph: gs.Graph, t: gs.Tensor) -> gs.Tensor:
+    """t as int32 (the contrib ops' index dtype): t itself, or a new Cast under a name no
+    tensor of the graph has (an export may already hold `<name>_int32`)."""
+    if t.dtype is None or np.dtype(t.dtype) == np.int32:
+        return t
+    taken = set(graph.tensors())
+    name, n = f"{t.name}_int32", 1
+    while name in taken:
+        name, n = f"{t.name}_int32_{n}", n + 1
+    out = gs.Variable(name, dtype=np.int32, shape=t.shape)
+    graph.nodes.append(gs.Node("Cast", f"{name}_cast", {"to": 6}, inputs=[t], outputs=[out]))
+    return out

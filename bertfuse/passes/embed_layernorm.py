@@ -21,8 +21,8 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from bertfuse.custom_ops.embed_layernorm import CONTRACT as EMBED_LN
-from bertfuse.passes.base import MatchResult, PassResult, const, const_value, producer, \
-    replace_tensor
+from bertfuse.passes.base import MatchResult, PassResult, cast_int32, const, const_value, \
+    producer, replace_tensor
 from bertfuse.passes.evaluate import ancestors, eval_with_ort
 from bertfuse.passes.probe import PROBE_SEQ, probe_feeds
 
@@ -58,11 +58,11 @@ class EmbedLayerNormFusion:
         # EmbedLayerNormalization requires beta; LayerNormalization's B is optional (zeros).
         beta = ln.inputs[2] if len(ln.inputs) > 2 and ln.inputs[2].name != "" else \
             const("embeddings_beta", np.zeros([hidden], dtype=_float_dtype(ln.inputs[1], word)))
-        inputs = [_int32(graph, ids), _int32(graph, segs) if segs is not None else None,
+        inputs = [cast_int32(graph, ids), cast_int32(graph, segs) if segs is not None else None,
                   const("embeddings_word", word), const("embeddings_position", position),
                   const("embeddings_segment", segment) if segment is not None else None,
                   ln.inputs[1], beta, None,
-                  _int32(graph, pos_ids) if pos_ids is not None else None]
+                  cast_int32(graph, pos_ids) if pos_ids is not None else None]
         out = gs.Variable("embeddings_output", dtype=y.dtype)
         mask_index = gs.Variable("embeddings_mask_index", dtype=np.int32)
         graph.nodes.append(EMBED_LN.node("EmbedLayerNormalization", inputs, [out, mask_index],
@@ -237,10 +237,3 @@ def _float_dtype(gamma: gs.Tensor, table: np.ndarray) -> np.dtype:
     return np.dtype(gamma.dtype) if gamma.dtype is not None else table.dtype
 
 
-def _int32(graph: gs.Graph, t: gs.Variable) -> gs.Tensor:
-    if t.dtype is None or np.dtype(t.dtype) == np.int32:
-        return t
-    out = gs.Variable(f"{t.name}_int32", dtype=np.int32, shape=t.shape)
-    graph.nodes.append(gs.Node("Cast", f"{t.name}_cast_int32", {"to": 6}, inputs=[t],
-                               outputs=[out]))
-    return out

@@ -68,3 +68,22 @@ def test_replace_tensor_keeps_the_output_name():
     assert graph.outputs[0] is z and z.name == "y" and z.shape == [2]
     graph.cleanup()
     assert census(graph) == {"Neg": 1}
+
+
+def test_cast_int32_picks_a_free_name():
+    """An export may already hold `<input>_int32`: the Cast the fusions add must not clash."""
+    import numpy as np
+    import onnx
+    import onnx_graphsurgeon as gs
+
+    from bertfuse.passes.base import cast_int32
+
+    x = gs.Variable("ids", dtype=np.int64, shape=[2, 3])
+    taken = gs.Variable("ids_int32", dtype=np.int32, shape=[2, 3])
+    graph = gs.Graph(inputs=[x], outputs=[taken], opset=17)
+    graph.nodes.append(gs.Node("Cast", "theirs", {"to": 6}, inputs=[x], outputs=[taken]))
+    ours = cast_int32(graph, x)
+    assert ours.name not in ("ids", "ids_int32") and np.dtype(ours.dtype) == np.int32
+    assert cast_int32(graph, taken) is taken  # already int32: no new node
+    graph.outputs.append(ours)
+    onnx.checker.check_model(gs.export_onnx(graph), full_check=True)
