@@ -33,3 +33,48 @@ def test_warmup_progress(tiny_onnx, capsys):
     s.close()
     with pytest.raises(ClosedError):
         s.warmup()
+
+
+def test_progress_bar_on_a_terminal_only(monkeypatch):
+    """progress=None: a bar on stderr when it is a terminal (a real pseudo-terminal here),
+    nothing otherwise; on a worker thread only when asked for (progress=True)."""
+    import os
+    import pty
+    import sys
+    import threading
+
+    from bertfuse.runtime.progress import steps
+
+    master, slave = pty.openpty()
+    tty = os.fdopen(slave, "w")
+    monkeypatch.setattr(sys, "stderr", tty)
+    monkeypatch.setenv("TERM", "xterm")
+
+    def warm(progress) -> None:
+        with steps(progress, 3, "warming up") as step:
+            for k in range(3):
+                step((k + 1, 8))
+        tty.flush()
+
+    def read() -> str:
+        import select
+
+        out = b""
+        while select.select([master], [], [], 0.2)[0]:
+            out += os.read(master, 65536)
+        return out.decode(errors="replace")
+
+    warm(None)
+    assert "warming up" in read()
+    warm(False)
+    assert read() == ""
+    worker = threading.Thread(target=warm, args=(None,))
+    worker.start()
+    worker.join(30)
+    assert read() == ""  # pool replicas warm up side by side, quietly
+    worker = threading.Thread(target=warm, args=(True,))
+    worker.start()
+    worker.join(30)
+    assert "warming up" in read()
+    tty.close()
+    os.close(master)
