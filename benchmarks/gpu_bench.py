@@ -3,11 +3,11 @@
 On the GPU host, with bertfuse installed beside onnxruntime-gpu the ordinary way
 (`pip install -e '.[gpu]'`, or `EXTRAS=gpu make venv`):
 
-    python benchmarks/gpu_bench.py --skeletons skel/ --out results/ --soak 10000
+    python benchmarks/gpu_bench.py --skeletons out/skeletons/ --out results/ --soak 10000
 
 Skeletons are raw tf2onnx exports stripped of their weights where TensorFlow is:
     bertfuse convert CKPT --no-fuse --no-verify -o raw.onnx
-    bertfuse strip-weights raw.onnx -o skel/<config>_raw.skel.onnx
+    bertfuse strip-weights raw.onnx -o out/skeletons/<config>_raw.skel.onnx
 """
 
 import sys

@@ -213,7 +213,7 @@ EXAMPLES = {
     "diff": "  bertfuse diff model.summary.json model.onnx --fail-on fusion-loss,io-change\n"
             "  bertfuse diff old.onnx new.onnx --numeric --atol 1e-3",
     "draw": "  bertfuse draw model.onnx --layer 0 --before raw.onnx -o layer0.svg",
-    "bench": "  bertfuse strip-weights raw.onnx -o skel/shenma-3l_raw.skel.onnx\n"
-             "  bertfuse bench --skeletons skel --workloads 'shenma-3l b20 s64' --packed "
+    "bench": "  bertfuse strip-weights raw.onnx -o out/skeletons/shenma-3l_raw.skel.onnx\n"
+             "  bertfuse bench --skeletons out/skeletons --workloads 'shenma-3l b20 s64' --packed "
              "--out results/",
 }
