@@ -7,8 +7,9 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 # tf-cpu = tensorflow-cpu (tf = the full tensorflow package, e.g. beside one you have);
-# cpu = onnxruntime; use EXTRAS=tf-cpu,gpu,test for onnxruntime-gpu (never both: they clash).
-EXTRAS ?= tf-cpu,cpu,test
+# cpu = onnxruntime; use EXTRAS=tf-cpu,gpu,text,test for onnxruntime-gpu (never both: they
+# clash); text = tokenizers (bertfuse.text).
+EXTRAS ?= tf-cpu,cpu,text,test
 STAMP  := $(VENV)/.bertfuse-installed
 DEMO   ?= shenma-3l
 

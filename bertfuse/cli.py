@@ -240,10 +240,45 @@ def _cmd_bench(args, console) -> int:
     return run(args)
 
 
+def _cmd_tokenize(args, console) -> int:
+    from bertfuse.text import WordPiece
+
+    tok = WordPiece(args.vocab, lower_case=args.lower_case, max_length=args.max_length,
+                    model=args.model)
+    if args.pair is not None and len(args.pair) != len(args.text):
+        raise BertfuseError(f"{len(args.text)} texts but {len(args.pair)} --pair")
+    batch = tok(args.text, args.pair)
+    if args.json:
+        print(json.dumps({**{k: v.tolist() for k, v in batch.feeds().items()},
+                          "lower_case": tok.lower_case, "max_length": tok.max_length}))
+        return 0
+    for i, text in enumerate(args.text):
+        pieces = tok.tokens(text, args.pair[i] if args.pair else None)
+        console.print(" ".join(pieces), markup=False, highlight=False, soft_wrap=True)
+        console.print(" ".join(map(str, batch.input_ids[i][batch.input_mask[i] > 0])),
+                      markup=False, highlight=False, soft_wrap=True)
+    return 0
+
+
+def _cmd_export_triton(args, console) -> int:
+    from bertfuse.triton import export_triton
+
+    out = export_triton(args.model, args.output, args.name, args.max_batch, args.instances,
+                        args.kind, args.dynamic_batching_delay_us, args.force,
+                        args.cuda_graphs, args.intra_op_threads)
+    if args.json:
+        print(json.dumps(out.to_json(), indent=2))
+    else:
+        console.print(f"wrote {out.name} ({out.precision}) to {out.config} and {out.model}",
+                      markup=False, highlight=False, soft_wrap=True)
+    return 0
+
+
 COMMANDS = {"bench": _cmd_bench,
             "example": _cmd_example, "convert": _cmd_convert, "optimize": _cmd_optimize,
             "verify": _cmd_verify, "strip-weights": _cmd_strip, "inspect": _cmd_inspect,
-            "summarize": _cmd_summarize, "diff": _cmd_diff, "draw": _cmd_draw}
+            "summarize": _cmd_summarize, "diff": _cmd_diff, "draw": _cmd_draw,
+            "tokenize": _cmd_tokenize, "export-triton": _cmd_export_triton}
 
 
 def _one_line(text: str) -> str:

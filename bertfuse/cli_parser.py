@@ -89,6 +89,47 @@ def _add_output_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--debug", action="store_true", help="show tracebacks")
 
 
+def _add_serving_parsers(sub) -> None:
+    """tokenize (text -> ids) and export-triton (a Triton model repository)."""
+    p = sub.add_parser("tokenize", help="text -> input_ids/input_mask/segment_ids with a "
+                                        "checkpoint's vocab.txt (WordPiece)")
+    p.add_argument("text", nargs="+", help="one or more texts (a batch)")
+    p.add_argument("--vocab", required=True, help="the checkpoint's vocab.txt")
+    p.add_argument("--pair", action="append", metavar="TEXT",
+                   help="second segment for each text (segment id 1); once per text")
+    p.add_argument("--model", help="converted .onnx: its vocab size, positions and bert_config")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--lower-case", dest="lower_case", action="store_true", default=None,
+                   help="lower-case (default: the config's do_lower_case, the checkpoint's "
+                        "name, then the vocab)")
+    g.add_argument("--no-lower-case", dest="lower_case", action="store_false")
+    p.add_argument("--max-length", type=_int_at_least(3),
+                   help="truncate to this many tokens (default: the model's positions)")
+    _add_output_args(p)
+
+    p = sub.add_parser("export-triton", help="a Triton model repository (onnxruntime backend) "
+                                             "for a model")
+    p.add_argument("model", help="ONNX model")
+    p.add_argument("-o", "--output", required=True, metavar="REPO",
+                   help="model repository directory (REPO/NAME/config.pbtxt, "
+                        "REPO/NAME/1/model.onnx)")
+    p.add_argument("--name", help="model name in the repository (default: the file's name)")
+    p.add_argument("--force", action="store_true", help="replace an existing REPO/NAME")
+    g = p.add_argument_group("serving")
+    g.add_argument("--max-batch", type=_int_at_least(1), default=32,
+                   help="max_batch_size (default 32)")
+    g.add_argument("--instances", type=_int_at_least(1), default=1,
+                   help="model instances per device (default 1)")
+    g.add_argument("--kind", choices=("gpu", "cpu"), default="gpu",
+                   help="instance kind (default gpu)")
+    g.add_argument("--dynamic-batching-delay-us", type=_int_at_least(0), default=100,
+                   metavar="T", help="max_queue_delay_microseconds (default 100)")
+    g.add_argument("--intra-op-threads", type=_int_at_least(1), metavar="N",
+                   help="ONNX Runtime threads per instance (CPU: instances x N <= cores)")
+    g.add_argument("--cuda-graphs", action="store_true", help=argparse.SUPPRESS)
+    _add_output_args(p)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from bertfuse import __version__
 
@@ -189,6 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_source_args(p)
     _add_verify_args(p)
     _add_output_args(p)
+    _add_serving_parsers(sub)
     for name, p in sub.choices.items():
         if name in EXAMPLES:
             p.epilog = "example:\n" + EXAMPLES[name]
@@ -213,6 +255,10 @@ EXAMPLES = {
     "diff": "  bertfuse diff model.summary.json model.onnx --fail-on fusion-loss,io-change\n"
             "  bertfuse diff old.onnx new.onnx --numeric --atol 1e-3",
     "draw": "  bertfuse draw model.onnx --layer 0 --before raw.onnx -o layer0.svg",
+    "tokenize": "  bertfuse tokenize --vocab out/tiny/vocab.txt 'what is bert?' "
+                "--pair 'a language model' --json",
+    "export-triton": "  bertfuse export-triton tiny_fp16.onnx -o model_repository/ --name bert "
+                     "--max-batch 32 --instances 2",
     "bench": "  bertfuse strip-weights raw.onnx -o out/skeletons/shenma-3l_raw.skel.onnx\n"
              "  bertfuse bench --skeletons out/skeletons --workloads 'shenma-3l b20 s64' --packed "
              "--out results/",

@@ -156,6 +156,24 @@ def replace_file(tmp: Path, target: Path) -> None:
         os.replace(tmp, target)
 
 
+def swap_dir_in(tmp: Path, out: Path) -> None:
+    """Renames a finished temp directory to `out` (absent or empty, or a directory the caller
+    may replace: moved aside first and removed after); a signal cannot fall between the two
+    renames."""
+    if not out.exists() or not any(out.iterdir()):
+        with held():
+            os.replace(tmp, out)
+        return
+    with temp_dir(out.parent, prefix=f".{out.name}.old.") as old:
+        with held():
+            os.replace(out, old / out.name)
+            try:
+                os.replace(tmp, out)
+            except BaseException:
+                os.replace(old / out.name, out)
+                raise
+
+
 def write_text(path: str | Path, text: str) -> None:
     """Writes a small text file atomically (temp beside it, then rename)."""
     path = Path(path)

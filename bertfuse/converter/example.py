@@ -1,4 +1,5 @@
-"""`bertfuse example`: a Google-layout TF1 checkpoint + bert_config.json with seeded weights.
+"""`bertfuse example`: a Google-layout TF1 checkpoint + bert_config.json with seeded weights,
+and a vocab.txt of its vocab size (example_vocab.py) for text input.
 
 It never replaces a directory it did not write: only an empty one, or an earlier example
 (marked by the file MARKER, holding example files only).
@@ -10,9 +11,10 @@ import os
 from pathlib import Path
 
 from bertfuse.converter.config import EXAMPLE_CONFIGS, BertConfig
+from bertfuse.converter.example_vocab import example_vocab
 from bertfuse.converter.modeling import random_weights
 from bertfuse.errors import BertfuseError
-from bertfuse.safety import held, pause_point, temp_dir
+from bertfuse.safety import pause_point, swap_dir_in, temp_dir
 
 # Marks a directory as written by `bertfuse example`, which may then replace it as a whole.
 MARKER = ".bertfuse-example"
@@ -22,7 +24,8 @@ _MARKER_TEXT = ("Written by `bertfuse example`. A later `bertfuse example -o` to
 
 def write_example(config: str | BertConfig, out_dir: str, seed: int = 0, head: bool = False,
                   hidden_act: str | None = None) -> Path:
-    """Writes OUT_DIR/bert_config.json and OUT_DIR/bert_model.ckpt.*; returns OUT_DIR.
+    """Writes OUT_DIR/bert_config.json, OUT_DIR/bert_model.ckpt.* and OUT_DIR/vocab.txt (not
+    below 5 tokens: no room for the special ones); returns OUT_DIR.
 
     OUT_DIR may exist only if it is empty or an earlier example (it holds MARKER and nothing
     but example files); then it is replaced as a whole. Any other directory is refused."""
@@ -53,14 +56,17 @@ def write_example(config: str | BertConfig, out_dir: str, seed: int = 0, head: b
                           tensors=[weights[n] for n in names])
         (tmp / "checkpoint").write_text('model_checkpoint_path: "bert_model.ckpt"\n')
         (tmp / "bert_config.json").write_text(cfg.to_json())
+        vocab = example_vocab(cfg.vocab_size)
+        if vocab:
+            (tmp / "vocab.txt").write_text("".join(t + "\n" for t in vocab))
         (tmp / MARKER).write_text(_MARKER_TEXT)
         pause_point("example-tmp")
-        _swap_in(tmp, out)
+        swap_dir_in(tmp, out)
     return Path(out_dir)
 
 
 def _is_example_file(name: str) -> bool:
-    return name in ("bert_config.json", "checkpoint", MARKER) or \
+    return name in ("bert_config.json", "checkpoint", "vocab.txt", MARKER) or \
         name.startswith("bert_model.ckpt.")
 
 
@@ -88,19 +94,3 @@ def _check_replaceable_dir(out: Path, shown: str) -> None:
         raise BertfuseError(f"{shown}: holds a checkpoint that bertfuse example did not write "
                             f"(no {MARKER}); not replacing it: pick a new or empty directory")
 
-
-def _swap_in(tmp: Path, out: Path) -> None:
-    """Renames tmp to out; an earlier example at out is moved aside first and removed after,
-    and a signal cannot fall between the two renames."""
-    if not out.exists() or not any(out.iterdir()):
-        with held():
-            os.replace(tmp, out)
-        return
-    with temp_dir(out.parent, prefix=f".{out.name}.old.") as old:
-        with held():
-            os.replace(out, old / out.name)
-            try:
-                os.replace(tmp, out)
-            except BaseException:
-                os.replace(old / out.name, out)
-                raise

@@ -1,0 +1,239 @@
+"""Text in: BERT's WordPiece tokenization of a checkpoint's vocab.txt, as the int32 arrays
+bertfuse's ONNX model takes (input_ids, input_mask, segment_ids).
+
+Built on the Hugging Face `tokenizers` library (the `text` extra). It is imported when a
+tokenizer is made, never by `import bertfuse`.
+
+    tok = WordPiece("uncased_L-12_H-768_A-12/vocab.txt", model="model.onnx")
+    batch = tok(["what is bert?"], pairs=["a language model."])
+    out = session.run(**batch.feeds())
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from bertfuse.errors import BertfuseError, MissingDependency
+
+# The tokens a BERT input is built from; [MASK] is only for pre-training, so not required.
+REQUIRED = ("[PAD]", "[UNK]", "[CLS]", "[SEP]")
+# Where Google's vocab.txt files keep them (bertfuse example writes them there too).
+GOOGLE_IDS = {"[PAD]": 0, "[UNK]": 100, "[CLS]": 101, "[SEP]": 102, "[MASK]": 103}
+DEFAULT_MAX_LENGTH = 512
+# BertNormalizer's clean-up on ASCII: \t \n \r become spaces, other control characters go.
+_ASCII_CLEAN = {**{c: None for c in [*range(32), 127]}, **{c: " " for c in (9, 10, 13)}}
+
+
+def read_vocab(path: str | os.PathLike) -> dict[str, int]:
+    """token -> id, one token a line, as Google's BERT reads it (a repeated token: last wins).
+    A file that is missing, not UTF-8 or lacks a special token is bad input (one line)."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").split("\n")
+    except FileNotFoundError:
+        raise BertfuseError(f"{path}: vocab file not found") from None
+    except UnicodeDecodeError as exc:
+        raise BertfuseError(f"{path}: not a vocab.txt (not UTF-8 text at byte {exc.start})") \
+            from None
+    except OSError as exc:  # a directory, unreadable, ...
+        raise BertfuseError(f"{path}: cannot read the vocab file ({exc.strerror or exc})") \
+            from None
+    if lines and lines[-1] == "":
+        lines.pop()  # the final newline
+    vocab = {line.strip(): i for i, line in enumerate(lines)}
+    missing = [t for t in REQUIRED if t not in vocab]
+    if missing:
+        raise BertfuseError(f"{path}: not a BERT vocab.txt: missing the special token"
+                            f"{'s' if len(missing) > 1 else ''} {', '.join(missing)}")
+    return vocab
+
+
+@dataclass
+class Batch:
+    """One tokenized batch: int32 [batch, seq] arrays, padded on the right."""
+
+    input_ids: np.ndarray
+    input_mask: np.ndarray
+    segment_ids: np.ndarray
+
+    def feeds(self) -> dict[str, np.ndarray]:
+        """The model's inputs by name (Session.run(**feeds) or an ORT session's run)."""
+        return {"input_ids": self.input_ids, "input_mask": self.input_mask,
+                "segment_ids": self.segment_ids}
+
+
+@dataclass
+class ModelInfo:
+    """What a converted model says about its tokenizer: embedding sizes and bert_config."""
+
+    vocab_size: int | None
+    max_positions: int | None
+    config: dict
+
+
+def model_info(model: str | os.PathLike) -> ModelInfo:
+    """Reads the embedding table sizes and the bert_config metadata (no weights loaded)."""
+    from bertfuse.runtime.requests import load_model, model_facts
+
+    proto = load_model(os.fspath(model))
+    facts = model_facts(proto)
+    meta = {p.key: p.value for p in proto.metadata_props}
+    try:
+        config = json.loads(meta.get("bert_config", "{}"))
+    except json.JSONDecodeError:
+        config = {}
+    return ModelInfo(facts.vocab_size, facts.max_positions,
+                     config if isinstance(config, dict) else {})
+
+
+def _beside_config(vocab_path: Path) -> dict:
+    """do_lower_case / max_position_embeddings from the files a checkpoint keeps beside its
+    vocab.txt (bert_config.json; Hugging Face's tokenizer_config.json)."""
+    found: dict = {}
+    for name in ("bert_config.json", "tokenizer_config.json"):
+        try:
+            data = json.loads((vocab_path.parent / name).read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict):
+            found = {**data, **found}
+    return found
+
+
+def lower_case_for(vocab_path: str | os.PathLike, vocab: dict[str, int],
+                   config: dict) -> tuple[bool, str]:
+    """(lower-case?, why): a config's do_lower_case; else the checkpoint's name (Google's
+    uncased_L-12_H-768_A-12, cased_..., multi_cased_...); else the vocab: a cased vocab
+    holds upper-case word pieces, an uncased one none."""
+    flag = config.get("do_lower_case")
+    if isinstance(flag, bool):
+        return flag, "do_lower_case in the config"
+    for part in reversed(Path(os.path.abspath(vocab_path)).parent.parts):
+        low = part.lower()
+        if "uncased" in low:
+            return True, f"the checkpoint's name ({part})"
+        if "cased" in low:
+            return False, f"the checkpoint's name ({part})"
+    cased = any(t != t.lower() for t in vocab if not (t.startswith("[") and t.endswith("]")))
+    return (not cased), ("the vocab has upper-case pieces" if cased else
+                         "the vocab has no upper-case pieces")
+
+
+class WordPiece:
+    """BERT's tokenizer for one vocab.txt: basic clean-up and punctuation split, lower-casing
+    (and accent stripping) as the checkpoint was trained, greedy longest-match word pieces,
+    [CLS] A [SEP] (B [SEP]), truncation to `max_length`, padding with [PAD].
+
+    lower_case: None decides from the config, the checkpoint's name, then the vocab
+    (`lower_case_reason` says which). max_length: None takes the model's position table, or
+    bert_config.json's max_position_embeddings beside the vocab, or 512. model: a converted
+    .onnx whose embedding table the ids must fit and whose bert_config is read."""
+
+    def __init__(self, vocab: str | os.PathLike, *, lower_case: bool | None = None,
+                 max_length: int | None = None, model: str | os.PathLike | None = None) -> None:
+        self.vocab_path = Path(vocab)
+        self.vocab = read_vocab(vocab)
+        info = model_info(model) if model is not None else None
+        config = {**_beside_config(self.vocab_path), **(info.config if info else {})}
+        if info and info.vocab_size is not None:
+            top = max(self.vocab.values())
+            if top >= info.vocab_size:
+                raise BertfuseError(f"{vocab}: {top + 1} tokens, but the model's embedding "
+                                    f"table has {info.vocab_size} rows: not this model's vocab")
+        if lower_case is None:
+            self.lower_case, self.lower_case_reason = lower_case_for(vocab, self.vocab, config)
+        else:
+            self.lower_case, self.lower_case_reason = bool(lower_case), "given"
+        positions = (info.max_positions if info else None) or \
+            config.get("max_position_embeddings")
+        limit = positions if isinstance(positions, int) and positions > 0 else None
+        if max_length is None:
+            max_length = limit or DEFAULT_MAX_LENGTH
+        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 3:
+            raise BertfuseError(f"max_length must be an integer >= 3 ([CLS] A [SEP] B [SEP]), "
+                                f"got {max_length!r}")
+        if limit and max_length > limit:
+            raise BertfuseError(f"max_length {max_length} is longer than the model's "
+                                f"{limit} positions")
+        self.max_length = max_length
+        self._tok = self._build(normalize=True)
+        self._ascii = self._build(normalize=False)  # for ASCII text, normalized in Python
+
+    def _build(self, normalize: bool):
+        try:
+            from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+        except ModuleNotFoundError:
+            raise MissingDependency("tokenizers is not installed: text input needs it; "
+                                    "pip install 'bertfuse[text]'") from None
+        v = self.vocab
+        tok = Tokenizer(models.WordPiece(v, unk_token="[UNK]", max_input_chars_per_word=100))
+        if normalize:  # strip_accents=None follows lowercase, as Google's uncased models
+            tok.normalizer = normalizers.BertNormalizer(
+                clean_text=True, handle_chinese_chars=True, strip_accents=None,
+                lowercase=self.lower_case)
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tok.post_processor = processors.TemplateProcessing(
+            single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+            special_tokens=[("[CLS]", v["[CLS]"]), ("[SEP]", v["[SEP]"])])
+        tok.enable_truncation(self.max_length, strategy="longest_first")
+        tok.enable_padding(pad_id=v["[PAD]"], pad_token="[PAD]", pad_type_id=0)
+        return tok
+
+    def __call__(self, texts: str | Sequence[str], pairs: str | Sequence[str] | None = None,
+                 *, pad_to: int | None = None) -> Batch:
+        """Tokenizes a batch (a str is a batch of one); `pairs` gives each text a second
+        segment (segment id 1). Rows are padded to the longest row, and at least to `pad_to`."""
+        texts = _as_batch(texts, "texts")
+        if pairs is not None:
+            pairs = _as_batch(pairs, "pairs")
+            if len(pairs) != len(texts):
+                raise BertfuseError(f"{len(texts)} texts but {len(pairs)} pairs")
+        if pad_to is not None and (isinstance(pad_to, bool) or not isinstance(pad_to, int)
+                                   or not 1 <= pad_to <= self.max_length):
+            raise BertfuseError(f"pad_to must be an integer in 1..{self.max_length}, "
+                                f"got {pad_to!r}")
+        tok = self._tok
+        if all(t.isascii() for t in texts) and (pairs is None or all(p.isascii() for p in pairs)):
+            tok, texts = self._ascii, [self._clean_ascii(t) for t in texts]
+            pairs = None if pairs is None else [self._clean_ascii(p) for p in pairs]
+        items = texts if pairs is None else list(zip(texts, pairs))
+        encs = getattr(tok, "encode_batch_fast", tok.encode_batch)(items)  # fast: no offsets
+        ids = np.array([e.ids for e in encs], dtype=np.int32)
+        mask = np.array([e.attention_mask for e in encs], dtype=np.int32)
+        types = np.array([e.type_ids for e in encs], dtype=np.int32)
+        if pad_to is not None and pad_to > ids.shape[1]:  # padded to the longest row so far
+            wide = ((0, 0), (0, pad_to - ids.shape[1]))
+            ids = np.pad(ids, wide, constant_values=self.vocab["[PAD]"])
+            mask, types = np.pad(mask, wide), np.pad(types, wide)
+        return Batch(ids, mask, types)
+
+    def _clean_ascii(self, text: str) -> str:
+        """BertNormalizer on ASCII text, at half the cost of the whole tokenizer: control
+        characters dropped, tab/newline/CR to a space, lower-cased (there are no accents or
+        CJK characters to handle)."""
+        text = text.translate(_ASCII_CLEAN)
+        return text.lower() if self.lower_case else text
+
+    def tokens(self, text: str, pair: str | None = None) -> list[str]:
+        """The word pieces of one input, [CLS] and [SEP] included (no padding)."""
+        enc = self._tok.encode(_as_batch(text, "text")[0],
+                               None if pair is None else _as_batch(pair, "pair")[0])
+        return enc.tokens
+
+
+def _as_batch(value, what: str) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, (bytes, bytearray)) or not isinstance(value, Sequence):
+        raise BertfuseError(f"{what} must be a str or a list of str, not {type(value).__name__}")
+    if not value:
+        raise BertfuseError(f"{what}: an empty batch")
+    bad = next((v for v in value if not isinstance(v, str)), None)
+    if bad is not None:
+        raise BertfuseError(f"{what} must hold str only, not {type(bad).__name__}")
+    return list(value)
