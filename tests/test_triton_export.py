@@ -1,0 +1,196 @@
+"""`bertfuse export-triton`: every config.pbtxt it writes parses as Triton's ModelConfig
+(the protobuf schema the tritonclient package ships) and matches the ONNX model's I/O; the
+repository is written whole or not at all, and never over an input."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from google.protobuf import text_format
+
+from bertfuse.cli import main
+
+_ONNX_TO_TRITON = {onnx.TensorProto.INT32: "TYPE_INT32", onnx.TensorProto.FLOAT: "TYPE_FP32",
+                   onnx.TensorProto.FLOAT16: "TYPE_FP16", onnx.TensorProto.INT64: "TYPE_INT64"}
+
+
+def _model_config_pb2():
+    """tritonclient/grpc/model_config_pb2.py, loaded from its file: the package's __init__
+    would import grpcio, which the schema does not need."""
+    spec = importlib.util.find_spec("tritonclient")
+    assert spec is not None and spec.origin, "tritonclient is not installed (the test extra)"
+    path = Path(spec.origin).parent / "grpc" / "model_config_pb2.py"
+    mod_spec = importlib.util.spec_from_file_location("triton_model_config_pb2", path)
+    module = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(module)
+    return module
+
+
+PB2 = _model_config_pb2()
+
+
+def parse(path: Path):
+    """config.pbtxt -> ModelConfig; an unknown field or enum value raises ParseError."""
+    return text_format.Parse(path.read_text(), PB2.ModelConfig())
+
+
+def _one_error_line(capsys, argv: list[str]) -> str:
+    rc = main([str(a) for a in argv])
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert rc == 2 and len(lines) == 1 and "Traceback" not in err, (rc, err)
+    return lines[0]
+
+
+def _check_against_model(cfg, model_path: Path) -> None:
+    """Every input and output of the ONNX model, in order, with its type and its dims less
+    the batch dimension (a named dimension is -1)."""
+    model = onnx.load(str(model_path), load_external_data=False)
+    inits = {i.name for i in model.graph.initializer}
+    for got, values in ((cfg.input, [i for i in model.graph.input if i.name not in inits]),
+                        (cfg.output, list(model.graph.output))):
+        assert [t.name for t in got] == [v.name for v in values]
+        for t, v in zip(got, values):
+            tt = v.type.tensor_type
+            dims = [d.dim_value if d.HasField("dim_value") else -1 for d in tt.shape.dim]
+            assert dims[0] == -1  # the batch: Triton's, through max_batch_size
+            assert list(t.dims) == dims[1:]
+            assert PB2.DataType.Name(t.data_type) == _ONNX_TO_TRITON[tt.elem_type]
+
+
+def test_schema_check_can_fail():
+    good = 'name: "m" platform: "onnxruntime_onnx" max_batch_size: 8'
+    assert text_format.Parse(good, PB2.ModelConfig()).max_batch_size == 8
+    for bad in (good.replace("max_batch_size", "max_batch_sise"),
+                good + ' input [ { name: "x" data_type: TYPE_INT33 dims: [ -1 ] } ]',
+                good + " dynamic_batching { max_queue_delay_us: 100 }",
+                good + " instance_group [ { kind: KIND_TPU count: 1 } ]"):
+        with pytest.raises(text_format.ParseError):
+            text_format.Parse(bad, PB2.ModelConfig())
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_export_matches_the_model(tiny_onnx, tmp_path, capsys, precision):
+    import onnxruntime as ort
+
+    src = Path(tiny_onnx[precision])
+    repo = tmp_path / "repo"
+    assert main(["export-triton", str(src), "-o", str(repo), "--name", "bert", "--max-batch",
+                 "16", "--instances", "2", "--dynamic-batching-delay-us", "250"]) == 0
+    capsys.readouterr()
+    assert sorted(p.relative_to(repo).as_posix() for p in repo.rglob("*")) == \
+        ["bert", "bert/1", "bert/1/model.onnx", "bert/config.pbtxt"]
+    cfg = parse(repo / "bert" / "config.pbtxt")
+    assert (cfg.name, cfg.platform, cfg.max_batch_size) == ("bert", "onnxruntime_onnx", 16)
+    assert cfg.dynamic_batching.max_queue_delay_microseconds == 250
+    assert [(g.kind, g.count) for g in cfg.instance_group] == \
+        [(PB2.ModelInstanceGroup.KIND_GPU, 2)]
+    _check_against_model(cfg, src)
+    assert [PB2.DataType.Name(t.data_type) for t in cfg.input] == ["TYPE_INT32"] * 3
+    # bertfuse's fp16 models take int32 ids and give fp32 outputs; the comment says fp16
+    assert {PB2.DataType.Name(t.data_type) for t in cfg.output} == {"TYPE_FP32"}
+    assert f"# Model precision: {precision} " in (repo / "bert" / "config.pbtxt").read_text()
+    copy = repo / "bert" / "1" / "model.onnx"
+    assert copy.read_bytes() == src.read_bytes()
+    if precision == "fp32":  # the copy runs on ORT CPU (the fp16 kernels are CUDA's)
+        ids = np.ones((2, 8), np.int32)
+        out = ort.InferenceSession(str(copy), providers=["CPUExecutionProvider"]).run(
+            None, {"input_ids": ids, "input_mask": ids, "segment_ids": 0 * ids})
+        assert out[0].shape == (2, 8, 128)
+
+
+def test_cpu_kind_and_threads(tiny_onnx, tmp_path, capsys):
+    import json
+
+    rc = main(["export-triton", tiny_onnx["fp32"], "-o", str(tmp_path / "r"), "--kind", "cpu",
+               "--instances", "3", "--intra-op-threads", "1", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert rc == 0 and report["precision"] == "fp32" and report["name"] == Path(
+        tiny_onnx["fp32"]).stem
+    cfg = parse(Path(report["config"]))
+    assert [(g.kind, g.count) for g in cfg.instance_group] == \
+        [(PB2.ModelInstanceGroup.KIND_CPU, 3)]
+    assert cfg.parameters["intra_op_thread_count"].string_value == "1"
+    assert cfg.max_batch_size == 32 and cfg.dynamic_batching.max_queue_delay_microseconds == 100
+    assert [t["name"] for t in report["inputs"]] == ["input_ids", "input_mask", "segment_ids"]
+
+
+def test_external_data_is_copied(tiny_onnx, tmp_path, capsys):
+    import onnxruntime as ort
+
+    src_dir = tmp_path / "src"
+    src_dir.mkdir()
+    src = src_dir / "ext.onnx"
+    onnx.save_model(onnx.load(tiny_onnx["fp32"]), str(src), save_as_external_data=True,
+                    all_tensors_to_one_file=True, location="ext.weights", size_threshold=0)
+    assert main(["export-triton", str(src), "-o", str(tmp_path / "repo")]) == 0
+    capsys.readouterr()
+    version = tmp_path / "repo" / "ext" / "1"
+    assert (version / "ext.weights").read_bytes() == (src_dir / "ext.weights").read_bytes()
+    _check_against_model(parse(tmp_path / "repo" / "ext" / "config.pbtxt"), src)
+    ids = np.arange(12, dtype=np.int32).reshape(2, 6)
+    feeds = {"input_ids": ids, "input_mask": np.ones_like(ids), "segment_ids": 0 * ids}
+    run = lambda p: ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]).run(  # noqa: E731
+        None, feeds)
+    for a, b in zip(run(version / "model.onnx"), run(src)):
+        assert np.array_equal(a, b)
+
+
+def test_a_batch_vector_output_is_reshaped(tmp_path, capsys):
+    """A [batch] output (a score per row) is dims [1] reshaped to [], as Triton wants."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("ReduceMax", ["x"], ["score"], keepdims=0, axes=[1])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq"])],
+        [helper.make_tensor_value_info("score", TensorProto.FLOAT, ["batch"])])
+    path = tmp_path / "score.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    assert main(["export-triton", str(path), "-o", str(tmp_path / "repo")]) == 0
+    capsys.readouterr()
+    cfg = parse(tmp_path / "repo" / "score" / "config.pbtxt")
+    assert list(cfg.output[0].dims) == [1] and cfg.output[0].HasField("reshape")
+    assert list(cfg.output[0].reshape.shape) == [] and list(cfg.input[0].dims) == [-1]
+    # a fixed batch dimension cannot be batched by Triton: refused
+    model = onnx.load(path)
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 4
+    onnx.save(model, tmp_path / "fixed.onnx")
+    assert "no variable batch dimension" in _one_error_line(
+        capsys, ["export-triton", tmp_path / "fixed.onnx", "-o", tmp_path / "repo"])
+
+
+def test_output_safety(tiny_onnx, tmp_path, capsys):
+    src = tmp_path / "m.onnx"
+    src.write_bytes(Path(tiny_onnx["fp32"]).read_bytes())
+    repo = tmp_path / "repo"
+    (repo / "m").mkdir(parents=True)
+    (repo / "m" / "mine.txt").write_text("keep")
+    assert "exists and is not empty; pass --force" in _one_error_line(
+        capsys, ["export-triton", src, "-o", repo])
+    assert (repo / "m" / "mine.txt").read_text() == "keep"
+    assert main(["export-triton", str(src), "-o", str(repo), "--force"]) == 0
+    capsys.readouterr()
+    assert sorted(os.listdir(repo / "m")) == ["1", "config.pbtxt"]
+    assert os.listdir(repo) == ["m"]  # no temporary left beside it
+    # the model inside the entry it would replace: refused even with --force, model kept
+    inner = repo / "m" / "1" / "model.onnx"
+    before = inner.read_bytes()
+    assert "holds the input" in _one_error_line(
+        capsys, ["export-triton", inner, "-o", repo, "--name", "m", "--force"])
+    assert inner.read_bytes() == before and os.listdir(repo) == ["m"]
+    # the repository may not be an input file
+    assert "is not a directory" in _one_error_line(capsys, ["export-triton", src, "-o", src])
+    assert src.read_bytes() == Path(tiny_onnx["fp32"]).read_bytes()
+    for name in ("../x", ".hidden", "a/b", ""):
+        assert "--name" in _one_error_line(
+            capsys, ["export-triton", src, "-o", repo, "--name", name, "--force"])
+    assert "no CUDA-graph option" in _one_error_line(
+        capsys, ["export-triton", src, "-o", tmp_path / "other", "--cuda-graphs"])
+    assert not (tmp_path / "other").exists()
+    assert "--max-batch: must be at least 1" in _one_error_line(
+        capsys, ["export-triton", src, "-o", tmp_path / "other", "--max-batch", "0"])
