@@ -34,7 +34,7 @@ def read_vocab(path: str | os.PathLike) -> dict[str, int]:
     """token -> id, one token a line, as Google's BERT reads it (a repeated token: last wins).
     A file that is missing, not UTF-8 or lacks a special token is bad input (one line)."""
     try:
-        lines = Path(path).read_text(encoding="utf-8").split("\n")
+        lines = _read_regular(Path(path)).split("\n")
     except FileNotFoundError:
         raise BertfuseError(f"{path}: vocab file not found") from None
     except UnicodeDecodeError as exc:
@@ -51,6 +51,13 @@ def read_vocab(path: str | os.PathLike) -> dict[str, int]:
         raise BertfuseError(f"{path}: not a BERT vocab.txt: missing the special token"
                             f"{'s' if len(missing) > 1 else ''} {', '.join(missing)}")
     return vocab
+
+
+def _read_regular(path: Path) -> str:
+    """A regular file's UTF-8 text; anything else (a fifo would block) is refused."""
+    if path.exists() and not path.is_file():
+        raise BertfuseError(f"{path}: not a regular file")
+    return path.read_text(encoding="utf-8")
 
 
 @dataclass
@@ -97,8 +104,8 @@ def _beside_config(vocab_path: Path) -> dict:
     found: dict = {}
     for name in ("bert_config.json", "tokenizer_config.json"):
         try:
-            data = json.loads((vocab_path.parent / name).read_text())
-        except (OSError, ValueError):
+            data = json.loads(_read_regular(vocab_path.parent / name))
+        except (OSError, ValueError, BertfuseError):
             continue
         if isinstance(data, dict):
             found = {**data, **found}

@@ -124,6 +124,8 @@ FIFO_INPUTS = {
     "verify": "verify {p} --against {ckpt}",
     "convert-config": "convert {ckpt} --config {p} -o {out}",
     "convert-source": "convert {p} -o {out}",
+    "tokenize-vocab": "tokenize --vocab {p} x",
+    "export-triton": "export-triton {p} -o {w}/repo",
 }
 
 
