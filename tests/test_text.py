@@ -196,3 +196,14 @@ def test_import_bertfuse_does_not_load_tokenizers():
             "assert 'tokenizers' not in sys.modules, 'tokenizers imported'")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_missing_tokenizers_is_exit_2_with_the_install_hint(example):
+    ckpt, _ = example
+    code = ("import sys\nsys.modules['tokenizers'] = None\nfrom bertfuse.cli import main\n"
+            "sys.exit(main(sys.argv[1:]))")
+    proc = subprocess.run([sys.executable, "-c", code, "tokenize", "--vocab",
+                           str(ckpt / "vocab.txt"), "hello"], capture_output=True, text=True)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+    assert "pip install 'bertfuse[text]'" in lines[0]
