@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -26,6 +27,8 @@ REQUIRED = ("[PAD]", "[UNK]", "[CLS]", "[SEP]")
 # Where Google's vocab.txt files keep them (bertfuse example writes them there too).
 GOOGLE_IDS = {"[PAD]": 0, "[UNK]": 100, "[CLS]": 101, "[SEP]": 102, "[MASK]": 103}
 DEFAULT_MAX_LENGTH = 512
+# uncased_L-12_H-768_A-12, multi_cased_L-12_H-768_A-12, bert-base-uncased: a whole word
+_CASE_NAME = re.compile(r"(^|[_\-.])(uncased|cased)([_\-.]|$)")
 # BertNormalizer's clean-up on ASCII: \t \n \r become spaces, other control characters go.
 _ASCII_CLEAN = {**{c: None for c in [*range(32), 127]}, **{c: " " for c in (9, 10, 13)}}
 
@@ -121,11 +124,9 @@ def lower_case_for(vocab_path: str | os.PathLike, vocab: dict[str, int],
     if isinstance(flag, bool):
         return flag, "do_lower_case in the config"
     for part in reversed(Path(os.path.abspath(vocab_path)).parent.parts):
-        low = part.lower()
-        if "uncased" in low:
-            return True, f"the checkpoint's name ({part})"
-        if "cased" in low:
-            return False, f"the checkpoint's name ({part})"
+        named = _CASE_NAME.search(part.lower())
+        if named:
+            return named.group(2) == "uncased", f"the checkpoint's name ({part})"
     cased = any(t != t.lower() for t in vocab if not (t.startswith("[") and t.endswith("]")))
     return (not cased), ("the vocab has upper-case pieces" if cased else
                          "the vocab has no upper-case pieces")

@@ -123,7 +123,8 @@ def test_lower_casing(tmp_path):
     tok = WordPiece(cased)
     assert not tok.lower_case and tok.tokens("Hello hello")[1:-1] == ["Hello", "hello"]
     # Google's checkpoint names say it, whatever the vocab holds
-    for name, lower in (("uncased_L-2_H-128_A-2", True), ("multi_cased_L-2_H-128_A-2", False)):
+    for name, lower in (("uncased_L-2_H-128_A-2", True), ("multi_cased_L-2_H-128_A-2", False),
+                        ("bert-base-cased", False), ("showcased", True)):  # the vocab decides
         vocab = _vocab(tmp_path / name / "vocab.txt", ["hello"])
         assert WordPiece(vocab).lower_case is lower
     # a config's do_lower_case wins over the name, the flag over everything
