@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import stat
 import sys
 from typing import Callable
 
@@ -281,6 +282,28 @@ COMMANDS = {"bench": _cmd_bench,
             "tokenize": _cmd_tokenize, "export-triton": _cmd_export_triton}
 
 
+# Arguments that name files or directories a command reads (example's --config is a name).
+_READ_ARGS = ("source", "model", "a", "b", "before", "against", "config")
+
+
+def _refuse_special_inputs(args) -> None:
+    """An input that is a fifo, socket or device would block (a fifo) or never end
+    (/dev/zero): bad input, refused before anything opens it."""
+    if args.command == "example":
+        return
+    for name in _READ_ARGS:
+        path = getattr(args, name, None)
+        if not isinstance(path, str) or not path:
+            continue
+        try:
+            mode = os.stat(path).st_mode
+        except (OSError, ValueError):
+            continue  # missing or unreadable: the command says so in its own words
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            raise BertfuseError(f"{path}: is not a regular file (a device, pipe or socket); "
+                                f"bertfuse reads models and configs from files")
+
+
 def _one_line(text: str) -> str:
     """A message as one line, safe for rich (user paths/names may hold [markup])."""
     from rich.markup import escape
@@ -308,6 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     try:  # TF/ORT's C++ logs go to fd 2 whatever the environment says: off unless --debug
         # SIGTERM/SIGHUP unwind like Ctrl-C: every temp goes
         with native_stderr_silenced(not args.debug), handle_signals():
+            _refuse_special_inputs(args)
             return COMMANDS[args.command](args, console)
     except BertfuseError as exc:
         if args.debug:
