@@ -128,7 +128,7 @@ def no_cuda() -> str | None:
     io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1]) for n in ("x", "y")]
     probe = helper.make_model(helper.make_graph([helper.make_node("Identity", ["x"], ["y"])],
                                                 "probe", io[:1], io[1:]),
-                              opset_imports=[helper.make_opsetid("", 17)])
+                              opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     opts = ort.SessionOptions()
     opts.log_severity_level = 4
     try:
