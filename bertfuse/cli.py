@@ -64,7 +64,10 @@ def _run_with_report(args, console, fn: Callable) -> int:
     if failed is not None:
         raise failed  # after the report: what drifted on stdout, the one-line error on stderr
     if report.parity is not None and not report.parity.ok:
-        return 1
+        # verify, or convert --force: the report is out, the verdict goes on stderr too
+        from bertfuse.pipeline import parity_failure
+
+        raise ParityError(f"parity check failed, {parity_failure(report.parity)}")
     return 0
 
 

@@ -179,7 +179,7 @@ def _write(model: onnx.ModelProto, out_path: str | None, report: RunReport, forc
     if strict and table is not None and not table.fully_fused:
         raise FusionIncomplete(f"{what} (--strict): " + "; ".join(table.unfused()))
     if report.parity is not None and not report.parity.ok and not force:
-        raise ParityError(f"{what}: parity check failed, {_failure(report.parity)} "
+        raise ParityError(f"{what}: parity check failed, {parity_failure(report.parity)} "
                           f"({force_hint})", report)
     if out_path is None:
         return
@@ -226,7 +226,7 @@ def _check_gate(opts: ConvertOptions) -> None:
         prefer_onednn_off()
 
 
-def _failure(parity: ParityReport) -> str:
+def parity_failure(parity: ParityReport) -> str:
     """The worst failing row, and a hint that fits it and the source kind."""
     from bertfuse.verify_mask import tf_moved_on_segments
 

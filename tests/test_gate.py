@@ -386,7 +386,7 @@ def test_gate_uses_atol_rtol_and_a_fixed_seed(ckpt_erf, convert_cached):
 
 
 def test_hint_fits_the_source_kind():
-    from bertfuse.pipeline import _failure
+    from bertfuse.pipeline import parity_failure
     from bertfuse.verify import OutputParity, ParityReport
     from bertfuse.verify_mask import SEGMENTS
 
@@ -394,5 +394,5 @@ def test_hint_fits_the_source_kind():
                        note="TF's own outputs move: input_mask does not act as the attention "
                             "mask")
     for kind, inputs in (("checkpoint", False), ("savedmodel", True), ("frozen", True)):
-        text = _failure(ParityReport("fp32", 4, 32, [row], source_kind=kind))
+        text = parity_failure(ParityReport("fp32", 4, 32, [row], source_kind=kind))
         assert ("--inputs" in text) == inputs, (kind, text)

@@ -263,10 +263,17 @@ def _with_meta(src: Path, dst: Path, key: str, value: str) -> Path:
     json.dumps([{"name": "nosuch", "shape": [3], "dtype": "float32"}]),
     json.dumps([{"name": "embeddings_word", "shape": [-3], "dtype": "float32"}]),
     json.dumps([{"name": "embeddings_word", "shape": [1000, 128], "dtype": "banana"}]),
-], ids=["not_json", "nested", "not_list", "unknown_name", "negative_dim", "bad_dtype"])
+    "wrong_shape",
+], ids=["not_json", "nested", "not_list", "unknown_name", "negative_dim", "bad_dtype",
+        "wrong_shape"])
 def test_fill_with_damaged_record(work, capsys, record):
     skel = work["root"] / "skel.onnx"
     assert main(["strip-weights", str(work["fused"]), "-o", str(skel)]) == 0
+    if record == "wrong_shape":  # well-formed, but one shape edited: only the digest sees it
+        meta = json.loads({p.key: p.value for p in onnx.load(str(skel)).metadata_props}
+                          ["bertfuse_stripped"])
+        meta[0]["shape"] = [7, 7]
+        record = json.dumps(meta)
     _with_meta(skel, skel, "bertfuse_stripped", record)
     line = _one_line_failure(capsys, ["strip-weights", skel, "--fill", "1",
                                       "-o", work["root"] / "filled.onnx"])

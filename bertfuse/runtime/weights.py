@@ -10,6 +10,7 @@ weights, comparable anywhere, without TensorFlow.
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import numpy as np
@@ -19,6 +20,8 @@ from onnx import numpy_helper
 from bertfuse.errors import BertfuseError
 
 META_KEY = "bertfuse_stripped"
+# The record's digest: an edited shape would otherwise refill a model with wrong dims.
+DIGEST_KEY = "bertfuse_stripped_sha256"
 MIN_ELEMENTS = 1024
 
 # (op, input index) pairs that read a LayerNorm scale.
@@ -54,7 +57,23 @@ def _record(model: onnx.ModelProto) -> list[dict] | None:
             raise BertfuseError(f"{bad} (dtype {e['dtype']!r})") from None
         if dtype.kind not in "fiub" or int(np.prod(e["shape"], dtype=np.int64)) > 2**31:
             raise BertfuseError(f"{bad} ({e['name']}: {e['dtype']} {e['shape']})")
+    digest = next((p.value for p in model.metadata_props if p.key == DIGEST_KEY), None)
+    if digest is not None and digest != _digest(meta):  # skeletons made before: no digest
+        raise BertfuseError(f"{bad} (it differs from what strip-weights recorded)")
     return meta
+
+
+def _digest(meta: list[dict]) -> str:
+    return hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()
+
+
+def _set_meta(model: onnx.ModelProto, values: dict[str, str]) -> None:
+    """Replaces the stripped-weights metadata (none left when `values` is empty)."""
+    props = [p for p in model.metadata_props if p.key not in (META_KEY, DIGEST_KEY)]
+    del model.metadata_props[:]
+    model.metadata_props.extend(props)
+    for key, value in values.items():
+        model.metadata_props.add(key=key, value=value)
 
 
 def strip_weights(model: onnx.ModelProto, min_elements: int = MIN_ELEMENTS) -> int:
@@ -76,10 +95,7 @@ def strip_weights(model: onnx.ModelProto, min_elements: int = MIN_ELEMENTS) -> i
             init.ClearField(field)
         init.data_location = onnx.TensorProto.DEFAULT
         init.dims[:] = [0]
-    props = [p for p in model.metadata_props if p.key != META_KEY]
-    del model.metadata_props[:]
-    model.metadata_props.extend(props)
-    model.metadata_props.add(key=META_KEY, value=json.dumps(meta))
+    _set_meta(model, {META_KEY: json.dumps(meta), DIGEST_KEY: _digest(meta)})
     return len(meta) - before
 
 
@@ -115,7 +131,5 @@ def fill_weights(model: onnx.ModelProto, seed: int = 0, std: float = 0.02) -> in
         else:
             values = rng.integers(0, 2, size=shape)
         by_name[name].CopyFrom(numpy_helper.from_array(values.astype(dtype), name))
-    props = [p for p in model.metadata_props if p.key != META_KEY]
-    del model.metadata_props[:]
-    model.metadata_props.extend(props)
+    _set_meta(model, {})
     return len(meta)

@@ -16,7 +16,7 @@ ort = pytest.importorskip("onnxruntime")
 
 from bertfuse import cli  # noqa: E402
 from bertfuse.passes.manager import default_passes, run_passes  # noqa: E402
-from bertfuse.runtime.weights import (META_KEY, MIN_ELEMENTS, fill_weights,  # noqa: E402
+from bertfuse.runtime.weights import (DIGEST_KEY, META_KEY, MIN_ELEMENTS, fill_weights,  # noqa: E402
                                       is_stripped, strip_weights)
 from runtime.common import (_valid, make_request, max_diff, new_session,  # noqa: E402
                             plain_run, plain_session)
@@ -60,7 +60,7 @@ def test_strip_keeps_names_shapes_dtypes(which, models, tmp_path):
             assert by_name[init.name].SerializeToString() == init.SerializeToString(), init.name
     # The other metadata (bert_config, original_names, ...) survives.
     keys = {p.key for p in orig.metadata_props}
-    assert keys | {META_KEY} == {p.key for p in stripped.metadata_props}
+    assert keys | {META_KEY, DIGEST_KEY} == {p.key for p in stripped.metadata_props}
     path = tmp_path / "skel.onnx"
     onnx.save(stripped, str(path))
     size, full = path.stat().st_size, Path(models[which]).stat().st_size
