@@ -222,6 +222,12 @@ def _check_gate(opts: ConvertOptions) -> None:
     check_seed(opts.seed)
     check_verify_size(opts.batch, opts.seq)
     tolerance_for(opts.precision, opts.atol, opts.rtol)
+    if not opts.fuse:  # these act on the fused graph: without it they would silently do nothing
+        asked = [flag for flag, on in (("--strict", opts.strict), ("--packed", opts.packed),
+                                       ("--precision fp16", opts.precision != "fp32")) if on]
+        if asked:
+            raise BertfuseError(f"{asked[0]} needs the fusion passes; it cannot be combined "
+                                f"with --no-fuse")
     if opts.verify:
         prefer_onednn_off()
 

@@ -466,3 +466,13 @@ def test_checkpoint_refuses_inputs_and_outputs_overrides(bad, out_dir, capsys):
                                     "--inputs", "input_ids=ids"])
     assert "do not apply to a checkpoint" in line
     _assert_nothing_written(out_dir)
+
+
+@pytest.mark.parametrize("flags", [["--strict"], ["--packed"], ["--precision", "fp16"]],
+                         ids=["strict", "packed", "fp16"])
+def test_no_fuse_refuses_options_that_need_fusion(bad, out_dir, capsys, flags):
+    """They act on the fused graph: with --no-fuse they would silently do nothing."""
+    line = _expect_failure(capsys, ["convert", bad["tiny"], "-o", out_dir / "m.onnx",
+                                    "--no-fuse", *flags])
+    assert "cannot be combined with --no-fuse" in line and flags[0] in line
+    _assert_nothing_written(out_dir)
