@@ -21,9 +21,9 @@ import stat
 import tempfile
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from bertfuse.errors import BertfuseError
 
@@ -119,34 +119,35 @@ def _remove(path: str, is_dir: bool) -> None:
 
 
 @contextmanager
-def temp_file(beside: str | Path) -> Iterator[Path]:
-    """An empty file `.NAME.XXXX.tmp` in the directory of `beside`, for a write-then-rename.
-    Removed when the block ends unless it was renamed away."""
-    beside = Path(beside)
+def _registered(make: Callable[[], str], is_dir: bool) -> Iterator[Path]:
+    """A temporary made by `make`, registered while it exists (a signal waits while it is
+    made or removed) and removed when the block ends unless it was renamed away."""
     with held():
+        name = make()
+        _State.live[name] = is_dir
+    try:
+        yield Path(name)
+    finally:
+        with held():
+            _remove(name, is_dir)
+
+
+def temp_file(beside: str | Path) -> AbstractContextManager[Path]:
+    """An empty file `.NAME.XXXX.tmp` in the directory of `beside`, for a write-then-rename."""
+    beside = Path(beside)
+
+    def make() -> str:
         fd, name = tempfile.mkstemp(prefix=f".{beside.name}.", suffix=".tmp",
                                     dir=beside.parent)
         os.close(fd)
-        _State.live[name] = False
-    try:
-        yield Path(name)
-    finally:
-        with held():
-            _remove(name, False)
+        return name
+    return _registered(make, False)
 
 
-@contextmanager
-def temp_dir(parent: str | Path | None = None, prefix: str = "bertfuse-") -> Iterator[Path]:
-    """A fresh directory (in `parent`, or the system temp dir), removed when the block ends
-    unless it was renamed away."""
-    with held():
-        name = tempfile.mkdtemp(prefix=prefix, dir=parent)
-        _State.live[name] = True
-    try:
-        yield Path(name)
-    finally:
-        with held():
-            _remove(name, True)
+def temp_dir(parent: str | Path | None = None, prefix: str = "bertfuse-"
+             ) -> AbstractContextManager[Path]:
+    """A fresh directory (in `parent`, or the system temp dir)."""
+    return _registered(lambda: tempfile.mkdtemp(prefix=prefix, dir=parent), True)
 
 
 def replace_file(tmp: Path, target: Path) -> None:
