@@ -7,9 +7,9 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 # tf-cpu = tensorflow-cpu (tf = the full tensorflow package, e.g. beside one you have);
-# cpu = onnxruntime; use EXTRAS=tf-cpu,gpu,text,test for onnxruntime-gpu (never both: they
-# clash); text = tokenizers (bertfuse.text).
-EXTRAS ?= tf-cpu,cpu,text,test
+# cpu = onnxruntime; use EXTRAS=tf-cpu,gpu,text,ray,test for onnxruntime-gpu (never both: they
+# clash); text = tokenizers (bertfuse.text); ray = Ray Serve + Ray Data (serve, score).
+EXTRAS ?= tf-cpu,cpu,text,ray,test
 STAMP  := $(VENV)/.bertfuse-installed
 DEMO   ?= shenma-3l
 
