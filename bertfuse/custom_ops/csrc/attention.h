@@ -1,0 +1,45 @@
+// BertAttention: fused multi-head self-attention over a packed QKV tensor (one kernel).
+//
+// qkv [B, S, 3H] fp16 (bias already added), columns [0,H) Q, [H,2H) K, [2H,3H) V, head n at
+// columns n*D..n*D+D-1 of each block. mask: nullptr (mask_rank 0), raw int32 [B, S] (rank 2,
+// value > 0 keeps key j) or int32 key lengths [B] (rank 1, key j kept iff j < len[b]).
+// scores = scale * Q K^T + (kept ? 0 : -10000), fp32 softmax over keys, context [B, S, H] fp16.
+// Supported: 1 <= S <= 128, head size 64; anything else is refused, never computed wrongly.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+namespace bertfuse {
+
+constexpr int kAttentionMaxSeq = 128;
+constexpr int kAttentionHeadSize = 64;
+
+// nullptr when the kernel supports the shape, else a one-line reason (a string literal).
+const char* attention_unsupported(int B, int S, int num_heads, int head_size, int mask_rank);
+
+}  // namespace bertfuse
+
+// Launch on `stream`; no allocation, no synchronisation (CUDA-graph safe). scale <= 0 means
+// 1/sqrt(head_size). Returns cudaErrorInvalidValue for an unsupported shape or misaligned pointer
+// (see attention_unsupported), else the launch status.
+cudaError_t bf_attention_f16(cudaStream_t stream, const __half* qkv, const int32_t* mask, int mask_rank,
+                             int B, int S, int num_heads, int head_size, float scale, __half* out);
+
+// Same, with an explicit number of warps per CTA (1..4; 0 = heuristic): each warp owns 16 queries.
+cudaError_t bf_attention_f16_warps(cudaStream_t stream, const __half* qkv, const int32_t* mask,
+                                   int mask_rank, int B, int S, int num_heads, int head_size, float scale,
+                                   __half* out, int warps);
+
+// ctypes entry points for the device check (raw device pointers, no ONNX Runtime).
+// Return 0 on success, -1 for an unsupported shape (reason from bf_attention_unsupported), else a
+// cudaError_t code.
+extern "C" {
+int bf_check_attention(uintptr_t qkv, uintptr_t mask, int mask_rank, int B, int S, int num_heads,
+                       int head_size, float scale, uintptr_t out, uintptr_t stream);
+int bf_check_attention_warps(uintptr_t qkv, uintptr_t mask, int mask_rank, int B, int S, int num_heads,
+                             int head_size, float scale, uintptr_t out, uintptr_t stream, int warps);
+const char* bf_attention_unsupported(int B, int S, int num_heads, int head_size, int mask_rank);
+}
