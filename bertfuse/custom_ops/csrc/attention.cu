@@ -255,12 +255,9 @@ const char* attention_unsupported(int B, int S, int num_heads, int head_size, in
   return nullptr;
 }
 
-}  // namespace bertfuse
-
 cudaError_t bf_attention_f16_warps(cudaStream_t stream, const __half* qkv, const int32_t* mask, int mask_rank,
                                    int B, int S, int num_heads, int head_size, float scale, __half* out,
                                    int warps) {
-  using namespace bertfuse;
   if (attention_unsupported(B, S, num_heads, head_size, mask_rank) != nullptr) return cudaErrorInvalidValue;
   if (qkv == nullptr || out == nullptr || (mask_rank > 0 && mask == nullptr)) return cudaErrorInvalidValue;
   // 16-byte vector access: the row strides (3H, H halves) are multiples of 8 since D = 64.
@@ -288,10 +285,12 @@ cudaError_t bf_attention_f16(cudaStream_t stream, const __half* qkv, const int32
   return bf_attention_f16_warps(stream, qkv, mask, mask_rank, B, S, num_heads, head_size, scale, out, 0);
 }
 
+}  // namespace bertfuse
+
 extern "C" int bf_check_attention_warps(uintptr_t qkv, uintptr_t mask, int mask_rank, int B, int S, int num_heads,
                                         int head_size, float scale, uintptr_t out, uintptr_t stream, int warps) {
   if (bertfuse::attention_unsupported(B, S, num_heads, head_size, mask_rank) != nullptr) return -1;
-  return static_cast<int>(bf_attention_f16_warps(
+  return static_cast<int>(bertfuse::bf_attention_f16_warps(
       reinterpret_cast<cudaStream_t>(stream), reinterpret_cast<const __half*>(qkv),
       reinterpret_cast<const int32_t*>(mask), mask_rank, B, S, num_heads, head_size, scale,
       reinterpret_cast<__half*>(out), warps));

@@ -20,8 +20,6 @@ constexpr int kAttentionHeadSize = 64;
 // nullptr when the kernel supports the shape, else a one-line reason (a string literal).
 const char* attention_unsupported(int B, int S, int num_heads, int head_size, int mask_rank);
 
-}  // namespace bertfuse
-
 // Launch on `stream`; no allocation, no synchronisation (CUDA-graph safe). scale <= 0 means
 // 1/sqrt(head_size). Returns cudaErrorInvalidValue for an unsupported shape or misaligned pointer
 // (see attention_unsupported), else the launch status.
@@ -33,13 +31,18 @@ cudaError_t bf_attention_f16_warps(cudaStream_t stream, const __half* qkv, const
                                    int mask_rank, int B, int S, int num_heads, int head_size, float scale,
                                    __half* out, int warps);
 
+}  // namespace bertfuse
+
 // ctypes entry points for the device check (raw device pointers, no ONNX Runtime).
 // Return 0 on success, -1 for an unsupported shape (reason from bf_attention_unsupported), else a
 // cudaError_t code.
+// Exported even under -fvisibility=hidden (the library's default).
+#define BF_ATTENTION_EXPORT __attribute__((visibility("default")))
 extern "C" {
-int bf_check_attention(uintptr_t qkv, uintptr_t mask, int mask_rank, int B, int S, int num_heads,
+BF_ATTENTION_EXPORT int bf_check_attention(uintptr_t qkv, uintptr_t mask, int mask_rank, int B, int S, int num_heads,
                        int head_size, float scale, uintptr_t out, uintptr_t stream);
-int bf_check_attention_warps(uintptr_t qkv, uintptr_t mask, int mask_rank, int B, int S, int num_heads,
+BF_ATTENTION_EXPORT int bf_check_attention_warps(uintptr_t qkv, uintptr_t mask, int mask_rank, int B, int S, int num_heads,
                              int head_size, float scale, uintptr_t out, uintptr_t stream, int warps);
-const char* bf_attention_unsupported(int B, int S, int num_heads, int head_size, int mask_rank);
+BF_ATTENTION_EXPORT const char* bf_attention_unsupported(int B, int S, int num_heads, int head_size,
+                                                          int mask_rank);
 }

@@ -1,0 +1,91 @@
+// ai.bertfuse BertAttention: the ORT custom op around bf_attention_f16 (attention.cu).
+//
+//   qkv [B, S, 3H] f16 (bias added) --+
+//   mask int32 [B, S] raw | [B] lens -+--> BertAttention(num_heads, scale) --> context [B, S, H] f16
+//
+// Shapes are checked here so an unsupported one is a clear ORT error, never a wrong answer.
+#include "attention.h"
+#include "registry.h"
+
+#include <stdexcept>
+
+namespace {
+
+constexpr const char* kOp = "BertAttention";
+
+struct BertAttentionKernel {
+    BertAttentionKernel(const OrtApi& /*api*/, const OrtKernelInfo* info) {
+        num_heads_ = bf::AttrInt(info, "num_heads", 0);
+        if (num_heads_ < 1) throw std::runtime_error("attribute num_heads is required and must be >= 1");
+        scale_ = bf::AttrFloat(info, "scale", 0.0f);
+        if (!(scale_ >= 0.0f)) throw std::runtime_error("attribute scale must be >= 0 (0 = 1/sqrt(head size))");
+    }
+
+    OrtStatusPtr ComputeV2(OrtKernelContext* context) {
+        return bf::Guard(kOp, [&]() -> OrtStatusPtr { return Compute(context); });
+    }
+
+   private:
+    OrtStatusPtr Compute(OrtKernelContext* context) {
+        Ort::KernelContext ctx(context);
+        bf::TensorArg qkv, mask;
+        BF_ORT_OK(bf::GetInput(kOp, ctx, 0, "qkv", true, &qkv));
+        BF_ORT_OK(bf::GetInput(kOp, ctx, 1, "mask", false, &mask));
+        BF_ORT_OK(bf::ExpectType(kOp, qkv, "qkv", ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16));
+        BF_ORT_OK(bf::ExpectRank(kOp, qkv, "qkv", 3, 3));
+        const int64_t B = qkv.shape[0], S = qkv.shape[1], H3 = qkv.shape[2];
+        BF_REQUIRE(H3 % (3 * num_heads_) == 0,
+                   "qkv " << bf::ShapeStr(qkv.shape) << ": last dim must be 3 * num_heads (" << num_heads_
+                          << ") * head size");
+        const int64_t H = H3 / 3, D = H / num_heads_;
+
+        int mask_rank = 0;
+        if (mask.present) {
+            BF_ORT_OK(bf::ExpectType(kOp, mask, "mask", ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32));
+            mask_rank = static_cast<int>(mask.shape.size());
+            const bool raw = mask_rank == 2 && mask.shape[0] == B && mask.shape[1] == S;
+            const bool lens = mask_rank == 1 && mask.shape[0] == B;
+            BF_REQUIRE(raw || lens, "mask " << bf::ShapeStr(mask.shape) << " must be [B, S] = [" << B << ", " << S
+                                            << "] (raw 0/1) or [B] = [" << B << "] (key lengths)");
+        }
+
+        __half* out = bf::Output<__half>(ctx, 0, bf::Shape{B, S, H});
+        if (B == 0 || S == 0) return nullptr;  // empty batch: nothing to compute
+        BF_REQUIRE(B <= INT32_MAX && S <= INT32_MAX, "qkv " << bf::ShapeStr(qkv.shape) << " is too large");
+        if (const char* why = bertfuse::attention_unsupported(static_cast<int>(B), static_cast<int>(S),
+                                                               static_cast<int>(num_heads_), static_cast<int>(D),
+                                                               mask_rank)) {
+            return bf::Error(kOp,
+                             std::string("unsupported shape: qkv ") + bf::ShapeStr(qkv.shape) +
+                                 " with num_heads " + std::to_string(num_heads_) + " (head size " +
+                                 std::to_string(D) + "): " + why,
+                             ORT_NOT_IMPLEMENTED);
+        }
+        BF_CUDA_OK(bertfuse::bf_attention_f16(bf::ComputeStream(ctx), static_cast<const __half*>(qkv.data),
+                                              mask.as<int32_t>(), mask_rank, static_cast<int>(B),
+                                              static_cast<int>(S), static_cast<int>(num_heads_),
+                                              static_cast<int>(D), scale_, out));
+        return nullptr;
+    }
+
+    int64_t num_heads_ = 0;
+    float scale_ = 0.0f;
+};
+
+struct BertAttentionOp : bf::CudaOp<BertAttentionOp, BertAttentionKernel> {
+    const char* GetName() const { return kOp; }
+    size_t GetInputTypeCount() const { return 2; }
+    ONNXTensorElementDataType GetInputType(size_t index) const {
+        return index == 0 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 : ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32;
+    }
+    OrtCustomOpInputOutputCharacteristic GetInputCharacteristic(size_t index) const {
+        return index == 0 ? OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED
+                          : OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL;
+    }
+    size_t GetOutputTypeCount() const { return 1; }
+    ONNXTensorElementDataType GetOutputType(size_t /*index*/) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16; }
+};
+
+}  // namespace
+
+void AddAttentionOps(Ort::CustomOpDomain& domain) { bf::AddStaticOp<BertAttentionOp>(domain); }
