@@ -1,0 +1,530 @@
+// cuBLASLt GEMMs with epilogues, the erf-GELU and FP8-quantize kernels, the op-level forward
+// shared by the ORT kernels and the ctypes check entry points (see dense.h).
+#include "dense.h"
+
+#include <cuda_fp8.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <stdexcept>
+
+#include "layernorm.h"
+
+namespace bertfuse {
+namespace {
+
+thread_local std::string g_error;
+
+const char* Fail(const char* what, int code) {
+  char buf[256];
+  std::snprintf(buf, sizeof(buf), "%s (status %d)", what, code);
+  g_error = buf;
+  return g_error.c_str();
+}
+
+#define LT_TRY(expr)                                            \
+  do {                                                          \
+    cublasStatus_t st_ = (expr);                                \
+    if (st_ != CUBLAS_STATUS_SUCCESS) return Fail(#expr, st_); \
+  } while (0)
+
+size_t WorkspaceBytesFromEnv() {
+  // Hopper's cuBLASLt kernels want up to 32 MiB (split-K, stream-K); one buffer per device.
+  const char* s = std::getenv("BERTFUSE_GEMM_WORKSPACE_MB");
+  long mb = s ? std::strtol(s, nullptr, 10) : 32;
+  if (mb < 0) mb = 0;
+  return static_cast<size_t>(mb) << 20;
+}
+
+int AlignmentOf(const void* p) {
+  const uintptr_t v = reinterpret_cast<uintptr_t>(p);
+  int a = 256;
+  while (a > 1 && (v % a) != 0) a >>= 1;
+  return a;
+}
+
+}  // namespace
+
+class WorkspacePool {
+ public:
+  WorkspacePool(int device, size_t bytes) : device_(device), bytes_(bytes) {
+    if (bytes_ == 0) return;
+    int prev = 0;
+    cudaGetDevice(&prev);
+    cudaSetDevice(device_);
+    const cudaError_t err = cudaMalloc(&ptr_, bytes_);
+    cudaSetDevice(prev);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      throw std::runtime_error(std::string("cuBLASLt workspace: cudaMalloc failed: ") +
+                               cudaGetErrorString(err));
+    }
+  }
+  ~WorkspacePool() {
+    if (ptr_) cudaFree(ptr_);
+  }
+
+  // The workspace for a GEMM enqueued on `stream`: the first stream to ask owns it for good
+  // (work on one stream is ordered, so every GEMM on it may share the buffer); any other
+  // stream gets none (and algorithms that need none), never a buffer in use elsewhere.
+  void* For(cudaStream_t stream, size_t* bytes) {
+    const uintptr_t me = reinterpret_cast<uintptr_t>(stream);
+    uintptr_t expect = kUnclaimed;
+    if (ptr_ && (owner_.compare_exchange_strong(expect, me) || expect == me)) {
+      *bytes = bytes_;
+      return ptr_;
+    }
+    *bytes = 0;
+    return nullptr;
+  }
+
+  static std::shared_ptr<WorkspacePool> Get(int device) {
+    static std::mutex* mu = new std::mutex();
+    static auto* pools = new std::map<int, std::weak_ptr<WorkspacePool>>();
+    std::lock_guard<std::mutex> lock(*mu);
+    std::shared_ptr<WorkspacePool> p = (*pools)[device].lock();
+    if (!p) {
+      p = std::make_shared<WorkspacePool>(device, WorkspaceBytesFromEnv());
+      (*pools)[device] = p;
+    }
+    return p;
+  }
+
+ private:
+  static constexpr uintptr_t kUnclaimed = ~uintptr_t(0);
+  int device_;
+  size_t bytes_;
+  void* ptr_ = nullptr;
+  std::atomic<uintptr_t> owner_{kUnclaimed};
+};
+
+struct DenseGemm::Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  ~Plan() {
+    if (desc) cublasLtMatmulDescDestroy(desc);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (d) cublasLtMatrixLayoutDestroy(d);
+  }
+};
+
+DenseGemm::DenseGemm(int device) {
+  if (device < 0) cudaGetDevice(&device);
+  const cublasStatus_t st = cublasLtCreate(&handle_);
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    throw std::runtime_error("cublasLtCreate failed (status " + std::to_string(st) + ")");
+  }
+  pool_ = WorkspacePool::Get(device);
+}
+
+DenseGemm::~DenseGemm() {
+  plans_.clear();
+  if (handle_) cublasLtDestroy(handle_);
+}
+
+const char* DenseGemm::RunF16(cudaStream_t stream, const __half* X, const __half* W,
+                              const __half* bias, const __half* C, __half* Y, int M, int N, int K,
+                              Epilogue epi) {
+  return Run(stream, false, W, X, nullptr, 1.0f, bias, C, Y, M, N, K, epi, false);
+}
+
+const char* DenseGemm::RunFp8(cudaStream_t stream, const uint8_t* Xq, const uint8_t* Wt,
+                              const float* w_scale, float x_scale, const __half* bias,
+                              const __half* C, __half* Y, int M, int N, int K, Epilogue epi,
+                              bool fast_accum) {
+  if (K % 16 != 0) {
+    g_error = "FP8 GEMM needs K % 16 == 0 (cuBLASLt), got K = " + std::to_string(K);
+    return g_error.c_str();
+  }
+  return Run(stream, true, Wt, Xq, w_scale, x_scale, bias, C, Y, M, N, K, epi, fast_accum);
+}
+
+// Column-major view: D[N,M] = op(A)[N,K] * B[K,M] (+ C[N,M]), A = W (fp16: col-major N x K,
+// ld N, no transpose; FP8: Wt col-major K x N, ld K, transposed), B = X col-major K x M, ld K.
+const char* DenseGemm::Run(cudaStream_t stream, bool fp8, const void* A, const void* B,
+                           const float* a_scale, float alpha, const __half* bias, const __half* C,
+                           __half* Y, int M, int N, int K, Epilogue epi, bool fast_accum) {
+  if (M <= 0 || N <= 0) return nullptr;
+  if (K <= 0) return Fail("GEMM with K <= 0", K);
+  if (epi != Epilogue::kNone && bias == nullptr) return Fail("epilogue needs a bias", 0);
+  size_t ws_bytes = 0;
+  void* ws = pool_->For(stream, &ws_bytes);
+
+  char key[192];
+  std::snprintf(key, sizeof(key), "%d/%d/%d/%d/%d/%d/%zu/%d/%d/%d/%d/%d", fp8 ? 1 : 0,
+                static_cast<int>(epi), C ? 1 : 0, M, N, K, ws_bytes, AlignmentOf(A),
+                AlignmentOf(B), AlignmentOf(C ? C : Y), AlignmentOf(Y), fast_accum ? 1 : 0);
+
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = plans_.find(key);
+  if (it == plans_.end()) {
+    auto p = std::make_unique<Plan>();
+    const cudaDataType_t ab_type = fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16F;
+    LT_TRY(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t op_a = fp8 ? CUBLAS_OP_T : CUBLAS_OP_N, op_n = CUBLAS_OP_N;
+    LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+    LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof(op_n)));
+    cublasLtEpilogue_t e = CUBLASLT_EPILOGUE_DEFAULT;
+    if (epi == Epilogue::kBias) e = CUBLASLT_EPILOGUE_BIAS;
+    if (epi == Epilogue::kBiasGeluTanh) e = CUBLASLT_EPILOGUE_GELU_BIAS;
+    LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof(e)));
+    if (epi != Epilogue::kNone) {
+      const cudaDataType_t bias_type = CUDA_R_16F;
+      LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                            &bias_type, sizeof(bias_type)));
+      LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                            sizeof(bias)));
+    }
+    if (fp8) {
+      const int8_t fa = fast_accum ? 1 : 0;
+      LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fa, sizeof(fa)));
+      LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale,
+                                            sizeof(a_scale)));
+    }
+    if (fp8) {
+      LT_TRY(cublasLtMatrixLayoutCreate(&p->a, ab_type, K, N, K));
+    } else {
+      LT_TRY(cublasLtMatrixLayoutCreate(&p->a, ab_type, N, K, N));
+    }
+    LT_TRY(cublasLtMatrixLayoutCreate(&p->b, ab_type, K, M, K));
+    LT_TRY(cublasLtMatrixLayoutCreate(&p->c, CUDA_R_16F, N, M, N));
+    LT_TRY(cublasLtMatrixLayoutCreate(&p->d, CUDA_R_16F, N, M, N));
+
+    cublasLtMatmulPreference_t pref = nullptr;
+    LT_TRY(cublasLtMatmulPreferenceCreate(&pref));
+    const uint32_t al_a = AlignmentOf(A), al_b = AlignmentOf(B), al_c = AlignmentOf(C ? C : Y),
+                   al_d = AlignmentOf(Y);
+    cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof(ws_bytes));
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a));
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b));
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof(al_c));
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof(al_d));
+    cublasLtMatmulHeuristicResult_t res[8] = {};
+    int found = 0;
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulAlgoGetHeuristic(handle_, p->desc, p->a, p->b, p->c, p->d, pref, 8, res, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st != CUBLAS_STATUS_SUCCESS) return Fail("cublasLtMatmulAlgoGetHeuristic", st);
+    int pick = -1;
+    for (int i = 0; i < found; ++i) {
+      if (res[i].state == CUBLAS_STATUS_SUCCESS && res[i].workspaceSize <= ws_bytes) {
+        pick = i;
+        break;
+      }
+    }
+    if (pick < 0) {
+      char buf[192];
+      std::snprintf(buf, sizeof(buf), "cuBLASLt has no %s algorithm for M=%d N=%d K=%d epilogue=%d",
+                    fp8 ? "FP8" : "fp16", M, N, K, static_cast<int>(epi));
+      g_error = buf;
+      return g_error.c_str();
+    }
+    p->algo = res[pick].algo;
+    it = plans_.emplace(key, std::move(p)).first;
+  }
+  Plan& p = *it->second;
+  // Pointers change between calls (ORT's arena, IO binding): set them on every call.
+  if (epi != Epilogue::kNone) {
+    LT_TRY(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  }
+  if (fp8) {
+    LT_TRY(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale,
+                                          sizeof(a_scale)));
+  }
+  const float beta = C ? 1.0f : 0.0f;
+  LT_TRY(cublasLtMatmul(handle_, p.desc, &alpha, A, p.a, B, p.b, &beta, C ? C : Y, p.c, Y, p.d,
+                        &p.algo, ws, ws_bytes, stream));
+  return nullptr;
+}
+
+// ---- elementwise kernels ----------------------------------------------------------------------
+
+namespace {
+
+__device__ __forceinline__ float gelu_erf(float x) {
+  return 0.5f * x * (1.0f + erff(x * 0.70710678118654752440f));
+}
+
+// 8 halves per thread (16-byte accesses); needs N % 8 == 0 and 16-byte aligned pointers.
+__global__ void gelu_erf_vec8(__half* y, const __half* bias, int N, size_t nvec) {
+  for (size_t v = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; v < nvec;
+       v += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    uint4 u = reinterpret_cast<uint4*>(y)[v];
+    __half2* h = reinterpret_cast<__half2*>(&u);
+    uint4 bu = make_uint4(0, 0, 0, 0);
+    if (bias) bu = reinterpret_cast<const uint4*>(bias)[(v * 8 % N) / 8];
+    const __half2* bh = reinterpret_cast<const __half2*>(&bu);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      float2 f = __half22float2(h[j]);
+      if (bias) {
+        const float2 b = __half22float2(bh[j]);
+        f.x += b.x;
+        f.y += b.y;
+      }
+      h[j] = __floats2half2_rn(gelu_erf(f.x), gelu_erf(f.y));
+    }
+    reinterpret_cast<uint4*>(y)[v] = u;
+  }
+}
+
+__global__ void gelu_erf_scalar(__half* y, const __half* bias, int N, size_t n) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    float x = __half2float(y[i]);
+    if (bias) x += __half2float(bias[i % N]);
+    y[i] = __float2half_rn(gelu_erf(x));
+  }
+}
+
+__global__ void quantize_e4m3_vec8(const __half* x, float scale, uint8_t* q, size_t nvec) {
+  for (size_t v = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; v < nvec;
+       v += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const uint4 u = reinterpret_cast<const uint4*>(x)[v];
+    const __half2* h = reinterpret_cast<const __half2*>(&u);
+    uint2 out;
+    uint16_t* o = reinterpret_cast<uint16_t*>(&out);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      float2 f = __half22float2(h[j]);
+      f.x = f.x / scale;
+      f.y = f.y / scale;
+      o[j] = __nv_cvt_float2_to_fp8x2(f, __NV_SATFINITE, __NV_E4M3);
+    }
+    reinterpret_cast<uint2*>(q)[v] = out;
+  }
+}
+
+__global__ void quantize_e4m3_scalar(const __half* x, float scale, uint8_t* q, size_t n) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    q[i] = __nv_cvt_float_to_fp8(__half2float(x[i]) / scale, __NV_SATFINITE, __NV_E4M3);
+  }
+}
+
+bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+unsigned GridFor(size_t work, int threads) {
+  // Enough blocks to fill an H200 several times over; grid-stride loops do the rest.
+  size_t blocks = (work + threads - 1) / threads;
+  if (blocks > 132 * 16) blocks = 132 * 16;
+  return static_cast<unsigned>(blocks ? blocks : 1);
+}
+
+}  // namespace
+
+cudaError_t bf_gelu_erf_f16(cudaStream_t stream, __half* y, const __half* bias, int M, int N) {
+  const size_t n = static_cast<size_t>(M) * N;
+  if (n == 0) return cudaSuccess;
+  constexpr int kThreads = 256;
+  if (N % 8 == 0 && Aligned16(y) && (!bias || Aligned16(bias))) {
+    gelu_erf_vec8<<<GridFor(n / 8, kThreads), kThreads, 0, stream>>>(y, bias, N, n / 8);
+  } else {
+    gelu_erf_scalar<<<GridFor(n, kThreads), kThreads, 0, stream>>>(y, bias, N, n);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t bf_quantize_e4m3(cudaStream_t stream, const __half* x, float scale, uint8_t* q,
+                             size_t n) {
+  if (n == 0) return cudaSuccess;
+  constexpr int kThreads = 256;
+  if (n % 8 == 0 && Aligned16(x) && (reinterpret_cast<uintptr_t>(q) & 7u) == 0) {
+    quantize_e4m3_vec8<<<GridFor(n / 8, kThreads), kThreads, 0, stream>>>(x, scale, q, n / 8);
+  } else {
+    quantize_e4m3_scalar<<<GridFor(n, kThreads), kThreads, 0, stream>>>(x, scale, q, n);
+  }
+  return cudaGetLastError();
+}
+
+// ---- op-level forward --------------------------------------------------------------------------
+
+namespace {
+
+const char* CudaFail(const char* what, cudaError_t err) {
+  g_error = std::string(what) + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")";
+  return g_error.c_str();
+}
+
+}  // namespace
+
+const char* bf_dense_forward(DenseGemm& gemm, cudaStream_t stream, const DenseArgs& a) {
+  const int M = a.M, N = a.N, K = a.K;
+  const char* err = nullptr;
+  // The GEMM: which epilogue and whether the residual rides along as C.
+  Epilogue epi = Epilogue::kBias;
+  const __half* C = nullptr;
+  const __half* ln_bias = nullptr;
+  const __half* ln_skip = nullptr;
+  bool erf_after = false;
+  const __half* erf_bias = nullptr;
+  switch (a.kind) {
+    case DenseKind::kBias:
+      break;
+    case DenseKind::kBiasGelu:
+      if (a.approximate) {
+        epi = Epilogue::kBiasGeluTanh;
+      } else if (a.variant == 1) {  // plain GEMM, then one bias + erf-GELU kernel
+        epi = Epilogue::kNone;
+        erf_after = true;
+        erf_bias = a.bias;
+      } else {  // GEMM with the bias epilogue, then erf-GELU in place
+        erf_after = true;
+      }
+      break;
+    case DenseKind::kBiasSkipLayerNorm:
+      if (a.variant == 1) {  // bias epilogue, LN adds the residual
+        ln_skip = a.skip;
+      } else if (a.variant == 2) {  // plain GEMM, LN adds bias and residual
+        epi = Epilogue::kNone;
+        ln_bias = a.bias;
+        ln_skip = a.skip;
+      } else {  // bias epilogue + residual as C (beta = 1), LN in place
+        C = a.skip;
+      }
+      break;
+    default:
+      g_error = "unknown dense kind " + std::to_string(static_cast<int>(a.kind));
+      return g_error.c_str();
+  }
+  if (a.fp8) {
+    if (!a.xq) return "FP8 dense: no scratch buffer for the quantized activations";
+    const cudaError_t qe = bf_quantize_e4m3(stream, a.x, a.x_scale, a.xq, static_cast<size_t>(M) * K);
+    if (qe != cudaSuccess) return CudaFail("FP8 activation quantize", qe);
+    err = gemm.RunFp8(stream, a.xq, static_cast<const uint8_t*>(a.w), a.w_scale, a.x_scale,
+                      epi == Epilogue::kNone ? nullptr : a.bias, C, a.y, M, N, K, epi,
+                      a.fast_accum);
+  } else {
+    err = gemm.RunF16(stream, a.x, static_cast<const __half*>(a.w),
+                      epi == Epilogue::kNone ? nullptr : a.bias, C, a.y, M, N, K, epi);
+  }
+  if (err) return err;
+  if (erf_after) {
+    const cudaError_t ge = bf_gelu_erf_f16(stream, a.y, erf_bias, M, N);
+    if (ge != cudaSuccess) return CudaFail("erf GELU", ge);
+  }
+  if (a.kind == DenseKind::kBiasSkipLayerNorm) {
+    const cudaError_t le = bf_layernorm_f16(stream, a.y, ln_bias, ln_skip, a.gamma, a.beta,
+                                            a.epsilon, a.y, M, N);
+    if (le != cudaSuccess) return CudaFail("LayerNorm", le);
+  }
+  return nullptr;
+}
+
+}  // namespace bertfuse
+
+// ---- ctypes check entry points (raw device pointers, no ONNX Runtime) -------------------------
+
+namespace {
+
+bertfuse::DenseGemm* CheckGemm(const char** err) {
+  // One per process (never freed: it would outlive the CUDA context at interpreter exit).
+  static bertfuse::DenseGemm* gemm = nullptr;
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  if (!gemm) {
+    try {
+      gemm = new bertfuse::DenseGemm(-1);
+    } catch (const std::exception& e) {
+      bertfuse::g_error = e.what();
+      *err = bertfuse::g_error.c_str();
+      return nullptr;
+    }
+  }
+  return gemm;
+}
+
+template <typename T>
+T* Ptr(uintptr_t p) {
+  return reinterpret_cast<T*>(p);
+}
+
+bertfuse::DenseArgs Args(uintptr_t x, uintptr_t w, uintptr_t bias, uintptr_t skip, uintptr_t gamma,
+                         uintptr_t beta, uintptr_t y, int M, int N, int K, int kind,
+                         int approximate, float epsilon, int variant) {
+  bertfuse::DenseArgs a;
+  a.x = Ptr<const __half>(x);
+  a.w = Ptr<const void>(w);
+  a.bias = Ptr<const __half>(bias);
+  a.skip = Ptr<const __half>(skip);
+  a.gamma = Ptr<const __half>(gamma);
+  a.beta = Ptr<const __half>(beta);
+  a.y = Ptr<__half>(y);
+  a.M = M;
+  a.N = N;
+  a.K = K;
+  a.kind = static_cast<bertfuse::DenseKind>(kind);
+  a.approximate = approximate;
+  a.epsilon = epsilon;
+  a.variant = variant;
+  return a;
+}
+
+int RunCheck(const bertfuse::DenseArgs& args, uintptr_t stream) {
+  const char* err = nullptr;
+  bertfuse::DenseGemm* gemm = CheckGemm(&err);
+  if (!gemm) return 1;
+  err = bertfuse::bf_dense_forward(*gemm, reinterpret_cast<cudaStream_t>(stream), args);
+  if (err) {
+    if (err != bertfuse::g_error.c_str()) bertfuse::g_error = err;
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+
+#define BF_DENSE_EXPORT extern "C" __attribute__((visibility("default")))
+
+// kind: 0 DenseBias, 1 DenseBiasGelu, 2 DenseBiasSkipLayerNorm. variant 0 is what the ORT ops
+// run; 1/2 are the alternatives measured against it (see bf_dense_forward). Returns 0 on
+// success, else non-zero with the message in bf_dense_last_error().
+BF_DENSE_EXPORT int bf_check_dense(uintptr_t x, uintptr_t w, uintptr_t bias, uintptr_t skip,
+                                   uintptr_t gamma, uintptr_t beta, uintptr_t y, int M, int N,
+                                   int K, int kind, int approximate, float epsilon, int variant,
+                                   uintptr_t stream) {
+  bertfuse::DenseArgs a = Args(x, w, bias, skip, gamma, beta, y, M, N, K, kind, approximate, epsilon, variant);
+  return RunCheck(a, stream);
+}
+
+// FP8: wt is float8e4m3fn [N, K] (W transposed), w_scale a device float[1], xq a device
+// scratch of M*K bytes for the quantized activations.
+BF_DENSE_EXPORT int bf_check_dense_fp8(uintptr_t x, uintptr_t wt, uintptr_t w_scale, float x_scale,
+                                       uintptr_t xq, uintptr_t bias, uintptr_t skip,
+                                       uintptr_t gamma, uintptr_t beta, uintptr_t y, int M, int N,
+                                       int K, int kind, int approximate, float epsilon,
+                                       int variant, int fast_accum, uintptr_t stream) {
+  bertfuse::DenseArgs a = Args(x, wt, bias, skip, gamma, beta, y, M, N, K, kind, approximate, epsilon, variant);
+  a.fp8 = true;
+  a.w_scale = Ptr<const float>(w_scale);
+  a.x_scale = x_scale;
+  a.xq = Ptr<uint8_t>(xq);
+  a.fast_accum = fast_accum != 0;
+  return RunCheck(a, stream);
+}
+
+BF_DENSE_EXPORT int bf_check_layernorm(uintptr_t x, uintptr_t bias, uintptr_t skip,
+                                       uintptr_t gamma, uintptr_t beta, float epsilon,
+                                       uintptr_t y, int M, int N, uintptr_t stream) {
+  const cudaError_t e = bertfuse::bf_layernorm_f16(
+      reinterpret_cast<cudaStream_t>(stream), Ptr<const __half>(x), Ptr<const __half>(bias),
+      Ptr<const __half>(skip), Ptr<const __half>(gamma), Ptr<const __half>(beta), epsilon,
+      Ptr<__half>(y), M, N);
+  if (e != cudaSuccess) {
+    bertfuse::g_error = cudaGetErrorString(e);
+    return 1;
+  }
+  return 0;
+}
+
+BF_DENSE_EXPORT const char* bf_dense_last_error() { return bertfuse::g_error.c_str(); }

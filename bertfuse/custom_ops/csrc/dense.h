@@ -1,0 +1,114 @@
+// GEMM ops of the bertfuse op library: Y = X @ W + bias with an optional epilogue
+// (tanh/erf GELU, residual + LayerNorm), fp16 in/out with fp32 accumulation, through
+// cuBLASLt; FP8 (e4m3) weights as an opt-in.
+//
+// Row-major X [M,K], W [K,N], Y [M,N]. cuBLASLt is column-major, so we compute the
+// transposed problem D[N,M] = W(col-major N x K) * X(col-major K x M): no copies,
+// and the bias (length N) runs along D's rows, which is what its BIAS epilogue adds.
+//
+// Nothing here allocates or synchronises inside a run: the handle, the workspace and
+// the cuBLASLt plans (descriptors + chosen algorithm) are made when the kernel is
+// created or on the first call with a new shape (host-only work), so CUDA graphs can
+// capture every call.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <cublasLt.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+namespace bertfuse {
+
+enum class Epilogue : int {
+  kNone = 0,          // D = X@W (+ beta*C)
+  kBias = 1,          // D = X@W + bias (+ beta*C)
+  kBiasGeluTanh = 2,  // D = gelu_tanh(X@W + bias); cuBLASLt's GELU epilogue is the tanh form
+};
+
+// One cuBLASLt workspace per device, shared by every GEMM kernel of the process (a BERT
+// graph has 4 GEMMs per layer; a private 32 MiB each would cost 1.5 GiB on base). Runs on
+// one stream are ordered, so sharing is safe on the stream that claims it first; a GEMM
+// enqueued on any other stream gets algorithms that need no workspace instead of racing.
+class WorkspacePool;
+
+class DenseGemm {
+ public:
+  // Creates the cuBLASLt handle and takes a reference on `device`'s workspace (-1: the
+  // current device), allocated here, outside any run. Throws std::runtime_error on failure.
+  explicit DenseGemm(int device);
+  ~DenseGemm();
+  DenseGemm(const DenseGemm&) = delete;
+  DenseGemm& operator=(const DenseGemm&) = delete;
+
+  // Y[M,N] = epilogue(X[M,K] @ W[K,N] + bias) + (C ? C : 0), all fp16, fp32 accumulate.
+  // bias may be null only with Epilogue::kNone. C (the residual, [M,N]) may be null;
+  // C may alias Y. Returns nullptr on success, else a message (valid until the next
+  // call on this thread).
+  const char* RunF16(cudaStream_t stream, const __half* X, const __half* W, const __half* bias,
+                     const __half* C, __half* Y, int M, int N, int K, Epilogue epi);
+
+  // FP8: Xq[M,K] e4m3 (= X / x_scale), Wt[N,K] e4m3 (W transposed; W_real = Wt^T * w_scale),
+  // w_scale a device float[1]. Y = epilogue(x_scale * w_scale * Xq@Wt^T + bias) + C.
+  // cuBLASLt FP8 needs the "TN" form (A transposed): A = Wt, col-major K x N, op T.
+  // K must be a multiple of 16.
+  const char* RunFp8(cudaStream_t stream, const uint8_t* Xq, const uint8_t* Wt,
+                     const float* w_scale, float x_scale, const __half* bias, const __half* C,
+                     __half* Y, int M, int N, int K, Epilogue epi, bool fast_accum);
+
+  struct Plan;  // defined in dense.cu
+
+ private:
+  const char* Run(cudaStream_t stream, bool fp8, const void* A, const void* B, const float* a_scale,
+                  float alpha, const __half* bias, const __half* C, __half* Y, int M, int N,
+                  int K, Epilogue epi, bool fast_accum);
+
+  cublasLtHandle_t handle_ = nullptr;
+  std::shared_ptr<WorkspacePool> pool_;
+  std::mutex mu_;  // guards plans_ (ORT may call Compute from several threads)
+  std::unordered_map<std::string, std::unique_ptr<Plan>> plans_;
+};
+
+enum class DenseKind : int { kBias = 0, kBiasGelu = 1, kBiasSkipLayerNorm = 2 };
+
+// One call of a dense op, as the ORT kernels and the check entry points see it.
+struct DenseArgs {
+  const __half* x = nullptr;      // [M, K]
+  const void* w = nullptr;        // fp16 W [K, N], or FP8 Wt [N, K]
+  const __half* bias = nullptr;   // [N]
+  const __half* skip = nullptr;   // [M, N] (SkipLayerNorm)
+  const __half* gamma = nullptr;  // [N] (SkipLayerNorm)
+  const __half* beta = nullptr;   // [N] (SkipLayerNorm; may be null)
+  __half* y = nullptr;            // [M, N]
+  int M = 0, N = 0, K = 0;
+  DenseKind kind = DenseKind::kBias;
+  int approximate = 0;            // GELU: 0 erf, 1 tanh
+  float epsilon = 1e-12f;
+  // 0 = the production path. GELU erf: 1 = plain GEMM + one bias+erf kernel (default 0: bias
+  // epilogue + erf in place). SkipLayerNorm: 1 = bias epilogue, LN adds skip; 2 = plain GEMM,
+  // LN adds bias+skip (default 0: bias epilogue with skip as C, LN in place).
+  int variant = 0;
+  // FP8 (e4m3) weights: w is Wt [N, K]; w_scale device float[1]; xq device scratch [M*K] bytes.
+  bool fp8 = false;
+  const float* w_scale = nullptr;
+  float x_scale = 1.0f;
+  uint8_t* xq = nullptr;
+  bool fast_accum = true;
+};
+
+// Enqueues the whole op on `stream`. nullptr on success, else a message.
+const char* bf_dense_forward(DenseGemm& gemm, cudaStream_t stream, const DenseArgs& args);
+
+// y = gelu_erf(y (+ bias)) in place over [M,N] (exact erf form, fp32 math). bias may be null.
+cudaError_t bf_gelu_erf_f16(cudaStream_t stream, __half* y, const __half* bias, int M, int N);
+
+// q[i] = e4m3(x[i] / scale), saturating to +-448 (round to nearest even), n elements.
+cudaError_t bf_quantize_e4m3(cudaStream_t stream, const __half* x, float scale, uint8_t* q,
+                             size_t n);
+
+}  // namespace bertfuse

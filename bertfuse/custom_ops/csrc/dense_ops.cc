@@ -1,0 +1,214 @@
+// ORT custom ops of the dense family (domain ai.bertfuse): DenseBias, DenseBiasGelu,
+// DenseBiasSkipLayerNorm and their FP8-weight forms DenseBiasFp8, DenseBiasGeluFp8,
+// DenseBiasSkipLayerNormFp8. The math lives in dense.cu (bf_dense_forward); this file checks
+// shapes and types, reads attributes once, and hands ORT's pointers and stream over.
+//
+// FP8 form = the fp16 op's inputs with W replaced by Wt (float8e4m3fn [N, K], W transposed)
+// and one more input appended, w_scale (float32 [1]); attribute x_scale (required, > 0) and
+// fast_accum (int, default 1). See bertfuse/custom_ops/README.md.
+#include <cuda_fp16.h>
+
+#include <memory>
+#include <stdexcept>
+
+#include "dense.h"
+#include "registry.h"
+
+namespace {
+
+using bertfuse::DenseKind;
+
+constexpr ONNXTensorElementDataType kF16 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+constexpr ONNXTensorElementDataType kF32 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+constexpr ONNXTensorElementDataType kE4M3 = ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT8E4M3FN;
+
+// Static description of one op: name, kind, FP8 or not.
+template <DenseKind Kind, bool Fp8>
+struct Traits {
+  static constexpr DenseKind kKind = Kind;
+  static constexpr bool kFp8 = Fp8;
+  static constexpr size_t kBase = Kind == DenseKind::kBiasSkipLayerNorm ? 6 : 3;  // X W bias [skip gamma beta]
+  static constexpr size_t kInputs = kBase + (Fp8 ? 1 : 0);                      // (+ w_scale)
+  static constexpr const char* Name() {
+    return Kind == DenseKind::kBias
+               ? (Fp8 ? "DenseBiasFp8" : "DenseBias")
+               : Kind == DenseKind::kBiasGelu
+                     ? (Fp8 ? "DenseBiasGeluFp8" : "DenseBiasGelu")
+                     : (Fp8 ? "DenseBiasSkipLayerNormFp8" : "DenseBiasSkipLayerNorm");
+  }
+  static ONNXTensorElementDataType InputType(size_t i) {
+    if (i == 1) return Fp8 ? kE4M3 : kF16;
+    if (Fp8 && i == kBase) return kF32;  // w_scale
+    return kF16;
+  }
+};
+
+// The device ORT created this kernel for: from the EP's allocator, else the current device.
+int KernelDevice(const OrtKernelInfo* info, OrtAllocator** keep) {
+  const OrtApi& api = Ort::GetApi();
+  OrtAllocator* alloc = nullptr;
+  int device = -1;
+  OrtStatusPtr st = api.KernelInfoGetAllocator(info, OrtMemTypeDefault, &alloc);
+  if (st == nullptr && alloc != nullptr) {
+    const OrtMemoryInfo* mi = nullptr;
+    OrtStatusPtr s2 = api.AllocatorGetInfo(alloc, &mi);
+    if (s2 == nullptr) {
+      OrtStatusPtr s3 = api.MemoryInfoGetId(mi, &device);
+      if (s3 != nullptr) {
+        api.ReleaseStatus(s3);
+        device = -1;
+      }
+    } else {
+      api.ReleaseStatus(s2);
+    }
+    *keep = alloc;
+  } else if (st != nullptr) {
+    api.ReleaseStatus(st);
+  }
+  return device;
+}
+
+template <typename T>
+class DenseKernel {
+ public:
+  static constexpr const char* kOp = T::Name();
+
+  DenseKernel(const OrtApi& /*api*/, const OrtKernelInfo* info) {
+    approximate_ = static_cast<int>(bf::AttrInt(info, "approximate", 0));
+    epsilon_ = bf::AttrFloat(info, "epsilon", 1e-12f);
+    if (approximate_ != 0 && approximate_ != 1) {
+      throw std::invalid_argument("attribute approximate must be 0 (erf) or 1 (tanh), got " +
+                                  std::to_string(approximate_));
+    }
+    if (!(epsilon_ >= 0.f)) throw std::invalid_argument("attribute epsilon must be >= 0");
+    if (T::kFp8) {
+      x_scale_ = bf::AttrFloat(info, "x_scale", 0.f);
+      fast_accum_ = bf::AttrInt(info, "fast_accum", 1) != 0;
+      if (!(x_scale_ > 0.f) || x_scale_ == INFINITY) {
+        throw std::invalid_argument("attribute x_scale (the activations' FP8 scale) is required and must be a finite float > 0");
+      }
+    }
+    const int device = KernelDevice(info, &alloc_);
+    gemm_ = std::make_unique<bertfuse::DenseGemm>(device);
+  }
+
+  ~DenseKernel() {
+    if (alloc_) Ort::GetApi().ReleaseAllocator(alloc_);
+  }
+
+  OrtStatusPtr ComputeV2(OrtKernelContext* context) {
+    return bf::Guard(kOp, [&]() -> OrtStatusPtr { return Compute(context); });
+  }
+
+ private:
+  OrtStatusPtr Compute(OrtKernelContext* context) {
+    Ort::KernelContext ctx(context);
+    bf::TensorArg x, w, bias, skip, gamma, beta, w_scale;
+    BF_ORT_OK(bf::GetInput(kOp, ctx, 0, "X", true, &x));
+    BF_ORT_OK(bf::GetInput(kOp, ctx, 1, T::kFp8 ? "Wt" : "W", true, &w));
+    BF_ORT_OK(bf::GetInput(kOp, ctx, 2, "bias", true, &bias));
+    BF_ORT_OK(bf::ExpectType(kOp, x, "X", kF16));
+    BF_ORT_OK(bf::ExpectType(kOp, w, T::kFp8 ? "Wt" : "W", T::InputType(1)));
+    BF_ORT_OK(bf::ExpectType(kOp, bias, "bias", kF16));
+    BF_ORT_OK(bf::ExpectRank(kOp, x, "X", 1, 8));
+    BF_ORT_OK(bf::ExpectRank(kOp, w, T::kFp8 ? "Wt" : "W", 2, 2));
+    const int64_t K = x.shape.back();
+    const int64_t N = T::kFp8 ? w.shape[0] : w.shape[1];
+    const int64_t wk = T::kFp8 ? w.shape[1] : w.shape[0];
+    BF_REQUIRE(wk == K, (T::kFp8 ? "Wt " : "W ") << bf::ShapeStr(w.shape) << " does not match X "
+                        << bf::ShapeStr(x.shape) << (T::kFp8 ? " (Wt is [N, K])" : " (W is [K, N])"));
+    BF_REQUIRE(bias.shape.size() == 1 && bias.shape[0] == N,
+               "bias " << bf::ShapeStr(bias.shape) << " must be [" << N << "]");
+    const int64_t M = bf::LeadingProduct(x.shape);
+    BF_REQUIRE(M <= INT32_MAX && N <= INT32_MAX && K <= INT32_MAX && K > 0,
+               "X " << bf::ShapeStr(x.shape) << " / W " << bf::ShapeStr(w.shape) << " out of range");
+    const bf::Shape y_shape = bf::WithLastDim(x.shape, N);
+
+    bertfuse::DenseArgs a;
+    if (T::kKind == DenseKind::kBiasSkipLayerNorm) {
+      BF_ORT_OK(bf::GetInput(kOp, ctx, 3, "skip", true, &skip));
+      BF_ORT_OK(bf::GetInput(kOp, ctx, 4, "gamma", true, &gamma));
+      BF_ORT_OK(bf::GetInput(kOp, ctx, 5, "beta", true, &beta));
+      BF_ORT_OK(bf::ExpectType(kOp, skip, "skip", kF16));
+      BF_ORT_OK(bf::ExpectType(kOp, gamma, "gamma", kF16));
+      BF_ORT_OK(bf::ExpectType(kOp, beta, "beta", kF16));
+      BF_REQUIRE(skip.shape == y_shape,
+                 "skip " << bf::ShapeStr(skip.shape) << " must have Y's shape " << bf::ShapeStr(y_shape));
+      BF_REQUIRE(gamma.shape.size() == 1 && gamma.shape[0] == N,
+                 "gamma " << bf::ShapeStr(gamma.shape) << " must be [" << N << "]");
+      BF_REQUIRE(beta.shape.size() == 1 && beta.shape[0] == N,
+                 "beta " << bf::ShapeStr(beta.shape) << " must be [" << N << "]");
+      a.skip = skip.as<__half>();
+      a.gamma = gamma.as<__half>();
+      a.beta = beta.as<__half>();
+    }
+    if (T::kFp8) {
+      BF_ORT_OK(bf::GetInput(kOp, ctx, T::kBase, "w_scale", true, &w_scale));
+      BF_ORT_OK(bf::ExpectType(kOp, w_scale, "w_scale", kF32));
+      BF_REQUIRE(bf::Numel(w_scale.shape) == 1,
+                 "w_scale " << bf::ShapeStr(w_scale.shape) << " must hold one float");
+      BF_REQUIRE(K % 16 == 0, "FP8 weights need K % 16 == 0 (cuBLASLt), got K = " << K);
+    }
+
+    __half* y = reinterpret_cast<__half*>(bf::Output<Ort::Float16_t>(ctx, 0, y_shape));
+    if (M == 0 || N == 0) return nullptr;
+    const cudaStream_t stream = bf::ComputeStream(ctx);
+
+    a.x = x.as<__half>();
+    a.w = w.data;
+    a.bias = bias.as<__half>();
+    a.y = y;
+    a.M = static_cast<int>(M);
+    a.N = static_cast<int>(N);
+    a.K = static_cast<int>(K);
+    a.kind = T::kKind;
+    a.approximate = approximate_;
+    a.epsilon = epsilon_;
+
+    // FP8: the quantized activations need M*K bytes of scratch, taken from ORT's device
+    // allocator (its arena; no cudaMalloc once warm) and given back as soon as the work is
+    // queued: later users of the chunk run after it on the same stream.
+    void* scratch = nullptr;
+    if (T::kFp8) {
+      BF_REQUIRE(alloc_ != nullptr, "no device allocator from ONNX Runtime for the FP8 scratch");
+      scratch = alloc_->Alloc(alloc_, static_cast<size_t>(M) * static_cast<size_t>(K));
+      BF_REQUIRE(scratch != nullptr, "could not allocate " << M * K << " bytes of FP8 scratch");
+      a.fp8 = true;
+      a.w_scale = w_scale.as<float>();
+      a.x_scale = x_scale_;
+      a.xq = static_cast<uint8_t*>(scratch);
+      a.fast_accum = fast_accum_;
+    }
+    const char* err = bertfuse::bf_dense_forward(*gemm_, stream, a);
+    if (scratch) alloc_->Free(alloc_, scratch);
+    if (err) return bf::Error(kOp, err, ORT_EP_FAIL);
+    return nullptr;
+  }
+
+  int approximate_ = 0;
+  float epsilon_ = 1e-12f;
+  float x_scale_ = 1.f;
+  bool fast_accum_ = true;
+  OrtAllocator* alloc_ = nullptr;
+  std::unique_ptr<bertfuse::DenseGemm> gemm_;
+};
+
+template <typename T>
+struct DenseOp : bf::CudaOp<DenseOp<T>, DenseKernel<T>> {
+  const char* GetName() const { return T::Name(); }
+  size_t GetInputTypeCount() const { return T::kInputs; }
+  ONNXTensorElementDataType GetInputType(size_t i) const { return T::InputType(i); }
+  size_t GetOutputTypeCount() const { return 1; }
+  ONNXTensorElementDataType GetOutputType(size_t) const { return kF16; }
+};
+
+}  // namespace
+
+void AddDenseOps(Ort::CustomOpDomain& domain) {
+  bf::AddStaticOp<DenseOp<Traits<DenseKind::kBias, false>>>(domain);
+  bf::AddStaticOp<DenseOp<Traits<DenseKind::kBiasGelu, false>>>(domain);
+  bf::AddStaticOp<DenseOp<Traits<DenseKind::kBiasSkipLayerNorm, false>>>(domain);
+  bf::AddStaticOp<DenseOp<Traits<DenseKind::kBias, true>>>(domain);
+  bf::AddStaticOp<DenseOp<Traits<DenseKind::kBiasGelu, true>>>(domain);
+  bf::AddStaticOp<DenseOp<Traits<DenseKind::kBiasSkipLayerNorm, true>>>(domain);
+}

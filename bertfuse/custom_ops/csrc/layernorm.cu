@@ -1,0 +1,186 @@
+// Residual + bias + LayerNorm, fp32 statistics, fp16 in/out (see layernorm.h).
+#include "layernorm.h"
+
+#include <cstdint>
+
+namespace bertfuse {
+namespace {
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ void load8(const __half* p, float (&f)[8]) {
+  uint4 u = *reinterpret_cast<const uint4*>(p);
+  const __half2* h = reinterpret_cast<const __half2*>(&u);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    float2 t = __half22float2(h[j]);
+    f[2 * j] = t.x;
+    f[2 * j + 1] = t.y;
+  }
+}
+
+__device__ __forceinline__ void add8(const __half* p, float (&f)[8]) {
+  float t[8];
+  load8(p, t);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) f[j] += t[j];
+}
+
+// One warp per row; lane l holds 8-element chunks l, l+32, ... (VPT of them) in registers,
+// so the row is read once and the variance is an exact second pass over registers.
+// No __restrict__: y may alias x (each element is read and written by the same lane).
+template <int VPT>
+__global__ void ln_warp_kernel(const __half* x, const __half* bias, const __half* skip,
+                               const __half* gamma, const __half* beta, float eps, __half* y,
+                               int M, int N) {
+  const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x & 31;
+  if (row >= M) return;
+  const size_t base = static_cast<size_t>(row) * N;
+  float v[VPT][8];
+  float sum = 0.f;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int c = (lane + 32 * i) * 8;
+    if (c < N) {
+      load8(x + base + c, v[i]);
+      if (bias) add8(bias + c, v[i]);
+      if (skip) add8(skip + base + c, v[i]);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) sum += v[i][j];
+    }
+  }
+  const float mean = warp_sum(sum) / N;
+  float sq = 0.f;
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int c = (lane + 32 * i) * 8;
+    if (c < N) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float d = v[i][j] - mean;
+        sq += d * d;
+      }
+    }
+  }
+  const float rstd = rsqrtf(warp_sum(sq) / N + eps);
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int c = (lane + 32 * i) * 8;
+    if (c < N) {
+      float g[8], b[8];
+      load8(gamma + c, g);
+      if (beta) {
+        load8(beta + c, b);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) b[j] = 0.f;
+      }
+      uint4 out;
+      __half2* o = reinterpret_cast<__half2*>(&out);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        o[j] = __floats2half2_rn((v[i][2 * j] - mean) * rstd * g[2 * j] + b[2 * j],
+                                 (v[i][2 * j + 1] - mean) * rstd * g[2 * j + 1] + b[2 * j + 1]);
+      }
+      *reinterpret_cast<uint4*>(y + base + c) = out;
+    }
+  }
+}
+
+template <int THREADS>
+__device__ float block_sum(float v, float* red) {
+  v = warp_sum(v);
+  const int w = threadIdx.x / 32, lane = threadIdx.x & 31;
+  if (lane == 0) red[w] = v;
+  __syncthreads();
+  float t = lane < THREADS / 32 ? red[lane] : 0.f;
+  t = warp_sum(t);
+  __syncthreads();  // red is reused by the next reduction
+  return t;
+}
+
+__device__ __forceinline__ float row_value(const __half* x, const __half* bias,
+                                           const __half* skip, size_t base, int c) {
+  float s = __half2float(x[base + c]);
+  if (bias) s += __half2float(bias[c]);
+  if (skip) s += __half2float(skip[base + c]);
+  return s;
+}
+
+// Any N, any alignment: one block per row, three passes over global memory (L1/L2 hits).
+template <int THREADS>
+__global__ void ln_block_kernel(const __half* x, const __half* bias, const __half* skip,
+                                const __half* gamma, const __half* beta, float eps, __half* y,
+                                int N) {
+  __shared__ float red[THREADS / 32];
+  const size_t base = static_cast<size_t>(blockIdx.x) * N;
+  float sum = 0.f;
+  for (int c = threadIdx.x; c < N; c += THREADS) sum += row_value(x, bias, skip, base, c);
+  const float mean = block_sum<THREADS>(sum, red) / N;
+  float sq = 0.f;
+  for (int c = threadIdx.x; c < N; c += THREADS) {
+    const float d = row_value(x, bias, skip, base, c) - mean;
+    sq += d * d;
+  }
+  const float rstd = rsqrtf(block_sum<THREADS>(sq, red) / N + eps);
+  for (int c = threadIdx.x; c < N; c += THREADS) {
+    const float s = row_value(x, bias, skip, base, c);
+    const float b = beta ? __half2float(beta[c]) : 0.f;
+    y[base + c] = __float2half_rn((s - mean) * rstd * __half2float(gamma[c]) + b);
+  }
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+template <int VPT>
+cudaError_t launch_warp(cudaStream_t stream, const __half* x, const __half* bias,
+                        const __half* skip, const __half* gamma, const __half* beta, float eps,
+                        __half* y, int M, int N) {
+  constexpr int kWarps = 4;
+  const int blocks = (M + kWarps - 1) / kWarps;
+  ln_warp_kernel<VPT><<<blocks, kWarps * 32, 0, stream>>>(x, bias, skip, gamma, beta, eps, y, M, N);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t bf_layernorm_f16(cudaStream_t stream, const __half* x, const __half* bias,
+                             const __half* skip, const __half* gamma, const __half* beta,
+                             float epsilon, __half* y, int M, int N) {
+  if (M <= 0 || N <= 0) return cudaSuccess;
+  const bool vec = N % 8 == 0 && aligned16(x) && aligned16(y) && aligned16(gamma) &&
+                   (!bias || aligned16(bias)) && (!skip || aligned16(skip)) &&
+                   (!beta || aligned16(beta));
+  if (vec) {
+    const int chunks = (N / 8 + 31) / 32;  // 8-element chunks per lane
+    switch (chunks) {
+      case 1: return launch_warp<1>(stream, x, bias, skip, gamma, beta, epsilon, y, M, N);
+      case 2: return launch_warp<2>(stream, x, bias, skip, gamma, beta, epsilon, y, M, N);
+      case 3: return launch_warp<3>(stream, x, bias, skip, gamma, beta, epsilon, y, M, N);
+      case 4: return launch_warp<4>(stream, x, bias, skip, gamma, beta, epsilon, y, M, N);
+      case 5:
+      case 6: return launch_warp<6>(stream, x, bias, skip, gamma, beta, epsilon, y, M, N);
+      case 7:
+      case 8: return launch_warp<8>(stream, x, bias, skip, gamma, beta, epsilon, y, M, N);
+      case 9:
+      case 10:
+      case 11:
+      case 12: return launch_warp<12>(stream, x, bias, skip, gamma, beta, epsilon, y, M, N);
+      case 13:
+      case 14:
+      case 15:
+      case 16: return launch_warp<16>(stream, x, bias, skip, gamma, beta, epsilon, y, M, N);
+      default: break;  // N > 4096: block kernel
+    }
+  }
+  constexpr int kThreads = 256;
+  ln_block_kernel<kThreads><<<M, kThreads, 0, stream>>>(x, bias, skip, gamma, beta, epsilon, y, N);
+  return cudaGetLastError();
+}
+
+}  // namespace bertfuse

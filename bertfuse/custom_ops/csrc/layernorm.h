@@ -1,0 +1,18 @@
+// Row-wise LayerNorm over the last axis (fp16 in/out, fp32 statistics), with the
+// residual and the Dense bias optionally added first: the second half of
+// DenseBiasSkipLayerNorm. y may alias x (in place on the GEMM output).
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+namespace bertfuse {
+
+// s = x (+ bias) (+ skip); y = (s - mean(s)) / sqrt(var(s) + eps) * gamma + beta, per row of
+// [M, N]. bias/skip/beta may be null. Two-pass statistics in fp32 from registers when
+// N % 8 == 0 and N <= 4096 (one warp per row, 16-byte loads), else a block-per-row kernel.
+cudaError_t bf_layernorm_f16(cudaStream_t stream, const __half* x, const __half* bias,
+                             const __half* skip, const __half* gamma, const __half* beta,
+                             float epsilon, __half* y, int M, int N);
+
+}  // namespace bertfuse
