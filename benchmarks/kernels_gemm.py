@@ -1,0 +1,311 @@
+"""Device check and timing of the bertfuse dense ops (GPU host; torch, no ONNX Runtime).
+
+    python3 benchmarks/kernels_gemm.py [--lib libbertfuse_ops.so] [--out DIR] [--no-fp8]
+
+Without --lib, builds the dense kernels alone (csrc/dense.cu + layernorm.cu, no ORT headers
+needed) with nvcc for the local GPU into a temp dir. Runs every dense op through its ctypes
+check entry point on the shenma (M = 1280) and base (M = 128, 4096) GEMM shapes, compares with
+a float64 reference (fp16 gate: max <= 4e-2, mean <= 2e-3; FP8 is gated against the float64
+product of its own dequantized inputs and its error against the true product is reported),
+and times each against torch equivalents: median per call over --iters replays of a CUDA
+graph holding --reps calls (so host launch cost is out). Writes kernels_gemm.json under
+--out ($OUT) and prints a table last. Exit 1 when a gate fails or an op errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CSRC = os.path.join(ROOT, "bertfuse", "custom_ops", "csrc")
+U64, I32, F32 = ctypes.c_uint64, ctypes.c_int, ctypes.c_float
+BIAS, GELU, SLN = 0, 1, 2
+EPS = 1e-12
+GATE_MAX, GATE_MEAN = 4e-2, 2e-3
+# (name, K, N, kind, approximate)
+GEMMS = [("qkv", 768, 2304, BIAS, 0), ("ffn_up erf", 768, 3072, GELU, 0),
+         ("ffn_up tanh", 768, 3072, GELU, 1), ("ffn_down+sln", 3072, 768, SLN, 0),
+         ("attn_out+sln", 768, 768, SLN, 0)]
+WORKLOADS = [("shenma b20 s64", 1280), ("base b1 s128", 128), ("base b32 s128", 4096)]
+VARIANTS = {BIAS: [0], GELU: [0, 1], SLN: [0, 1, 2]}
+
+
+def cublas_root() -> str:
+    site = sysconfig.get_paths()["purelib"]
+    for root in [os.environ.get("CUBLAS_ROOT", ""), os.environ.get("CUDA_HOME", ""), "/usr/local/cuda",
+                 *glob.glob(os.path.join(site, "nvidia", "cu1*")), os.path.join(site, "nvidia", "cublas")]:
+        if root and os.path.exists(os.path.join(root, "include", "cublasLt.h")):
+            return root
+    sys.exit("kernels_gemm: no cublasLt.h found (set CUBLAS_ROOT)")
+
+
+def build(tmp: str) -> str:
+    nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+    major, minor = torch.cuda.get_device_capability()
+    root = cublas_root()
+    libdir = next(d for d in (os.path.join(root, "lib64"), os.path.join(root, "lib")) if os.path.isdir(d))
+    lt = "cublasLt" if os.path.exists(os.path.join(libdir, "libcublasLt.so")) else ":libcublasLt.so.13"
+    so = os.path.join(tmp, "libbf_dense_check.so")
+    cmd = [nvcc, "-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC,-fvisibility=hidden",
+           f"-arch=sm_{major}{minor}", "-I", os.path.join(root, "include"), "-o", so,
+           os.path.join(CSRC, "dense.cu"), os.path.join(CSRC, "layernorm.cu"),
+           "-L", libdir, f"-l{lt}", "-Xlinker", f"-rpath,{libdir}"]
+    print("building:", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+    return so
+
+
+def load(path: str) -> ctypes.CDLL:
+    lib = ctypes.CDLL(path)
+    lib.bf_check_dense.argtypes = [U64] * 7 + [I32] * 5 + [F32, I32, U64]
+    lib.bf_check_dense_fp8.argtypes = ([U64, U64, U64, F32, U64] + [U64] * 5 + [I32] * 5
+                                       + [F32, I32, I32, U64])
+    lib.bf_check_layernorm.argtypes = [U64] * 5 + [F32, U64, I32, I32, U64]
+    lib.bf_dense_last_error.restype = ctypes.c_char_p
+    for f in ("bf_check_dense", "bf_check_dense_fp8", "bf_check_layernorm"):
+        getattr(lib, f).restype = I32
+    return lib
+
+
+def ptr(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.data_ptr()
+
+
+def stream() -> int:
+    return torch.cuda.current_stream().cuda_stream
+
+
+def checked(lib, rc: int) -> None:
+    if rc != 0:
+        raise RuntimeError(lib.bf_dense_last_error().decode())
+
+
+def e4m3(t: torch.Tensor, scale: float) -> torch.Tensor:
+    """What the kernel does: t / scale in fp32, saturated to +-448, rounded to e4m3."""
+    return (t.float() / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+
+
+def ref64(x, w, bias, skip, gamma, beta, kind: int, approximate: int) -> np.ndarray:
+    """float64 reference on the host from the (fp16 or dequantized) inputs."""
+    f = lambda t: t.double().cpu().numpy()  # noqa: E731
+    y = f(x) @ f(w) + f(bias)
+    if kind == GELU and approximate:
+        y = 0.5 * y * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (y + 0.044715 * y ** 3)))
+    elif kind == GELU:
+        y = 0.5 * y * (1.0 + torch.from_numpy(y / np.sqrt(2.0)).erf().numpy())
+    elif kind == SLN:
+        s = y + f(skip)
+        mu = s.mean(-1, keepdims=True)
+        var = ((s - mu) ** 2).mean(-1, keepdims=True)
+        y = (s - mu) / np.sqrt(var + EPS) * f(gamma) + f(beta)
+    return y
+
+
+def diff(y: torch.Tensor, ref: np.ndarray) -> tuple[float, float, bool]:
+    d = np.abs(y.double().cpu().numpy() - ref)
+    mx, mean = float(d.max()), float(d.mean())
+    finite = bool(np.isfinite(y.double().cpu().numpy()).all())
+    return mx, mean, finite and mx <= GATE_MAX and mean <= GATE_MEAN
+
+
+def time_us(fn, reps: int, iters: int, s: torch.cuda.Stream) -> float | str:
+    """Median per-call GPU time: a CUDA graph of `reps` calls, replayed `iters` times."""
+    try:
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                fn()
+        s.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=s):
+            for _ in range(reps):
+                fn()
+        for _ in range(10):
+            g.replay()
+        times = []
+        for _ in range(iters):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record(s)
+            with torch.cuda.stream(s):
+                g.replay()
+            b.record(s)
+            b.synchronize()
+            times.append(a.elapsed_time(b) * 1e3 / reps)
+        return round(float(np.median(times)), 2)
+    except Exception as exc:  # a failed capture is a result, not a crash
+        return f"error: {str(exc).splitlines()[0][:100]}"
+
+
+def torch_candidates(x, w, bias, skip, gamma, beta, kind, approximate):
+    n = w.shape[1]
+    gelu = "tanh" if approximate else "none"
+    if kind == BIAS:
+        return {"torch addmm": lambda: torch.addmm(bias, x, w),
+                "torch mm + bias": lambda: torch.mm(x, w) + bias}
+    if kind == GELU:
+        c = {"torch addmm + gelu": lambda: F.gelu(torch.addmm(bias, x, w), approximate=gelu)}
+        if approximate and hasattr(torch, "_addmm_activation"):
+            c["torch _addmm_activation(gelu)"] = lambda: torch._addmm_activation(bias, x, w, use_gelu=True)
+        return c
+    return {"torch addmm + skip + layer_norm":
+            lambda: F.layer_norm(torch.addmm(bias, x, w) + skip, (n,), gamma, beta, EPS),
+            "torch addmm(skip) + layer_norm":
+            lambda: F.layer_norm(torch.addmm(skip, x, w) + bias, (n,), gamma, beta, EPS)}
+
+
+def run_shape(lib, args, wl: str, M: int, name: str, K: int, N: int, kind: int, approximate: int,
+              s: torch.cuda.Stream, s2: torch.cuda.Stream) -> list[dict]:
+    torch.manual_seed(M * 7 + K + N + kind + approximate)
+    h = dict(device="cuda", dtype=torch.float16)
+    x = torch.randn(M, K, **h) if kind != SLN or K == 768 else F.gelu(torch.randn(M, K, **h))
+    w = (torch.randn(K, N, **h) * 0.02)
+    bias = torch.randn(N, **h) * 0.1
+    skip = torch.randn(M, N, **h) if kind == SLN else None
+    gamma = (1 + 0.1 * torch.randn(N, **h)) if kind == SLN else None
+    beta = 0.1 * torch.randn(N, **h) if kind == SLN else None
+    y = torch.empty(M, N, **h)
+    ref = ref64(x, w, bias, skip, gamma, beta, kind, approximate)
+    base = dict(workload=wl, M=M, gemm=name, K=K, N=N)
+    rows = []
+
+    def ours(variant: int):
+        return lambda: checked(lib, lib.bf_check_dense(ptr(x), ptr(w), ptr(bias), ptr(skip), ptr(gamma),
+                                                        ptr(beta), ptr(y), M, N, K, kind, approximate,
+                                                        EPS, variant, stream()))
+
+    for variant in VARIANTS[kind]:
+        row = dict(base, impl=f"bertfuse v{variant}", precision="fp16")
+        try:
+            y.fill_(float("nan"))
+            with torch.cuda.stream(s):
+                ours(variant)()
+            s.synchronize()
+            row["max_diff"], row["mean_diff"], row["gate"] = diff(y, ref)
+        except RuntimeError as exc:
+            row.update(gate=False, error=str(exc))
+        row["us"] = time_us(ours(variant), args.reps, args.iters, s)
+        rows.append(row)
+    # Another stream than the workspace's owner: the algorithms that need no workspace.
+    rows.append(dict(base, impl="bertfuse v0 (no workspace)", precision="fp16",
+                     us=time_us(ours(0), args.reps, args.iters, s2)))
+    for label, fn in torch_candidates(x, w, bias, skip, gamma, beta, kind, approximate).items():
+        with torch.cuda.stream(s):
+            out = fn()
+        s.synchronize()
+        mx, mean, ok = diff(out, ref)
+        rows.append(dict(base, impl=label, precision="fp16", max_diff=mx, mean_diff=mean, gate=ok,
+                         us=time_us(fn, args.reps, args.iters, s)))
+    rows.append(dict(base, impl="torch mm (GEMM floor)", precision="fp16",
+                     us=time_us(lambda: torch.mm(x, w), args.reps, args.iters, s)))
+    if kind == SLN:
+        sum_ = torch.empty_like(y)
+        ln = lambda: checked(lib, lib.bf_check_layernorm(ptr(y), ptr(bias), ptr(skip), ptr(gamma),  # noqa: E731
+                                                         ptr(beta), EPS, ptr(sum_), M, N, stream()))
+        rows.append(dict(base, impl="bertfuse layernorm(bias+skip) alone", precision="fp16",
+                         us=time_us(ln, args.reps, args.iters, s)))
+        rows.append(dict(base, impl="torch layer_norm(y+bias+skip) alone", precision="fp16",
+                         us=time_us(lambda: F.layer_norm(y + bias + skip, (N,), gamma, beta, EPS),
+                                    args.reps, args.iters, s)))
+    if args.fp8 and K % 16 == 0:
+        rows += run_fp8(lib, args, base, x, w, bias, skip, gamma, beta, kind, approximate, ref, s)
+    return rows
+
+
+def run_fp8(lib, args, base, x, w, bias, skip, gamma, beta, kind, approximate, ref, s) -> list[dict]:
+    M, K = x.shape
+    N = w.shape[1]
+    x_scale = float(x.float().abs().max()) / 448.0  # per-tensor, calibrated on these inputs
+    w_scale = float(w.float().abs().max()) / 448.0
+    wt = e4m3(w.t().contiguous(), w_scale)  # [N, K]
+    w_scale_t = torch.tensor([w_scale], device="cuda", dtype=torch.float32)
+    xq = torch.empty(M, K, device="cuda", dtype=torch.uint8)
+    y = torch.empty(M, N, device="cuda", dtype=torch.float16)
+    deq_ref = ref64(e4m3(x, x_scale).float() * x_scale, wt.float().t() * w_scale, bias, skip, gamma,
+                    beta, kind, approximate)
+    rows = []
+    for fast in (1, 0):
+        def ours(fast=fast):
+            checked(lib, lib.bf_check_dense_fp8(ptr(x), ptr(wt), ptr(w_scale_t), x_scale, ptr(xq), ptr(bias),
+                                                ptr(skip), ptr(gamma), ptr(beta), ptr(y), M, N, K, kind,
+                                                approximate, EPS, 0, fast, stream()))
+        row = dict(base, impl=f"bertfuse fp8 fast_accum={fast}", precision="fp8", x_scale=x_scale,
+                   w_scale=w_scale)
+        try:
+            y.fill_(float("nan"))
+            with torch.cuda.stream(s):
+                ours()
+            s.synchronize()
+            row["max_diff"], row["mean_diff"], row["gate"] = diff(y, deq_ref)  # kernel vs its own inputs
+            row["max_diff_vs_fp64"], row["mean_diff_vs_fp64"], _ = diff(y, ref)  # FP8's accuracy cost
+        except RuntimeError as exc:
+            row.update(gate=False, error=str(exc))
+        row["us"] = time_us(ours, args.reps, args.iters, s)
+        rows.append(row)
+    if hasattr(torch, "_scaled_mm"):
+        xq8 = e4m3(x, x_scale)
+        sa = torch.tensor(x_scale, device="cuda")
+        sb = torch.tensor(w_scale, device="cuda")
+        fn = lambda: torch._scaled_mm(xq8, wt.t(), scale_a=sa, scale_b=sb, bias=bias,  # noqa: E731
+                                      out_dtype=torch.float16)
+        rows.append(dict(base, impl="torch _scaled_mm + bias (GEMM only, X pre-quantized)",
+                         precision="fp8", us=time_us(fn, args.reps, args.iters, s)))
+    return rows
+
+
+def cells(r: dict) -> list[str]:
+    """max diff, mean diff (FP8: also against the true product), gate."""
+    if "max_diff" not in r:
+        return ["", "", r.get("error", "")]
+    mean = f"{r['mean_diff']:.3g}"
+    if "max_diff_vs_fp64" in r:
+        mean += f" (vs fp64: max {r['max_diff_vs_fp64']:.3g}, mean {r['mean_diff_vs_fp64']:.3g})"
+    return [f"{r['max_diff']:.3g}", mean, "ok" if r["gate"] else "FAIL"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--lib", help="libbertfuse_ops.so (default: build the dense kernels here)")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--iters", type=int, default=200)
+    ap.add_argument("--reps", type=int, default=20, help="calls per captured graph")
+    ap.add_argument("--no-fp8", dest="fp8", action="store_false")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("kernels_gemm: no CUDA device")
+    with tempfile.TemporaryDirectory(prefix="bf_gemm_") as tmp:
+        lib = load(args.lib or build(tmp))
+        s, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+        rows = []
+        for wl, M in WORKLOADS:
+            for name, K, N, kind, approximate in GEMMS:
+                rows += run_shape(lib, args, wl, M, name, K, N, kind, approximate, s, s2)
+                print(json.dumps(rows[-1]), flush=True)
+    meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, cuda=torch.version.cuda,
+                lib=args.lib or "built from csrc", iters=args.iters, reps=args.reps,
+                gate=dict(max=GATE_MAX, mean=GATE_MEAN))
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "kernels_gemm.json"), "w") as fh:
+        json.dump(dict(meta=meta, rows=rows), fh, indent=1)
+    print("| workload | gemm | impl | us | max diff | mean diff | gate |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print("| " + " | ".join([r["workload"], r["gemm"], r["impl"], str(r["us"]), *cells(r)]) + " |")
+    failed = [r for r in rows if r.get("gate") is False and r["impl"].startswith("bertfuse")]
+    print(f"{len(failed)} bertfuse rows failed their gate" if failed else "all bertfuse rows within the gate")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
