@@ -15,6 +15,7 @@ from typing import Callable, Mapping, NamedTuple, Sequence
 import onnx
 
 from bertfuse.errors import BertfuseError
+from bertfuse.kernels_form import KERNELS
 from bertfuse.pipeline import (PRECISIONS, ConvertOptions, RunReport, check_precision,
                                convert_model, optimize_model)
 
@@ -35,7 +36,8 @@ def convert(source: str | os.PathLike, output: str | os.PathLike | None = None, 
             precision: str = "fp32", atol: float | None = None, rtol: float | None = None,
             seed: int | None = 0, batch: int = 4, seq: int = 32, verify: bool = True,
             force: bool = False, strict: bool = False, fuse: bool = True,
-            packed: bool = False, progress: Progress | None = None) -> Result:
+            packed: bool = False, kernels: str = "ort",
+            progress: Progress | None = None) -> Result:
     """TF BERT -> fused ONNX, verified against TensorFlow (`bertfuse convert`).
 
     source: checkpoint directory or prefix, SavedModel directory, frozen .pb/.pbtxt, .keras.
@@ -46,6 +48,8 @@ def convert(source: str | os.PathLike, output: str | os.PathLike | None = None, 
     seed: the verification inputs' seed (None: a fresh draw). batch, seq: their shape.
     verify=False skips the comparison; force=True returns (and writes) a model that
     drifted; strict=True refuses one with a layer left unfused (FusionIncomplete).
+    kernels: "ort" (ONNX Runtime's contrib ops) or "bertfuse" (bertfuse's own CUDA ops,
+        fp16 only; the contrib form is verified, the bertfuse form checked equal to it).
     progress: called with each stage's name.
 
     Raises BertfuseError for bad input, ParityError (with `.report`) when the model drifts
@@ -64,14 +68,14 @@ def convert(source: str | os.PathLike, output: str | os.PathLike | None = None, 
         precision=_precision(precision), seed=_seed(seed), atol=_tolerance("atol", atol),
         rtol=_tolerance("rtol", rtol), batch=_int("batch", batch, 1), seq=_int("seq", seq, 2),
         strict=_flag("strict", strict), fuse=_flag("fuse", fuse),
-        packed=_flag("packed", packed))
+        packed=_flag("packed", packed), kernels=_choice("kernels", kernels, KERNELS))
     return Result(*convert_model(src, out, opts, _progress(progress)))
 
 
 def optimize(model: str | os.PathLike | onnx.ModelProto,
              output: str | os.PathLike | None = None, *,
              inputs: Mapping[str, str] | None = None, precision: str = "fp32",
-             strict: bool = False, packed: bool = False,
+             strict: bool = False, packed: bool = False, kernels: str = "ort",
              progress: Progress | None = None) -> Result:
     """The fusion passes on an ONNX model you exported with tf2onnx (`bertfuse optimize`).
 
@@ -80,13 +84,15 @@ def optimize(model: str | os.PathLike | onnx.ModelProto,
     inputs: rename the model's inputs to input_ids / input_mask / segment_ids (int32), as
         bertfuse.Session takes them: {role: the export's input name}; inputs left out are
         recognised by name ({} recognises all). None keeps the export's names.
+    kernels: "ort" or "bertfuse" (fp16 only; the result is checked equal to the contrib
+        form with NumPy references before it is returned).
     """
     if not isinstance(model, onnx.ModelProto):
         model = _path("model", model)
     return Result(*optimize_model(
         model, _path("output", output, optional=True), _progress(progress),
         _flag("strict", strict), _precision(precision), _flag("packed", packed),
-        inputs=_roles(inputs)))
+        inputs=_roles(inputs), kernels=_choice("kernels", kernels, KERNELS)))
 
 
 # -- argument checks: each names the argument and what it takes ----------------------------

@@ -46,7 +46,8 @@ def _options(args):
         force=getattr(args, "force", False), seed=args.seed, batch=args.batch, seq=args.seq,
         atol=args.atol, rtol=args.rtol,
         strict=getattr(args, "strict", False), fuse=not getattr(args, "no_fuse", False),
-        precision=getattr(args, "precision", "fp32"), packed=getattr(args, "packed", False))
+        precision=getattr(args, "precision", "fp32"), packed=getattr(args, "packed", False),
+        kernels=getattr(args, "kernels", "ort"))
 
 
 def _run_with_report(args, console, fn: Callable) -> int:
@@ -115,7 +116,7 @@ def _cmd_optimize(args, console) -> int:
     target = _target(args)
     return _run_with_report(args, console, lambda up: pipeline.optimize(
         args.model, target, up, args.strict, args.precision, args.packed, args.in_place,
-        args.inputs))
+        args.inputs, args.kernels))
 
 
 def _cmd_verify(args, console) -> int:

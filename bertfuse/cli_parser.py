@@ -74,6 +74,9 @@ def _add_fusion_args(p: argparse.ArgumentParser) -> None:
                    help="packed form: encoder on real tokens only (PackedAttention; CUDA only)")
     g.add_argument("--strict", action="store_true",
                    help="fail (exit 1, nothing written) if any layer is left unfused")
+    g.add_argument("--kernels", choices=("ort", "bertfuse"), default="ort",
+                   help="ort: ONNX Runtime's contrib ops (default); bertfuse: bertfuse's own "
+                        "CUDA ops (ai.bertfuse, fp16 only, needs the bertfuse op library)")
 
 
 def _add_write_target(p: argparse.ArgumentParser, what: str) -> None:

@@ -16,7 +16,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-GELU_OPS = ("BiasGelu", "FastGelu", "Gelu", "GemmFastGelu")
+GELU_OPS = ("BiasGelu", "FastGelu", "Gelu", "GemmFastGelu", "DenseBiasGelu")
+# The ai.bertfuse ops (--kernels bertfuse) count as the contrib ops they replace.
+ATTENTION_OPS = ("Attention", "BertAttention")
+SKIP_LN_OPS = ("SkipLayerNormalization", "DenseBiasSkipLayerNorm")
 # Pass components whose misses do not explain an unfused layer (embed_layernorm has its row).
 NOT_LAYER = ("embed_layernorm", "cleanup", "dense_gemm", "first_token", "gemm_to_matmul", "fp16",
              "shared_weights")
@@ -80,7 +83,7 @@ def encoder_table(op_types: Sequence[str], diagnostics: Iterable = ()) -> Encode
     """From node op types in topological order (domain-free), plus pass diagnostics."""
     segments: list[list[str]] = [[]]
     for op in op_types:
-        if op in ("Attention", "Softmax"):
+        if op in ATTENTION_OPS + ("Softmax",):
             segments.append([])
         segments[-1].append(op)
     prelude, layer_ops = segments[0], segments[1:]
@@ -92,7 +95,8 @@ def encoder_table(op_types: Sequence[str], diagnostics: Iterable = ()) -> Encode
             counts["Tanh"] -= 1  # the pooler's activation follows the last layer
         leftovers = {op: counts[op] for op in ("Softmax",) + RAW_LN_OPS + ("Erf", "Tanh")
                      if counts[op]}
-        layers.append(LayerStatus(i, counts["Attention"] > 0, counts["SkipLayerNormalization"],
+        layers.append(LayerStatus(i, any(counts[a] for a in ATTENTION_OPS),
+                                  sum(counts[s] for s in SKIP_LN_OPS),
                                   any(counts[g] for g in GELU_OPS), leftovers))
     misses = [d for d in diagnostics if not d.fused and d.reason and
               d.component not in NOT_LAYER]

@@ -87,6 +87,7 @@ class ConvertOptions:
     strict: bool = False
     fuse: bool = True
     packed: bool = False
+    kernels: str = "ort"  # ort | bertfuse (kernels_form.py)
 
 
 def convert(src_path: str, out_path: str, opts: ConvertOptions,
@@ -136,6 +137,11 @@ def convert_model(src_path: str, out_path: str | None, opts: ConvertOptions,
                 st.detail = "ok" if report.parity.ok else "DRIFT"
     finally:
         source.close()
+    if opts.kernels == "bertfuse":  # the verified contrib form, rewritten and checked equal
+        from bertfuse.kernels_form import emit
+
+        model = emit(model, report, status, opts.batch, opts.seq, opts.seed, opts.verify,
+                     refuse_drift=False, strict=opts.strict)
     if opts.packed:
         model = _pack(model, report, status)
     _write(model, out_path, report, opts.force, status, opts.strict)
@@ -218,18 +224,26 @@ def _check_gate(opts: ConvertOptions) -> None:
     from bertfuse.converter.reference import prefer_onednn_off
 
     check_precision(opts.precision)
+    _check_kernels(opts.kernels, opts.precision, opts.packed)
     _check_inputs_text(opts.inputs)
     check_seed(opts.seed)
     check_verify_size(opts.batch, opts.seq)
     tolerance_for(opts.precision, opts.atol, opts.rtol)
     if not opts.fuse:  # these act on the fused graph: without it they would silently do nothing
         asked = [flag for flag, on in (("--strict", opts.strict), ("--packed", opts.packed),
-                                       ("--precision fp16", opts.precision != "fp32")) if on]
+                                       ("--precision fp16", opts.precision != "fp32"),
+                                       ("--kernels bertfuse", opts.kernels != "ort")) if on]
         if asked:
             raise BertfuseError(f"{asked[0]} needs the fusion passes; it cannot be combined "
                                 f"with --no-fuse")
     if opts.verify:
         prefer_onednn_off()
+
+
+def _check_kernels(kernels: str, precision: str, packed: bool) -> None:
+    from bertfuse.kernels_form import check_kernels
+
+    check_kernels(kernels, precision, packed)
 
 
 def parity_failure(parity: ParityReport) -> str:
@@ -257,18 +271,19 @@ def parity_failure(parity: ParityReport) -> str:
 
 def optimize(in_path: str, out_path: str, status: Callable[[str], None] | None = None,
              strict: bool = False, precision: str = "fp32", packed: bool = False,
-             in_place: bool = False, inputs: str | dict[str, str] | None = None) -> RunReport:
+             in_place: bool = False, inputs: str | dict[str, str] | None = None,
+             kernels: str = "ort") -> RunReport:
     """Passes on an ONNX model a user exported themselves. `out_path` may be `in_path` only
     with `in_place` (the file is then replaced after success, never half-written).
     `inputs` (ROLE=NAME,... or {role: name}): rename the inputs to the canonical roles."""
     return optimize_model(in_path, out_path, status, strict, precision, packed, in_place,
-                          inputs)[1]
+                          inputs, kernels)[1]
 
 
 def optimize_model(source: str | onnx.ModelProto, out_path: str | None,
                    status: Callable[[str], None] | None = None, strict: bool = False,
                    precision: str = "fp32", packed: bool = False, in_place: bool = False,
-                   inputs: str | dict[str, str] | None = None
+                   inputs: str | dict[str, str] | None = None, kernels: str = "ort"
                    ) -> tuple[onnx.ModelProto, RunReport]:
     """optimize, returning the model too; `source` a path or a ModelProto; out_path None:
     checked (and --strict gated), not written."""
@@ -276,6 +291,7 @@ def optimize_model(source: str | onnx.ModelProto, out_path: str | None,
     from bertfuse.modelio import check_input_model, load_model
 
     check_precision(precision)
+    _check_kernels(kernels, precision, packed)
     _check_inputs_text(inputs)
     override = parse_override(inputs) if inputs is not None else None
     from_file = not isinstance(source, onnx.ModelProto)
@@ -301,6 +317,11 @@ def optimize_model(source: str | onnx.ModelProto, out_path: str | None,
     model = _optimize(raw, report, status, precision)
     with report.stage("check (onnx checker + ORT load)", status):
         check_model(model)
+    if kernels == "bertfuse":  # the contrib form, rewritten; checked equal before writing
+        from bertfuse.kernels_form import emit
+
+        model = emit(model, report, status, 4, 32, DEFAULT_SEED, check=True,
+                     refuse_drift=True, strict=strict)
     if packed:
         model = _pack(model, report, status)
     _write(model, out_path, report, True, status, strict)

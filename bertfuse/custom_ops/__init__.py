@@ -7,8 +7,10 @@ ai.onnx 17 + com.microsoft 1). No TensorFlow anywhere: this must import on the G
 
 from __future__ import annotations
 
-from . import attention, embed_layernorm, gelu, layernorm, packed_attention, skip_layernorm
-from .contract import MS_DOMAIN, MS_OPSET, ONNX_OPSET, AttrSpec, OpContract, TensorSpec, one_node_model
+from . import attention, bert_attention, dense, embed_layernorm, gelu, layernorm, packed_attention, \
+    skip_layernorm
+from .contract import BERTFUSE_DOMAIN, BERTFUSE_OPSET, MS_DOMAIN, MS_OPSET, ONNX_OPSET, AttrSpec, \
+    OpContract, TensorSpec, one_node_model
 
 CONTRACTS: dict[str, OpContract] = {
     c.op_type: c
@@ -26,7 +28,22 @@ CONTRACTS: dict[str, OpContract] = {
     )
 }
 
+# bertfuse's own op library (domain ai.bertfuse, CUDA EP only): kept apart from CONTRACTS,
+# whose entries are checked against ONNX Runtime's own schemas and kernels.
+BERTFUSE_CONTRACTS: dict[str, OpContract] = {
+    c.op_type: c
+    for c in (
+        dense.DENSE_BIAS,
+        dense.DENSE_BIAS_GELU,
+        dense.DENSE_BIAS_SKIP_LAYERNORM,
+        bert_attention.CONTRACT,
+    )
+}
+
 __all__ = [
+    "BERTFUSE_CONTRACTS",
+    "BERTFUSE_DOMAIN",
+    "BERTFUSE_OPSET",
     "CONTRACTS",
     "MS_DOMAIN",
     "MS_OPSET",
@@ -35,6 +52,8 @@ __all__ = [
     "OpContract",
     "TensorSpec",
     "attention",
+    "bert_attention",
+    "dense",
     "embed_layernorm",
     "gelu",
     "layernorm",

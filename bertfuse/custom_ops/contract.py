@@ -17,6 +17,8 @@ MS_DOMAIN = "com.microsoft"
 ONNX_DOMAIN = ""  # ai.onnx
 ONNX_OPSET = 17  # LayerNormalization first appears in opset 17
 MS_OPSET = 1  # every com.microsoft op here is version 1
+BERTFUSE_DOMAIN = "ai.bertfuse"  # bertfuse's own op library (CUDA EP only)
+BERTFUSE_OPSET = 1
 # IR 8 is the IR of opset 17 (ONNX 1.12); newer onnx writes IR versions older ORT builds refuse.
 IR_VERSION = 8
 
@@ -203,7 +205,8 @@ def one_node_model(
     )
     model = helper.make_model(
         graph,
-        opset_imports=[helper.make_opsetid(ONNX_DOMAIN, ONNX_OPSET), helper.make_opsetid(MS_DOMAIN, MS_OPSET)],
+        opset_imports=[helper.make_opsetid(ONNX_DOMAIN, ONNX_OPSET), helper.make_opsetid(MS_DOMAIN, MS_OPSET)]
+        + ([helper.make_opsetid(BERTFUSE_DOMAIN, BERTFUSE_OPSET)] if domain == BERTFUSE_DOMAIN else []),
         producer_name="bertfuse.custom_ops",
     )
     model.ir_version = IR_VERSION

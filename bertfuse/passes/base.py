@@ -101,7 +101,7 @@ class Layers:
         self._layer: dict[int, int | None] = {}
         layer: int | None = None
         for node in graph.nodes:
-            if node.op in ("Softmax", "Attention"):
+            if node.op in ("Softmax", "Attention", "BertAttention"):
                 layer = 0 if layer is None else layer + 1
             self._layer[id(node)] = layer
 

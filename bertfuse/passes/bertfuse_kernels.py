@@ -1,0 +1,252 @@
+"""bertfuse kernels: the fused fp16 ORT-contrib encoder rewritten into ai.bertfuse ops, each
+one GEMM with its epilogue (bertfuse/custom_ops: dense.py, bert_attention.py).
+
+    X ─► Attention(W_qkv, b_qkv, mask) ─► ctx
+    ==>  X ─► DenseBias(W_qkv, b_qkv) ─► qkv ─► BertAttention(mask) ─► ctx
+
+    X ─► MatMul(W) ─► SkipLayerNormalization(skip, γ, β, bias) ─► y
+    ==>  X ─► DenseBiasSkipLayerNorm(W, bias, skip, γ, β) ─► y
+
+    X ─► MatMul(W) ─► BiasGelu(bias) | FastGelu(bias) | Gelu ─► y
+    ==>  X ─► DenseBiasGelu(W, bias, approximate = 0 erf | 1 tanh) ─► y
+
+The contrib ops are matched by the math their contracts define, not by names: the GELU
+flavour comes from the op (BiasGelu and Gelu are exact erf GELU, FastGelu the tanh form),
+an absent bias or beta becomes zeros, and SkipLayerNormalization's sum is symmetric, so the
+MatMul may feed either of its first two slots. Attention's mask must be one of the forms
+BertAttention reads: none, raw [B, S], or key lengths [B] (told apart by evaluating the mask
+on probe inputs); [2B], [3B+2], [B,S,S], past/present, causal, an attention bias, rotary or
+another mask_filter_value than -10000 stay Attention, with the reason. fp16 only.
+
+EmbedLayerNormalization, the pooler and heads (Gemm, Tanh) are left alone.
+
+Candidates: every com.microsoft Attention, SkipLayerNormalization, BiasGelu, FastGelu and
+Gelu; each ends converted or missed, in its encoder layer.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from bertfuse.custom_ops.bert_attention import CONTRACT as BERT_ATTENTION
+from bertfuse.custom_ops.bert_attention import MASK_FILTER_VALUE
+from bertfuse.custom_ops.dense import DENSE_BIAS, DENSE_BIAS_GELU, DENSE_BIAS_SKIP_LAYERNORM
+from bertfuse.custom_ops.skip_layernorm import DEFAULT_EPSILON
+from bertfuse.passes.base import MS_DOMAIN, Layers, MatchResult, PassResult, const, const_value, \
+    detach, is_graph_output, producer
+from bertfuse.passes.evaluate import eval_with_ort, rank_of
+from bertfuse.passes.probe import probe_feeds
+
+GELU_APPROXIMATE = {"BiasGelu": 0, "Gelu": 0, "FastGelu": 1}  # 0 erf, 1 tanh
+COMPONENTS = {"Attention": "kernels_attention", "SkipLayerNormalization": "kernels_skip_layernorm",
+              **{op: "kernels_gelu" for op in GELU_APPROXIMATE}}
+_ATTENTION_EXTRAS = ("past", "attention_bias", "past_sequence_length")
+
+
+class BertfuseKernels:
+    name = "bertfuse_kernels"
+
+    def __call__(self, graph: gs.Graph) -> PassResult:
+        result = PassResult()
+        layers = Layers(graph)
+        candidates = [n for n in graph.nodes if n.domain == MS_DOMAIN and n.op in COMPONENTS]
+        shapes = _ProbeShapes(graph, candidates)
+        for node in candidates:
+            component, layer = COMPONENTS[node.op], layers.of(node)
+            if node.op == "Attention":
+                match = _match_attention(graph, node, shapes)
+            elif node.op == "SkipLayerNormalization":
+                match = _match_skip_layernorm(graph, node, shapes)
+            else:
+                match = _match_gelu(graph, node)
+            if not result.record(component, match, layer):
+                continue
+            match.found(graph)  # the rewrite the match prepared
+            result.fused(component, layer)
+        return result
+
+
+class _ProbeShapes:
+    """Shapes of the tensors the matches compare (masks, residuals), from one ORT run of the
+    graph on probe inputs before anything is rewritten (ORT cannot run ai.bertfuse ops).
+    Shape inference alone cannot tell [B] from [2B], or a [1,S,H] residual from a [B,S,H]
+    one, when dims are symbolic."""
+
+    def __init__(self, graph: gs.Graph, candidates: list[gs.Node]) -> None:
+        wanted: dict[int, gs.Tensor] = {}
+        for n in candidates:
+            if n.op == "Attention":
+                wanted.update({id(t): t for t in n.inputs[:1] + n.inputs[3:4] if t.name})
+            elif n.op == "SkipLayerNormalization":
+                wanted.update({id(t): t for t in n.inputs[:2]})
+        tensors = list(wanted.values())
+        self._shapes: dict[int, tuple[int, ...]] | str = {}
+        if tensors:
+            try:
+                values = eval_with_ort(graph, tensors, probe_feeds(graph))
+                self._shapes = {id(t): tuple(np.shape(v)) for t, v in zip(tensors, values)}
+            except Exception as exc:  # any ORT failure: every shape check misses with it
+                self._shapes = f"cannot evaluate shapes on probe inputs ({type(exc).__name__})"
+
+    def of(self, t: gs.Tensor) -> tuple[int, ...] | str:
+        """The tensor's probe shape, or why there is none."""
+        if isinstance(self._shapes, str):
+            return self._shapes
+        return self._shapes.get(id(t), f"no probe shape for {t.name}")
+
+
+def _fp16_const(t: gs.Tensor, what: str, ndim: int) -> np.ndarray | str:
+    value = const_value(t)
+    if value is None:
+        return f"{what} is not a constant"
+    if value.ndim != ndim:
+        return f"{what} has rank {value.ndim}, expected {ndim}"
+    if value.dtype != np.float16:
+        return f"{what} is {value.dtype}: the bertfuse ops are fp16 only"
+    return value
+
+
+def _zeros(name: str, n: int) -> gs.Constant:
+    return const(name, np.zeros(n, np.float16))
+
+
+def _reuse_output(node: gs.Node) -> gs.Tensor:
+    """The node's first output, detached from it (the new node writes the same tensor, so
+    names, graph outputs and consumers stay), and the node detached."""
+    out = node.outputs[0]
+    detach([node])
+    return out
+
+
+def _dense(graph: gs.Graph, t: gs.Tensor, what: str) -> MatchResult:
+    """t = MatMul(X, W) with a constant fp16 W [K, N], read only by the candidate."""
+    m = MatchResult()
+    mm = producer(t)
+    if mm is None or mm.op != "MatMul":
+        return m.fail(f"{what} is not a MatMul's output")
+    w = _fp16_const(mm.inputs[1], f"the weight of {mm.name}", 2)
+    if isinstance(w, str):
+        return m.fail(w)
+    if const_value(mm.inputs[0]) is not None:
+        return m.fail(f"{mm.name} multiplies two constants")
+    if len(t.outputs) != 1 or is_graph_output(graph, t):
+        return m.fail(f"the output of {mm.name} is also read elsewhere")
+    return m.ok((mm, mm.inputs[0], mm.inputs[1], w.shape[1]))
+
+
+def _match_attention(graph: gs.Graph, node: gs.Node, shapes: _ProbeShapes) -> MatchResult:
+    m = MatchResult()
+    for i, slot in enumerate(_ATTENTION_EXTRAS, start=4):
+        if len(node.inputs) > i and node.inputs[i].name:
+            return m.fail(f"{node.name} has a {slot} input (BertAttention has none)")
+    if len(node.outputs) > 1 and any(t.name for t in node.outputs[1:]):
+        return m.fail(f"{node.name} has a present (KV cache) output")
+    for attr in ("unidirectional", "do_rotary", "past_present_share_buffer"):
+        if node.attrs.get(attr, 0):
+            return m.fail(f"{node.name} has {attr}={node.attrs[attr]}")
+    if node.attrs.get("qkv_hidden_sizes"):
+        return m.fail(f"{node.name} sets qkv_hidden_sizes (Q, K, V of different widths)")
+    w = _fp16_const(node.inputs[1], f"the QKV weight of {node.name}", 2)
+    if isinstance(w, str):
+        return m.fail(w)
+    width = w.shape[1]
+    heads = int(node.attrs["num_heads"])
+    if width % 3 or (width // 3) % heads:
+        return m.fail(f"QKV width {width} is not 3 x num_heads {heads} x head size")
+    bias = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2].name else None
+    if bias is not None:
+        b = _fp16_const(bias, f"the QKV bias of {node.name}", 1)
+        if isinstance(b, str):
+            return m.fail(b)
+    x, weight = node.inputs[0], node.inputs[1]
+    if rank_of(x) not in (3, None):
+        return m.fail(f"the input of {node.name} is not [B, S, H]")
+    mask = node.inputs[3] if len(node.inputs) > 3 and node.inputs[3].name else None
+    if mask is not None:
+        form = _mask_form(node, x, mask, shapes)
+        if form:
+            return m.fail(form)
+    scale = node.attrs.get("scale")
+
+    def rewrite(graph: gs.Graph) -> None:
+        ctx = _reuse_output(node)
+        qkv = gs.Variable(f"{node.name}_qkv", dtype=np.float16)
+        graph.nodes.append(DENSE_BIAS.node(
+            f"{node.name}_DenseBias",
+            [x, weight, bias if bias is not None else _zeros(f"{node.name}_qkv_bias", width)],
+            [qkv]))
+        graph.nodes.append(BERT_ATTENTION.node(f"{node.name}_BertAttention", [qkv, mask], [ctx],
+                                               num_heads=heads, scale=scale))
+
+    return m.ok(rewrite)
+
+
+def _mask_form(node: gs.Node, x: gs.Tensor, mask: gs.Tensor, shapes: _ProbeShapes) -> str:
+    """'' when the mask is raw [B, S] or key lengths [B] int32, else why not."""
+    if mask.dtype is not None and np.dtype(mask.dtype) != np.int32:
+        return f"the mask of {node.name} is {np.dtype(mask.dtype)}, not int32"
+    if node.attrs.get("mask_filter_value", MASK_FILTER_VALUE) != MASK_FILTER_VALUE:
+        return (f"{node.name} masks with {node.attrs['mask_filter_value']:g}; BertAttention "
+                f"adds {MASK_FILTER_VALUE:g}")
+    got, xs = shapes.of(mask), shapes.of(x)
+    for s in (got, xs):
+        if isinstance(s, str):
+            return s
+    b, s = xs[:2]
+    if got == (b, s) or got == (b,):
+        return ""
+    return (f"the mask of {node.name} has shape {list(got)} at B={b}, S={s}: BertAttention "
+            f"reads the raw [B, S] or key-length [B] form only")
+
+
+def _match_skip_layernorm(graph: gs.Graph, node: gs.Node, shapes: _ProbeShapes) -> MatchResult:
+    m = MatchResult()
+    if any(t.name and (t.outputs or is_graph_output(graph, t)) for t in node.outputs[1:]):
+        return m.fail(f"{node.name}'s mean, inv_std_var or input_skip_bias_sum is read")
+    dense = _dense(graph, node.inputs[0], f"the input of {node.name}")
+    skip_slot = 1
+    if not dense:  # input + skip is symmetric: the dense layer may be the 'skip'
+        other = _dense(graph, node.inputs[1], f"the skip of {node.name}")
+        if not other:
+            return dense
+        dense, skip_slot = other, 0
+    mm, x, w, n = dense.found
+    skip = node.inputs[skip_slot]
+    got, want = shapes.of(skip), shapes.of(node.inputs[1 - skip_slot])
+    if isinstance(got, str) or isinstance(want, str) or got != want:
+        return m.fail(got if isinstance(got, str) else want if isinstance(want, str) else
+                      f"the residual of {node.name} has shape {list(got)}, the dense output "
+                      f"{list(want)} (a broadcast skip is not taken)")
+    ins = list(node.inputs) + [None] * (5 - len(node.inputs))
+    gamma, beta, bias = ins[2], ins[3], ins[4]
+    eps = float(node.attrs.get("epsilon", DEFAULT_EPSILON))
+
+    def rewrite(graph: gs.Graph) -> None:
+        y = _reuse_output(node)
+        detach([mm])
+        graph.nodes.append(DENSE_BIAS_SKIP_LAYERNORM.node(
+            f"{node.name}_Dense", [
+                x, w, bias if bias is not None and bias.name else _zeros(f"{node.name}_bias", n),
+                skip, gamma, beta if beta is not None and beta.name else _zeros(f"{node.name}_beta", n)],
+            [y], epsilon=eps))
+
+    return m.ok(rewrite)
+
+
+def _match_gelu(graph: gs.Graph, node: gs.Node) -> MatchResult:
+    dense = _dense(graph, node.inputs[0], f"the input of {node.name}")
+    if not dense:
+        return dense
+    mm, x, w, n = dense.found
+    bias = node.inputs[1] if len(node.inputs) > 1 and node.inputs[1].name else None
+    approximate = GELU_APPROXIMATE[node.op]
+
+    def rewrite(graph: gs.Graph) -> None:
+        y = _reuse_output(node)
+        detach([mm])
+        graph.nodes.append(DENSE_BIAS_GELU.node(
+            f"{node.name}_Dense", [x, w, bias if bias is not None else _zeros(f"{node.name}_bias", n)],
+            [y], approximate=approximate))
+
+    return MatchResult().ok(rewrite)
