@@ -44,7 +44,7 @@ struct Traits {
 };
 
 // The device ORT created this kernel for: from the EP's allocator, else the current device.
-int KernelDevice(const OrtKernelInfo* info, OrtAllocator** keep) {
+int KernelDevice(const OrtKernelInfo* info) {
   const OrtApi& api = Ort::GetApi();
   OrtAllocator* alloc = nullptr;
   int device = -1;
@@ -61,12 +61,32 @@ int KernelDevice(const OrtKernelInfo* info, OrtAllocator** keep) {
     } else {
       api.ReleaseStatus(s2);
     }
-    *keep = alloc;
+    api.ReleaseAllocator(alloc);
   } else if (st != nullptr) {
     api.ReleaseStatus(st);
   }
   return device;
 }
+
+// A scratch buffer from ORT's allocator for this run, freed on every path out of Compute.
+struct Scratch {
+  OrtKernelContext* ctx;
+  OrtAllocator* alloc = nullptr;
+  void* ptr = nullptr;
+  explicit Scratch(OrtKernelContext* c) : ctx(c) {}
+  // mem: where the buffer goes (the memory info of an input already on the device).
+  OrtStatusPtr Get(const OrtMemoryInfo* mem, size_t bytes) {
+    const OrtApi& api = Ort::GetApi();
+    if (OrtStatusPtr st = api.KernelContext_GetAllocator(ctx, mem, &alloc)) return st;
+    return api.KernelContext_GetScratchBuffer(ctx, mem, bytes, &ptr);
+  }
+  ~Scratch() {
+    if (ptr) alloc->Free(alloc, ptr);
+    if (alloc) Ort::GetApi().ReleaseAllocator(alloc);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+};
 
 template <typename T>
 class DenseKernel {
@@ -88,12 +108,7 @@ class DenseKernel {
         throw std::invalid_argument("attribute x_scale (the activations' FP8 scale) is required and must be a finite float > 0");
       }
     }
-    const int device = KernelDevice(info, &alloc_);
-    gemm_ = std::make_unique<bertfuse::DenseGemm>(device);
-  }
-
-  ~DenseKernel() {
-    if (alloc_) Ort::GetApi().ReleaseAllocator(alloc_);
+    gemm_ = std::make_unique<bertfuse::DenseGemm>(KernelDevice(info));
   }
 
   OrtStatusPtr ComputeV2(OrtKernelContext* context) {
@@ -165,22 +180,19 @@ class DenseKernel {
     a.approximate = approximate_;
     a.epsilon = epsilon_;
 
-    // FP8: the quantized activations need M*K bytes of scratch, taken from ORT's device
-    // allocator (its arena; no cudaMalloc once warm) and given back as soon as the work is
-    // queued: later users of the chunk run after it on the same stream.
-    void* scratch = nullptr;
+    // FP8: the quantized activations need M*K bytes of scratch: ORT's stream-aware scratch
+    // buffer (what its own CUDA kernels use; the arena, no cudaMalloc once warm), handed back
+    // as soon as the work is queued: later users of the chunk run after it on the stream.
+    Scratch scratch(context);
     if (T::kFp8) {
-      BF_REQUIRE(alloc_ != nullptr, "no device allocator from ONNX Runtime for the FP8 scratch");
-      scratch = alloc_->Alloc(alloc_, static_cast<size_t>(M) * static_cast<size_t>(K));
-      BF_REQUIRE(scratch != nullptr, "could not allocate " << M * K << " bytes of FP8 scratch");
+      BF_ORT_OK(scratch.Get(ctx.GetInput(0).GetTensorMemoryInfo(), static_cast<size_t>(M) * static_cast<size_t>(K)));
       a.fp8 = true;
       a.w_scale = w_scale.as<float>();
       a.x_scale = x_scale_;
-      a.xq = static_cast<uint8_t*>(scratch);
+      a.xq = static_cast<uint8_t*>(scratch.ptr);
       a.fast_accum = fast_accum_;
     }
     const char* err = bertfuse::bf_dense_forward(*gemm_, stream, a);
-    if (scratch) alloc_->Free(alloc_, scratch);
     if (err) return bf::Error(kOp, err, ORT_EP_FAIL);
     return nullptr;
   }
@@ -189,7 +201,6 @@ class DenseKernel {
   float epsilon_ = 1e-12f;
   float x_scale_ = 1.f;
   bool fast_accum_ = true;
-  OrtAllocator* alloc_ = nullptr;
   std::unique_ptr<bertfuse::DenseGemm> gemm_;
 };
 
