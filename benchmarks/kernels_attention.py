@@ -266,6 +266,13 @@ def print_tables(log: dict) -> None:
     print(f"\n{len(bad)} failing checks" if bad else "\nall checks pass")
 
 
+def check_paths(lib: Path | None, out: Path) -> None:
+    if lib is not None and not lib.is_file():
+        raise Unavailable(f"--lib {lib}: no such file")
+    if not out.is_dir():
+        raise Unavailable(f"--out {out}: not a directory")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lib", type=Path, help="a built library exporting bf_check_attention (default: nvcc-build)")
@@ -277,10 +284,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.iters < 1 or args.graph_calls < 1:
         raise Unavailable("--iters and --graph-calls must be >= 1")
-    if args.lib is not None and not args.lib.is_file():
-        raise Unavailable(f"--lib {args.lib}: no such file")
-    if not args.out.is_dir():
-        raise Unavailable(f"--out {args.out}: not a directory")
+    check_paths(args.lib, args.out)
     try:
         import torch
     except ImportError as exc:

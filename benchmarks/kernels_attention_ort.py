@@ -19,7 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from kernels_attention import GATE_MAX, GATE_MEAN, Unavailable, make_case, reference  # puts bertfuse on sys.path
+from kernels_attention import (  # importing it puts bertfuse on sys.path
+    GATE_MAX, GATE_MEAN, Unavailable, check_paths, make_case, reference)
 
 from bertfuse.safety import handle_signals, write_text
 
@@ -103,10 +104,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
     args = ap.parse_args()
-    if not args.lib.is_file():
-        raise Unavailable(f"--lib {args.lib}: no such file")
-    if not args.out.is_dir():
-        raise Unavailable(f"--out {args.out}: not a directory")
+    check_paths(args.lib, args.out)
     try:
         import onnxruntime as ort
 
