@@ -6,7 +6,8 @@ against torch SDPA (same key mask) and a naive torch attention. No ONNX Runtime 
 
 Gate per case: max |diff| <= 4e-2 and mean |diff| <= 2e-3 against the reference, no NaN.
 Times are per call, from CUDA-graph replays of --graph-calls back-to-back calls (CUDA events,
-median of --iters replays after warm-up), so host launch cost is not in them. Writes
+median of --iters replays after warm-up), so host launch cost is not in them; the profiler's summed
+kernel time per call (CUPTI via torch.profiler) is shown beside them where available. Writes
 $OUT/kernels_attention.json (or --out) and prints the tables last. Exit 0 when every check
 passes, 1 when one fails, 2 on bad arguments or a missing GPU/tool.
 """
@@ -151,6 +152,26 @@ def torch_baselines(torch, qkv, mask, heads: int, scale: float):
     return sdpa, naive
 
 
+def kernel_us(torch, fn, calls: int = 50) -> float | None:
+    """Summed GPU kernel time per call from torch's profiler (CUPTI; sees ctypes launches too).
+    None when the profiler gives no kernel events here."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+        total = sum(e.time_range.elapsed_us() for e in prof.events()
+                    if getattr(e.device_type, "name", "") == "CUDA")
+        return total / calls if total > 0 else None
+    except Exception as exc:  # the profiler's API moves between torch releases: report, go on
+        print(f"kernel_us: profiler unavailable ({exc})", file=sys.stderr)
+        return None
+
+
 def time_us(torch, fn, iters: int, calls: int) -> float:
     """Median per-call GPU time of `calls` back-to-back calls replayed from one CUDA graph."""
     stream = torch.cuda.Stream()
@@ -244,6 +265,9 @@ def run(args, torch, dll) -> dict:
         sdpa, naive = torch_baselines(torch, qkv, mask, heads, 1 / 8)
         row["sdpa_us"] = time_us(torch, sdpa, args.iters, args.graph_calls)
         row["naive_us"] = time_us(torch, naive, args.iters, args.graph_calls)
+        for name, fn in (("bertfuse", launcher(dll, torch, qkv, mask, heads, 0.0, out, 0)), ("sdpa", sdpa),
+                         ("naive", naive)):
+            row[f"{name}_kernel_us"] = kernel_us(torch, fn)
         log["timings"].append(row)
     return log
 
@@ -257,11 +281,15 @@ def print_tables(log: dict) -> None:
               f"{'ok' if c['ok'] else 'FAIL'} |")
     for u in log["unsupported"]:
         print(f"unsupported {u['case']}: {'refused: ' + u['reason'] if u['refused'] else 'NOT refused (FAIL)'}")
-    print("\n| case (us/call) | bertfuse auto | w1 | w2 | w4 | torch SDPA | torch naive |")
+    def us(v) -> str:
+        return "-" if v is None else f"{v:.2f}"
+    print("\nus per call: CUDA-graph replay (and profiler kernel time)")
+    print("| case | bertfuse auto | w1 | w2 | w4 | torch SDPA | torch naive |")
     print("|---|---|---|---|---|---|---|")
     for t in log["timings"]:
-        print(f"| {t['case']} | {t['bertfuse_w0_us']:.2f} | {t['bertfuse_w1_us']:.2f} | {t['bertfuse_w2_us']:.2f} | "
-              f"{t['bertfuse_w4_us']:.2f} | {t['sdpa_us']:.2f} | {t['naive_us']:.2f} |")
+        print(f"| {t['case']} | {us(t['bertfuse_w0_us'])} ({us(t['bertfuse_kernel_us'])}) | "
+              f"{us(t['bertfuse_w1_us'])} | {us(t['bertfuse_w2_us'])} | {us(t['bertfuse_w4_us'])} | "
+              f"{us(t['sdpa_us'])} ({us(t['sdpa_kernel_us'])}) | {us(t['naive_us'])} ({us(t['naive_kernel_us'])}) |")
     bad = [c for c in log["checks"] + log["unsupported"] if not c["ok"]]
     print(f"\n{len(bad)} failing checks" if bad else "\nall checks pass")
 
