@@ -8,7 +8,8 @@ check entry point on the shenma (M = 1280) and base (M = 128, 4096) GEMM shapes,
 a float64 reference (fp16 gate: max <= 4e-2, mean <= 2e-3; FP8 is gated against the float64
 product of its own dequantized inputs and its error against the true product is reported),
 and times each against torch equivalents: median per call over --iters replays of a CUDA
-graph holding --reps calls (so host launch cost is out). Writes kernels_gemm.json under
+graph holding --reps calls (so host launch cost is out); with fast FP8 accumulation the FP8
+gate is 10x looser. Writes kernels_gemm.json under
 --out ($OUT) and prints a table last. Exit 1 when a gate fails or an op errors.
 """
 
@@ -74,8 +75,9 @@ def load(path: str) -> ctypes.CDLL:
     lib.bf_check_dense_fp8.argtypes = ([U64, U64, U64, F32, U64] + [U64] * 5 + [I32] * 5
                                        + [F32, I32, I32, U64])
     lib.bf_check_layernorm.argtypes = [U64] * 5 + [F32, U64, I32, I32, U64]
+    lib.bf_check_set_algo_rank.argtypes = [I32]
     lib.bf_dense_last_error.restype = ctypes.c_char_p
-    for f in ("bf_check_dense", "bf_check_dense_fp8", "bf_check_layernorm"):
+    for f in ("bf_check_dense", "bf_check_dense_fp8", "bf_check_layernorm", "bf_check_set_algo_rank"):
         getattr(lib, f).restype = I32
     return lib
 
@@ -114,11 +116,13 @@ def ref64(x, w, bias, skip, gamma, beta, kind: int, approximate: int) -> np.ndar
     return y
 
 
-def diff(y: torch.Tensor, ref: np.ndarray) -> tuple[float, float, bool]:
-    d = np.abs(y.double().cpu().numpy() - ref)
+def diff(y: torch.Tensor, ref: np.ndarray, loose: float = 1.0) -> tuple[float, float, bool]:
+    """max/mean |y - ref| and whether they pass the gate (scaled by `loose`); NaN never passes."""
+    y64 = y.double().cpu().numpy()
+    d = np.abs(y64 - ref)
     mx, mean = float(d.max()), float(d.mean())
-    finite = bool(np.isfinite(y.double().cpu().numpy()).all())
-    return mx, mean, finite and mx <= GATE_MAX and mean <= GATE_MEAN
+    ok = bool(np.isfinite(y64).all()) and mx <= GATE_MAX * loose and mean <= GATE_MEAN * loose
+    return mx, mean, ok
 
 
 def time_us(fn, reps: int, iters: int, s: torch.cuda.Stream) -> float | str:
@@ -197,6 +201,12 @@ def run_shape(lib, args, wl: str, M: int, name: str, K: int, N: int, kind: int, 
             row.update(gate=False, error=str(exc))
         row["us"] = time_us(ours(variant), args.reps, args.iters, s)
         rows.append(row)
+    # What cuBLASLt's heuristic leaves on the table: its next choices (M = 1280 only).
+    for rank in range(1, args.algos if M == 1280 else 0):
+        checked(lib, lib.bf_check_set_algo_rank(rank))
+        rows.append(dict(base, impl=f"bertfuse v0 algo rank {rank}", precision="fp16",
+                         us=time_us(ours(0), args.reps, args.iters, s)))
+    checked(lib, lib.bf_check_set_algo_rank(0))
     # Another stream than the workspace's owner: the algorithms that need no workspace.
     rows.append(dict(base, impl="bertfuse v0 (no workspace)", precision="fp16",
                      us=time_us(ours(0), args.reps, args.iters, s2)))
@@ -247,7 +257,10 @@ def run_fp8(lib, args, base, x, w, bias, skip, gamma, beta, kind, approximate, r
             with torch.cuda.stream(s):
                 ours()
             s.synchronize()
-            row["max_diff"], row["mean_diff"], row["gate"] = diff(y, deq_ref)  # kernel vs its own inputs
+            # The kernel against the float64 product of its own (dequantized) inputs: the fp16
+            # gate with full accumulation; Hopper's fast accumulation is looser (10x), which
+            # still catches a wrong layout or scale (errors of order 1).
+            row["max_diff"], row["mean_diff"], row["gate"] = diff(y, deq_ref, 10.0 if fast else 1.0)
             row["max_diff_vs_fp64"], row["mean_diff_vs_fp64"], _ = diff(y, ref)  # FP8's accuracy cost
         except RuntimeError as exc:
             row.update(gate=False, error=str(exc))
@@ -280,6 +293,8 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--reps", type=int, default=20, help="calls per captured graph")
+    ap.add_argument("--algos", type=int, default=4,
+                    help="also time the heuristic's next N-1 algorithms (M = 1280)")
     ap.add_argument("--no-fp8", dest="fp8", action="store_false")
     args = ap.parse_args()
     if not torch.cuda.is_available():

@@ -155,12 +155,12 @@ const char* DenseGemm::Run(cudaStream_t stream, bool fp8, const void* A, const v
   size_t ws_bytes = 0;
   void* ws = pool_->For(stream, &ws_bytes);
 
-  char key[192];
-  std::snprintf(key, sizeof(key), "%d/%d/%d/%d/%d/%d/%zu/%d/%d/%d/%d/%d", fp8 ? 1 : 0,
-                static_cast<int>(epi), C ? 1 : 0, M, N, K, ws_bytes, AlignmentOf(A),
-                AlignmentOf(B), AlignmentOf(C ? C : Y), AlignmentOf(Y), fast_accum ? 1 : 0);
-
   std::lock_guard<std::mutex> lock(mu_);
+  char key[192];
+  std::snprintf(key, sizeof(key), "%d/%d/%d/%d/%d/%d/%zu/%d/%d/%d/%d/%d/%d", fp8 ? 1 : 0,
+                static_cast<int>(epi), C ? 1 : 0, M, N, K, ws_bytes, AlignmentOf(A),
+                AlignmentOf(B), AlignmentOf(C ? C : Y), AlignmentOf(Y), fast_accum ? 1 : 0,
+                algo_rank_);
   auto it = plans_.find(key);
   if (it == plans_.end()) {
     auto p = std::make_unique<Plan>();
@@ -215,11 +215,11 @@ const char* DenseGemm::Run(cudaStream_t stream, bool fp8, const void* A, const v
       st = cublasLtMatmulAlgoGetHeuristic(handle_, p->desc, p->a, p->b, p->c, p->d, pref, 8, res, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     if (st != CUBLAS_STATUS_SUCCESS) return Fail("cublasLtMatmulAlgoGetHeuristic", st);
-    int pick = -1;
-    for (int i = 0; i < found; ++i) {
+    int pick = -1, valid = 0;
+    for (int i = 0; i < found && valid <= algo_rank_; ++i) {
       if (res[i].state == CUBLAS_STATUS_SUCCESS && res[i].workspaceSize <= ws_bytes) {
-        pick = i;
-        break;
+        pick = i;  // the algo_rank_-th valid one, else the last valid one
+        ++valid;
       }
     }
     if (pick < 0) {
@@ -524,6 +524,15 @@ BF_DENSE_EXPORT int bf_check_layernorm(uintptr_t x, uintptr_t bias, uintptr_t sk
     bertfuse::g_error = cudaGetErrorString(e);
     return 1;
   }
+  return 0;
+}
+
+// Heuristic rank of the algorithm the check entry points use from now on (0 = first choice).
+BF_DENSE_EXPORT int bf_check_set_algo_rank(int rank) {
+  const char* err = nullptr;
+  bertfuse::DenseGemm* gemm = CheckGemm(&err);
+  if (!gemm) return 1;
+  gemm->set_algo_rank(rank);
   return 0;
 }
 

@@ -61,6 +61,10 @@ class DenseGemm {
                      const float* w_scale, float x_scale, const __half* bias, const __half* C,
                      __half* Y, int M, int N, int K, Epilogue epi, bool fast_accum);
 
+  // Which of the heuristic's valid algorithms to use (0 = its first choice, what the ORT ops
+  // run); the device check sets others to see what the heuristic leaves on the table.
+  void set_algo_rank(int rank) { algo_rank_ = rank < 0 ? 0 : rank; }
+
   struct Plan;  // defined in dense.cu
 
  private:
@@ -70,6 +74,7 @@ class DenseGemm {
 
   cublasLtHandle_t handle_ = nullptr;
   std::shared_ptr<WorkspacePool> pool_;
+  int algo_rank_ = 0;
   std::mutex mu_;  // guards plans_ (ORT may call Compute from several threads)
   std::unordered_map<std::string, std::unique_ptr<Plan>> plans_;
 };
