@@ -136,17 +136,17 @@ def time_us(fn, reps: int, iters: int, s: torch.cuda.Stream) -> float | str:
         with torch.cuda.graph(g, stream=s):
             for _ in range(reps):
                 fn()
-        for _ in range(10):
-            g.replay()
         times = []
-        for _ in range(iters):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record(s)
-            with torch.cuda.stream(s):
+        with torch.cuda.stream(s):
+            for _ in range(10):
                 g.replay()
-            b.record(s)
-            b.synchronize()
-            times.append(a.elapsed_time(b) * 1e3 / reps)
+            for _ in range(iters):
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record(s)
+                g.replay()
+                b.record(s)
+                b.synchronize()
+                times.append(a.elapsed_time(b) * 1e3 / reps)
         return round(float(np.median(times)), 2)
     except Exception as exc:  # a failed capture is a result, not a crash
         return f"error: {str(exc).splitlines()[0][:100]}"
@@ -180,6 +180,7 @@ def run_shape(lib, args, wl: str, M: int, name: str, K: int, N: int, kind: int, 
     gamma = (1 + 0.1 * torch.randn(N, **h)) if kind == SLN else None
     beta = 0.1 * torch.randn(N, **h) if kind == SLN else None
     y = torch.empty(M, N, **h)
+    torch.cuda.synchronize()  # the inputs were made on the default stream; the ops run on s
     ref = ref64(x, w, bias, skip, gamma, beta, kind, approximate)
     base = dict(workload=wl, M=M, gemm=name, K=K, N=N)
     rows = []
@@ -192,8 +193,8 @@ def run_shape(lib, args, wl: str, M: int, name: str, K: int, N: int, kind: int, 
     for variant in VARIANTS[kind]:
         row = dict(base, impl=f"bertfuse v{variant}", precision="fp16")
         try:
-            y.fill_(float("nan"))
             with torch.cuda.stream(s):
+                y.fill_(float("nan"))
                 ours(variant)()
             s.synchronize()
             row["max_diff"], row["mean_diff"], row["gate"] = diff(y, ref)
@@ -242,6 +243,7 @@ def run_fp8(lib, args, base, x, w, bias, skip, gamma, beta, kind, approximate, r
     w_scale_t = torch.tensor([w_scale], device="cuda", dtype=torch.float32)
     xq = torch.empty(M, K, device="cuda", dtype=torch.uint8)
     y = torch.empty(M, N, device="cuda", dtype=torch.float16)
+    torch.cuda.synchronize()
     deq_ref = ref64(e4m3(x, x_scale).float() * x_scale, wt.float().t() * w_scale, bias, skip, gamma,
                     beta, kind, approximate)
     rows = []
@@ -253,8 +255,8 @@ def run_fp8(lib, args, base, x, w, bias, skip, gamma, beta, kind, approximate, r
         row = dict(base, impl=f"bertfuse fp8 fast_accum={fast}", precision="fp8", x_scale=x_scale,
                    w_scale=w_scale)
         try:
-            y.fill_(float("nan"))
             with torch.cuda.stream(s):
+                y.fill_(float("nan"))
                 ours()
             s.synchronize()
             # The kernel against the float64 product of its own (dequantized) inputs: the fp16
@@ -270,6 +272,7 @@ def run_fp8(lib, args, base, x, w, bias, skip, gamma, beta, kind, approximate, r
         xq8 = e4m3(x, x_scale)
         sa = torch.tensor(x_scale, device="cuda")
         sb = torch.tensor(w_scale, device="cuda")
+        torch.cuda.synchronize()
         fn = lambda: torch._scaled_mm(xq8, wt.t(), scale_a=sa, scale_b=sb, bias=bias,  # noqa: E731
                                       out_dtype=torch.float16)
         rows.append(dict(base, impl="torch _scaled_mm + bias (GEMM only, X pre-quantized)",
