@@ -245,6 +245,12 @@ def _cmd_bench(args, console) -> int:
     return run(args)
 
 
+def _cmd_kernels(args, console) -> int:
+    from bertfuse.kernels_command import run
+
+    return run(args, console)
+
+
 def _cmd_tokenize(args, console) -> int:
     from bertfuse.text import WordPiece
 
@@ -279,7 +285,7 @@ def _cmd_export_triton(args, console) -> int:
     return 0
 
 
-COMMANDS = {"bench": _cmd_bench,
+COMMANDS = {"bench": _cmd_bench, "kernels": _cmd_kernels,
             "example": _cmd_example, "convert": _cmd_convert, "optimize": _cmd_optimize,
             "verify": _cmd_verify, "strip-weights": _cmd_strip, "inspect": _cmd_inspect,
             "summarize": _cmd_summarize, "diff": _cmd_diff, "draw": _cmd_draw,

@@ -234,6 +234,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_verify_args(p)
     _add_output_args(p)
     _add_serving_parsers(sub)
+    from bertfuse.kernels_command import add_parser as add_kernels_parser
+
+    add_kernels_parser(sub, _add_output_args)
     for name, p in sub.choices.items():
         if name in EXAMPLES:
             p.epilog = "example:\n" + EXAMPLES[name]

@@ -1,0 +1,227 @@
+"""Find and register libbertfuse_ops.so, the CUDA library behind the `ai.bertfuse` ops.
+
+The library is built per machine (`bertfuse kernels build`, see build.py) into a cache:
+
+    <root>/ort-api<N>-sm<SM>/libbertfuse_ops.so   (+ info.json)
+
+root is $BERTFUSE_KERNELS_DIR, else $XDG_CACHE_HOME/bertfuse/kernels, else
+~/.cache/bertfuse/kernels. N is the ONNX Runtime C API version of the headers the library was
+built against; onnxruntime 1.N offers API versions 1..N, so a library for API N loads in any
+onnxruntime >= 1.N, and `locate` picks the highest N the installed onnxruntime offers. SM is
+the GPU's compute capability (90 for H100/H200).
+
+Nothing here imports TensorFlow or a GPU framework; the SM comes from libcudart through ctypes,
+else nvidia-smi. `import bertfuse` does not import this module.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from bertfuse.errors import BertfuseError
+
+DOMAIN = "ai.bertfuse"
+DOMAIN_VERSION = 1
+LIB_NAME = "libbertfuse_ops.so"
+KERNELS_ENV = "BERTFUSE_KERNELS_DIR"
+BUILD_HINT = "build it with `bertfuse kernels build` (needs nvcc, cmake and ONNX Runtime's headers)"
+_KEY = re.compile(r"^ort-api(\d+)-sm(\d+)$")
+
+
+class KernelLibraryError(BertfuseError):
+    """The op library is missing, unloadable, or cannot run here (no GPU, CPU device)."""
+
+
+# ------------------------------------------------------------------------------ cache layout
+
+
+def cache_root() -> Path:
+    env = os.environ.get(KERNELS_ENV)
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base).expanduser() / "bertfuse" / "kernels"
+
+
+def cache_key(ort_api: int, sm: int) -> str:
+    return f"ort-api{int(ort_api)}-sm{int(sm)}"
+
+
+def library_path(ort_api: int, sm: int, root: Path | None = None) -> Path:
+    return (root or cache_root()) / cache_key(ort_api, sm) / LIB_NAME
+
+
+def built_libraries(root: Path | None = None) -> list[tuple[int, int, Path]]:
+    """(ort_api, sm, path) of every library in the cache, highest API first."""
+    root = root or cache_root()
+    found = []
+    if root.is_dir():
+        for d in root.iterdir():
+            m = _KEY.match(d.name)
+            if m and (d / LIB_NAME).is_file():
+                found.append((int(m.group(1)), int(m.group(2)), d / LIB_NAME))
+    return sorted(found, reverse=True)
+
+
+# ------------------------------------------------------------------------------ what's here
+
+
+def parse_compute_cap(text: str) -> int:
+    """'9.0' (nvidia-smi's compute_cap) -> 90."""
+    m = re.fullmatch(r"\s*(\d+)\.(\d+)\s*", text)
+    if not m:
+        raise ValueError(f"not a compute capability: {text!r}")
+    return int(m.group(1)) * 10 + int(m.group(2))
+
+
+def _cudart() -> ctypes.CDLL | None:
+    names = ["libcudart.so", "libcudart.so.13", "libcudart.so.12"]
+    found = ctypes.util.find_library("cudart")
+    if found:
+        names.insert(0, found)
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if home:
+            names += [str(Path(home) / "lib64" / n) for n in ("libcudart.so", "libcudart.so.13", "libcudart.so.12")]
+    for name in names:
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    return None
+
+
+def _sm_from_cudart() -> int | None:
+    """Device 0's compute capability via cudaDeviceGetAttribute (honours CUDA_VISIBLE_DEVICES)."""
+    lib = _cudart()
+    if lib is None:
+        return None
+    major, minor = ctypes.c_int(), ctypes.c_int()
+    # cudaDevAttrComputeCapabilityMajor = 75, ...Minor = 76
+    if lib.cudaDeviceGetAttribute(ctypes.byref(major), 75, 0) != 0 or \
+            lib.cudaDeviceGetAttribute(ctypes.byref(minor), 76, 0) != 0:
+        return None
+    return major.value * 10 + minor.value
+
+
+def _sm_from_nvidia_smi() -> int | None:
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run([exe, "--query-gpu=compute_cap", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = [ln for ln in out.stdout.splitlines() if ln.strip()]
+    if out.returncode != 0 or not lines:
+        return None
+    try:
+        return parse_compute_cap(lines[0])
+    except ValueError:
+        return None
+
+
+def detect_sm() -> int:
+    """The local GPU's SM (e.g. 90); KernelLibraryError where there is no CUDA GPU."""
+    sm = _sm_from_cudart() or _sm_from_nvidia_smi()
+    if sm is None:
+        raise KernelLibraryError("no CUDA GPU found (libcudart and nvidia-smi see none): the bertfuse "
+                                 "op library runs only on a CUDA GPU")
+    return sm
+
+
+def installed_ort_api() -> int | None:
+    """The highest C API version the installed onnxruntime offers (1.N -> N); None without it."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return None
+    m = re.match(r"1\.(\d+)", getattr(ort, "__version__", ""))
+    return int(m.group(1)) if m else None
+
+
+# ------------------------------------------------------------------------------ locate / load
+
+
+def locate(sm: int | None = None, ort_api: int | None = None, root: Path | None = None) -> Path:
+    """The cached library for this GPU and onnxruntime, or KernelLibraryError saying how to build."""
+    root = root or cache_root()
+    sm = detect_sm() if sm is None else sm
+    max_api = installed_ort_api() if ort_api is None else ort_api
+    for api, lib_sm, path in built_libraries(root):
+        if lib_sm == sm and (max_api is None or api <= max_api):
+            return path
+    within = f", ONNX Runtime API <= {max_api}" if max_api is not None else ""
+    raise KernelLibraryError(f"the bertfuse op library (sm{sm}{within}) is not built in {root}: {BUILD_HINT}")
+
+
+def library_info(path: str | Path) -> dict[str, Any]:
+    """bf_library_info() of a built library (loads it with ctypes; no ONNX Runtime needed)."""
+    try:
+        lib = ctypes.CDLL(str(path))
+        fn = lib.bf_library_info
+    except (OSError, AttributeError) as exc:
+        raise KernelLibraryError(f"cannot load {path}: {str(exc).splitlines()[0][:300]}; "
+                                 "rebuild with `bertfuse kernels build --force`") from None
+    fn.restype = ctypes.c_char_p
+    return json.loads(fn().decode())
+
+
+def register(session_options: Any, path: str | Path | None = None) -> Path:
+    """Registers the ai.bertfuse ops on an onnxruntime.SessionOptions; returns the library path."""
+    path = Path(path) if path is not None else locate()
+    if not path.is_file():
+        raise KernelLibraryError(f"the bertfuse op library {path} does not exist: {BUILD_HINT}")
+    try:
+        session_options.register_custom_ops_library(str(path))
+    except Exception as exc:  # ORT raises its own Fail/RuntimeException types
+        first = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
+        raise KernelLibraryError(f"ONNX Runtime cannot load the bertfuse op library {path}: {first}; "
+                                 "rebuild it with `bertfuse kernels build --force`") from None
+    return path
+
+
+# ------------------------------------------------------------------------------ models
+
+
+def uses_library(model: Any) -> bool:
+    """Whether a model (ModelProto, serialized bytes or a path) has ai.bertfuse nodes."""
+    import onnx
+
+    if isinstance(model, (bytes, bytearray)):
+        if DOMAIN.encode() not in model:  # cheap: most models never mention the domain
+            return False
+        model = onnx.ModelProto.FromString(bytes(model))
+    elif isinstance(model, (str, os.PathLike)):
+        model = onnx.load(str(model), load_external_data=False)
+    graphs = [model.graph]
+    while graphs:  # nodes of subgraphs (If/Loop/Scan bodies) too
+        g = graphs.pop()
+        for node in g.node:
+            if node.domain == DOMAIN:
+                return True
+            graphs += [a.g for a in node.attribute if a.HasField("g")]
+            graphs += [sg for a in node.attribute for sg in a.graphs]
+    return any(n.domain == DOMAIN for f in model.functions for n in f.node)
+
+
+def prepare(session_options: Any, model: Any, device: str) -> bool:
+    """Registers the library on `session_options` when `model` has ai.bertfuse ops.
+
+    Returns whether it did. On a CPU device such a model cannot run: KernelLibraryError."""
+    if not uses_library(model):
+        return False
+    if device != "cuda":
+        raise KernelLibraryError(
+            f"this model uses bertfuse's own CUDA ops (domain {DOMAIN}), which run only on a CUDA GPU: "
+            "open it with device='cuda', or convert it with --kernels ort for CPU")
+    register(session_options)
+    return True
