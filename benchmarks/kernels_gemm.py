@@ -50,7 +50,8 @@ def cublas_root() -> str:
                  *glob.glob(os.path.join(site, "nvidia", "cu1*")), os.path.join(site, "nvidia", "cublas")]:
         if root and os.path.exists(os.path.join(root, "include", "cublasLt.h")):
             return root
-    sys.exit("kernels_gemm: no cublasLt.h found (set CUBLAS_ROOT)")
+    print("kernels_gemm: no cublasLt.h found (set CUBLAS_ROOT)", file=sys.stderr)
+    sys.exit(2)
 
 
 def build(tmp: str) -> str:
@@ -65,7 +66,9 @@ def build(tmp: str) -> str:
            os.path.join(CSRC, "dense.cu"), os.path.join(CSRC, "layernorm.cu"),
            "-L", libdir, f"-l{lt}", "-Xlinker", f"-rpath,{libdir}"]
     print("building:", " ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True)
+    if subprocess.run(cmd).returncode != 0:
+        print("kernels_gemm: nvcc failed (see above)", file=sys.stderr)
+        sys.exit(2)
     return so
 
 
@@ -301,7 +304,8 @@ def main() -> None:
     ap.add_argument("--no-fp8", dest="fp8", action="store_false")
     args = ap.parse_args()
     if not torch.cuda.is_available():
-        sys.exit("kernels_gemm: no CUDA device")
+        print("kernels_gemm: no CUDA device", file=sys.stderr)
+        sys.exit(2)
     with tempfile.TemporaryDirectory(prefix="bf_gemm_") as tmp:
         lib = load(args.lib or build(tmp))
         s, s2 = torch.cuda.Stream(), torch.cuda.Stream()
