@@ -399,8 +399,10 @@ const char* bf_dense_forward(DenseGemm& gemm, cudaStream_t stream, const DenseAr
   }
   if (a.fp8) {
     if (!a.xq) return "FP8 dense: no scratch buffer for the quantized activations";
-    const cudaError_t qe = bf_quantize_e4m3(stream, a.x, a.x_scale, a.xq, static_cast<size_t>(M) * K);
-    if (qe != cudaSuccess) return CudaFail("FP8 activation quantize", qe);
+    if (a.x) {  // else xq already holds them (quantized upstream)
+      const cudaError_t qe = bf_quantize_e4m3(stream, a.x, a.x_scale, a.xq, static_cast<size_t>(M) * K);
+      if (qe != cudaSuccess) return CudaFail("FP8 activation quantize", qe);
+    }
     err = gemm.RunFp8(stream, a.xq, static_cast<const uint8_t*>(a.w), a.w_scale, a.x_scale,
                       epi == Epilogue::kNone ? nullptr : a.bias, C, a.y, M, N, K, epi,
                       a.fast_accum);
@@ -498,7 +500,7 @@ BF_DENSE_EXPORT int bf_check_dense(uintptr_t x, uintptr_t w, uintptr_t bias, uin
 }
 
 // FP8: wt is float8e4m3fn [N, K] (W transposed), w_scale a device float[1], xq a device
-// scratch of M*K bytes for the quantized activations.
+// scratch of M*K bytes for the quantized activations; x = 0 means xq already holds them.
 BF_DENSE_EXPORT int bf_check_dense_fp8(uintptr_t x, uintptr_t wt, uintptr_t w_scale, float x_scale,
                                        uintptr_t xq, uintptr_t bias, uintptr_t skip,
                                        uintptr_t gamma, uintptr_t beta, uintptr_t y, int M, int N,

@@ -98,7 +98,8 @@ struct DenseArgs {
   // epilogue + erf in place). SkipLayerNorm: 1 = bias epilogue, LN adds skip; 2 = plain GEMM,
   // LN adds bias+skip (default 0: bias epilogue with skip as C, LN in place).
   int variant = 0;
-  // FP8 (e4m3) weights: w is Wt [N, K]; w_scale device float[1]; xq device scratch [M*K] bytes.
+  // FP8 (e4m3) weights: w is Wt [N, K]; w_scale device float[1]; xq device scratch [M*K] bytes
+  // (x null: xq already holds X quantized with x_scale, and only the GEMM runs).
   bool fp8 = false;
   const float* w_scale = nullptr;
   float x_scale = 1.0f;
