@@ -77,9 +77,12 @@ def check_model(model: onnx.ModelProto, providers: list[str] | None = None,
                                 f"{str(exc).splitlines()[0][:300]}") from None
         if not load:
             return
+        from bertfuse.custom_ops.library import device_of, prepare
+
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        prepare(opts, model, device_of(providers))  # ai.bertfuse ops: CUDA + the op library
         try:
-            opts = ort.SessionOptions()
-            opts.log_severity_level = 3
             ort.InferenceSession(str(path), opts, providers=providers or ["CPUExecutionProvider"])
         except Exception as exc:
             raise BertfuseError(f"ONNX Runtime cannot load the model: "

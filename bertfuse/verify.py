@@ -109,6 +109,9 @@ def ort_session(model: onnx.ModelProto | str, providers: list[str] | None = None
     if not optimize:
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     providers = providers or ["CPUExecutionProvider"]
+    from bertfuse.custom_ops.library import device_of, prepare
+
+    prepare(opts, model, device_of(providers))  # ai.bertfuse ops: CUDA + the op library
     if not isinstance(model, str) and modelio.model_bytes(model) > modelio.EXTERNAL_DATA_THRESHOLD:
         # Past protobuf's 2 GB limit a model cannot be serialised in memory: go via a file.
         import tempfile

@@ -225,3 +225,9 @@ def prepare(session_options: Any, model: Any, device: str) -> bool:
             "open it with device='cuda', or convert it with --kernels ort for CPU")
     register(session_options)
     return True
+
+
+def device_of(providers: Any) -> str:
+    """'cuda' when an ORT providers list (names or (name, options) pairs) has the CUDA EP."""
+    names = [p if isinstance(p, str) else p[0] for p in (providers or [])]
+    return "cuda" if "CUDAExecutionProvider" in names else "cpu"

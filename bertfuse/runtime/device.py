@@ -138,9 +138,15 @@ class SessionMaker:
         self.providers: list = cuda_providers(ort, self.cuda_graph, stream, provider_options) \
             if device == "cuda" else ["CPUExecutionProvider"]
         self.fallback_reason = ""
+        self.device = device
+        self.kernels = False  # bertfuse's op library registered on self.opts
 
     def open(self, model: bytes | str):
         """An InferenceSession of `model` (serialized bytes or a path)."""
+        if not self.kernels:  # ai.bertfuse ops: the library (CUDA only), else a clear error
+            from bertfuse.custom_ops.library import prepare
+
+            self.kernels = prepare(self.opts, model, self.device)
         with GATE.capturing():  # ORT allocates weights on the device: not during a capture
             try:
                 return self.ort.InferenceSession(model, self.opts, providers=self.providers)

@@ -1,0 +1,318 @@
+"""The op library's infrastructure where CI can check it (no GPU, no nvcc): the cache layout and
+its choice of library, the errors (missing library, no GPU, CPU device) as one clear line, the
+`bertfuse kernels` CLI, the runtime/verify/modelio refusal of ai.bertfuse models on the CPU,
+and fetch_ort_headers.sh's argument handling (nothing is downloaded).
+
+The build itself is exercised only where nvcc, cmake and ORT's headers exist
+(ORT_INCLUDE_DIR set): it builds for sm_90 and registers the library with ONNX Runtime."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from bertfuse.cli import main
+from bertfuse.custom_ops import dense
+from bertfuse.custom_ops import library as lib
+from bertfuse.custom_ops.build import find_ort_include, header_api_version
+from bertfuse.errors import BertfuseError
+from bertfuse.kernels_command import _arch
+
+SCRIPT = Path(lib.__file__).with_name("fetch_ort_headers.sh")
+
+
+def _has_gpu() -> bool:
+    return (lib._sm_from_cudart() or lib._sm_from_nvidia_smi()) is not None
+
+
+needs_no_gpu = pytest.mark.skipif(_has_gpu(), reason="a CUDA GPU is present")
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch) -> Path:
+    root = tmp_path / "kernels"
+    monkeypatch.setenv(lib.KERNELS_ENV, str(root))
+    return root
+
+
+def _fake_built(root: Path, api: int, sm: int) -> Path:
+    """A file where a built library would be: locate() picks among paths, it loads nothing."""
+    path = lib.library_path(api, sm, root)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"\x7fELF")
+    return path
+
+
+def _cli(capsys, argv: list[str]) -> tuple[int, str, list[str]]:
+    rc = main(argv)
+    cap = capsys.readouterr()
+    assert "Traceback" not in cap.err + cap.out
+    return rc, cap.out, [ln for ln in cap.err.splitlines() if ln.strip()]
+
+
+def _dense_model() -> onnx.ModelProto:
+    return dense.make_model("DenseBias", ("B", "S", 8), 4)
+
+
+# ------------------------------------------------------------------------------ cache
+
+
+def test_cache_root_env_order(tmp_path, monkeypatch):
+    monkeypatch.delenv(lib.KERNELS_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert lib.cache_root() == tmp_path / "xdg" / "bertfuse" / "kernels"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert lib.cache_root() == tmp_path / "home" / ".cache" / "bertfuse" / "kernels"
+    monkeypatch.setenv(lib.KERNELS_ENV, str(tmp_path / "mine"))
+    assert lib.cache_root() == tmp_path / "mine"
+
+
+def test_cache_key_and_path(cache):
+    assert lib.cache_key(21, 90) == "ort-api21-sm90"
+    assert lib.library_path(21, 90) == cache / "ort-api21-sm90" / "libbertfuse_ops.so"
+
+
+def test_locate_picks_highest_api_the_runtime_offers(cache):
+    _fake_built(cache, 18, 90)
+    want = _fake_built(cache, 21, 90)
+    _fake_built(cache, 23, 90)  # newer than the onnxruntime below: not loadable there
+    _fake_built(cache, 21, 80)  # another GPU
+    (cache / "ort-api30-sm90").mkdir()  # a directory without the library
+    (cache / "junk").mkdir()
+    assert lib.locate(sm=90, ort_api=22) == want
+    assert lib.locate(sm=80, ort_api=22) == cache / "ort-api21-sm80" / lib.LIB_NAME
+    assert [(a, s) for a, s, _ in lib.built_libraries()] == [(23, 90), (21, 90), (21, 80), (18, 90)]
+
+
+def test_missing_library_is_one_line_saying_how_to_build(cache):
+    _fake_built(cache, 21, 80)
+    with pytest.raises(lib.KernelLibraryError) as e:
+        lib.locate(sm=90, ort_api=31)
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert "sm90" in msg and "API <= 31" in msg and str(cache) in msg
+    assert "bertfuse kernels build" in msg
+    assert isinstance(e.value, BertfuseError) and e.value.exit_code == 2
+
+
+def test_register_missing_file_says_how_to_build(tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    with pytest.raises(lib.KernelLibraryError, match="does not exist.*bertfuse kernels build"):
+        lib.register(ort.SessionOptions(), tmp_path / "nope.so")
+
+
+def test_register_unloadable_file_is_a_clear_error(tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    bad = tmp_path / lib.LIB_NAME
+    bad.write_bytes(b"not a shared object")
+    with pytest.raises(lib.KernelLibraryError, match="cannot load the bertfuse op library.*--force"):
+        lib.register(ort.SessionOptions(), bad)
+
+
+@pytest.mark.parametrize("text,sm", [("9.0", 90), ("8.6", 86), ("12.0", 120), (" 10.0\n", 100)])
+def test_parse_compute_cap(text, sm):
+    assert lib.parse_compute_cap(text) == sm
+
+
+@pytest.mark.parametrize("text", ["", "9", "N/A", "9.0.1"])
+def test_parse_compute_cap_refuses(text):
+    with pytest.raises(ValueError):
+        lib.parse_compute_cap(text)
+
+
+@pytest.mark.parametrize("text,sm", [("90", 90), ("sm_90", 90), ("sm90", 90), ("9.0", 90), ("8.9", 89)])
+def test_arch_option(text, sm):
+    assert _arch(text) == sm
+
+
+def test_installed_ort_api_matches_the_version():
+    ort = pytest.importorskip("onnxruntime")
+    assert lib.installed_ort_api() == int(ort.__version__.split(".")[1])
+
+
+# ------------------------------------------------------------------------------ models
+
+
+def test_uses_library_on_every_model_form(tmp_path):
+    plain = helper.make_model(helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])]))
+    ours = _dense_model()
+    path = tmp_path / "m.onnx"
+    onnx.save(ours, str(path))
+    assert lib.uses_library(ours) and lib.uses_library(ours.SerializeToString()) and lib.uses_library(str(path))
+    assert not lib.uses_library(plain) and not lib.uses_library(plain.SerializeToString())
+    # Inside an If's branch.
+    cond = helper.make_node("If", ["c"], ["y"], then_branch=ours.graph, else_branch=plain.graph)
+    nested = helper.make_model(helper.make_graph([cond], "n", [], []))
+    assert lib.uses_library(nested)
+
+
+def test_device_of_providers():
+    assert lib.device_of(["CPUExecutionProvider"]) == "cpu"
+    assert lib.device_of(None) == "cpu"
+    assert lib.device_of([("CUDAExecutionProvider", {"enable_cuda_graph": "1"})]) == "cuda"
+
+
+def test_prepare_refuses_cpu_and_skips_other_models():
+    ort = pytest.importorskip("onnxruntime")
+    with pytest.raises(lib.KernelLibraryError, match="only on a CUDA GPU.*--kernels ort"):
+        lib.prepare(ort.SessionOptions(), _dense_model(), "cpu")
+    plain = onnx.ModelProto()
+    assert lib.prepare(ort.SessionOptions(), plain, "cpu") is False
+
+
+def test_runtime_session_refuses_ai_bertfuse_model_on_cpu(tmp_path):
+    """bertfuse's Session on the CPU: a model with ai.bertfuse ops is a clear BertfuseError."""
+    pytest.importorskip("onnxruntime")
+    from bertfuse.runtime import Session
+    from tests.builders.onnx_graphs import bert
+
+    model = bert(np.random.default_rng(0))
+    w = onnx.numpy_helper.from_array(np.zeros((16, 4), np.float32), "extra_w")
+    b = onnx.numpy_helper.from_array(np.zeros(4, np.float32), "extra_b")
+    model.graph.initializer.extend([w, b])
+    model.graph.node.append(helper.make_node("DenseBias", ["sequence_output", "extra_w", "extra_b"],
+                                             ["extra"], domain=lib.DOMAIN))
+    model.graph.output.append(helper.make_tensor_value_info("extra", TensorProto.FLOAT, None))
+    model.opset_import.append(helper.make_opsetid(lib.DOMAIN, 1))
+    with pytest.raises(lib.KernelLibraryError, match="ai.bertfuse.*only on a CUDA GPU"):
+        Session(model, device="cpu", max_batch=2, max_seq=8)
+
+
+def test_session_maker_verify_and_check_refuse_on_cpu():
+    ort = pytest.importorskip("onnxruntime")
+    from bertfuse.modelio import check_model
+    from bertfuse.runtime.device import SessionMaker
+    from bertfuse.verify import ort_session
+
+    model = _dense_model()
+    with pytest.raises(lib.KernelLibraryError, match="only on a CUDA GPU"):
+        SessionMaker(ort, "cpu", False, None, None).open(model.SerializeToString())
+    with pytest.raises(lib.KernelLibraryError, match="only on a CUDA GPU"):
+        ort_session(model)
+    with pytest.raises(lib.KernelLibraryError, match="only on a CUDA GPU"):
+        check_model(model)
+    check_model(model, load=False)  # onnx's checker alone takes it
+
+
+# ------------------------------------------------------------------------------ CLI
+
+
+@needs_no_gpu
+@pytest.mark.parametrize("argv", [["kernels", "info", "--json"], ["kernels", "info"],
+                                  ["kernels", "check"], ["kernels", "check", "--json"],
+                                  ["kernels", "build", "--json"]])
+def test_cli_without_gpu_is_exit_2_one_line(capsys, cache, argv):
+    rc, out, err = _cli(capsys, argv)
+    assert rc == 2 and len(err) == 1 and out == ""
+    assert "no CUDA GPU found" in err[0]
+
+
+def test_cli_info_for_a_given_arch(capsys, cache):
+    _fake_built(cache, 18, 90)
+    rc, out, err = _cli(capsys, ["kernels", "info", "--arch", "sm_90", "--json"])
+    assert rc == 0 and err == []
+    report = json.loads(out)
+    assert report["cache_dir"] == str(cache) and report["sm"] == 90
+    assert report["built"] is True and report["library"].endswith("ort-api18-sm90/libbertfuse_ops.so")
+    rc, out, _ = _cli(capsys, ["kernels", "info", "--arch", "80", "--json"])
+    assert rc == 0 and json.loads(out)["built"] is False
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["kernels"], "required"),
+    (["kernels", "info", "--arch", "banana"], "--arch"),
+    (["kernels", "frobnicate"], "invalid choice"),
+])
+def test_cli_usage_errors(capsys, argv, needle):
+    rc, _, err = _cli(capsys, argv)
+    assert rc == 2 and len(err) == 1 and needle in err[0]
+
+
+def test_cli_build_bad_headers_dir_is_one_line(capsys, cache, tmp_path):
+    rc, _, err = _cli(capsys, ["kernels", "build", "--arch", "90", "--ort-include", str(tmp_path)])
+    assert rc == 2 and len(err) == 1 and "onnxruntime_cxx_api.h" in err[0]
+    assert not cache.exists()  # nothing half-built in the cache
+
+
+def test_find_ort_include_accepts_a_release_layout(tmp_path, monkeypatch):
+    monkeypatch.delenv("ORT_INCLUDE_DIR", raising=False)
+    inc = tmp_path / "include" / "onnxruntime"  # ORT release: include/onnxruntime/*.h
+    inc.mkdir(parents=True)
+    (inc / "onnxruntime_c_api.h").write_text("#define ORT_API_VERSION 23\n")
+    (inc / "onnxruntime_cxx_api.h").write_text("")
+    assert find_ort_include(tmp_path / "include") == inc
+    assert header_api_version(inc) == 23
+    monkeypatch.setenv("ORT_INCLUDE_DIR", str(inc))
+    assert find_ort_include() == inc
+    monkeypatch.setenv("ORT_INCLUDE_DIR", str(tmp_path))
+    with pytest.raises(lib.KernelLibraryError, match=r"\$ORT_INCLUDE_DIR"):
+        find_ort_include()
+
+
+# ------------------------------------------------------------------------------ header script
+
+
+def _script(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, **(env or {})})
+
+
+def test_script_help():
+    r = _script("--help")
+    assert r.returncode == 0 and "--cache-dir" in r.stdout and "libonnxruntime-dev" in r.stdout
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--frob"], "unknown argument"),
+    (["--suite"], "needs a value"),
+    (["--suite", "../etc"], "not a Debian suite"),
+    (["--version", "1.21;rm"], "not a version"),
+])
+def test_script_refuses_bad_arguments(args, needle):
+    r = _script(*args)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2 and r.stdout == "" and len(lines) == 1 and needle in lines[0]
+
+
+def test_script_uses_its_cache_and_never_overwrites_dest(tmp_path):
+    inc = tmp_path / "cache" / "trixie-1.21.0" / "include"
+    inc.mkdir(parents=True)
+    (inc / "onnxruntime_cxx_api.h").write_text("// cached\n")
+    r = _script("--cache-dir", str(tmp_path / "cache"), "--dest", str(tmp_path / "dest"))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(inc)
+    assert (tmp_path / "dest" / "onnxruntime_cxx_api.h").read_text() == "// cached\n"
+    r = _script("--cache-dir", str(tmp_path / "cache"), "--dest", str(tmp_path / "dest"))
+    assert r.returncode == 2 and "not empty" in r.stderr
+
+
+# ------------------------------------------------------------------------------ real build
+
+
+_CAN_BUILD = bool(os.environ.get("ORT_INCLUDE_DIR")) and shutil.which("cmake") is not None and \
+    (shutil.which("nvcc") is not None or os.path.exists("/usr/local/cuda/bin/nvcc"))
+
+
+@pytest.mark.skipif(not _CAN_BUILD, reason="needs nvcc, cmake and ORT_INCLUDE_DIR")
+def test_build_for_sm90_and_register(capsys, cache):
+    ort = pytest.importorskip("onnxruntime")
+    rc, out, err = _cli(capsys, ["kernels", "build", "--arch", "90", "--json"])
+    assert rc == 0, err
+    built = json.loads(out)
+    assert built["info"]["domain"] == lib.DOMAIN and built["info"]["cuda_archs"] == "90"
+    path = Path(built["library"])
+    assert path.parent.name == f"ort-api{built['info']['ort_api_version']}-sm90"
+    assert not list(path.parent.glob(".*tmp"))
+    lib.register(ort.SessionOptions(), path)  # RegisterCustomOps runs in ORT (CPU build is enough)
