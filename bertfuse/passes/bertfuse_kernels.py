@@ -80,19 +80,27 @@ class _ProbeShapes:
                 wanted.update({id(t): t for t in n.inputs[:1] + n.inputs[3:4] if t.name})
             elif n.op == "SkipLayerNormalization":
                 wanted.update({id(t): t for t in n.inputs[:2]})
+        self._shapes: dict[int, tuple[int, ...] | str] = {}
         tensors = list(wanted.values())
-        self._shapes: dict[int, tuple[int, ...]] | str = {}
-        if tensors:
-            try:
-                values = eval_with_ort(graph, tensors, probe_feeds(graph))
-                self._shapes = {id(t): tuple(np.shape(v)) for t, v in zip(tensors, values)}
-            except Exception as exc:  # any ORT failure: every shape check misses with it
-                self._shapes = f"cannot evaluate shapes on probe inputs ({type(exc).__name__})"
+        if not tensors:
+            return
+        try:
+            self._store(tensors, eval_with_ort(graph, tensors, probe_feeds(graph)))
+        except Exception:  # noqa: BLE001
+            # One run per tensor: an odd node ORT refuses on probes costs only the checks
+            # that need what it computes.
+            for t in tensors:
+                try:
+                    self._store([t], eval_with_ort(graph, [t], probe_feeds(graph)))
+                except Exception as exc:  # noqa: BLE001 (any ORT failure is a reason to miss)
+                    self._shapes[id(t)] = (f"cannot evaluate {t.name} on probe inputs "
+                                           f"({type(exc).__name__})")
+
+    def _store(self, tensors: list[gs.Tensor], values: list[np.ndarray]) -> None:
+        self._shapes.update({id(t): tuple(np.shape(v)) for t, v in zip(tensors, values)})
 
     def of(self, t: gs.Tensor) -> tuple[int, ...] | str:
         """The tensor's probe shape, or why there is none."""
-        if isinstance(self._shapes, str):
-            return self._shapes
         return self._shapes.get(id(t), f"no probe shape for {t.name}")
 
 

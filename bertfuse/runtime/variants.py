@@ -117,33 +117,42 @@ def check_variants(modes: Sequence[str], batch: int, seq: int, inputs: Sequence[
     return bad
 
 
+# The mask's input slot of each attention op: ORT's Attention, bertfuse's BertAttention.
+# BertAttention reads raw [B, S] or key lengths [B]: 'keyseq' gives it the key lengths.
+MASK_SLOT = {("com.microsoft", "Attention"): 3, ("ai.bertfuse", "BertAttention"): 1}
+
+
 def attention_mask_variant(model: onnx.ModelProto, mode: str) -> onnx.ModelProto | None:
-    """The model with every Attention reading a key-length mask ('keylen') or none
-    ('nomask'); None when the model has no Attention fed by the raw mask input."""
+    """The model with every Attention (or BertAttention) reading a key-length mask
+    ('keylen', and 'keyseq' for BertAttention), key lengths and row starts ('keyseq') or
+    none ('nomask'); None when the model has no attention op fed by a mask."""
     out = copy.deepcopy(model)
     graph = out.graph
-    atts = [n for n in graph.node if n.op_type == "Attention" and len(n.input) > 3 and
-            n.input[3]]
+    atts = [n for n in graph.node if (n.domain, n.op_type) in MASK_SLOT and
+            len(n.input) > MASK_SLOT[n.domain, n.op_type] and
+            n.input[MASK_SLOT[n.domain, n.op_type]]]
     if not atts:
         return None
+    key_lengths = "input_mask_key_length"
     if mode in ("keylen", "keyseq"):
-        lengths = "input_mask_key_length"
+        lengths = key_lengths
         graph.initializer.append(numpy_helper.from_array(np.array([1], np.int64),
                                                          "input_mask_sum_axes"))
         nodes = [helper.make_node("Cast", [MASK], ["input_mask_i32"], to=onnx.TensorProto.INT32,
                                   name="mask_to_int32"),
                  helper.make_node("ReduceSum", ["input_mask_i32", "input_mask_sum_axes"],
                                   [lengths], keepdims=0, name="mask_key_length")]
-        if mode == "keyseq":
+        if mode == "keyseq" and any(n.op_type == "Attention" for n in atts):
             nodes += _row_starts(graph, lengths)
             lengths = "input_mask_key_length_starts"
         for n in reversed(nodes):
             graph.node.insert(0, n)
     for n in atts:
+        slot = MASK_SLOT[n.domain, n.op_type]
         if mode in ("keylen", "keyseq"):
-            n.input[3] = lengths
+            n.input[slot] = lengths if n.op_type == "Attention" else key_lengths
         else:
-            del n.input[3:]
+            del n.input[slot:]
     # 'nomask' keeps input_mask as an (unread) input: every variant binds the same buffers.
     return out
 

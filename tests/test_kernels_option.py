@@ -1,0 +1,96 @@
+"""`--kernels ort|bertfuse` on convert and optimize, and the API keyword, end to end on the tiny
+checkpoint. The bertfuse form cannot run on ORT's CPU EP: convert gates the contrib form
+against TensorFlow and then checks the bertfuse form equal to it with the NumPy references
+(kernels_form.py); here the written model is also run that way against TensorFlow itself."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import numpy as np
+import onnx
+import pytest
+
+import bertfuse
+from bertfuse.cli import main
+from bertfuse.custom_ops.evaluator import evaluate
+from bertfuse.errors import BertfuseError
+
+BF = "ai.bertfuse"
+ARGS = ("--precision", "fp16", "--kernels", "bertfuse")
+
+
+def _ops(model: onnx.ModelProto) -> Counter:
+    return Counter(f"{n.domain}.{n.op_type}" if n.domain else n.op_type for n in model.graph.node)
+
+
+def test_convert_writes_the_bertfuse_form(ckpt_erf, convert_cached, seed):
+    conv = convert_cached(ckpt_erf, *ARGS)
+    assert conv.exit_code == 0, conv.report
+    model = onnx.load(conv.onnx_path)
+    ops = _ops(model)
+    layers = ckpt_erf.config.num_hidden_layers
+    assert ops[f"{BF}.BertAttention"] == ops[f"{BF}.DenseBias"] == layers
+    assert ops[f"{BF}.DenseBiasGelu"] == layers and ops[f"{BF}.DenseBiasSkipLayerNorm"] == 2 * layers
+    assert not {"com.microsoft.Attention", "com.microsoft.SkipLayerNormalization",
+                "com.microsoft.BiasGelu", "MatMul"} & set(ops), ops
+    stages = [s["name"] for s in conv.report["stages"]]
+    assert stages.index("verify vs TensorFlow") < stages.index("bertfuse kernels") < \
+        stages.index("check bertfuse ops vs contrib form (NumPy references)") < stages.index("write")
+    rows = {r["name"]: r for r in conv.report["parity"]["outputs"]}
+    for out in ("sequence_output", "pooled_output"):
+        assert rows[out]["ok"]  # the contrib form vs TF
+        row = rows[f"bertfuse ops vs contrib form: {out}"]
+        assert row["ok"] and row["max_abs"] <= 4e-2 and row["mean_abs"] <= 2e-3, row
+    assert conv.report["passes"]["encoder"]["fully_fused"]
+    assert not [d for d in conv.report["passes"]["diagnostics"]
+                if d["component"].startswith("kernels_") and not d["fused"]]
+    # the written model itself, through the NumPy references, against TensorFlow
+    feeds = ckpt_erf.feeds(3, 16, seed=seed % 1000)
+    want, got = ckpt_erf.reference(feeds), evaluate(model, feeds)
+    for name, ref in want.items():
+        d = np.abs(got[name].astype(np.float64) - ref)
+        assert d.max() <= 4e-2 and d.mean() <= 2e-3, (name, d.max(), d.mean(), seed)
+
+
+def test_default_is_ort(tiny_onnx):
+    assert not [n for n in onnx.load(tiny_onnx["fp16"]).graph.node if n.domain == BF]
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--kernels", "bertfuse"], "needs --precision fp16"),
+    (["--precision", "fp16", "--kernels", "bertfuse", "--packed"], "--packed"),
+    (["--precision", "fp16", "--kernels", "bertfuse", "--no-fuse"], "needs the fusion passes"),
+    (["--kernels", "cuda"], "invalid choice"),
+])
+def test_refused_combinations_are_one_line_exit_2(ckpt_erf, tmp_path, capsys, argv, needle):
+    out = tmp_path / "m.onnx"
+    assert main(["convert", ckpt_erf.path, "-o", str(out), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and needle in err, err
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_optimize_with_bertfuse_kernels(tiny_onnx, tmp_path, capsys):
+    out = tmp_path / "k.onnx"
+    assert main(["optimize", tiny_onnx["raw"], "-o", str(out), *ARGS, "--strict", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["parity"]["reference"] == "contrib form, NumPy references"
+    assert all(r["ok"] for r in report["parity"]["outputs"])
+    assert _ops(onnx.load(str(out)))[f"{BF}.BertAttention"] == 2
+    assert main(["optimize", tiny_onnx["raw"], "-o", str(tmp_path / "x.onnx"),
+                 "--kernels", "bertfuse"]) == 2
+    assert "needs --precision fp16" in capsys.readouterr().err
+
+
+def test_api_keyword(tiny_onnx):
+    model, report = bertfuse.optimize(tiny_onnx["raw"], precision="fp16", kernels="bertfuse")
+    assert _ops(model)[f"{BF}.DenseBiasSkipLayerNorm"] == 4 and report.parity.ok
+    plain, _ = bertfuse.optimize(tiny_onnx["raw"], precision="fp16")
+    assert not [n for n in plain.graph.node if n.domain == BF]
+    for bad in ("cuda", 1, None):
+        with pytest.raises(BertfuseError, match="kernels"):
+            bertfuse.optimize(tiny_onnx["raw"], precision="fp16", kernels=bad)
+    with pytest.raises(BertfuseError, match="fp16"):
+        bertfuse.optimize(tiny_onnx["raw"], kernels="bertfuse")
