@@ -285,11 +285,27 @@ def _cmd_export_triton(args, console) -> int:
     return 0
 
 
+def _cmd_serve(args, console) -> int:
+    from bertfuse.serve.command import run
+
+    return run(args, console)
+
+
 COMMANDS = {"bench": _cmd_bench, "kernels": _cmd_kernels,
             "example": _cmd_example, "convert": _cmd_convert, "optimize": _cmd_optimize,
             "verify": _cmd_verify, "strip-weights": _cmd_strip, "inspect": _cmd_inspect,
             "summarize": _cmd_summarize, "diff": _cmd_diff, "draw": _cmd_draw,
-            "tokenize": _cmd_tokenize, "export-triton": _cmd_export_triton}
+            "tokenize": _cmd_tokenize, "export-triton": _cmd_export_triton,
+            "serve": _cmd_serve}
+
+
+def _cmd_score(args, console) -> int:
+    from bertfuse.score.command import run
+
+    return run(args, console)
+
+
+COMMANDS["score"] = _cmd_score
 
 
 # Arguments that name files or directories a command reads (example's --config is a name).
@@ -340,7 +356,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:  # TF/ORT's C++ logs go to fd 2 whatever the environment says: off unless --debug
         # SIGTERM/SIGHUP unwind like Ctrl-C: every temp goes
-        with native_stderr_silenced(not args.debug), handle_signals():
+        # (score: Ray Data's progress is on stderr)
+        with native_stderr_silenced(not args.debug and args.command != "score"), \
+                handle_signals():
             _refuse_special_inputs(args)
             return COMMANDS[args.command](args, console)
     except BertfuseError as exc:

@@ -237,6 +237,15 @@ def build_parser() -> argparse.ArgumentParser:
     from bertfuse.kernels_command import add_parser as add_kernels_parser
 
     add_kernels_parser(sub, _add_output_args)
+    from bertfuse.score.command import add_parser as add_score_parser
+
+    add_score_parser(sub, _int_at_least, _add_output_args)
+    p = sub.add_parser("serve", help="serve a model over HTTP on Ray Serve (batched, "
+                                     "one replica per GPU)")
+    from bertfuse.serve.command import add_arguments as add_serve_arguments
+
+    add_serve_arguments(p, _int_at_least)
+    _add_output_args(p)
     for name, p in sub.choices.items():
         if name in EXAMPLES:
             p.epilog = "example:\n" + EXAMPLES[name]
@@ -265,6 +274,8 @@ EXAMPLES = {
                 "--pair 'a language model' --json",
     "export-triton": "  bertfuse export-triton tiny_fp16.onnx -o model_repository/ --name bert "
                      "--max-batch 32 --instances 2",
+    "serve": "  bertfuse serve model.onnx --vocab out/tiny/vocab.txt --port 8000\n"
+             "  curl -s localhost:8000/v1/infer -d '{\"text\": [\"what is bert?\"]}'",
     "bench": "  bertfuse strip-weights raw.onnx -o out/skeletons/shenma-3l_raw.skel.onnx\n"
              "  bertfuse bench --skeletons out/skeletons --workloads 'shenma-3l b20 s64' --packed "
              "--out results/",

@@ -1,0 +1,39 @@
+"""`bertfuse serve`: bertfuse's runtime on Ray Serve, in rooms that import only downwards:
+
+    config (ServeConfig, checked keywords) ─┐
+    requests (JSON body -> checked arrays;  ├─► app (the Serve deployment: a warmed Session
+              a batch -> one run -> split)  ┘        per replica, serve.batch, HTTP routes)
+                                                 ─► api (deploy() -> Served) ─► command (CLI)
+
+    served = bertfuse.serve.deploy(model="model.onnx", max_batch=32, vocab="vocab.txt")
+    ... POST served.url + "v1/infer" ...
+    served.shutdown()
+
+Importing this package does not import Ray: deploy() does.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from bertfuse.serve.api import Served
+    from bertfuse.serve.config import ServeConfig
+
+
+def __getattr__(name: str) -> Any:  # PEP 562: the CLI's parser imports this package
+    if name == "ServeConfig":
+        from bertfuse.serve.config import ServeConfig
+
+        return ServeConfig
+    raise AttributeError(name)
+
+
+def deploy(model: Any = None, **kwargs: Any) -> "Served":
+    """bertfuse.serve.api.deploy (see there); imports Ray on call."""
+    from bertfuse.serve.api import deploy as _deploy
+
+    return _deploy(model, **kwargs)
+
+
+__all__ = ["ServeConfig", "deploy"]

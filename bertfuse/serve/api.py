@@ -1,0 +1,203 @@
+"""`deploy(model=..., ...)`: Ray up (a local one, or the cluster at `address`), Serve up on
+host:port, the bertfuse deployment running with every replica warm; returns a `Served`
+handle (`.url`, `.stats()`, `.shutdown()`). Shutting down undoes only what deploy started:
+Serve and Ray when it started them, else just its own application.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import socket
+import urllib.request
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from bertfuse.errors import BertfuseError
+from bertfuse.serve.config import ServeConfig, check_config
+
+_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
+
+
+@dataclass
+class Served:
+    """A running deployment. `url` is its base (POST url + 'v1/infer')."""
+
+    url: str
+    config: ServeConfig
+    device: str
+    replicas: int
+    started_ray: bool    # deploy() started a local Ray: shutdown() stops it
+    connected: bool      # deploy() connected this process to Ray: shutdown() disconnects
+    started_serve: bool  # deploy() started Serve on the cluster: shutdown() stops it
+    closed: bool = False
+
+    def stats(self, timeout: float = 10.0) -> dict[str, Any]:
+        """GET /stats: the counters of the replica that answers (one of them)."""
+        with urllib.request.urlopen(self.url + "stats", timeout=timeout) as r:
+            return json.loads(r.read())
+
+    def shutdown(self) -> None:
+        """Stops what deploy() started; idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        import ray
+        from ray import serve
+
+        try:
+            if self.started_serve:
+                serve.shutdown()
+            else:
+                serve.delete(self.config.name)
+        finally:
+            if self.connected:
+                ray.shutdown()
+
+    def __enter__(self) -> "Served":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+
+@contextmanager
+def _keep_signal_handlers() -> Iterator[None]:
+    """ray.init sets its own SIGTERM handler (sys.exit) in the driver; the CLI's (bertfuse.safety)
+    must stay, so that SIGTERM shuts Serve down cleanly."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {s: signal.getsignal(s) for s in _SIGNALS}
+    try:
+        yield
+    finally:
+        for s, handler in saved.items():
+            if handler is not None:
+                signal.signal(s, handler)
+
+
+def _importable_by_workers() -> None:
+    """Ray's workers must import bertfuse: a source checkout goes on their PYTHONPATH (the
+    workers of a local Ray inherit this process's environment)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if root not in parts:
+        os.environ["PYTHONPATH"] = os.pathsep.join([root, *parts])
+
+
+def _port_free(host: str, port: int) -> None:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            raise BertfuseError(f"cannot serve on {host}:{port} ({exc.strerror or exc})") \
+                from None
+
+
+def _serve_running() -> bool:
+    from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
+    import ray
+
+    try:
+        ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+    except ValueError:
+        return False
+    return True
+
+
+def _placement(cfg: ServeConfig) -> tuple[str, int, dict[str, float]]:
+    """(device, replicas, each replica's Ray resources): a GPU each where the cluster has
+    GPUs (device 'auto' or 'cuda'), else CPU replicas."""
+    import ray
+
+    gpus = int(ray.cluster_resources().get("GPU", 0))
+    device = cfg.device if cfg.device != "auto" else ("cuda" if gpus else "cpu")
+    if device == "cuda" and not gpus:
+        raise BertfuseError("device cuda, but the Ray cluster has no GPU (ray status shows "
+                            "its resources)")
+    if device == "cuda":
+        replicas = cfg.replicas or gpus
+        if replicas > gpus:
+            raise BertfuseError(f"{replicas} replicas need {replicas} GPUs (one each); the "
+                                f"Ray cluster has {gpus}")
+        return device, replicas, {"num_gpus": 1, "num_cpus": cfg.cpus_per_replica}
+    return device, cfg.replicas or 1, {"num_cpus": cfg.cpus_per_replica}
+
+
+def deploy(model: Any = None, **kwargs: Any) -> Served:
+    """Serves `model` (a bertfuse-converted .onnx) on Ray Serve; keywords are ServeConfig's
+    fields (bertfuse/serve/config.py), checked before Ray starts. Returns when every replica
+    is warm and taking requests."""
+    cfg = check_config(model, **kwargs)
+    import ray
+    from ray import serve
+
+    from bertfuse.serve.app import BertfuseReplica
+
+    connected = started_ray = started_serve = False
+    if not ray.is_initialized():
+        _importable_by_workers()
+        with _keep_signal_handlers():
+            if cfg.address is None:  # "local": never someone's cluster found on this machine
+                ray.init(address="local", include_dashboard=False, log_to_driver=False)
+                started_ray = True
+            else:
+                ray.init(address=cfg.address, log_to_driver=False)
+        connected = True
+    try:
+        device, replicas, resources = _placement(cfg)
+        if _serve_running():
+            if cfg.name in serve.status().applications:
+                raise BertfuseError(f"an application named {cfg.name!r} already runs on this "
+                                    "Ray cluster's Serve; choose another name")
+            url_host, url_port = _running_http(cfg)
+        else:
+            _port_free(cfg.host, cfg.port)
+            with _keep_signal_handlers():
+                serve.start(http_options={"host": cfg.host, "port": cfg.port})
+            started_serve = True
+            url_host, url_port = cfg.host, cfg.port
+        spec = dataclasses.replace(cfg, device=device, replicas=replicas).to_spec()
+        app = BertfuseReplica.options(
+            num_replicas=replicas, ray_actor_options=resources,
+            max_ongoing_requests=max(4 * cfg.max_batch, 16)).bind(spec)
+        prefix = "/" if started_serve else f"/{cfg.name}"
+        with _keep_signal_handlers():
+            try:
+                serve.run(app, name=cfg.name, route_prefix=prefix)
+            except RuntimeError as exc:  # a replica failed to build or warm up
+                raise BertfuseError(f"the deployment failed: {_first_line(exc)}") from None
+    except BaseException:
+        Served("", cfg, "", 0, started_ray, connected, started_serve).shutdown()
+        raise
+    url = f"http://{_url_host(url_host)}:{url_port}{prefix.rstrip('/')}/"
+    return Served(url, cfg, device, replicas, started_ray, connected, started_serve)
+
+
+def _running_http(cfg: ServeConfig) -> tuple[str, int]:
+    """Where an already-running Serve listens (its own http_options, not ours)."""
+    from ray import serve
+
+    try:
+        opts = serve.status().proxies and serve.context._get_global_client().http_config
+        return opts.host, opts.port
+    except Exception:  # older/newer Serve: the usual default
+        return cfg.host, 8000
+
+
+def _url_host(host: str) -> str:
+    if host in ("0.0.0.0", "::"):
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    useful = [ln for ln in lines if "Error" in ln or "error" in ln]
+    return (useful[-1] if useful else lines[0] if lines else type(exc).__name__)[:300]

@@ -1,0 +1,192 @@
+"""The Ray Serve deployment: one replica = one bertfuse Session on its own worker thread (a
+one-replica SessionPool, which owns the CUDA graphs it captured), warmed before Serve marks
+the replica ready, and HTTP served straight from the replica (no extra hop).
+
+    HTTP ─► Serve proxy ─► replica.__call__ ─► parse + check (requests.py; a 4xx here never
+            reaches a batch) ─► serve.batch (rows up to max_batch, waiting up to
+            max_wait_ms for company) ─► combine ─► Session.run on the pool's thread ─► split
+
+Routes: POST /v1/infer; GET /healthz (the process answers), /readyz (this replica's
+session is warm and open), /stats (this replica's counters: requests, model calls, rows).
+Imported by api.deploy() only, so `import bertfuse` never imports Ray.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from typing import Any
+
+import numpy as np
+from ray import serve
+from ray.serve.metrics import Counter, Histogram
+from starlette.requests import Request
+from starlette.responses import Response
+
+from bertfuse.serve.requests import HTTPError, Limits, Parsed, body_limit, combine, encode, \
+    parse_body, split
+
+BATCH_ROWS_BOUNDARIES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+
+
+def _rows(items: list[Parsed]) -> int:
+    return sum(p.rows for p in items)
+
+
+def json_response(status: int, data: Any) -> Response:
+    return Response(json.dumps(data, separators=(",", ":")), status_code=status,
+                    media_type="application/json")
+
+
+@serve.deployment(name="BertfuseModel")
+class BertfuseReplica:
+    """A Serve replica of `spec` (ServeConfig.to_spec(), device resolved)."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        from bertfuse.runtime import Session, SessionPool
+        from bertfuse.runtime.requests import declared_output_dims, load_model, model_facts
+
+        self.spec = spec
+        proto = load_model(spec["model"])
+        self.facts = model_facts(proto)
+        dims = declared_output_dims(proto) or {}
+        self.outputs = list(spec["outputs"])
+        self.seq_axis = {n: dims.get(n, ("B", "S"))[1:2] == ("S",) for n in self.facts.outputs}
+        self.limits = Limits(spec["max_batch"], spec["max_seq"],
+                             body_limit(spec["max_batch"], spec["max_seq"]))
+        self.tokenizer = None
+        if spec["vocab"]:
+            from bertfuse.text import WordPiece
+
+            self.tokenizer = WordPiece(spec["vocab"], lower_case=spec["lower_case"],
+                                       max_length=spec["max_seq"], model=spec["model"])
+        device = spec["device"]
+        self.warm: list[tuple[int, int]] = []
+
+        def make() -> Session:
+            return Session(spec["model"], max_batch=spec["max_batch"], max_seq=spec["max_seq"],
+                           device=device)
+
+        def prepare(session: Session) -> None:
+            if spec["warmup"]:  # every bucket's buffers and CUDA graph before any traffic
+                self.warm = session.warmup()
+
+        self.pool = SessionPool(make, replicas=1, prepare=prepare)
+        self.session = self.pool.replicas[0]
+        self.ready = True
+        self.wait_s = spec["max_wait_ms"] / 1000
+        self._batch.set_max_batch_size(spec["max_batch"])
+        self._batch.set_batch_wait_timeout_s(self.wait_s)
+        self.inflight = 0
+        self.counts = {"requests": 0, "errors": 0, "batches": 0, "rows": 0, "max_batch_rows": 0}
+        self.m_requests = Counter("bertfuse_requests", "HTTP inference requests answered",
+                                  tag_keys=("status",))
+        self.m_batches = Counter("bertfuse_model_calls", "Session runs (batches of requests)")
+        self.m_rows = Histogram("bertfuse_batch_rows", "rows per Session run",
+                                boundaries=BATCH_ROWS_BOUNDARIES)
+
+    # -- routes -------------------------------------------------------------------------------
+
+    async def __call__(self, request: Request) -> Response:
+        path, root = request.scope["path"], request.scope.get("root_path", "")
+        if root and path.startswith(root):  # under a route prefix (/NAME on a shared Serve)
+            path = path[len(root):]
+        path, method = path.rstrip("/") or "/", request.method
+        try:
+            if path == "/v1/infer":
+                if method != "POST":
+                    raise HTTPError(405, f"{path} takes POST with a JSON body, not {method}")
+                return await self._infer(request)
+            if method not in ("GET", "HEAD"):
+                raise HTTPError(405, f"{path} takes GET, not {method}")
+            if path == "/healthz":
+                return json_response(200, {"status": "ok"})
+            if path == "/readyz":
+                return self._readyz()
+            if path == "/stats":
+                return json_response(200, self.stats())
+            raise HTTPError(404, f"no route {path}; routes: POST /v1/infer, GET /healthz, "
+                                 "/readyz, /stats")
+        except HTTPError as exc:
+            return json_response(exc.status, {"error": exc.message})
+
+    async def _infer(self, request: Request) -> Response:
+        try:
+            length = int(request.headers.get("content-length") or 0)
+        except ValueError:
+            length = 0
+        if length > self.limits.max_body:
+            raise HTTPError(413, f"request body of {length} bytes is over the limit of "
+                                 f"{self.limits.max_body}")
+        try:
+            parsed = parse_body(await request.body(), self.facts, self.limits, self.outputs,
+                                self.tokenizer)
+        except HTTPError as exc:
+            self.counts["errors"] += 1
+            self.m_requests.inc(tags={"status": str(exc.status)})
+            raise
+        # Alone in this replica, a request does not wait for company that is not coming.
+        self.inflight += 1
+        try:
+            self._batch.set_batch_wait_timeout_s(self.wait_s if self.inflight > 1 else 0.0)
+            result = await self._batch(parsed)
+        finally:
+            self.inflight -= 1
+        self.counts["requests"] += 1
+        self.m_requests.inc(tags={"status": "200"})
+        return json_response(200, encode(result, parsed.encoding))
+
+    def _readyz(self) -> Response:
+        if self.ready and not self.pool._closed:
+            return json_response(200, {"ready": True, "device": self.spec["device"],
+                                       "warm_buckets": len(self.warm)})
+        return json_response(503, {"ready": False, "error": "the session is closed"})
+
+    def stats(self) -> dict[str, Any]:
+        """This replica's counters (each replica counts its own)."""
+        context = serve.get_replica_context()
+        replica = getattr(getattr(context, "replica_id", None), "unique_id", None)
+        return {**self.counts, "replica": replica or str(os.getpid()),
+                "pid": os.getpid(), "device": self.spec["device"],
+                "max_batch": self.spec["max_batch"], "max_seq": self.spec["max_seq"],
+                "max_wait_ms": self.spec["max_wait_ms"], "warm_buckets": len(self.warm)}
+
+    # -- the batch ----------------------------------------------------------------------------
+
+    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.002, batch_size_fn=_rows)
+    async def _batch(self, items: list[Parsed]) -> list[dict[str, np.ndarray]]:
+        """Requests (already checked) -> one Session run per group -> each request's rows.
+        Without an input_mask in the model, rows of different lengths cannot share a run."""
+        if "input_mask" in self.facts.inputs:
+            groups = [items]
+        else:
+            by_seq: dict[int, list[Parsed]] = {}
+            for p in items:
+                by_seq.setdefault(p.seq, []).append(p)
+            groups = list(by_seq.values())
+        names = list(dict.fromkeys(n for p in items for n in p.outputs))
+        results: dict[int, dict[str, np.ndarray]] = {}
+        for group in groups:
+            feeds = combine(group, self.facts.inputs)
+            outputs = await asyncio.wrap_future(self.pool.submit(
+                lambda s, f=feeds: s.run(**f, outputs=names)))
+            rows = int(feeds["input_ids"].shape[0])
+            self.counts["batches"] += 1
+            self.counts["rows"] += rows
+            self.counts["max_batch_rows"] = max(self.counts["max_batch_rows"], rows)
+            self.m_batches.inc()
+            self.m_rows.observe(rows)
+            for p, r in zip(group, split(outputs, group, self.seq_axis)):
+                results[id(p)] = r
+        return [results[id(p)] for p in items]
+
+    def check_health(self) -> None:
+        """Serve's periodic health check: a closed session makes Serve replace the replica."""
+        if self.pool._closed:
+            raise RuntimeError("the replica's session is closed")
+
+    def __del__(self) -> None:
+        pool = getattr(self, "pool", None)
+        if pool is not None:
+            pool.close()

@@ -1,0 +1,85 @@
+"""`bertfuse serve MODEL.onnx`: its options, and the foreground run that ends on Ctrl-C or
+SIGTERM with Serve (and a Ray it started) shut down."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from bertfuse.errors import BertfuseError
+
+
+def add_arguments(p: argparse.ArgumentParser, int_at_least) -> None:
+    p.add_argument("model", help="a bertfuse-converted .onnx")
+    g = p.add_argument_group("replicas and batching")
+    g.add_argument("--replicas", type=int_at_least(1),
+                   help="replicas (default: one per GPU of the cluster, else 1 on the CPU)")
+    g.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
+                   help="auto: cuda (one GPU per replica) where the Ray cluster has GPUs")
+    g.add_argument("--max-batch", type=int_at_least(1), default=32,
+                   help="rows per model call, and per request (default 32)")
+    g.add_argument("--max-wait-ms", type=float, default=2.0, metavar="T",
+                   help="longest a request waits for others to batch with (default 2; a "
+                        "request alone in its replica does not wait)")
+    g.add_argument("--max-seq", type=int_at_least(1),
+                   help="longest request in tokens (default: the model's positions)")
+    g.add_argument("--cpus-per-replica", type=float, default=1.0, metavar="N",
+                   help="Ray CPUs each replica reserves (default 1)")
+    g.add_argument("--no-warmup", dest="warmup", action="store_false",
+                   help="skip warming every bucket before a replica takes traffic")
+    g = p.add_argument_group("requests")
+    g.add_argument("--outputs", help="comma-separated outputs to serve (default all)")
+    g.add_argument("--vocab", help="the checkpoint's vocab.txt: requests may send text")
+    c = g.add_mutually_exclusive_group()
+    c.add_argument("--lower-case", dest="lower_case", action="store_true", default=None,
+                   help="lower-case text (default: as the checkpoint says)")
+    c.add_argument("--no-lower-case", dest="lower_case", action="store_false")
+    g = p.add_argument_group("where")
+    g.add_argument("--address", help="join a running Ray cluster ('auto' or HOST:PORT; "
+                                     "default: start a local Ray, stopped on exit)")
+    g.add_argument("--host", default="127.0.0.1",
+                   help="HTTP host (default 127.0.0.1; 0.0.0.0 for other machines)")
+    g.add_argument("--port", type=int_at_least(1), default=8000, help="HTTP port (default 8000)")
+    g.add_argument("--name", default="bertfuse", help="Serve application name")
+
+
+def run(args: argparse.Namespace, console) -> int:
+    """Deploys, prints where, then waits for Ctrl-C/SIGTERM (bertfuse.safety turns SIGTERM
+    into an exception) and shuts down before returning 0."""
+    from bertfuse.safety import Terminated
+    from bertfuse.serve.api import deploy
+
+    if args.max_wait_ms < 0 or args.max_wait_ms != args.max_wait_ms:
+        raise BertfuseError(f"--max-wait-ms must be >= 0, got {args.max_wait_ms}")
+    served = deploy(
+        args.model, replicas=args.replicas, max_batch=args.max_batch,
+        max_wait_ms=args.max_wait_ms, max_seq=args.max_seq, vocab=args.vocab,
+        lower_case=args.lower_case, device=args.device, address=args.address, host=args.host,
+        port=args.port, outputs=args.outputs, name=args.name,
+        cpus_per_replica=args.cpus_per_replica, warmup=args.warmup)
+    stop = "signal"
+    try:
+        info = {"url": served.url, "infer": served.url + "v1/infer", "device": served.device,
+                "replicas": served.replicas, "max_batch": served.config.max_batch,
+                "max_seq": served.config.max_seq, "outputs": list(served.config.outputs),
+                "text": served.config.vocab is not None}
+        if args.json:
+            print(json.dumps(info), flush=True)
+        else:
+            console.print(f"serving {args.model} on {served.replicas} {served.device} "
+                          f"replica(s) at {info['infer']} (Ctrl-C stops)", markup=False,
+                          highlight=False, soft_wrap=True)
+        while True:  # until a signal raises here
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        stop = "Ctrl-C"
+    except Terminated:
+        stop = "SIGTERM"
+    finally:
+        served.shutdown()
+    if args.json:  # stdout: stderr is silenced while a command runs (bertfuse.quiet)
+        print(json.dumps({"stopped": stop}), flush=True)
+    else:
+        print(f"bertfuse serve: stopped ({stop}); Serve shut down", flush=True)
+    return 0

@@ -1,0 +1,119 @@
+"""What `bertfuse serve` / `bertfuse.serve.deploy()` is asked for, checked before Ray starts:
+keyword arguments become one validated `ServeConfig` (a ConfigError names the first bad
+one), and the model and vocab are read once here so a bad file is one line, not a dead
+replica. No Ray here."""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+from bertfuse.runtime.requests import (ConfigError, check_canonical, check_int, load_model,
+                                       model_facts)
+
+DEVICES = ("auto", "cuda", "cpu")
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """replicas None: one per GPU where the cluster has GPUs, else one CPU replica.
+    max_seq None: the model's position table. address None: a local Ray started (and stopped)
+    here; 'auto' or host:port: join that cluster. outputs None: every model output."""
+
+    model: str
+    replicas: int | None = None
+    max_batch: int = 32
+    max_wait_ms: float = 2.0
+    max_seq: int | None = None
+    vocab: str | None = None
+    lower_case: bool | None = None
+    device: str = "auto"
+    address: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    outputs: Sequence[str] | None = None
+    name: str = "bertfuse"
+    cpus_per_replica: float = 1.0
+    warmup: bool = True
+    extra: dict = field(default_factory=dict)  # facts read from the model (filled by check)
+
+    def to_spec(self) -> dict[str, Any]:
+        """What a replica is built from (plain data: it travels to Ray workers)."""
+        return asdict(self)
+
+
+def _check_number(name: str, value: Any, lo: float, hi: float | None = None) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) \
+            or not math.isfinite(value) or value < lo or (hi is not None and value > hi):
+        span = f"{lo}..{hi}" if hi is not None else f">= {lo}"
+        raise ConfigError(f"{name} must be a number {span}, not {value!r}")
+    return float(value)
+
+
+def _check_str(name: str, value: Any, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{name} must be a non-empty string, not {value!r}")
+
+
+def check_config(model: Any = None, **kwargs: Any) -> ServeConfig:
+    """A ServeConfig from keywords, every field checked, the model read (its inputs, outputs
+    and positions) and the vocab loaded against it."""
+    unknown = sorted(set(kwargs) - set(ServeConfig.__dataclass_fields__) - {"extra"})
+    if unknown or "extra" in kwargs:
+        bad = unknown[0] if unknown else "extra"
+        raise ConfigError(f"unknown argument {bad!r}; arguments are "
+                          f"{', '.join(f for f in ServeConfig.__dataclass_fields__ if f != 'extra')}")
+    if not isinstance(model, (str, os.PathLike)):
+        raise ConfigError(f"model must be the path of an .onnx file, not {model!r}")
+    cfg = ServeConfig(model=os.path.abspath(os.fspath(model)), **kwargs)
+    if cfg.replicas is not None:
+        check_int("replicas", cfg.replicas, 1)
+    check_int("max_batch", cfg.max_batch, 1, 4096)
+    _check_number("max_wait_ms", cfg.max_wait_ms, 0, 10_000)
+    _check_number("cpus_per_replica", cfg.cpus_per_replica, 0)
+    check_int("port", cfg.port, 1, 65535)
+    if cfg.device not in DEVICES:
+        raise ConfigError(f"device must be one of {', '.join(DEVICES)}, not {cfg.device!r}")
+    for name in ("host", "name"):
+        _check_str(name, getattr(cfg, name))
+    _check_str("address", cfg.address, allow_none=True)
+    _check_str("vocab", cfg.vocab, allow_none=True)
+    if cfg.lower_case is not None and not isinstance(cfg.lower_case, bool):
+        raise ConfigError(f"lower_case must be True, False or None, not {cfg.lower_case!r}")
+    if not isinstance(cfg.warmup, bool):
+        raise ConfigError(f"warmup must be True or False, not {cfg.warmup!r}")
+    facts = model_facts(load_model(cfg.model))
+    check_canonical(facts)
+    outputs = _check_outputs(cfg.outputs, facts.outputs)
+    positions = facts.max_positions
+    max_seq = cfg.max_seq if cfg.max_seq is not None else (positions or 512)
+    max_seq = check_int("max_seq", max_seq, 1, positions,
+                        f" (the model's position table has {positions} rows)")
+    vocab = os.path.abspath(cfg.vocab) if cfg.vocab is not None else None
+    if vocab is not None:
+        from bertfuse.text import WordPiece  # reads and checks it now: one line if bad
+
+        WordPiece(vocab, lower_case=cfg.lower_case, max_length=max_seq, model=cfg.model)
+    return ServeConfig(**{**asdict(cfg), "max_seq": max_seq, "outputs": outputs,
+                          "vocab": vocab, "extra": {"inputs": facts.inputs,
+                                                    "vocab_size": facts.vocab_size}})
+
+
+def _check_outputs(outputs: Any, available: list[str]) -> list[str]:
+    if outputs is None:
+        return list(available)
+    if isinstance(outputs, str):
+        outputs = [o for o in outputs.split(",") if o]
+    if not isinstance(outputs, Sequence) or not outputs \
+            or not all(isinstance(o, str) for o in outputs):
+        raise ConfigError(f"outputs must be a list of output names, not {outputs!r}")
+    unknown = [o for o in outputs if o not in available]
+    if unknown:
+        raise ConfigError(f"the model has no output {unknown[0]!r}; it has "
+                          f"{', '.join(available)}")
+    return list(dict.fromkeys(outputs))

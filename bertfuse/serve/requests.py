@@ -1,0 +1,233 @@
+"""One HTTP request's JSON body -> checked int32 arrays, and a batch of them -> one model call
+and back. Everything here runs before a request joins a batch, so a bad request is answered
+alone (a 4xx and one message) and never fails the others' batch.
+
+    body ─► JSON object ─► ids (input_ids/input_mask/segment_ids lists) or text (/text_pair,
+            with a vocab) ─► runtime.requests.check_request ─► Parsed
+    [Parsed, ...] ─► concatenated rows, padded to the longest (mask 0) ─► one run ─► split back
+
+No Ray here: the replica (app.py) calls it, and tests call it directly.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from bertfuse.errors import BertfuseError
+from bertfuse.runtime.requests import ROLES, ModelFacts, RequestError, check_request
+
+FIELDS = (*ROLES, "text", "text_pair", "outputs", "encoding")
+ENCODINGS = ("json", "base64")
+
+
+class HTTPError(Exception):
+    """A request answered with `status` and {"error": message}; the service goes on."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass
+class Limits:
+    """What one request may hold: rows (the session's max_batch), tokens per row (max_seq)
+    and body bytes."""
+
+    max_rows: int
+    max_seq: int
+    max_body: int
+
+
+@dataclass
+class Parsed:
+    """A checked request: int32 [rows, seq] arrays (input_mask always present), the outputs it
+    asked for and how it wants them encoded."""
+
+    arrays: dict[str, np.ndarray]
+    outputs: list[str]
+    encoding: str
+
+    @property
+    def rows(self) -> int:
+        return int(self.arrays["input_ids"].shape[0])
+
+    @property
+    def seq(self) -> int:
+        return int(self.arrays["input_ids"].shape[1])
+
+
+def body_limit(max_rows: int, max_seq: int) -> int:
+    """Bytes a body may take: three roles of max_rows x max_seq ids of up to 11 characters,
+    or texts of as many characters, with room to spare."""
+    return 1 << 20 | max_rows * max_seq * 3 * 12 * 2
+
+
+def parse_body(body: bytes, facts: ModelFacts, limits: Limits, served: Sequence[str],
+               tokenizer: Any = None) -> Parsed:
+    """The request in `body`, checked, or an HTTPError saying what is wrong with it."""
+    if len(body) > limits.max_body:
+        raise HTTPError(413, f"request body of {len(body)} bytes is over the limit of "
+                             f"{limits.max_body}")
+    try:
+        data = json.loads(body)
+    except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError is a ValueError
+        raise HTTPError(400, f"body is not valid JSON ({str(exc).splitlines()[0][:80]})") \
+            from None
+    if not isinstance(data, dict):
+        raise HTTPError(400, f"body must be a JSON object, not {type(data).__name__} "
+                             "(see the README's Serving section)")
+    unknown = sorted(k for k in data if k not in FIELDS)
+    if unknown:
+        raise HTTPError(400, f"unknown field {unknown[0]!r}; fields are {', '.join(FIELDS)}")
+    outputs = _outputs(data.get("outputs"), served)
+    encoding = data.get("encoding", "json")
+    if encoding not in ENCODINGS:
+        raise HTTPError(400, f"encoding must be 'json' or 'base64', not {encoding!r}")
+    has_text = "text" in data or "text_pair" in data
+    if has_text and any(r in data for r in ROLES):
+        raise HTTPError(400, "send either text (and text_pair) or ids, not both")
+    given = _from_text(data, tokenizer) if has_text else \
+        {r: _ids(data.get(r), r) for r in ROLES}
+    if given["input_ids"] is None:
+        raise HTTPError(400, "input_ids is required (or text, when the server has a vocab)")
+    if "input_mask" in facts.inputs and given["input_mask"] is None:
+        given["input_mask"] = np.ones(given["input_ids"].shape, np.int32)  # rows get padded
+    if has_text:  # the tokenizer makes all three; a model may take fewer
+        given = {r: v for r, v in given.items() if r in facts.inputs}
+    try:
+        arrays = check_request(given, facts, limits.max_rows, limits.max_seq)
+    except RequestError as exc:
+        raise HTTPError(400, _request_message(str(exc), limits)) from None
+    return Parsed(arrays, outputs, encoding)
+
+
+def _outputs(value: Any, served: Sequence[str]) -> list[str]:
+    if value is None:
+        return list(served)
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, list) or not names or \
+            not all(isinstance(n, str) for n in names):
+        raise HTTPError(400, "outputs must be a non-empty list of output names")
+    unknown = [n for n in names if n not in served]
+    if unknown:
+        raise HTTPError(400, f"no output {unknown[0]!r} served; served: {', '.join(served)}")
+    return list(dict.fromkeys(names))
+
+
+def _ids(value: Any, role: str) -> np.ndarray | None:
+    """A JSON list as an int64 array: one row ([..]) or several ([[..], ..]). Checked here in
+    Python because numpy reads [1, true] as [1, 1]; ranges and lengths by check_request."""
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise HTTPError(400, f"{role} must be a list of integer ids (one row) or a list of "
+                             f"rows, not {type(value).__name__}")
+    rows = value if value and isinstance(value[0], list) else [value]
+    if not rows or not all(isinstance(r, list) and r for r in rows):
+        what = "empty" if not rows or any(r == [] for r in rows) else "a mix of rows and ids"
+        raise HTTPError(400, f"{role} is {what}: send one row of ids or a list of rows, each "
+                             "of at least one id")
+    if not all(type(v) is int for row in rows for v in row):
+        bad = next(v for row in rows for v in row if type(v) is not int)
+        if isinstance(bad, list):
+            raise HTTPError(400, f"{role} must be [rows, seq]: it is nested deeper")
+        raise HTTPError(400, f"{role} must hold integer ids, got {json.dumps(bad)[:24]}")
+    lengths = sorted({len(r) for r in rows})
+    if len(lengths) > 1:
+        raise HTTPError(400, f"{role}: rows of different lengths ({lengths[0]}..{lengths[-1]}"
+                             "); pad them to one length and send input_mask")
+    try:
+        return np.array(rows, dtype=np.int64)
+    except OverflowError:
+        raise HTTPError(400, f"{role}: an id does not fit in 64 bits") from None
+
+
+def _from_text(data: dict, tokenizer: Any) -> dict[str, Any]:
+    if tokenizer is None:
+        raise HTTPError(400, "this server takes ids only: it was started without --vocab, so "
+                             "it cannot tokenize text")
+    text, pair = data.get("text"), data.get("text_pair")
+    if text is None:
+        raise HTTPError(400, "text_pair without text")
+    try:
+        batch = tokenizer(text, pair)
+    except BertfuseError as exc:
+        raise HTTPError(400, str(exc)) from None
+    return batch.feeds()
+
+
+def _request_message(message: str, limits: Limits) -> str:
+    """The runtime's words, with the server's limits where they are meant."""
+    if message.startswith("batch "):
+        return f"{message.split(' outside')[0]} rows: a request holds 1..{limits.max_rows} " \
+               "rows (the server's --max-batch)"
+    if message.startswith("sequence length "):
+        return f"{message.split(' outside')[0]} tokens is over the server's limit of " \
+               f"{limits.max_seq} (the model's positions or --max-seq)"
+    return message
+
+
+# -- a batch of requests through one call -------------------------------------------------
+
+
+def combine(items: Sequence[Parsed], roles: Sequence[str]) -> dict[str, np.ndarray]:
+    """The requests' rows as one [sum rows, longest seq] batch per role; shorter requests
+    padded on the right with id 0, mask 0, segment 0 (their mask keeps the padding out of
+    every kept position's attention)."""
+    rows = sum(p.rows for p in items)
+    seq = max(p.seq for p in items)
+    out = {}
+    for role in roles:
+        arr = np.zeros((rows, seq), np.int32)
+        at = 0
+        for p in items:
+            part = p.arrays.get(role)
+            if part is not None:
+                arr[at:at + p.rows, :p.seq] = part
+            at += p.rows
+        out[role] = arr
+    return out
+
+
+def split(outputs: dict[str, np.ndarray], items: Sequence[Parsed],
+          seq_axis: dict[str, bool]) -> list[dict[str, np.ndarray]]:
+    """Each request's rows of each output it asked for, [rows, its own seq, ...] where the
+    output has a sequence axis."""
+    results, at = [], 0
+    for p in items:
+        mine = {}
+        for name in p.outputs:
+            part = outputs[name][at:at + p.rows]
+            mine[name] = part[:, :p.seq] if seq_axis.get(name) else part
+        results.append(mine)
+        at += p.rows
+    return results
+
+
+def encode(result: dict[str, np.ndarray], encoding: str) -> dict[str, Any]:
+    """The response body: {"outputs": {name: nested lists}} or, with encoding 'base64',
+    {name: {"dtype", "shape", "data": little-endian bytes, base64}} (fast for wide outputs)."""
+    if encoding == "base64":
+        return {"outputs": {n: {"dtype": "float32", "shape": list(a.shape),
+                                "data": base64.b64encode(
+                                    np.ascontiguousarray(a, "<f4").tobytes()).decode()}
+                            for n, a in result.items()}}
+    return {"outputs": {n: a.tolist() for n, a in result.items()}}
+
+
+def decode(body: dict) -> dict[str, np.ndarray]:
+    """A response's outputs as arrays (either encoding): for clients and tests."""
+    out = {}
+    for name, value in body["outputs"].items():
+        if isinstance(value, dict):
+            out[name] = np.frombuffer(base64.b64decode(value["data"]), "<f4") \
+                .reshape(value["shape"])
+        else:
+            out[name] = np.asarray(value, np.float32)
+    return out

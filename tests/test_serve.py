@@ -1,0 +1,364 @@
+"""`bertfuse serve` (bertfuse/serve/) against the real Ray Serve on 127.0.0.1, on the CPU: a
+tiny fused BERT (builders/onnx_graphs.py through the default passes) served by one module-wide
+deployment. Answers equal a direct Session call (ids and text); 32 clients x 50 requests are
+all answered right, in fewer model calls than requests; every malformed request gets a 4xx
+and one message while the service goes on; shutdown leaves no Ray process and no port (the
+deployment here, and `bertfuse serve` stopped by SIGTERM in a subprocess)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from bertfuse.converter.example_vocab import example_vocab
+from bertfuse.runtime import Session
+from bertfuse.runtime.requests import ConfigError
+from bertfuse.serve.requests import decode
+from bertfuse.text import WordPiece
+from builders.onnx_graphs import bert
+
+ray = pytest.importorskip("ray")  # the `ray` extra: in CI's default extras
+
+VOCAB, POSITIONS, MAX_BATCH = 300, 64, 16
+TOL = 1e-5  # fp32: the same kernels, only the padding differs (masked keys)
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_closed(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process under `pid` (from /proc; zombies count as gone)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    out, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.add(child)
+            todo.append(child)
+    return out
+
+
+def alive(pids: set[int]) -> set[int]:
+    """The pids still running (a zombie has exited)."""
+    left = set()
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            left.add(pid)
+    return left
+
+
+def wait_gone(pids: set[int], timeout: float = 60.0) -> set[int]:
+    deadline = time.monotonic() + timeout
+    while (left := alive(pids)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+class Client:
+    """One keep-alive HTTP connection (per thread)."""
+
+    def __init__(self, url: str) -> None:
+        host, port = url.split("//")[1].rstrip("/").split("/")[0].split(":")
+        self.prefix = "/" + "/".join(url.split("//")[1].rstrip("/").split("/")[1:])
+        self.prefix = self.prefix.rstrip("/") + "/"
+        self.conn = http.client.HTTPConnection(host, int(port), timeout=60)
+
+    def request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, dict]:
+        self.conn.request(method, self.prefix + path, body=body,
+                          headers={"Content-Type": "application/json"})
+        r = self.conn.getresponse()
+        data = r.read()
+        return r.status, json.loads(data)
+
+    def infer(self, payload: dict | bytes) -> tuple[int, dict]:
+        body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+        return self.request("POST", "v1/infer", body)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> dict[str, str]:
+    from bertfuse.passes.manager import run_passes
+
+    root = tmp_path_factory.mktemp("serve")
+    model = bert(np.random.default_rng(0), layers=2, hidden=32, heads=2, inter=64, vocab=VOCAB,
+                 positions=POSITIONS)
+    fused, report = run_passes(model)
+    assert report.table.fully_fused
+    onnx.save(fused, root / "tiny.onnx")
+    (root / "vocab.txt").write_text("".join(t + "\n" for t in example_vocab(VOCAB)))
+    return {"model": str(root / "tiny.onnx"), "vocab": str(root / "vocab.txt")}
+
+
+@pytest.fixture(scope="module")
+def session(tiny) -> Session:
+    return Session(tiny["model"], device="cpu", max_batch=MAX_BATCH)
+
+
+@pytest.fixture(scope="module")
+def served(tiny):
+    """One local Ray (2 CPUs, no dashboard) with two applications on one Serve: 'bertfuse'
+    at / (text in, its vocab) and 'ids' at /ids (no vocab, pooled_output only). Teardown
+    checks that shutting down leaves none of the Ray processes it started, nor the port."""
+    from bertfuse.serve import deploy
+
+    before = descendants(os.getpid())
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    port = free_port()
+    try:
+        main = deploy(tiny["model"], port=port, vocab=tiny["vocab"], max_batch=MAX_BATCH,
+                      max_wait_ms=5, cpus_per_replica=0.5)
+        ids = deploy(tiny["model"], name="ids", outputs=["pooled_output"], max_batch=4,
+                     cpus_per_replica=0.5)
+    except BaseException:
+        ray.shutdown()
+        raise
+    started = descendants(os.getpid()) - before
+    assert started, "ray.init started no process"
+    yield {"main": main, "ids": ids, "port": port}
+    ids.shutdown()
+    main.shutdown()  # it started Serve: Serve goes
+    ray.shutdown()
+    left = wait_gone(started)
+    assert not left, f"Ray processes left after shutdown: {sorted(left)}"
+    assert port_closed(port)
+
+
+def test_ids_equal_a_direct_session_call(served, session):
+    rng = np.random.default_rng(1)
+    client = Client(served["main"].url)
+    for rows, seq in ((1, 5), (3, 17), (MAX_BATCH, POSITIONS)):
+        ids = rng.integers(1, VOCAB, (rows, seq))
+        mask = np.ones((rows, seq), np.int64)
+        mask[0, seq // 2 + 1:] = 0  # padding in a row
+        segs = rng.integers(0, 2, (rows, seq))
+        status, body = client.infer({"input_ids": ids.tolist(), "input_mask": mask.tolist(),
+                                     "segment_ids": segs.tolist()})
+        assert status == 200, body
+        got, want = decode(body), session.run(ids, mask, segs)
+        assert set(got) == {"sequence_output", "pooled_output"}
+        for name in got:
+            assert got[name].shape == want[name].shape
+            assert np.abs(got[name] - want[name]).max() <= TOL, (name, rows, seq)
+    # one row as a flat list; mask and segments default to ones and zeros
+    status, body = client.infer({"input_ids": [7, 8, 9], "outputs": ["pooled_output"]})
+    want = session.run(np.array([[7, 8, 9]]))["pooled_output"]
+    assert status == 200 and list(body["outputs"]) == ["pooled_output"]
+    assert np.abs(decode(body)["pooled_output"] - want).max() <= TOL
+
+
+def test_text_equals_tokenize_then_session(served, session, tiny):
+    client = Client(served["main"].url)
+    texts, pairs = ["what is bert?", "The quick brown fox jumps."], ["a model", "a dog"]
+    status, body = client.infer({"text": texts, "text_pair": pairs, "encoding": "base64"})
+    assert status == 200, body
+    batch = WordPiece(tiny["vocab"], model=tiny["model"])(texts, pairs)
+    want = session.run(**batch.feeds())
+    got = decode(body)
+    assert body["outputs"]["pooled_output"]["shape"] == [2, 32]
+    for name in got:
+        assert np.abs(got[name] - want[name]).max() <= TOL, name
+    status, one = client.infer({"text": "what is bert?", "outputs": "pooled_output"})
+    alone = session.run(**WordPiece(tiny["vocab"], model=tiny["model"])("what is bert?")
+                        .feeds())["pooled_output"]
+    assert status == 200 and np.abs(decode(one)["pooled_output"] - alone).max() <= TOL
+
+
+def test_32_clients_x_50_requests_batched(served, session):
+    """Each client sends 50 requests of 1-3 rows of its own length; every answer is checked
+    against the session; the replica ran fewer batches than it answered requests."""
+    client = Client(served["main"].url)
+    _, before = client.request("GET", "stats")
+    errors: list[str] = []
+
+    def one_client(k: int) -> int:
+        rng, c = np.random.default_rng(100 + k), Client(served["main"].url)
+        done = 0
+        for _ in range(50):
+            rows, seq = int(rng.integers(1, 4)), int(rng.integers(2, 40))
+            ids = rng.integers(1, VOCAB, (rows, seq))
+            status, body = c.infer({"input_ids": ids.tolist(), "outputs": ["pooled_output"]})
+            if status != 200:
+                errors.append(f"{status} {body}")
+                continue
+            want = session.run(ids, outputs=["pooled_output"])["pooled_output"]
+            diff = float(np.abs(decode(body)["pooled_output"] - want).max())
+            if diff > TOL:
+                errors.append(f"client {k}: |diff| {diff}")
+            done += 1
+        return done
+
+    with ThreadPoolExecutor(32) as pool:
+        answered = sum(pool.map(one_client, range(32)))
+    assert not errors, errors[:5]
+    assert answered == 32 * 50
+    _, after = client.request("GET", "stats")
+    requests = after["requests"] - before["requests"]
+    batches = after["batches"] - before["batches"]
+    assert requests == 32 * 50
+    assert batches < requests, (batches, requests)
+    assert after["max_batch_rows"] > 3  # some model call held several requests' rows
+    print(f"{requests} requests in {batches} model calls")
+
+
+MALFORMED = [
+    (b"{not json", 400, "not valid JSON"),
+    (b"[1, 2]", 400, "JSON object"),
+    ({"input_ids": [[1.5, 2]]}, 400, "integer ids"),
+    ({"input_ids": [["a"]]}, 400, "integer ids"),
+    ({"input_ids": [[True, 1]]}, 400, "integer ids"),
+    ({"input_ids": [[[1, 2]]]}, 400, "nested deeper"),
+    ({"input_ids": 5}, 400, "list of integer ids"),
+    ({"input_ids": [[1] * (POSITIONS + 1)]}, 400, "over the server's limit of 64"),
+    ({"input_ids": [[1, VOCAB]]}, 400, f"[0, {VOCAB})"),
+    ({"input_ids": [[1, -1]]}, 400, f"[0, {VOCAB})"),
+    ({"input_ids": [[1, 2]], "segment_ids": [[0, 2]]}, 400, "segment_ids values"),
+    ({"input_ids": []}, 400, "empty"),
+    ({"input_ids": [[]]}, 400, "empty"),
+    ({"input_ids": [[1, 2], [3]]}, 400, "different lengths"),
+    ({"input_ids": [[1, 2]], "input_mask": [[1, 1, 1]]}, 400, "shape"),
+    ({"input_ids": [[1]] * (MAX_BATCH + 1)}, 400, "--max-batch"),
+    ({"input_mask": [[1]]}, 400, "input_ids is required"),
+    ({"input_ids": [[1]], "outputs": ["logits"]}, 400, "no output 'logits'"),
+    ({"input_ids": [[1]], "encoding": "hex"}, 400, "encoding"),
+    ({"input_ids": [[1]], "text": "a"}, 400, "not both"),
+    ({"text": 7}, 400, "str"),
+    ({"input_id": [[1]]}, 400, "unknown field 'input_id'"),
+]
+
+
+@pytest.mark.parametrize("payload,status,words", MALFORMED,
+                         ids=[w.split()[0] + str(i) for i, (_, _, w) in enumerate(MALFORMED)])
+def test_malformed_request_is_a_4xx_and_service_goes_on(served, payload, status, words):
+    client = Client(served["main"].url)
+    got, body = client.infer(payload)
+    assert got == status and list(body) == ["error"], (got, body)
+    message = body["error"]
+    assert words in message and "\n" not in message and "Traceback" not in message, message
+    ok, _ = client.infer({"input_ids": [[1, 2, 3]], "outputs": ["pooled_output"]})
+    assert ok == 200
+
+
+def test_other_4xx_routes_and_text_without_a_vocab(served):
+    client = Client(served["main"].url)
+    assert client.request("GET", "v1/infer")[0] == 405
+    status, body = client.request("GET", "nowhere")
+    assert status == 404 and "v1/infer" in body["error"]
+    status, body = client.infer(b"{" + b" " * (2 << 20) + b"}")
+    assert status == 413 and "over the limit" in body["error"]
+    ids = Client(served["ids"].url)  # started without a vocab
+    status, body = ids.infer({"text": ["what is bert?"]})
+    assert status == 400 and "without --vocab" in body["error"], body
+    status, body = ids.infer({"input_ids": [[1, 2]] * 5})
+    assert status == 400 and "1..4 rows" in body["error"], body
+    status, body = ids.infer({"input_ids": [[1, 2]]})
+    assert status == 200 and list(body["outputs"]) == ["pooled_output"]
+
+
+def test_health_readiness_and_stats(served):
+    client = Client(served["main"].url)
+    assert client.request("GET", "healthz") == (200, {"status": "ok"})
+    status, ready = client.request("GET", "readyz")
+    assert status == 200 and ready["ready"] and ready["device"] == "cpu"
+    assert ready["warm_buckets"] >= 1  # warmed before it took traffic
+    stats = served["main"].stats()
+    assert stats["max_batch"] == MAX_BATCH and stats["max_seq"] == POSITIONS
+    assert served["main"].url == f"http://127.0.0.1:{served['port']}/"
+    assert served["ids"].url == f"http://127.0.0.1:{served['port']}/ids/"
+
+
+def test_deploy_checks_its_arguments_before_ray(tiny, tmp_path):
+    from bertfuse.serve import deploy
+
+    cases = [({"max_batch": 0}, "max_batch"), ({"replicas": 1.5}, "replicas"),
+             ({"max_wait_ms": -1}, "max_wait_ms"), ({"port": 70000}, "port"),
+             ({"device": "tpu"}, "device"), ({"outputs": ["nope"]}, "no output 'nope'"),
+             ({"max_seq": POSITIONS + 1}, "position table"), ({"bogus": 1}, "unknown argument"),
+             ({"vocab": str(tmp_path / "missing.txt")}, "not found")]
+    for kwargs, words in cases:
+        with pytest.raises(Exception) as info:
+            deploy(tiny["model"], **kwargs)
+        assert words in str(info.value), (kwargs, info.value)
+    with pytest.raises(ConfigError, match="no model file"):
+        deploy(str(tmp_path / "none.onnx"))
+
+
+def test_cli_serve_until_sigterm_leaves_nothing(tiny, tmp_path):
+    """`bertfuse serve --json` in its own process: the URL on stdout once ready, a request
+    answered, SIGTERM: exit 0, every process it started gone, the port closed."""
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get(
+        "PYTHONPATH", "")]), "RAY_ADDRESS": ""}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bertfuse", "serve", tiny["model"], "--port", str(port),
+         "--max-batch", "4", "--outputs", "pooled_output", "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not lines and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert lines, f"no URL printed (exit {proc.poll()}): {proc.stderr.read()[-2000:]}"
+        info = json.loads(lines[0])
+        assert info["url"] == f"http://127.0.0.1:{port}/" and info["device"] == "cpu"
+        status, body = Client(info["url"]).infer({"input_ids": [[5, 6]]})
+        assert status == 200 and np.asarray(body["outputs"]["pooled_output"]).shape == (1, 32)
+        started = descendants(proc.pid)
+        assert started
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    reader.join(10)
+    assert rc == 0, proc.stderr.read()[-2000:]
+    assert json.loads(lines[-1]) == {"stopped": "SIGTERM"}, lines
+    assert not wait_gone(started), "processes left behind by bertfuse serve"
+    assert port_closed(port)
+
+
+def test_cli_bad_model_is_one_line(tmp_path):
+    bad = tmp_path / "x.onnx"
+    bad.write_bytes(b"not a model")
+    out = subprocess.run([sys.executable, "-m", "bertfuse", "serve", str(bad)],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120)
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert out.returncode == 2 and len(lines) == 1 and "not an ONNX model" in lines[0], \
+        out.stderr
