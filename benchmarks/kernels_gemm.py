@@ -79,8 +79,10 @@ def load(path: str) -> ctypes.CDLL:
                                        + [F32, I32, I32, U64])
     lib.bf_check_layernorm.argtypes = [U64] * 5 + [F32, U64, I32, I32, U64]
     lib.bf_check_set_algo_rank.argtypes = [I32]
+    lib.bf_check_set_workspace_mb.argtypes = [I32]
     lib.bf_dense_last_error.restype = ctypes.c_char_p
-    for f in ("bf_check_dense", "bf_check_dense_fp8", "bf_check_layernorm", "bf_check_set_algo_rank"):
+    for f in ("bf_check_dense", "bf_check_dense_fp8", "bf_check_layernorm", "bf_check_set_algo_rank",
+              "bf_check_set_workspace_mb"):
         getattr(lib, f).restype = I32
     return lib
 
@@ -173,7 +175,7 @@ def torch_candidates(x, w, bias, skip, gamma, beta, kind, approximate):
 
 
 def run_shape(lib, args, wl: str, M: int, name: str, K: int, N: int, kind: int, approximate: int,
-              s: torch.cuda.Stream, s2: torch.cuda.Stream) -> list[dict]:
+              s: torch.cuda.Stream) -> list[dict]:
     torch.manual_seed(M * 7 + K + N + kind + approximate)
     h = dict(device="cuda", dtype=torch.float16)
     x = torch.randn(M, K, **h) if kind != SLN or K == 768 else F.gelu(torch.randn(M, K, **h))
@@ -211,9 +213,11 @@ def run_shape(lib, args, wl: str, M: int, name: str, K: int, N: int, kind: int, 
         rows.append(dict(base, impl=f"bertfuse v0 algo rank {rank}", precision="fp16",
                          us=time_us(ours(0), args.reps, args.iters, s)))
     checked(lib, lib.bf_check_set_algo_rank(0))
-    # Another stream than the workspace's owner: the algorithms that need no workspace.
+    # The algorithms that need no workspace.
+    checked(lib, lib.bf_check_set_workspace_mb(0))
     rows.append(dict(base, impl="bertfuse v0 (no workspace)", precision="fp16",
-                     us=time_us(ours(0), args.reps, args.iters, s2)))
+                     us=time_us(ours(0), args.reps, args.iters, s)))
+    checked(lib, lib.bf_check_set_workspace_mb(1 << 20))  # back to the default cap
     for label, fn in torch_candidates(x, w, bias, skip, gamma, beta, kind, approximate).items():
         with torch.cuda.stream(s):
             out = fn()
@@ -349,11 +353,11 @@ def main() -> None:
         sys.exit(2)
     with tempfile.TemporaryDirectory(prefix="bf_gemm_") as tmp:
         lib = load(args.lib or build(tmp))
-        s, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+        s = torch.cuda.Stream()
         rows = []
         for wl, M in WORKLOADS:
             for name, K, N, kind, approximate in GEMMS:
-                rows += run_shape(lib, args, wl, M, name, K, N, kind, approximate, s, s2)
+                rows += run_shape(lib, args, wl, M, name, K, N, kind, approximate, s)
                 print(json.dumps(rows[-1]), flush=True)
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, cuda=torch.version.cuda,
                 lib=args.lib or "built from csrc", iters=args.iters, reps=args.reps,

@@ -4,10 +4,8 @@
 
 #include <cuda_fp8.h>
 
-#include <atomic>
 #include <cstdio>
 #include <cstdlib>
-#include <map>
 #include <stdexcept>
 
 #include "layernorm.h"
@@ -30,14 +28,6 @@ const char* Fail(const char* what, int code) {
     if (st_ != CUBLAS_STATUS_SUCCESS) return Fail(#expr, st_); \
   } while (0)
 
-size_t WorkspaceBytesFromEnv() {
-  // Hopper's cuBLASLt kernels want up to 32 MiB (split-K, stream-K); one buffer per device.
-  const char* s = std::getenv("BERTFUSE_GEMM_WORKSPACE_MB");
-  long mb = s ? std::strtol(s, nullptr, 10) : 32;
-  if (mb < 0) mb = 0;
-  return static_cast<size_t>(mb) << 20;
-}
-
 int AlignmentOf(const void* p) {
   const uintptr_t v = reinterpret_cast<uintptr_t>(p);
   int a = 256;
@@ -47,63 +37,18 @@ int AlignmentOf(const void* p) {
 
 }  // namespace
 
-class WorkspacePool {
- public:
-  WorkspacePool(int device, size_t bytes) : device_(device), bytes_(bytes) {
-    if (bytes_ == 0) return;
-    int prev = 0;
-    cudaGetDevice(&prev);
-    cudaSetDevice(device_);
-    const cudaError_t err = cudaMalloc(&ptr_, bytes_);
-    cudaSetDevice(prev);
-    if (err != cudaSuccess) {
-      cudaGetLastError();
-      throw std::runtime_error(std::string("cuBLASLt workspace: cudaMalloc failed: ") +
-                               cudaGetErrorString(err));
-    }
-  }
-  ~WorkspacePool() {
-    if (ptr_) cudaFree(ptr_);
-  }
-
-  // The workspace for a GEMM enqueued on `stream`: the first stream to ask owns it for good
-  // (work on one stream is ordered, so every GEMM on it may share the buffer); any other
-  // stream gets none (and algorithms that need none), never a buffer in use elsewhere.
-  void* For(cudaStream_t stream, size_t* bytes) {
-    const uintptr_t me = reinterpret_cast<uintptr_t>(stream);
-    uintptr_t expect = kUnclaimed;
-    if (ptr_ && (owner_.compare_exchange_strong(expect, me) || expect == me)) {
-      *bytes = bytes_;
-      return ptr_;
-    }
-    *bytes = 0;
-    return nullptr;
-  }
-
-  static std::shared_ptr<WorkspacePool> Get(int device) {
-    static std::mutex* mu = new std::mutex();
-    static auto* pools = new std::map<int, std::weak_ptr<WorkspacePool>>();
-    std::lock_guard<std::mutex> lock(*mu);
-    std::shared_ptr<WorkspacePool> p = (*pools)[device].lock();
-    if (!p) {
-      p = std::make_shared<WorkspacePool>(device, WorkspaceBytesFromEnv());
-      (*pools)[device] = p;
-    }
-    return p;
-  }
-
- private:
-  static constexpr uintptr_t kUnclaimed = ~uintptr_t(0);
-  int device_;
-  size_t bytes_;
-  void* ptr_ = nullptr;
-  std::atomic<uintptr_t> owner_{kUnclaimed};
-};
+size_t DefaultWorkspaceBytes() {
+  const char* s = std::getenv("BERTFUSE_GEMM_WORKSPACE_MB");
+  long mb = s ? std::strtol(s, nullptr, 10) : 32;
+  if (mb < 0) mb = 0;
+  return static_cast<size_t>(mb) << 20;
+}
 
 struct DenseGemm::Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  size_t workspace = 0;  // what the chosen algorithm needs
   ~Plan() {
     if (desc) cublasLtMatmulDescDestroy(desc);
     if (a) cublasLtMatrixLayoutDestroy(a);
@@ -113,13 +58,14 @@ struct DenseGemm::Plan {
   }
 };
 
-DenseGemm::DenseGemm(int device) {
-  if (device < 0) cudaGetDevice(&device);
+DenseGemm::DenseGemm(int device, size_t max_workspace_bytes) : max_workspace_(max_workspace_bytes) {
+  int prev = -1;
+  if (device >= 0 && cudaGetDevice(&prev) == cudaSuccess && prev != device) cudaSetDevice(device);
   const cublasStatus_t st = cublasLtCreate(&handle_);
+  if (device >= 0 && prev >= 0 && prev != device) cudaSetDevice(prev);
   if (st != CUBLAS_STATUS_SUCCESS) {
     throw std::runtime_error("cublasLtCreate failed (status " + std::to_string(st) + ")");
   }
-  pool_ = WorkspacePool::Get(device);
 }
 
 DenseGemm::~DenseGemm() {
@@ -127,13 +73,13 @@ DenseGemm::~DenseGemm() {
   if (handle_) cublasLtDestroy(handle_);
 }
 
-const char* DenseGemm::RunF16(cudaStream_t stream, const __half* X, const __half* W,
-                              const __half* bias, const __half* C, __half* Y, int M, int N, int K,
-                              Epilogue epi) {
-  return Run(stream, false, W, X, nullptr, 1.0f, bias, C, Y, M, N, K, epi, false);
+const char* DenseGemm::RunF16(cudaStream_t stream, WorkspaceSource* ws, const __half* X,
+                              const __half* W, const __half* bias, const __half* C, __half* Y,
+                              int M, int N, int K, Epilogue epi) {
+  return Run(stream, ws, false, W, X, nullptr, 1.0f, bias, C, Y, M, N, K, epi, false);
 }
 
-const char* DenseGemm::RunFp8(cudaStream_t stream, const uint8_t* Xq, const uint8_t* Wt,
+const char* DenseGemm::RunFp8(cudaStream_t stream, WorkspaceSource* ws, const uint8_t* Xq, const uint8_t* Wt,
                               const float* w_scale, float x_scale, const __half* bias,
                               const __half* C, __half* Y, int M, int N, int K, Epilogue epi,
                               bool fast_accum) {
@@ -141,21 +87,19 @@ const char* DenseGemm::RunFp8(cudaStream_t stream, const uint8_t* Xq, const uint
     g_error = "FP8 GEMM needs K % 16 == 0 (cuBLASLt), got K = " + std::to_string(K);
     return g_error.c_str();
   }
-  return Run(stream, true, Wt, Xq, w_scale, x_scale, bias, C, Y, M, N, K, epi, fast_accum);
+  return Run(stream, ws, true, Wt, Xq, w_scale, x_scale, bias, C, Y, M, N, K, epi, fast_accum);
 }
 
 // Column-major view: D[N,M] = op(A)[N,K] * B[K,M] (+ C[N,M]), A = W (fp16: col-major N x K,
 // ld N, no transpose; FP8: Wt col-major K x N, ld K, transposed), B = X col-major K x M, ld K.
-const char* DenseGemm::Run(cudaStream_t stream, bool fp8, const void* A, const void* B,
+const char* DenseGemm::Run(cudaStream_t stream, WorkspaceSource* ws, bool fp8, const void* A, const void* B,
                            const float* a_scale, float alpha, const __half* bias, const __half* C,
                            __half* Y, int M, int N, int K, Epilogue epi, bool fast_accum) {
   if (M <= 0 || N <= 0) return nullptr;
   if (K <= 0) return Fail("GEMM with K <= 0", K);
   if (epi != Epilogue::kNone && bias == nullptr) return Fail("epilogue needs a bias", 0);
-  size_t ws_bytes = 0;
-  void* ws = pool_->For(stream, &ws_bytes);
-
   std::lock_guard<std::mutex> lock(mu_);
+  const size_t ws_bytes = max_workspace_;
   char key[192];
   std::snprintf(key, sizeof(key), "%d/%d/%d/%d/%d/%d/%zu/%d/%d/%d/%d/%d/%d", fp8 ? 1 : 0,
                 static_cast<int>(epi), C ? 1 : 0, M, N, K, ws_bytes, AlignmentOf(A),
@@ -230,6 +174,7 @@ const char* DenseGemm::Run(cudaStream_t stream, bool fp8, const void* A, const v
       return g_error.c_str();
     }
     p->algo = res[pick].algo;
+    p->workspace = res[pick].workspaceSize;
     it = plans_.emplace(key, std::move(p)).first;
   }
   Plan& p = *it->second;
@@ -241,9 +186,14 @@ const char* DenseGemm::Run(cudaStream_t stream, bool fp8, const void* A, const v
     LT_TRY(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale,
                                           sizeof(a_scale)));
   }
+  void* workspace = nullptr;
+  if (p.workspace > 0) {
+    workspace = ws ? ws->Get(p.workspace) : nullptr;
+    if (!workspace) return Fail("no cuBLASLt workspace of the size the algorithm needs", static_cast<int>(p.workspace));
+  }
   const float beta = C ? 1.0f : 0.0f;
   LT_TRY(cublasLtMatmul(handle_, p.desc, &alpha, A, p.a, B, p.b, &beta, C ? C : Y, p.c, Y, p.d,
-                        &p.algo, ws, ws_bytes, stream));
+                        &p.algo, workspace, p.workspace, stream));
   return nullptr;
 }
 
@@ -358,7 +308,8 @@ const char* CudaFail(const char* what, cudaError_t err) {
 
 }  // namespace
 
-const char* bf_dense_forward(DenseGemm& gemm, cudaStream_t stream, const DenseArgs& a) {
+const char* bf_dense_forward(DenseGemm& gemm, cudaStream_t stream, WorkspaceSource* ws,
+                             const DenseArgs& a) {
   const int M = a.M, N = a.N, K = a.K;
   const char* err = nullptr;
   // The GEMM: which epilogue and whether the residual rides along as C.
@@ -403,11 +354,11 @@ const char* bf_dense_forward(DenseGemm& gemm, cudaStream_t stream, const DenseAr
       const cudaError_t qe = bf_quantize_e4m3(stream, a.x, a.x_scale, a.xq, static_cast<size_t>(M) * K);
       if (qe != cudaSuccess) return CudaFail("FP8 activation quantize", qe);
     }
-    err = gemm.RunFp8(stream, a.xq, static_cast<const uint8_t*>(a.w), a.w_scale, a.x_scale,
+    err = gemm.RunFp8(stream, ws, a.xq, static_cast<const uint8_t*>(a.w), a.w_scale, a.x_scale,
                       epi == Epilogue::kNone ? nullptr : a.bias, C, a.y, M, N, K, epi,
                       a.fast_accum);
   } else {
-    err = gemm.RunF16(stream, a.x, static_cast<const __half*>(a.w),
+    err = gemm.RunF16(stream, ws, a.x, static_cast<const __half*>(a.w),
                       epi == Epilogue::kNone ? nullptr : a.bias, C, a.y, M, N, K, epi);
   }
   if (err) return err;
@@ -429,21 +380,45 @@ const char* bf_dense_forward(DenseGemm& gemm, cudaStream_t stream, const DenseAr
 
 namespace {
 
-bertfuse::DenseGemm* CheckGemm(const char** err) {
+// The check entry points' workspace: one buffer of the default cap, allocated with the GEMM.
+// They are for a harness on one stream at a time, not for concurrent use.
+class CheckWorkspace : public bertfuse::WorkspaceSource {
+ public:
+  explicit CheckWorkspace(size_t bytes) : bytes_(bytes) {
+    if (bytes_ && cudaMalloc(&ptr_, bytes_) != cudaSuccess) {
+      cudaGetLastError();
+      throw std::runtime_error("cudaMalloc of the check workspace failed");
+    }
+  }
+  void* Get(size_t bytes) override { return bytes <= bytes_ ? ptr_ : nullptr; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  size_t bytes_;
+  void* ptr_ = nullptr;
+};
+
+struct CheckState {
+  bertfuse::DenseGemm* gemm;
+  CheckWorkspace* ws;
+};
+
+CheckState* Check(const char** err) {
   // One per process (never freed: it would outlive the CUDA context at interpreter exit).
-  static bertfuse::DenseGemm* gemm = nullptr;
+  static CheckState* state = nullptr;
   static std::mutex mu;
   std::lock_guard<std::mutex> lock(mu);
-  if (!gemm) {
+  if (!state) {
     try {
-      gemm = new bertfuse::DenseGemm(-1);
+      auto* ws = new CheckWorkspace(bertfuse::DefaultWorkspaceBytes());
+      state = new CheckState{new bertfuse::DenseGemm(-1, ws->bytes()), ws};
     } catch (const std::exception& e) {
       bertfuse::g_error = e.what();
       *err = bertfuse::g_error.c_str();
       return nullptr;
     }
   }
-  return gemm;
+  return state;
 }
 
 template <typename T>
@@ -474,9 +449,9 @@ bertfuse::DenseArgs Args(uintptr_t x, uintptr_t w, uintptr_t bias, uintptr_t ski
 
 int RunCheck(const bertfuse::DenseArgs& args, uintptr_t stream) {
   const char* err = nullptr;
-  bertfuse::DenseGemm* gemm = CheckGemm(&err);
-  if (!gemm) return 1;
-  err = bertfuse::bf_dense_forward(*gemm, reinterpret_cast<cudaStream_t>(stream), args);
+  CheckState* st = Check(&err);
+  if (!st) return 1;
+  err = bertfuse::bf_dense_forward(*st->gemm, reinterpret_cast<cudaStream_t>(stream), st->ws, args);
   if (err) {
     if (err != bertfuse::g_error.c_str()) bertfuse::g_error = err;
     return 1;
@@ -532,9 +507,20 @@ BF_DENSE_EXPORT int bf_check_layernorm(uintptr_t x, uintptr_t bias, uintptr_t sk
 // Heuristic rank of the algorithm the check entry points use from now on (0 = first choice).
 BF_DENSE_EXPORT int bf_check_set_algo_rank(int rank) {
   const char* err = nullptr;
-  bertfuse::DenseGemm* gemm = CheckGemm(&err);
-  if (!gemm) return 1;
-  gemm->set_algo_rank(rank);
+  CheckState* st = Check(&err);
+  if (!st) return 1;
+  st->gemm->set_algo_rank(rank);
+  return 0;
+}
+
+// The workspace cap the check entry points give cuBLASLt's heuristic, in MiB (at most
+// BERTFUSE_GEMM_WORKSPACE_MB); 0 = only algorithms that need none.
+BF_DENSE_EXPORT int bf_check_set_workspace_mb(int mb) {
+  const char* err = nullptr;
+  CheckState* st = Check(&err);
+  if (!st) return 1;
+  const size_t bytes = static_cast<size_t>(mb < 0 ? 0 : mb) << 20;
+  st->gemm->set_max_workspace(bytes < st->ws->bytes() ? bytes : st->ws->bytes());
   return 0;
 }
 

@@ -6,10 +6,10 @@
 // transposed problem D[N,M] = W(col-major N x K) * X(col-major K x M): no copies,
 // and the bias (length N) runs along D's rows, which is what its BIAS epilogue adds.
 //
-// Nothing here allocates or synchronises inside a run: the handle, the workspace and
-// the cuBLASLt plans (descriptors + chosen algorithm) are made when the kernel is
-// created or on the first call with a new shape (host-only work), so CUDA graphs can
-// capture every call.
+// Nothing here allocates device memory or synchronises inside a run: the handle is made
+// when the kernel is created, the cuBLASLt plans (descriptors + chosen algorithm) on the
+// first call with a new shape (host-only work), and the workspace comes from the caller
+// (WorkspaceSource), so CUDA graphs can capture every call.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -31,17 +31,24 @@ enum class Epilogue : int {
   kBiasGeluTanh = 2,  // D = gelu_tanh(X@W + bias); cuBLASLt's GELU epilogue is the tanh form
 };
 
-// One cuBLASLt workspace per device, shared by every GEMM kernel of the process (a BERT
-// graph has 4 GEMMs per layer; a private 32 MiB each would cost 1.5 GiB on base). Runs on
-// one stream are ordered, so sharing is safe on the stream that claims it first; a GEMM
-// enqueued on any other stream gets algorithms that need no workspace instead of racing.
-class WorkspacePool;
+// Where a GEMM gets its cuBLASLt workspace (and the FP8 path its activation scratch) for one
+// run: the ORT kernels take ORT's stream-aware scratch buffer (its arena: no cudaMalloc once
+// warm, one per session and stream, so concurrent sessions never share one); the check entry
+// points a buffer allocated once. Get returns nullptr when it cannot serve `bytes`.
+class WorkspaceSource {
+ public:
+  virtual ~WorkspaceSource() = default;
+  virtual void* Get(size_t bytes) = 0;
+};
+
+// The most workspace a GEMM may ask for: env BERTFUSE_GEMM_WORKSPACE_MB, default 32 (what
+// cuBLAS recommends on Hopper); each call takes only what its chosen algorithm needs.
+size_t DefaultWorkspaceBytes();
 
 class DenseGemm {
  public:
-  // Creates the cuBLASLt handle and takes a reference on `device`'s workspace (-1: the
-  // current device), allocated here, outside any run. Throws std::runtime_error on failure.
-  explicit DenseGemm(int device);
+  // Creates the cuBLASLt handle on `device` (-1: the current one). Throws std::runtime_error.
+  DenseGemm(int device, size_t max_workspace_bytes);
   ~DenseGemm();
   DenseGemm(const DenseGemm&) = delete;
   DenseGemm& operator=(const DenseGemm&) = delete;
@@ -50,30 +57,33 @@ class DenseGemm {
   // bias may be null only with Epilogue::kNone. C (the residual, [M,N]) may be null;
   // C may alias Y. Returns nullptr on success, else a message (valid until the next
   // call on this thread).
-  const char* RunF16(cudaStream_t stream, const __half* X, const __half* W, const __half* bias,
-                     const __half* C, __half* Y, int M, int N, int K, Epilogue epi);
+  const char* RunF16(cudaStream_t stream, WorkspaceSource* ws, const __half* X, const __half* W,
+                     const __half* bias, const __half* C, __half* Y, int M, int N, int K,
+                     Epilogue epi);
 
   // FP8: Xq[M,K] e4m3 (= X / x_scale), Wt[N,K] e4m3 (W transposed; W_real = Wt^T * w_scale),
   // w_scale a device float[1]. Y = epilogue(x_scale * w_scale * Xq@Wt^T + bias) + C.
   // cuBLASLt FP8 needs the "TN" form (A transposed): A = Wt, col-major K x N, op T.
   // K must be a multiple of 16.
-  const char* RunFp8(cudaStream_t stream, const uint8_t* Xq, const uint8_t* Wt,
+  const char* RunFp8(cudaStream_t stream, WorkspaceSource* ws, const uint8_t* Xq, const uint8_t* Wt,
                      const float* w_scale, float x_scale, const __half* bias, const __half* C,
                      __half* Y, int M, int N, int K, Epilogue epi, bool fast_accum);
 
   // Which of the heuristic's valid algorithms to use (0 = its first choice, what the ORT ops
   // run); the device check sets others to see what the heuristic leaves on the table.
   void set_algo_rank(int rank) { algo_rank_ = rank < 0 ? 0 : rank; }
+  // The workspace cap the heuristic is given (the check measures 0 against the default).
+  void set_max_workspace(size_t bytes) { max_workspace_ = bytes; }
 
   struct Plan;  // defined in dense.cu
 
  private:
-  const char* Run(cudaStream_t stream, bool fp8, const void* A, const void* B, const float* a_scale,
+  const char* Run(cudaStream_t stream, WorkspaceSource* ws, bool fp8, const void* A, const void* B, const float* a_scale,
                   float alpha, const __half* bias, const __half* C, __half* Y, int M, int N,
                   int K, Epilogue epi, bool fast_accum);
 
   cublasLtHandle_t handle_ = nullptr;
-  std::shared_ptr<WorkspacePool> pool_;
+  size_t max_workspace_ = 0;
   int algo_rank_ = 0;
   std::mutex mu_;  // guards plans_ (ORT may call Compute from several threads)
   std::unordered_map<std::string, std::unique_ptr<Plan>> plans_;
@@ -107,8 +117,10 @@ struct DenseArgs {
   bool fast_accum = false;  // Hopper's FP8 fast accumulation: faster, less exact
 };
 
-// Enqueues the whole op on `stream`. nullptr on success, else a message.
-const char* bf_dense_forward(DenseGemm& gemm, cudaStream_t stream, const DenseArgs& args);
+// Enqueues the whole op on `stream`, the GEMM's workspace from `ws`. nullptr on success, else
+// a message.
+const char* bf_dense_forward(DenseGemm& gemm, cudaStream_t stream, WorkspaceSource* ws,
+                             const DenseArgs& args);
 
 // y = gelu_erf(y (+ bias)) in place over [M,N] (exact erf form, fp32 math). bias may be null.
 cudaError_t bf_gelu_erf_f16(cudaStream_t stream, __half* y, const __half* bias, int M, int N);

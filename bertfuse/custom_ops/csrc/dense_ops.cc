@@ -10,6 +10,7 @@
 
 #include <memory>
 #include <stdexcept>
+#include <vector>
 
 #include "dense.h"
 #include "registry.h"
@@ -68,24 +69,43 @@ int KernelDevice(const OrtKernelInfo* info) {
   return device;
 }
 
-// A scratch buffer from ORT's allocator for this run, freed on every path out of Compute.
-struct Scratch {
-  OrtKernelContext* ctx;
-  OrtAllocator* alloc = nullptr;
-  void* ptr = nullptr;
-  explicit Scratch(OrtKernelContext* c) : ctx(c) {}
-  // mem: where the buffer goes (the memory info of an input already on the device).
-  OrtStatusPtr Get(const OrtMemoryInfo* mem, size_t bytes) {
+// Device scratch for one run from ORT's stream-aware scratch buffer (its arena: what ORT's own
+// CUDA kernels use; no cudaMalloc once warm; per session, so concurrent sessions on other
+// streams never share a buffer). Everything is handed back when Compute returns, as soon as
+// the work is queued: later users of a chunk run after it on the same stream.
+class OrtScratch : public bertfuse::WorkspaceSource {
+ public:
+  OrtScratch(OrtKernelContext* ctx, const OrtMemoryInfo* mem) : ctx_(ctx), mem_(mem) {}
+  ~OrtScratch() override {
+    for (void* p : ptrs_) alloc_->Free(alloc_, p);
+    if (alloc_) Ort::GetApi().ReleaseAllocator(alloc_);
+  }
+  OrtScratch(const OrtScratch&) = delete;
+  OrtScratch& operator=(const OrtScratch&) = delete;
+
+  void* Get(size_t bytes) override {
     const OrtApi& api = Ort::GetApi();
-    if (OrtStatusPtr st = api.KernelContext_GetAllocator(ctx, mem, &alloc)) return st;
-    return api.KernelContext_GetScratchBuffer(ctx, mem, bytes, &ptr);
+    if (!alloc_) {
+      if (OrtStatusPtr st = api.KernelContext_GetAllocator(ctx_, mem_, &alloc_)) {
+        api.ReleaseStatus(st);
+        alloc_ = nullptr;
+        return nullptr;
+      }
+    }
+    void* p = nullptr;
+    if (OrtStatusPtr st = api.KernelContext_GetScratchBuffer(ctx_, mem_, bytes, &p)) {
+      api.ReleaseStatus(st);
+      return nullptr;
+    }
+    if (p) ptrs_.push_back(p);
+    return p;
   }
-  ~Scratch() {
-    if (ptr) alloc->Free(alloc, ptr);
-    if (alloc) Ort::GetApi().ReleaseAllocator(alloc);
-  }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
+
+ private:
+  OrtKernelContext* ctx_;
+  const OrtMemoryInfo* mem_;
+  OrtAllocator* alloc_ = nullptr;
+  std::vector<void*> ptrs_;
 };
 
 template <typename T>
@@ -108,7 +128,7 @@ class DenseKernel {
         throw std::invalid_argument("attribute x_scale (the activations' FP8 scale) is required and must be a finite float > 0");
       }
     }
-    gemm_ = std::make_unique<bertfuse::DenseGemm>(KernelDevice(info));
+    gemm_ = std::make_unique<bertfuse::DenseGemm>(KernelDevice(info), bertfuse::DefaultWorkspaceBytes());
   }
 
   OrtStatusPtr ComputeV2(OrtKernelContext* context) {
@@ -180,19 +200,17 @@ class DenseKernel {
     a.approximate = approximate_;
     a.epsilon = epsilon_;
 
-    // FP8: the quantized activations need M*K bytes of scratch: ORT's stream-aware scratch
-    // buffer (what its own CUDA kernels use; the arena, no cudaMalloc once warm), handed back
-    // as soon as the work is queued: later users of the chunk run after it on the stream.
-    Scratch scratch(context);
+    OrtScratch scratch(context, ctx.GetInput(0).GetTensorMemoryInfo());  // X's device
     if (T::kFp8) {
-      BF_ORT_OK(scratch.Get(ctx.GetInput(0).GetTensorMemoryInfo(), static_cast<size_t>(M) * static_cast<size_t>(K)));
+      const size_t bytes = static_cast<size_t>(M) * static_cast<size_t>(K);
+      a.xq = static_cast<uint8_t*>(scratch.Get(bytes));
+      BF_REQUIRE(a.xq != nullptr, "no " << bytes << "-byte scratch buffer for the FP8 activations");
       a.fp8 = true;
       a.w_scale = w_scale.as<float>();
       a.x_scale = x_scale_;
-      a.xq = static_cast<uint8_t*>(scratch.ptr);
       a.fast_accum = fast_accum_;
     }
-    const char* err = bertfuse::bf_dense_forward(*gemm_, stream, a);
+    const char* err = bertfuse::bf_dense_forward(*gemm_, stream, &scratch, a);
     if (err) return bf::Error(kOp, err, ORT_EP_FAIL);
     return nullptr;
   }
