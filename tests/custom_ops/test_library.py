@@ -316,3 +316,27 @@ def test_build_for_sm90_and_register(capsys, cache):
     assert path.parent.name == f"ort-api{built['info']['ort_api_version']}-sm90"
     assert not list(path.parent.glob(".*tmp"))
     lib.register(ort.SessionOptions(), path)  # RegisterCustomOps runs in ORT (CPU build is enough)
+
+
+def test_check_binding_run_rolls_inputs_in_place():
+    """kernels check's IO-binding run (here on the CPU EP, with ONNX's MatMul + Add, which are
+    row-wise like every ai.bertfuse op): new inputs written into the bound buffers give the
+    rolled output."""
+    ort = pytest.importorskip("onnxruntime")
+    from bertfuse.custom_ops.check import _run_graph
+
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((8, 5)).astype(np.float32)
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "mm",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 3, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 3, 5])],
+                          initializer=[onnx.numpy_helper.from_array(w, "w")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = rng.standard_normal((4, 3, 8)).astype(np.float32)
+    ref = x @ w
+    first, rolled = _run_graph(ort, sess, {"x": x}, ref, device="cpu")
+    np.testing.assert_allclose(first, ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(rolled, np.roll(ref, 1, axis=0), rtol=1e-5, atol=1e-5)
+    assert not np.allclose(rolled, ref)
