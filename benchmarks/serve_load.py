@@ -1,0 +1,329 @@
+"""Load through `bertfuse serve` (Ray Serve, HTTP) beside the in-process runtime, one run.
+
+One request shape (default b20 s64, row lengths uniform in [8, 64]: the shenma-3l workload),
+timed three ways on the same model and device:
+- direct: Session.run from one thread (the baseline serving is compared with);
+- pool: SessionPool (--pool-replicas workers) driven by C client threads in this process;
+- serve: bertfuse.serve.deploy() (a local Ray, one replica per GPU, serve.batch) driven by C
+  HTTP clients with keep-alive connections, spread over client processes (spawned, so the
+  client side is not one GIL).
+at each concurrency C (default 1, 8, 32): p50/p99 latency per request and seq/s (rows/s).
+Outputs are pooled_output only (what a ranker reads), base64 on the wire (--encoding json
+to see what JSON floats cost). Serve's answers are checked against the direct run.
+
+    # GPU (the shenma-3l skeleton refilled and fused fp16 here):
+    python benchmarks/serve_load.py --skeleton out/skeletons/shenma-3l_raw.skel.onnx
+    # any fused model (the CPU too):
+    python benchmarks/serve_load.py --model tiny.onnx --requests 300
+
+Writes $OUT/serve_load.json and $OUT/serve_load.log (--out, default $OUT or .); the table
+is printed last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import multiprocessing as mp
+import os
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bertfuse.inputs import lengths_request  # noqa: E402
+from bertfuse.runtime import Session, SessionPool  # noqa: E402
+from bertfuse.runtime.requests import load_model, model_facts  # noqa: E402
+
+OUTPUT = "pooled_output"
+
+
+def log(*parts: object) -> None:
+    line = " ".join(str(p) for p in parts)
+    print(line, flush=True)
+    with open(LOG, "a") as f:
+        f.write(line + "\n")
+
+
+def stats(lat_s: list[float], rows: int, wall_s: float, errors: int = 0) -> dict:
+    a = np.asarray(lat_s) * 1e3
+    return {"requests": len(lat_s), "errors": errors,
+            "p50_ms": round(float(np.percentile(a, 50)), 3),
+            "p99_ms": round(float(np.percentile(a, 99)), 3),
+            "seq_per_s": round(len(lat_s) * rows / wall_s, 1), "wall_s": round(wall_s, 3)}
+
+
+# -- in-process -------------------------------------------------------------------------------
+
+def time_direct(session: Session, req: tuple, iters: int) -> dict:
+    ids, mask, segs = req
+    for _ in range(20):
+        session.run(ids, mask, segs, outputs=[OUTPUT])
+    lat = []
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        t = time.perf_counter()
+        session.run(ids, mask, segs, outputs=[OUTPUT])
+        lat.append(time.perf_counter() - t)
+    return stats(lat, ids.shape[0], time.perf_counter() - t0)
+
+
+def time_pool(pool: SessionPool, req: tuple, clients: int, per_client: int) -> dict:
+    ids, mask, segs = req
+    lat: list[float] = []
+    lock = threading.Lock()
+    go = threading.Barrier(clients + 1)
+
+    def client() -> None:
+        for _ in range(5):
+            pool.run(ids, mask, segs, outputs=[OUTPUT])
+        mine = []
+        go.wait()
+        for _ in range(per_client):
+            t = time.perf_counter()
+            pool.run(ids, mask, segs, outputs=[OUTPUT])
+            mine.append(time.perf_counter() - t)
+        with lock:
+            lat.extend(mine)
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    go.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    return stats(lat, ids.shape[0], time.perf_counter() - t0)
+
+
+# -- over HTTP ----------------------------------------------------------------------------------
+
+def _client_process(host: str, port: int, path: str, body: bytes, threads: int,
+                    per_client: int, start_at: float, out: "mp.Queue") -> None:
+    """`threads` keep-alive clients; returns (latencies, first start, last end, errors)."""
+    lat: list[float] = []
+    errors = [0]
+    lock = threading.Lock()
+    bounds: list[float] = []
+
+    def client() -> None:
+        conn = http.client.HTTPConnection(host, port, timeout=120)
+        headers = {"Content-Type": "application/json"}
+
+        def one() -> bool:
+            conn.request("POST", path, body=body, headers=headers)
+            r = conn.getresponse()
+            data = r.read()
+            return r.status == 200 and b'"outputs"' in data[:32]
+
+        for _ in range(5):
+            one()
+        while time.time() < start_at:
+            time.sleep(0.001)
+        mine, bad = [], 0
+        t_first = time.perf_counter()
+        for _ in range(per_client):
+            t = time.perf_counter()
+            ok = one()
+            mine.append(time.perf_counter() - t)
+            bad += not ok
+        t_last = time.perf_counter()
+        with lock:
+            lat.extend(mine)
+            errors[0] += bad
+            bounds.extend([time.time() - (t_last - t_first), time.time()])
+
+    ts = [threading.Thread(target=client) for _ in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    out.put((lat, min(bounds[::2]), max(bounds[1::2]), errors[0]))
+
+
+def time_serve(url: str, body: bytes, rows: int, clients: int, per_client: int,
+               procs: int) -> dict:
+    host, rest = url.split("//")[1].split(":", 1)
+    port, prefix = int(rest.split("/")[0]), "/" + rest.split("/", 1)[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = max(1, min(procs, clients))
+    shares = [clients // procs + (i < clients % procs) for i in range(procs)]
+    start_at = time.time() + 3.0 + 0.5 * procs  # after every process has started and warmed
+    ps = [ctx.Process(target=_client_process, args=(host, port, prefix + "v1/infer", body, n,
+                                                    per_client, start_at, queue))
+          for n in shares]
+    for p in ps:
+        p.start()
+    results = [queue.get(timeout=600) for _ in ps]
+    for p in ps:
+        p.join()
+    lat = [x for r in results for x in r[0]]
+    wall = max(r[2] for r in results) - min(r[1] for r in results)
+    return stats(lat, rows, wall, sum(r[3] for r in results))
+
+
+# -- the run ------------------------------------------------------------------------------------
+
+def prepare(args: argparse.Namespace, work: str) -> str:
+    if args.model:
+        return args.model
+    from bertfuse.bench.models import prepare_models
+
+    return prepare_models(args.skeleton, work, anchors=False)["bertfuse16"]
+
+
+def pick_device(choice: str) -> str:
+    import onnxruntime as ort
+
+    if hasattr(ort, "preload_dlls"):  # CUDA/cuDNN from pip's nvidia-* wheels (ORT >= 1.21)
+        ort.preload_dlls()
+    has_cuda = "CUDAExecutionProvider" in ort.get_available_providers()
+    if choice == "cuda" and not has_cuda:
+        sys.exit("serve_load: --device cuda, but onnxruntime has no CUDAExecutionProvider")
+    return choice if choice != "auto" else ("cuda" if has_cuda else "cpu")
+
+
+def main(argv: list[str] | None = None) -> int:
+    global LOG
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="a fused .onnx")
+    src.add_argument("--skeleton", help="a raw skeleton (bertfuse strip-weights): refilled "
+                                        "and fused fp16 here")
+    ap.add_argument("--batch", type=int, default=20, help="rows per request (default 20)")
+    ap.add_argument("--seq", type=int, default=64, help="tokens per row (default 64)")
+    ap.add_argument("--concurrency", default="1,8,32")
+    ap.add_argument("--requests", type=int, default=2000,
+                    help="timed requests per concurrency level (at least 8 per client)")
+    ap.add_argument("--direct-iters", type=int, default=1000)
+    ap.add_argument("--pool-replicas", type=int, default=2)
+    ap.add_argument("--server-max-batch", type=int, default=64,
+                    help="bertfuse serve --max-batch: rows per model call (default 64)")
+    ap.add_argument("--max-wait-ms", type=float, default=2.0)
+    ap.add_argument("--client-procs", type=int, default=max(1, (os.cpu_count() or 2) // 4))
+    ap.add_argument("--encoding", choices=("base64", "json"), default="base64")
+    ap.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = ap.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    LOG = os.path.join(args.out, "serve_load.log")
+    open(LOG, "w").close()
+    levels = [int(c) for c in args.concurrency.split(",")]
+    device = pick_device(args.device)
+    with tempfile.TemporaryDirectory() as work:
+        model = prepare(args, work)
+        facts = model_facts(load_model(model))
+        rng = np.random.default_rng(7)
+        lengths = rng.integers(min(8, args.seq), args.seq + 1, args.batch)
+        req = lengths_request(lengths, args.seq, facts.vocab_size or 1000)
+        ids, mask, segs = req
+        body = json.dumps({"input_ids": ids.tolist(), "input_mask": mask.tolist(),
+                           "segment_ids": segs.tolist(), "outputs": [OUTPUT],
+                           "encoding": args.encoding}).encode()
+        log(f"serve_load: {model} on {device}, request b{args.batch} s{args.seq} "
+            f"(fill {mask.mean():.2f}), body {len(body)} bytes, levels {levels}")
+        result: dict = {"device": device, "batch": args.batch, "seq": args.seq,
+                        "fill": round(float(mask.mean()), 3), "encoding": args.encoding,
+                        "server_max_batch": args.server_max_batch,
+                        "max_wait_ms": args.max_wait_ms, "pool_replicas": args.pool_replicas,
+                        "rows": []}
+        kw = dict(max_batch=args.batch, max_seq=args.seq, device=device)
+        t0 = time.perf_counter()
+        direct = Session(model, **kw)
+        direct.warmup([(args.batch, args.seq)])
+        want = direct.run(ids, mask, segs, outputs=[OUTPUT])[OUTPUT]
+        row = {"path": "direct", "concurrency": 1,
+               **time_direct(direct, req, args.direct_iters)}
+        log(f"  direct Session.run (built and warmed in {time.perf_counter() - t0:.1f} s):", row)
+        result["rows"].append(row)
+        direct.close()
+        pool = SessionPool(lambda: Session(model, **kw), replicas=args.pool_replicas,
+                           prepare=lambda s: s.warmup([(args.batch, args.seq)]))
+        for c in levels:
+            row = {"path": "pool", "concurrency": c,
+                   **time_pool(pool, req, c, max(8, args.requests // c))}
+            log("  ", row)
+            result["rows"].append(row)
+        pool.close()
+        result["rows"] += serve_levels(args, model, device, body, want, levels, result)
+    path = os.path.join(args.out, "serve_load.json")
+    with open(path, "w") as f:
+        json.dump(result, f, indent=2)
+    log(f"wrote {path}")
+    table(result)
+    return 0
+
+
+def serve_levels(args: argparse.Namespace, model: str, device: str, body: bytes,
+                 want: np.ndarray, levels: list[int], result: dict) -> list[dict]:
+    from bertfuse.serve import deploy
+    from bertfuse.serve.requests import decode
+
+    rows = []
+    t0 = time.perf_counter()
+    served = deploy(model, max_batch=args.server_max_batch, max_seq=args.seq,
+                    max_wait_ms=args.max_wait_ms, outputs=[OUTPUT], device=device,
+                    port=_free_port())
+    try:
+        log(f"  bertfuse serve up in {time.perf_counter() - t0:.1f} s at {served.url} "
+            f"({served.replicas} {served.device} replica(s))")
+        host, port = served.url.split("//")[1].split("/")[0].split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=60)
+        conn.request("POST", "/v1/infer", body=body)
+        got = decode(json.loads(conn.getresponse().read()))[OUTPUT]
+        result["serve_max_diff"] = float(np.abs(got - want).max())
+        log(f"  serve vs direct: max |diff| {result['serve_max_diff']:.3g} ({OUTPUT})")
+        for c in levels:
+            before = served.stats()
+            row = {"path": "serve", "concurrency": c,
+                   **time_serve(served.url, body, args.batch, c,
+                                max(8, args.requests // c), args.client_procs)}
+            after = served.stats()
+            calls = after["batches"] - before["batches"]
+            row["model_calls"] = calls
+            row["rows_per_call"] = round((after["rows"] - before["rows"]) / max(calls, 1), 1)
+            log("  ", row)
+            rows.append(row)
+    finally:
+        served.shutdown()
+    return rows
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def table(result: dict) -> None:
+    direct = next(r for r in result["rows"] if r["path"] == "direct")
+    pool = {r["concurrency"]: r for r in result["rows"] if r["path"] == "pool"}
+    log("")
+    log(f"b{result['batch']} s{result['seq']} on {result['device']}, {result['encoding']} out; "
+        f"direct Session.run p50 {direct['p50_ms']:.3f} ms, {direct['seq_per_s']:.0f} seq/s")
+    log(f"{'path':<6} {'conc':>4} {'p50 ms':>8} {'p99 ms':>8} {'seq/s':>9} {'errors':>6} "
+        f"{'vs pool':>7} {'+p50 ms':>8}")
+    for r in result["rows"]:
+        if r["path"] == "direct":
+            continue
+        ref = pool.get(r["concurrency"])
+        share = f"{r['seq_per_s'] / ref['seq_per_s']:.0%}" if ref and r["path"] == "serve" \
+            else ""
+        extra = f"{r['p50_ms'] - direct['p50_ms']:+.3f}" if r["concurrency"] == 1 else ""
+        log(f"{r['path']:<6} {r['concurrency']:>4} {r['p50_ms']:>8.3f} {r['p99_ms']:>8.3f} "
+            f"{r['seq_per_s']:>9.0f} {r['errors']:>6} {share:>7} {extra:>8}")
+
+
+LOG = "serve_load.log"
+
+if __name__ == "__main__":
+    sys.exit(main())
