@@ -77,7 +77,7 @@ def load(path: str) -> ctypes.CDLL:
     lib.bf_check_dense.argtypes = [U64] * 7 + [I32] * 5 + [F32, I32, U64]
     lib.bf_check_dense_fp8.argtypes = ([U64, U64, U64, F32, U64] + [U64] * 5 + [I32] * 5
                                        + [F32, I32, I32, U64])
-    lib.bf_check_layernorm.argtypes = [U64] * 5 + [F32, U64, I32, I32, U64]
+    lib.bf_check_layernorm.argtypes = [U64] * 5 + [F32, U64, I32, I32, U64, F32, U64]
     lib.bf_check_set_algo_rank.argtypes = [I32]
     lib.bf_check_set_workspace_mb.argtypes = [I32]
     lib.bf_dense_last_error.restype = ctypes.c_char_p
@@ -228,17 +228,35 @@ def run_shape(lib, args, wl: str, M: int, name: str, K: int, N: int, kind: int, 
     rows.append(dict(base, impl="torch mm (GEMM floor)", precision="fp16",
                      us=time_us(lambda: torch.mm(x, w), args.reps, args.iters, s)))
     if kind == SLN:
-        sum_ = torch.empty_like(y)
-        ln = lambda: checked(lib, lib.bf_check_layernorm(ptr(y), ptr(bias), ptr(skip), ptr(gamma),  # noqa: E731
-                                                         ptr(beta), EPS, ptr(sum_), M, N, stream()))
-        rows.append(dict(base, impl="bertfuse layernorm(bias+skip) alone", precision="fp16",
-                         us=time_us(ln, args.reps, args.iters, s)))
-        rows.append(dict(base, impl="torch layer_norm(y+bias+skip) alone", precision="fp16",
-                         us=time_us(lambda: F.layer_norm(y + bias + skip, (N,), gamma, beta, EPS),
-                                    args.reps, args.iters, s)))
+        rows += layernorm_rows(lib, args, base, y, bias, skip, gamma, beta, s)
     if args.fp8 and K % 16 == 0:
         rows += run_fp8(lib, args, base, x, w, bias, skip, gamma, beta, kind, approximate, ref, s)
     return rows
+
+
+def layernorm_rows(lib, args, base, y, bias, skip, gamma, beta, s) -> list[dict]:
+    """The LayerNorm kernel alone (bias + residual added in it), against torch's; and with the
+    e4m3 copy of its output an FP8 GEMM downstream would take (checked bit for bit)."""
+    M, N = y.shape
+    out = torch.empty_like(y)
+    yq = torch.empty(M, N, device="cuda", dtype=torch.uint8)
+    scale = 4.0 / 448.0
+
+    def ln(q: bool):
+        return lambda: checked(lib, lib.bf_check_layernorm(ptr(y), ptr(bias), ptr(skip), ptr(gamma), ptr(beta),
+                                                           EPS, ptr(out), M, N, ptr(yq) if q else 0, scale,
+                                                           stream()))
+    with torch.cuda.stream(s):
+        ln(True)()
+        same = bool(torch.equal(yq, e4m3(out, scale).view(torch.uint8)))
+    return [dict(base, impl="bertfuse layernorm(bias+skip) alone", precision="fp16",
+                 us=time_us(ln(False), args.reps, args.iters, s)),
+            dict(base, impl="bertfuse layernorm(bias+skip) + e4m3 copy", precision="fp16", gate=same,
+                 **({} if same else {"error": "e4m3 copy differs from e4m3(y / scale)"}),
+                 us=time_us(ln(True), args.reps, args.iters, s)),
+            dict(base, impl="torch layer_norm(y+bias+skip) alone", precision="fp16",
+                 us=time_us(lambda: F.layer_norm(y + bias + skip, (N,), gamma, beta, EPS),
+                            args.reps, args.iters, s))]
 
 
 def run_fp8(lib, args, base, x, w, bias, skip, gamma, beta, kind, approximate, ref, s) -> list[dict]:

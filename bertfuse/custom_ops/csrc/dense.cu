@@ -490,13 +490,15 @@ BF_DENSE_EXPORT int bf_check_dense_fp8(uintptr_t x, uintptr_t wt, uintptr_t w_sc
   return RunCheck(a, stream);
 }
 
+// LayerNorm alone (y may alias x); yq (optional, 0 = none) receives e4m3(y / yq_scale).
 BF_DENSE_EXPORT int bf_check_layernorm(uintptr_t x, uintptr_t bias, uintptr_t skip,
                                        uintptr_t gamma, uintptr_t beta, float epsilon,
-                                       uintptr_t y, int M, int N, uintptr_t stream) {
+                                       uintptr_t y, int M, int N, uintptr_t yq, float yq_scale,
+                                       uintptr_t stream) {
   const cudaError_t e = bertfuse::bf_layernorm_f16(
       reinterpret_cast<cudaStream_t>(stream), Ptr<const __half>(x), Ptr<const __half>(bias),
       Ptr<const __half>(skip), Ptr<const __half>(gamma), Ptr<const __half>(beta), epsilon,
-      Ptr<__half>(y), M, N);
+      Ptr<__half>(y), M, N, Ptr<uint8_t>(yq), yq_scale);
   if (e != cudaSuccess) {
     bertfuse::g_error = cudaGetErrorString(e);
     return 1;

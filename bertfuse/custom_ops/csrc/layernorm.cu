@@ -1,10 +1,21 @@
 // Residual + bias + LayerNorm, fp32 statistics, fp16 in/out (see layernorm.h).
 #include "layernorm.h"
 
+#include <cuda_fp8.h>
+
 #include <cstdint>
 
 namespace bertfuse {
 namespace {
+
+struct LnParams {
+  const __half *x, *bias, *skip, *gamma, *beta;
+  __half* y;
+  uint8_t* yq;  // optional e4m3 copy of y (y / yq_scale)
+  float yq_scale;
+  float eps;
+  int M, N;
+};
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -34,9 +45,11 @@ __device__ __forceinline__ void add8(const __half* p, float (&f)[8]) {
 // so the row is read once and the variance is an exact second pass over registers.
 // No __restrict__: y may alias x (each element is read and written by the same lane).
 template <int VPT>
-__global__ void ln_warp_kernel(const __half* x, const __half* bias, const __half* skip,
-                               const __half* gamma, const __half* beta, float eps, __half* y,
-                               int M, int N) {
+__global__ void ln_warp_kernel(LnParams p) {
+  const __half *x = p.x, *bias = p.bias, *skip = p.skip, *gamma = p.gamma, *beta = p.beta;
+  __half* y = p.y;
+  const int M = p.M, N = p.N;
+  const float eps = p.eps;
   const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x & 31;
   if (row >= M) return;
@@ -88,6 +101,18 @@ __global__ void ln_warp_kernel(const __half* x, const __half* bias, const __half
                                  (v[i][2 * j + 1] - mean) * rstd * g[2 * j + 1] + b[2 * j + 1]);
       }
       *reinterpret_cast<uint4*>(y + base + c) = out;
+      if (p.yq) {  // the e4m3 copy of the fp16 result, for an FP8 GEMM downstream
+        uint2 q;
+        uint16_t* qq = reinterpret_cast<uint16_t*>(&q);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          float2 f = __half22float2(o[j]);
+          f.x = f.x / p.yq_scale;
+          f.y = f.y / p.yq_scale;
+          qq[j] = __nv_cvt_float2_to_fp8x2(f, __NV_SATFINITE, __NV_E4M3);
+        }
+        *reinterpret_cast<uint2*>(p.yq + base + c) = q;
+      }
     }
   }
 }
@@ -114,9 +139,11 @@ __device__ __forceinline__ float row_value(const __half* x, const __half* bias,
 
 // Any N, any alignment: one block per row, three passes over global memory (L1/L2 hits).
 template <int THREADS>
-__global__ void ln_block_kernel(const __half* x, const __half* bias, const __half* skip,
-                                const __half* gamma, const __half* beta, float eps, __half* y,
-                                int N) {
+__global__ void ln_block_kernel(LnParams p) {
+  const __half *x = p.x, *bias = p.bias, *skip = p.skip, *gamma = p.gamma, *beta = p.beta;
+  __half* y = p.y;
+  const int N = p.N;
+  const float eps = p.eps;
   __shared__ float red[THREADS / 32];
   const size_t base = static_cast<size_t>(blockIdx.x) * N;
   float sum = 0.f;
@@ -131,19 +158,19 @@ __global__ void ln_block_kernel(const __half* x, const __half* bias, const __hal
   for (int c = threadIdx.x; c < N; c += THREADS) {
     const float s = row_value(x, bias, skip, base, c);
     const float b = beta ? __half2float(beta[c]) : 0.f;
-    y[base + c] = __float2half_rn((s - mean) * rstd * __half2float(gamma[c]) + b);
+    const __half h = __float2half_rn((s - mean) * rstd * __half2float(gamma[c]) + b);
+    y[base + c] = h;
+    if (p.yq) p.yq[base + c] = __nv_cvt_float_to_fp8(__half2float(h) / p.yq_scale, __NV_SATFINITE, __NV_E4M3);
   }
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 template <int VPT>
-cudaError_t launch_warp(cudaStream_t stream, const __half* x, const __half* bias,
-                        const __half* skip, const __half* gamma, const __half* beta, float eps,
-                        __half* y, int M, int N) {
+cudaError_t launch_warp(cudaStream_t stream, const LnParams& p) {
   constexpr int kWarps = 4;
-  const int blocks = (M + kWarps - 1) / kWarps;
-  ln_warp_kernel<VPT><<<blocks, kWarps * 32, 0, stream>>>(x, bias, skip, gamma, beta, eps, y, M, N);
+  const int blocks = (p.M + kWarps - 1) / kWarps;
+  ln_warp_kernel<VPT><<<blocks, kWarps * 32, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
@@ -151,35 +178,35 @@ cudaError_t launch_warp(cudaStream_t stream, const __half* x, const __half* bias
 
 cudaError_t bf_layernorm_f16(cudaStream_t stream, const __half* x, const __half* bias,
                              const __half* skip, const __half* gamma, const __half* beta,
-                             float epsilon, __half* y, int M, int N) {
+                             float epsilon, __half* y, int M, int N, uint8_t* yq, float yq_scale) {
   if (M <= 0 || N <= 0) return cudaSuccess;
+  const LnParams p{x, bias, skip, gamma, beta, y, yq, yq_scale, epsilon, M, N};
   const bool vec = N % 8 == 0 && aligned16(x) && aligned16(y) && aligned16(gamma) &&
                    (!bias || aligned16(bias)) && (!skip || aligned16(skip)) &&
-                   (!beta || aligned16(beta));
+                   (!beta || aligned16(beta)) && (!yq || (reinterpret_cast<uintptr_t>(yq) & 7u) == 0);
   if (vec) {
-    const int chunks = (N / 8 + 31) / 32;  // 8-element chunks per lane
-    switch (chunks) {
-      case 1: return launch_warp<1>(stream, x, bias, skip, gamma, beta, epsilon, y, M, N);
-      case 2: return launch_warp<2>(stream, x, bias, skip, gamma, beta, epsilon, y, M, N);
-      case 3: return launch_warp<3>(stream, x, bias, skip, gamma, beta, epsilon, y, M, N);
-      case 4: return launch_warp<4>(stream, x, bias, skip, gamma, beta, epsilon, y, M, N);
+    switch ((N / 8 + 31) / 32) {  // 8-element chunks per lane
+      case 1: return launch_warp<1>(stream, p);
+      case 2: return launch_warp<2>(stream, p);
+      case 3: return launch_warp<3>(stream, p);
+      case 4: return launch_warp<4>(stream, p);
       case 5:
-      case 6: return launch_warp<6>(stream, x, bias, skip, gamma, beta, epsilon, y, M, N);
+      case 6: return launch_warp<6>(stream, p);
       case 7:
-      case 8: return launch_warp<8>(stream, x, bias, skip, gamma, beta, epsilon, y, M, N);
+      case 8: return launch_warp<8>(stream, p);
       case 9:
       case 10:
       case 11:
-      case 12: return launch_warp<12>(stream, x, bias, skip, gamma, beta, epsilon, y, M, N);
+      case 12: return launch_warp<12>(stream, p);
       case 13:
       case 14:
       case 15:
-      case 16: return launch_warp<16>(stream, x, bias, skip, gamma, beta, epsilon, y, M, N);
+      case 16: return launch_warp<16>(stream, p);
       default: break;  // N > 4096: block kernel
     }
   }
   constexpr int kThreads = 256;
-  ln_block_kernel<kThreads><<<M, kThreads, 0, stream>>>(x, bias, skip, gamma, beta, epsilon, y, N);
+  ln_block_kernel<kThreads><<<M, kThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -6,13 +6,18 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 namespace bertfuse {
 
 // s = x (+ bias) (+ skip); y = (s - mean(s)) / sqrt(var(s) + eps) * gamma + beta, per row of
 // [M, N]. bias/skip/beta may be null. Two-pass statistics in fp32 from registers when
 // N % 8 == 0 and N <= 4096 (one warp per row, 16-byte loads), else a block-per-row kernel.
+// yq (optional): also write e4m3_satfinite(float(y) / yq_scale) there, [M, N] bytes, for an
+// FP8 GEMM that consumes y (saves it a quantize pass).
 cudaError_t bf_layernorm_f16(cudaStream_t stream, const __half* x, const __half* bias,
                              const __half* skip, const __half* gamma, const __half* beta,
-                             float epsilon, __half* y, int M, int N);
+                             float epsilon, __half* y, int M, int N, uint8_t* yq = nullptr,
+                             float yq_scale = 1.0f);
 
 }  // namespace bertfuse
