@@ -369,20 +369,21 @@ def main() -> None:
     if not torch.cuda.is_available():
         print("kernels_gemm: no CUDA device", file=sys.stderr)
         sys.exit(2)
-    with tempfile.TemporaryDirectory(prefix="bf_gemm_") as tmp:
-        lib = load(args.lib or build(tmp))
-        s = torch.cuda.Stream()
-        rows = []
-        for wl, M in WORKLOADS:
-            for name, K, N, kind, approximate in GEMMS:
-                rows += run_shape(lib, args, wl, M, name, K, N, kind, approximate, s)
-                print(json.dumps(rows[-1]), flush=True)
     meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, cuda=torch.version.cuda,
                 lib=args.lib or "built from csrc", iters=args.iters, reps=args.reps,
                 gate=dict(max=GATE_MAX, mean=GATE_MEAN))
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "kernels_gemm.json"), "w") as fh:
-        json.dump(dict(meta=meta, rows=rows), fh, indent=1)
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="bf_gemm_") as tmp:
+        lib = load(args.lib or build(tmp))
+        s = torch.cuda.Stream()
+        for wl, M in WORKLOADS:
+            for name, K, N, kind, approximate in GEMMS:
+                rows += run_shape(lib, args, wl, M, name, K, N, kind, approximate, s)
+                print(json.dumps(rows[-1]), flush=True)
+                # Rewritten after every shape: a crash part-way still leaves what was measured.
+                with open(os.path.join(args.out, "kernels_gemm.json"), "w") as fh:
+                    json.dump(dict(meta=meta, rows=rows), fh, indent=1)
     with open(os.path.join(args.out, "kernels_gemm.md"), "w") as fh:
         fh.write("| workload | gemm | impl | us | max diff | mean diff | gate |\n|---|---|---|---|---|---|---|\n")
         for r in rows:
