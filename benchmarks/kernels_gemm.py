@@ -382,8 +382,10 @@ def main() -> None:
                 rows += run_shape(lib, args, wl, M, name, K, N, kind, approximate, s)
                 print(json.dumps(rows[-1]), flush=True)
                 # Rewritten after every shape: a crash part-way still leaves what was measured.
-                with open(os.path.join(args.out, "kernels_gemm.json"), "w") as fh:
+                dest = os.path.join(args.out, "kernels_gemm.json")
+                with open(dest + ".tmp", "w") as fh:
                     json.dump(dict(meta=meta, rows=rows), fh, indent=1)
+                os.replace(dest + ".tmp", dest)
     with open(os.path.join(args.out, "kernels_gemm.md"), "w") as fh:
         fh.write("| workload | gemm | impl | us | max diff | mean diff | gate |\n|---|---|---|---|---|---|---|\n")
         for r in rows:
