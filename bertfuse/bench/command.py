@@ -11,6 +11,7 @@ import tempfile
 import time
 from contextlib import redirect_stdout
 
+from bertfuse.bench.kernels import KERNELS_FORMS
 from bertfuse.bench.workloads import PACKED_WORKLOADS, PADDED_WORKLOADS
 from bertfuse.errors import BertfuseError
 
@@ -32,6 +33,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(default 1 2 4; the flag alone: none)")
     g.add_argument("--iters", type=int, default=500, help="timed calls per variant")
     g.add_argument("--soak", type=int, default=0, help="mixed-shape requests for the soak")
+    k = p.add_argument_group("kernels")
+    k.add_argument("--kernels", choices=KERNELS_FORMS, default="both",
+                   help="ort: the fused model on ONNX Runtime's contrib kernels only; both "
+                        "(default): also rewritten into bertfuse's own CUDA ops, timed beside "
+                        "it (needs `bertfuse kernels build` first; else those rows say why)")
     p.add_argument("--out", default=os.environ.get("OUT", "."),
                    help="where gpu_bench.json goes (default $OUT, else .)")
 
@@ -68,6 +74,7 @@ def _bench(args: argparse.Namespace, work: str) -> dict:
     import onnxruntime as ort
 
     from bertfuse.bench import packed as packed_bench
+    from bertfuse.bench.kernels import find_library, format_comparison
     from bertfuse.bench.models import prepare_models
     from bertfuse.bench.padded import WORKLOADS, Result, format_table, run_workload, soak
     from bertfuse.bench.timing import kernel_profile
@@ -76,6 +83,11 @@ def _bench(args: argparse.Namespace, work: str) -> dict:
         ort.preload_dlls()
     results: list[Result] = []
     extra: dict = {}
+    kernels = None
+    if args.kernels == "both" and args.workloads:
+        kernels = find_library()
+        extra["kernels"] = kernels.to_json()
+        print(f"bertfuse kernels: {kernels.library or 'not run: ' + kernels.reason}", flush=True)
     prepared: dict[str, dict[str, str]] = {}
     profiles: list = []
 
@@ -91,7 +103,8 @@ def _bench(args: argparse.Namespace, work: str) -> dict:
         config, batch, seq = WORKLOADS[name]
         skeleton = os.path.join(args.skeletons, f"{config}_raw.skel.onnx")
         print(f"== {name}", flush=True)
-        rs, paths = run_workload(name, skeleton, batch, seq, args.iters, work, profiles)
+        rs, paths = run_workload(name, skeleton, batch, seq, args.iters, work, profiles,
+                                 kernels)
         prepared[config] = paths
         for r in rs:
             print(f"   {r.variant:45s} p50 {r.p50_us:9.1f} us  p99 {r.p99_us:9.1f}  "
@@ -123,4 +136,7 @@ def _bench(args: argparse.Namespace, work: str) -> dict:
     if "packed" in extra:
         print()
         print(packed_bench.format_tables(extra["packed"]))
+    if kernels is not None:  # last: the two forms side by side
+        print()
+        print(format_comparison(results))
     return payload()

@@ -18,6 +18,7 @@ from typing import Callable
 import numpy as np
 import onnx
 
+from bertfuse.bench.kernels import KERNELS_ROWS, KernelsSetup, plan_rows
 from bertfuse.bench.models import bound_session, memcpy_nodes, packed_form, prepare_models
 from bertfuse.bench.timing import compare, time_calls, time_interleaved
 from bertfuse.bench.workloads import PADDED_WORKLOADS as WORKLOADS  # noqa: F401
@@ -40,9 +41,11 @@ class Result:
 
 
 def run_workload(name: str, skeleton: str, batch: int, seq: int, iters: int, work: str,
-                 profiles: list | None = None) -> tuple[list[Result], dict[str, str]]:
+                 profiles: list | None = None, kernels: KernelsSetup | None = None
+                 ) -> tuple[list[Result], dict[str, str]]:
     """Times every variant; the runtime rows' kernel profiles are queued on `profiles` as
-    (result, call) to run after all timing (CUPTI left enabled slows later launches)."""
+    (result, call) to run after all timing (CUPTI left enabled slows later launches).
+    kernels: also the bertfuse-kernels form (its rows say why where it cannot run)."""
     paths = prepare_models(skeleton, tempfile.mkdtemp(dir=work))
     facts = model_facts(onnx.load(paths["raw32"], load_external_data=False))
     feeds = request(batch, seq, facts.vocab_size or 1000)
@@ -74,19 +77,12 @@ def run_workload(name: str, skeleton: str, batch: int, seq: int, iters: int, wor
 
     # The runtime rows are built first, then timed in alternating rounds (a shared host
     # drifts by ~10% between minutes; interleaving puts the drift on every row alike).
-    runtime_rows = [("bertfuse fp16 runtime, raw 2-D mask only", {"mask_variants": False}),
-                    ("bertfuse fp16 runtime (arena + CUDA graph)", {}),
-                    ("bertfuse fp16 runtime, [B] key lengths (cuDNN attention)",
-                     {"right_padded": "keylen"}),
-                    ("bertfuse fp16 runtime, [3B+2] mask (cutlass attention)",
-                     {"right_padded": "keyseq"}),
-                    ("bertfuse fp16 runtime, synchronous pageable copy",
-                     {"own_stream": False, "pinned": False}),
-                    ("bertfuse fp16 runtime, packed path", {"packed": True})]
+    # The bertfuse-kernels form joins them, so both forms share the rounds.
+    rows, kernels_note, skipped = plan_rows(kernels, paths)
     built = {}
-    for label, kw in runtime_rows:
+    for label, key, kw in rows:
         try:
-            built[label] = _runtime_session(paths["bertfuse16"], feeds, **kw)
+            built[label] = _runtime_session(paths[key], feeds, **kw)
         except Exception as exc:
             results.append(Result(name, label, note=f"failed: {str(exc).splitlines()[0][:200]}"))
     timed = time_interleaved({label: call for label, (sess, call) in built.items()}, iters)
@@ -95,10 +91,12 @@ def run_workload(name: str, skeleton: str, batch: int, seq: int, iters: int, wor
         res.seq_per_s = batch / res.p50_us * 1e6
         res.max_diff, res.mean_diff = compare(call(to_host=True), ref, mask)
         res.note = _host_split(sess, feeds, iters)
+        if label == KERNELS_ROWS[0][0]:
+            res.note = f"{kernels_note}; {res.note}"
         results.append(res)
         if profiles is not None and "synchronous" not in label:
             profiles.append((res, call))
-    return results, paths
+    return results + [Result(name, label, note=note) for label, note in skipped], paths
 
 
 def _runtime_session(path: str, feeds: dict[str, np.ndarray], packed: bool = False,

@@ -1,0 +1,118 @@
+"""`bertfuse bench` with bertfuse's own CUDA ops beside the ORT-contrib form: which runtime
+rows run, the bertfuse-kernels model it builds, and what its rows say where the op library or
+the rewrite is missing. The timing itself needs a GPU (docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+import shutil
+from collections import Counter
+
+import onnx
+import pytest
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("onnx_graphsurgeon")
+
+from bertfuse import cli  # noqa: E402
+from bertfuse.bench.kernels import CONTRIB_DEFAULT, KERNELS_ROWS, KernelsSetup, find_library, \
+    format_comparison, plan_rows, runtime_rows  # noqa: E402
+from bertfuse.bench.padded import Result  # noqa: E402
+from bertfuse.custom_ops import BERTFUSE_DOMAIN  # noqa: E402
+from bertfuse.custom_ops.library import LIB_NAME, cache_key  # noqa: E402
+
+
+def test_runtime_rows_add_the_kernels_form_to_the_contrib_rows():
+    contrib, both = runtime_rows(False), runtime_rows(True)
+    assert {key for _, key, _ in contrib} == {"bertfuse16"}
+    assert both[:len(contrib)] == contrib  # the contrib rows are unchanged
+    extra = both[len(contrib):]
+    assert [(label, key) for label, key, _ in extra] == [(label, "kernels16")
+                                                         for label, _ in KERNELS_ROWS]
+    assert extra[0][2] == {}  # the runtime as shipped: mask variants as it picks them
+    assert extra[1][2] == {"mask_variants": False}
+    labels = [label for label, _, _ in both]
+    assert len(set(labels)) == len(labels) and CONTRIB_DEFAULT in labels
+
+
+def test_missing_library_is_one_line_naming_the_cache_and_the_build(tmp_path):
+    setup = find_library(sm=90, root=str(tmp_path))
+    assert setup.library is None and setup.info == {}
+    assert "\n" not in setup.reason
+    assert str(tmp_path) in setup.reason and "bertfuse kernels build" in setup.reason
+    # A library for another GPU is not taken for this one.
+    other = tmp_path / cache_key(21, 80)
+    other.mkdir()
+    (other / LIB_NAME).write_bytes(b"\x7fELF")
+    assert find_library(sm=90, root=str(tmp_path)).library is None
+    # One for this GPU that cannot be loaded says so, and how to fix it.
+    mine = tmp_path / cache_key(21, 90)
+    shutil.copytree(other, mine)
+    broken = find_library(sm=90, root=str(tmp_path))
+    assert broken.library is None and "\n" not in broken.reason
+    assert "cannot load" in broken.reason and "--force" in broken.reason
+
+
+def test_without_the_library_the_kernels_rows_say_why_and_the_rest_runs():
+    paths = {"bertfuse16": "/nonexistent/bertfuse16.onnx"}  # never read: no library
+    rows, note, skipped = plan_rows(KernelsSetup(reason="no CUDA GPU found"), paths)
+    assert rows == runtime_rows(False) and "kernels16" not in paths
+    assert skipped == [(label, "not run: no CUDA GPU found") for label, _ in KERNELS_ROWS]
+    assert plan_rows(None, paths) == (runtime_rows(False), "", [])
+
+
+def test_kernels_model_rewrites_the_fused_fp16_model(tiny_onnx, tmp_path):
+    fused = tmp_path / "bertfuse16.onnx"
+    shutil.copy(tiny_onnx["fp16"], fused)
+    paths = {"bertfuse16": str(fused)}
+    rows, note, skipped = plan_rows(KernelsSetup(library="/some/libbertfuse_ops.so"), paths)
+    assert rows == runtime_rows(True) and not skipped
+    assert paths["kernels16"] == str(tmp_path / "kernels16.onnx")
+    model = onnx.load(paths["kernels16"])
+    ops = Counter(n.op_type for n in model.graph.node if n.domain == BERTFUSE_DOMAIN)
+    contrib = Counter(n.op_type for n in onnx.load(str(fused)).graph.node)
+    assert ops["BertAttention"] == ops["DenseBias"] == contrib["Attention"] > 0
+    assert ops["DenseBiasSkipLayerNorm"] == contrib["SkipLayerNormalization"]
+    assert note.startswith("ai.bertfuse: ") and f"BertAttention {ops['BertAttention']}" in note
+    assert [i.name for i in model.graph.input] == \
+        [i.name for i in onnx.load(str(fused)).graph.input]  # same request, same bindings
+
+
+def test_a_model_the_pass_cannot_convert_leaves_the_kernels_rows_not_run(tiny_onnx, tmp_path):
+    fused = tmp_path / "bertfuse16.onnx"
+    shutil.copy(tiny_onnx["fp32"], fused)  # fp32: the bertfuse ops are fp16 only
+    paths = {"bertfuse16": str(fused)}
+    rows, note, skipped = plan_rows(KernelsSetup(library="/some/libbertfuse_ops.so"), paths)
+    assert rows == runtime_rows(False) and "kernels16" not in paths
+    assert not (tmp_path / "kernels16.onnx").exists()
+    assert "converted nothing" in note and "fp16 only" in note
+    assert [s[1] for s in skipped] == [f"not run: {note}"] * len(KERNELS_ROWS)
+
+
+def test_comparison_table_puts_the_two_forms_side_by_side():
+    kernels, raw_only = (label for label, _ in KERNELS_ROWS)
+    results = [Result("shenma-3l b20 s64", "ORT raw fp32", 2000.0, 2100.0, 10000.0, 0.0, 0.0),
+               Result("shenma-3l b20 s64", CONTRIB_DEFAULT, 300.0, 360.0, 66667.0, 1.3e-2,
+                      6e-4, gpu_us=230.0, kernels=45),
+               Result("shenma-3l b20 s64", kernels, 240.0, 280.0, 83333.0, 1.1e-2, 5e-4,
+                      gpu_us=184.0, kernels=16),
+               Result("shenma-3l b20 s64", raw_only, 250.0, 290.0, 80000.0, 1.1e-2, 5e-4),
+               Result("base b1 s128", CONTRIB_DEFAULT, 580.0, 700.0, 1724.0, 2e-2, 1e-3,
+                      gpu_us=456.5, kernels=160),
+               Result("base b1 s128", kernels, note="not run: no CUDA GPU found")]
+    lines = format_comparison(results).splitlines()
+    assert len(lines) == 2 + 5  # ORT raw fp32 is not a row of this table
+    rows = [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in lines[2:]]
+    assert rows[1][:9] == ["shenma-3l b20 s64", kernels, "240.0", "280.0", "83,333", "184.0",
+                           "16", "0.80", "0.80"]
+    assert rows[2][5:9] == ["", "", "", "0.83"]  # no profile: no GPU time, no ratio
+    assert rows[4] == ["base b1 s128", kernels, "not run: no CUDA GPU found"]
+
+
+def test_bench_kernels_option(tmp_path, capsys):
+    assert cli.main(["bench", "--skeletons", str(tmp_path), "--kernels", "cuda"]) == 2
+    assert "--kernels" in capsys.readouterr().err
+    for form in ("ort", "both"):  # accepted; then the missing skeleton is the one line
+        assert cli.main(["bench", "--skeletons", str(tmp_path), "--kernels", form,
+                         "--workloads", "base b1 s128", "--packed"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "no skeleton for base" in err[0]
