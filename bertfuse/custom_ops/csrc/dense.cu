@@ -167,6 +167,7 @@ const char* DenseGemm::Run(cudaStream_t stream, WorkspaceSource* ws, bool fp8, c
       }
     }
     if (pick < 0) {
+      if (epi == Epilogue::kBiasGeluTanh) unsupported_ |= EpilogueBit(fp8, epi);
       char buf[192];
       std::snprintf(buf, sizeof(buf), "cuBLASLt has no %s algorithm for M=%d N=%d K=%d epilogue=%d",
                     fp8 ? "FP8" : "fp16", M, N, K, static_cast<int>(epi));
@@ -201,12 +202,16 @@ const char* DenseGemm::Run(cudaStream_t stream, WorkspaceSource* ws, bool fp8, c
 
 namespace {
 
-__device__ __forceinline__ float gelu_erf(float x) {
+// Exact erf GELU, or (Tanh) the tanh form cuBLASLt's epilogue computes; fp32 math.
+template <bool Tanh>
+__device__ __forceinline__ float gelu(float x) {
+  if (Tanh) return 0.5f * x * (1.0f + tanhf(0.79788456080286535588f * (x + 0.044715f * x * x * x)));
   return 0.5f * x * (1.0f + erff(x * 0.70710678118654752440f));
 }
 
 // 8 halves per thread (16-byte accesses); needs N % 8 == 0 and 16-byte aligned pointers.
-__global__ void gelu_erf_vec8(__half* y, const __half* bias, int N, size_t nvec) {
+template <bool Tanh>
+__global__ void gelu_vec8(__half* y, const __half* bias, int N, size_t nvec) {
   for (size_t v = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; v < nvec;
        v += static_cast<size_t>(gridDim.x) * blockDim.x) {
     uint4 u = reinterpret_cast<uint4*>(y)[v];
@@ -222,18 +227,19 @@ __global__ void gelu_erf_vec8(__half* y, const __half* bias, int N, size_t nvec)
         f.x += b.x;
         f.y += b.y;
       }
-      h[j] = __floats2half2_rn(gelu_erf(f.x), gelu_erf(f.y));
+      h[j] = __floats2half2_rn(gelu<Tanh>(f.x), gelu<Tanh>(f.y));
     }
     reinterpret_cast<uint4*>(y)[v] = u;
   }
 }
 
-__global__ void gelu_erf_scalar(__half* y, const __half* bias, int N, size_t n) {
+template <bool Tanh>
+__global__ void gelu_scalar(__half* y, const __half* bias, int N, size_t n) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     float x = __half2float(y[i]);
     if (bias) x += __half2float(bias[i % N]);
-    y[i] = __float2half_rn(gelu_erf(x));
+    y[i] = __float2half_rn(gelu<Tanh>(x));
   }
 }
 
@@ -273,16 +279,23 @@ unsigned GridFor(size_t work, int threads) {
 
 }  // namespace
 
-cudaError_t bf_gelu_erf_f16(cudaStream_t stream, __half* y, const __half* bias, int M, int N) {
+template <bool Tanh>
+cudaError_t LaunchGelu(cudaStream_t stream, __half* y, const __half* bias, int M, int N) {
   const size_t n = static_cast<size_t>(M) * N;
   if (n == 0) return cudaSuccess;
   constexpr int kThreads = 256;
   if (N % 8 == 0 && Aligned16(y) && (!bias || Aligned16(bias))) {
-    gelu_erf_vec8<<<GridFor(n / 8, kThreads), kThreads, 0, stream>>>(y, bias, N, n / 8);
+    gelu_vec8<Tanh><<<GridFor(n / 8, kThreads), kThreads, 0, stream>>>(y, bias, N, n / 8);
   } else {
-    gelu_erf_scalar<<<GridFor(n, kThreads), kThreads, 0, stream>>>(y, bias, N, n);
+    gelu_scalar<Tanh><<<GridFor(n, kThreads), kThreads, 0, stream>>>(y, bias, N, n);
   }
   return cudaGetLastError();
+}
+
+cudaError_t bf_gelu_f16(cudaStream_t stream, __half* y, const __half* bias, int M, int N,
+                        int approximate) {
+  return approximate ? LaunchGelu<true>(stream, y, bias, M, N)
+                     : LaunchGelu<false>(stream, y, bias, M, N);
 }
 
 cudaError_t bf_quantize_e4m3(cudaStream_t stream, const __half* x, float scale, uint8_t* q,
@@ -317,8 +330,9 @@ const char* bf_dense_forward(DenseGemm& gemm, cudaStream_t stream, WorkspaceSour
   const __half* C = nullptr;
   const __half* ln_bias = nullptr;
   const __half* ln_skip = nullptr;
-  bool erf_after = false;
-  const __half* erf_bias = nullptr;
+  bool gelu_after = false;  // a GELU kernel after the GEMM (erf; tanh only as a fallback)
+  int gelu_tanh = 0;
+  const __half* gelu_bias = nullptr;
   switch (a.kind) {
     case DenseKind::kBias:
       break;
@@ -327,10 +341,10 @@ const char* bf_dense_forward(DenseGemm& gemm, cudaStream_t stream, WorkspaceSour
         epi = Epilogue::kBiasGeluTanh;
       } else if (a.variant == 1) {  // plain GEMM, then one bias + erf-GELU kernel
         epi = Epilogue::kNone;
-        erf_after = true;
-        erf_bias = a.bias;
+        gelu_after = true;
+        gelu_bias = a.bias;
       } else {  // GEMM with the bias epilogue, then erf-GELU in place
-        erf_after = true;
+        gelu_after = true;
       }
       break;
     case DenseKind::kBiasSkipLayerNorm:
@@ -348,6 +362,13 @@ const char* bf_dense_forward(DenseGemm& gemm, cudaStream_t stream, WorkspaceSour
       g_error = "unknown dense kind " + std::to_string(static_cast<int>(a.kind));
       return g_error.c_str();
   }
+  if (epi == Epilogue::kBiasGeluTanh && !gemm.HasEpilogue(a.fp8, epi)) {
+    // cuBLASLt offered no algorithm with its GELU epilogue for this case (seen once, then
+    // cached): bias epilogue + the same tanh GELU as a kernel.
+    epi = Epilogue::kBias;
+    gelu_after = true;
+    gelu_tanh = 1;
+  }
   if (a.fp8) {
     if (!a.xq) return "FP8 dense: no scratch buffer for the quantized activations";
     if (a.x) {  // else xq already holds them (quantized upstream)
@@ -361,10 +382,13 @@ const char* bf_dense_forward(DenseGemm& gemm, cudaStream_t stream, WorkspaceSour
     err = gemm.RunF16(stream, ws, a.x, static_cast<const __half*>(a.w),
                       epi == Epilogue::kNone ? nullptr : a.bias, C, a.y, M, N, K, epi);
   }
+  if (err && epi == Epilogue::kBiasGeluTanh && !gemm.HasEpilogue(a.fp8, epi)) {
+    return bf_dense_forward(gemm, stream, ws, a);  // now marked unsupported: the fallback above
+  }
   if (err) return err;
-  if (erf_after) {
-    const cudaError_t ge = bf_gelu_erf_f16(stream, a.y, erf_bias, M, N);
-    if (ge != cudaSuccess) return CudaFail("erf GELU", ge);
+  if (gelu_after) {
+    const cudaError_t ge = bf_gelu_f16(stream, a.y, gelu_bias, M, N, gelu_tanh);
+    if (ge != cudaSuccess) return CudaFail("GELU", ge);
   }
   if (a.kind == DenseKind::kBiasSkipLayerNorm) {
     const cudaError_t le = bf_layernorm_f16(stream, a.y, ln_bias, ln_skip, a.gamma, a.beta,

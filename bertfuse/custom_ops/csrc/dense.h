@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 #include <cublasLt.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -75,6 +76,10 @@ class DenseGemm {
   // The workspace cap the heuristic is given (the check measures 0 against the default).
   void set_max_workspace(size_t bytes) { max_workspace_ = bytes; }
 
+  // False once cuBLASLt has offered no algorithm for this epilogue (fp16 or FP8 inputs);
+  // bf_dense_forward then runs the bias epilogue and the activation as a kernel instead.
+  bool HasEpilogue(bool fp8, Epilogue epi) const { return (unsupported_ & EpilogueBit(fp8, epi)) == 0; }
+
   struct Plan;  // defined in dense.cu
 
  private:
@@ -84,7 +89,10 @@ class DenseGemm {
 
   cublasLtHandle_t handle_ = nullptr;
   size_t max_workspace_ = 0;
+  static int EpilogueBit(bool fp8, Epilogue epi) { return 1 << (static_cast<int>(epi) * 2 + (fp8 ? 1 : 0)); }
+
   int algo_rank_ = 0;
+  std::atomic<int> unsupported_{0};
   std::mutex mu_;  // guards plans_ (ORT may call Compute from several threads)
   std::unordered_map<std::string, std::unique_ptr<Plan>> plans_;
 };
@@ -122,8 +130,10 @@ struct DenseArgs {
 const char* bf_dense_forward(DenseGemm& gemm, cudaStream_t stream, WorkspaceSource* ws,
                              const DenseArgs& args);
 
-// y = gelu_erf(y (+ bias)) in place over [M,N] (exact erf form, fp32 math). bias may be null.
-cudaError_t bf_gelu_erf_f16(cudaStream_t stream, __half* y, const __half* bias, int M, int N);
+// y = gelu(y (+ bias)) in place over [M,N], fp32 math: approximate 0 = exact erf GELU,
+// 1 = tanh GELU (the fallback where cuBLASLt lacks its GELU epilogue). bias may be null.
+cudaError_t bf_gelu_f16(cudaStream_t stream, __half* y, const __half* bias, int M, int N,
+                        int approximate);
 
 // q[i] = e4m3(x[i] / scale), saturating to +-448 (round to nearest even), n elements.
 cudaError_t bf_quantize_e4m3(cudaStream_t stream, const __half* x, float scale, uint8_t* q,
