@@ -31,6 +31,12 @@ std::mutex& DomainsMutex() {
     return *mu;
 }
 
+// The ops' names, comma-separated, in registration order (leaked like the domains).
+std::string& OpNames() {
+    static auto* names = new std::string();
+    return *names;
+}
+
 // An error status for a host whose ORT is older than our headers: GetApi(ORT_API_VERSION)
 // returns null there, so build the message with the newest API table the host does have.
 OrtStatus* TooOldOrt(const OrtApiBase* api_base) {
@@ -49,6 +55,13 @@ OrtStatus* TooOldOrt(const OrtApiBase* api_base) {
 
 }  // namespace
 
+void bf::NoteOpName(const char* name) {
+    std::string& all = OpNames();
+    if (("," + all + ",").find(std::string(",") + name + ",") == std::string::npos) {
+        all += (all.empty() ? "" : ",") + std::string(name);
+    }
+}
+
 extern "C" BF_EXPORT OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options,
                                                               const OrtApiBase* api_base) {
     const OrtApi* api = api_base != nullptr ? api_base->GetApi(ORT_API_VERSION) : nullptr;
@@ -59,10 +72,20 @@ extern "C" BF_EXPORT OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions
         Ort::CustomOpDomain domain(bf::kDomain);
         AddDenseOps(domain);
         AddAttentionOps(domain);
+        AddPackedOps(domain);
         Ort::UnownedSessionOptions(options).Add(domain);
         Domains().push_back(std::move(domain));
         return nullptr;
     });
+}
+
+// The names of the ops in the ai.bertfuse domain, comma-separated; empty until ONNX Runtime has
+// called RegisterCustomOps once in this process (`bertfuse kernels check` lists unchecked ops).
+extern "C" BF_EXPORT const char* bf_op_names() {
+    std::lock_guard<std::mutex> lock(DomainsMutex());
+    static auto* copy = new std::string();
+    *copy = OpNames();
+    return copy->c_str();
 }
 
 // One JSON object describing the build; read by `bertfuse kernels info` through ctypes (the

@@ -10,6 +10,9 @@ namespace bf {
 constexpr const char* kDomain = "ai.bertfuse";
 constexpr int kDomainVersion = 1;
 
+// Records an op's name for bf_op_names() (ops.cc); called under RegisterCustomOps' lock.
+void NoteOpName(const char* name);
+
 // Adds one op object that lives for the whole process. ORT keeps raw OrtCustomOp pointers in
 // every session created with the domain, so the op must outlive all of them: it is allocated
 // once and deliberately never freed (no static destructor can run while ORT still uses it,
@@ -18,6 +21,7 @@ template <typename Op>
 void AddStaticOp(Ort::CustomOpDomain& domain) {
     static Op* const op = new Op();
     domain.Add(op);
+    NoteOpName(op->GetName());
 }
 
 }  // namespace bf
@@ -26,3 +30,5 @@ void AddStaticOp(Ort::CustomOpDomain& domain) {
 void AddDenseOps(Ort::CustomOpDomain& domain);
 // Defined in attention_op.cc: BertAttention.
 void AddAttentionOps(Ort::CustomOpDomain& domain);
+// Defined in packed_ops.cc: PackTokens, PackedBertAttention, UnpackTokens.
+void AddPackedOps(Ort::CustomOpDomain& domain);
