@@ -90,8 +90,14 @@ def _info(args, console) -> int:
         current: str | None = str(lib.locate(sm=sm))
     except lib.KernelLibraryError:
         current = None
+    ops = None
+    if current is not None and ort_api is not None:
+        try:
+            ops = lib.op_names(current)
+        except lib.KernelLibraryError:
+            pass  # not loadable here (no CUDA runtime): the rest still answers
     report = {"cache_dir": str(lib.cache_root()), "sm": sm, "onnxruntime_api": ort_api,
-              "library": current, "built": current is not None, "all_built": built}
+              "library": current, "built": current is not None, "ops": ops, "all_built": built}
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -100,6 +106,8 @@ def _info(args, console) -> int:
     say(f"GPU SM         {sm}")
     say(f"onnxruntime    API {ort_api if ort_api is not None else '(not installed)'}")
     say(f"library        {current or 'not built: bertfuse kernels build'}")
+    if ops:
+        say(f"ops            {', '.join(ops)}")
     for b in built:
         say(f"  cached       ort-api{b['ort_api']}-sm{b['sm']}  {b['path']}")
     return 0
@@ -139,10 +147,16 @@ def _check(args, console) -> int:
 
     results = check.run_checks(path, cases, args.cuda_graph, line)
     ok = all(r.ok for r in results)
+    # Ops the library has but no check case covers: listed, not failed (a new op needs a case).
+    names = lib.op_names(path)
+    unchecked = [] if args.op else sorted(set(names or ()) - {c.op for c in cases})
+    if unchecked:
+        say(f"no check case for: {', '.join(unchecked)}")
     if args.json:
         print(json.dumps({"library": str(path), "info": info, "sm": sm, "onnxruntime": ort.__version__,
                           "tolerance": {"max_abs": check.MAX_ABS, "mean_abs": check.MEAN_ABS},
-                          "cuda_graph": args.cuda_graph, "ok": ok,
+                          "cuda_graph": args.cuda_graph, "ok": ok, "library_ops": names,
+                          "unchecked_ops": unchecked,
                           "cases": [r.to_json() for r in results]}, indent=2))
     else:
         say(f"{sum(r.ok for r in results)}/{len(results)} cases pass")

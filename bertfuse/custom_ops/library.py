@@ -175,6 +175,20 @@ def library_info(path: str | Path) -> dict[str, Any]:
     return json.loads(fn().decode())
 
 
+def op_names(path: str | Path) -> list[str] | None:
+    """The ops the library puts in the ai.bertfuse domain (it is registered once with a throwaway
+    onnxruntime.SessionOptions, which works on a CPU build too); None where it predates
+    bf_op_names."""
+    import onnxruntime as ort
+
+    register(ort.SessionOptions(), path)
+    fn = getattr(ctypes.CDLL(str(path)), "bf_op_names", None)  # the handle ORT already opened
+    if fn is None:
+        return None
+    fn.restype = ctypes.c_char_p
+    return [n for n in fn().decode().split(",") if n]
+
+
 def register(session_options: Any, path: str | Path | None = None) -> Path:
     """Registers the ai.bertfuse ops on an onnxruntime.SessionOptions; returns the library path."""
     path = Path(path) if path is not None else locate()

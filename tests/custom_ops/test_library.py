@@ -316,6 +316,10 @@ def test_build_for_sm90_and_register(capsys, cache):
     assert path.parent.name == f"ort-api{built['info']['ort_api_version']}-sm90"
     assert not list(path.parent.glob(".*tmp"))
     lib.register(ort.SessionOptions(), path)  # RegisterCustomOps runs in ORT (CPU build is enough)
+    ops = lib.op_names(path)
+    assert {"DenseBias", "DenseBiasGelu", "DenseBiasSkipLayerNorm", "BertAttention"} <= set(ops)
+    rc, out, _ = _cli(capsys, ["kernels", "info", "--arch", "90", "--json"])
+    assert rc == 0 and json.loads(out)["ops"] == ops
 
 
 def test_check_binding_run_rolls_inputs_in_place():
