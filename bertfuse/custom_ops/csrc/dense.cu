@@ -167,7 +167,7 @@ const char* DenseGemm::Run(cudaStream_t stream, WorkspaceSource* ws, bool fp8, c
       }
     }
     if (pick < 0) {
-      if (epi == Epilogue::kBiasGeluTanh) unsupported_ |= EpilogueBit(fp8, epi);
+      unsupported_ |= ConfigBit(fp8, epi, C != nullptr);
       char buf[192];
       std::snprintf(buf, sizeof(buf), "cuBLASLt has no %s algorithm for M=%d N=%d K=%d epilogue=%d",
                     fp8 ? "FP8" : "fp16", M, N, K, static_cast<int>(epi));
@@ -202,16 +202,17 @@ const char* DenseGemm::Run(cudaStream_t stream, WorkspaceSource* ws, bool fp8, c
 
 namespace {
 
-// Exact erf GELU, or (Tanh) the tanh form cuBLASLt's epilogue computes; fp32 math.
-template <bool Tanh>
-__device__ __forceinline__ float gelu(float x) {
-  if (Tanh) return 0.5f * x * (1.0f + tanhf(0.79788456080286535588f * (x + 0.044715f * x * x * x)));
-  return 0.5f * x * (1.0f + erff(x * 0.70710678118654752440f));
+// Identity, exact erf GELU, or the tanh GELU cuBLASLt's epilogue computes; fp32 math.
+template <Act A>
+__device__ __forceinline__ float act(float x) {
+  if (A == Act::kGeluTanh) return 0.5f * x * (1.0f + tanhf(0.79788456080286535588f * (x + 0.044715f * x * x * x)));
+  if (A == Act::kGeluErf) return 0.5f * x * (1.0f + erff(x * 0.70710678118654752440f));
+  return x;
 }
 
 // 8 halves per thread (16-byte accesses); needs N % 8 == 0 and 16-byte aligned pointers.
-template <bool Tanh>
-__global__ void gelu_vec8(__half* y, const __half* bias, int N, size_t nvec) {
+template <Act A>
+__global__ void bias_act_vec8(__half* y, const __half* bias, int N, size_t nvec) {
   for (size_t v = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; v < nvec;
        v += static_cast<size_t>(gridDim.x) * blockDim.x) {
     uint4 u = reinterpret_cast<uint4*>(y)[v];
@@ -227,19 +228,19 @@ __global__ void gelu_vec8(__half* y, const __half* bias, int N, size_t nvec) {
         f.x += b.x;
         f.y += b.y;
       }
-      h[j] = __floats2half2_rn(gelu<Tanh>(f.x), gelu<Tanh>(f.y));
+      h[j] = __floats2half2_rn(act<A>(f.x), act<A>(f.y));
     }
     reinterpret_cast<uint4*>(y)[v] = u;
   }
 }
 
-template <bool Tanh>
-__global__ void gelu_scalar(__half* y, const __half* bias, int N, size_t n) {
+template <Act A>
+__global__ void bias_act_scalar(__half* y, const __half* bias, int N, size_t n) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     float x = __half2float(y[i]);
     if (bias) x += __half2float(bias[i % N]);
-    y[i] = __float2half_rn(gelu<Tanh>(x));
+    y[i] = __float2half_rn(act<A>(x));
   }
 }
 
@@ -279,23 +280,26 @@ unsigned GridFor(size_t work, int threads) {
 
 }  // namespace
 
-template <bool Tanh>
-cudaError_t LaunchGelu(cudaStream_t stream, __half* y, const __half* bias, int M, int N) {
+template <Act A>
+cudaError_t LaunchBiasAct(cudaStream_t stream, __half* y, const __half* bias, int M, int N) {
   const size_t n = static_cast<size_t>(M) * N;
   if (n == 0) return cudaSuccess;
   constexpr int kThreads = 256;
   if (N % 8 == 0 && Aligned16(y) && (!bias || Aligned16(bias))) {
-    gelu_vec8<Tanh><<<GridFor(n / 8, kThreads), kThreads, 0, stream>>>(y, bias, N, n / 8);
+    bias_act_vec8<A><<<GridFor(n / 8, kThreads), kThreads, 0, stream>>>(y, bias, N, n / 8);
   } else {
-    gelu_scalar<Tanh><<<GridFor(n, kThreads), kThreads, 0, stream>>>(y, bias, N, n);
+    bias_act_scalar<A><<<GridFor(n, kThreads), kThreads, 0, stream>>>(y, bias, N, n);
   }
   return cudaGetLastError();
 }
 
-cudaError_t bf_gelu_f16(cudaStream_t stream, __half* y, const __half* bias, int M, int N,
-                        int approximate) {
-  return approximate ? LaunchGelu<true>(stream, y, bias, M, N)
-                     : LaunchGelu<false>(stream, y, bias, M, N);
+cudaError_t bf_bias_act_f16(cudaStream_t stream, __half* y, const __half* bias, int M, int N,
+                            Act act) {
+  switch (act) {
+    case Act::kGeluErf: return LaunchBiasAct<Act::kGeluErf>(stream, y, bias, M, N);
+    case Act::kGeluTanh: return LaunchBiasAct<Act::kGeluTanh>(stream, y, bias, M, N);
+    default: return LaunchBiasAct<Act::kNone>(stream, y, bias, M, N);
+  }
 }
 
 cudaError_t bf_quantize_e4m3(cudaStream_t stream, const __half* x, float scale, uint8_t* q,
@@ -324,28 +328,30 @@ const char* CudaFail(const char* what, cudaError_t err) {
 const char* bf_dense_forward(DenseGemm& gemm, cudaStream_t stream, WorkspaceSource* ws,
                              const DenseArgs& a) {
   const int M = a.M, N = a.N, K = a.K;
-  const char* err = nullptr;
-  // The GEMM: which epilogue and whether the residual rides along as C.
+  const bool sln = a.kind == DenseKind::kBiasSkipLayerNorm;
+  // The plan: the GEMM's epilogue and residual (C), then at most one elementwise kernel
+  // (bias + activation) and, for SkipLayerNorm, the LayerNorm kernel (adding what the GEMM
+  // did not).
   Epilogue epi = Epilogue::kBias;
   const __half* C = nullptr;
+  Act act = Act::kNone;
+  bool post = false;  // run bf_bias_act_f16 after the GEMM
+  const __half* post_bias = nullptr;
   const __half* ln_bias = nullptr;
   const __half* ln_skip = nullptr;
-  bool gelu_after = false;  // a GELU kernel after the GEMM (erf; tanh only as a fallback)
-  int gelu_tanh = 0;
-  const __half* gelu_bias = nullptr;
   switch (a.kind) {
     case DenseKind::kBias:
       break;
     case DenseKind::kBiasGelu:
-      if (a.approximate) {
+      post = true;
+      act = a.approximate ? Act::kGeluTanh : Act::kGeluErf;
+      if (a.approximate) {  // cuBLASLt's GELU epilogue is the tanh form: one kernel
         epi = Epilogue::kBiasGeluTanh;
+        post = false;
       } else if (a.variant == 1) {  // plain GEMM, then one bias + erf-GELU kernel
         epi = Epilogue::kNone;
-        gelu_after = true;
-        gelu_bias = a.bias;
-      } else {  // GEMM with the bias epilogue, then erf-GELU in place
-        gelu_after = true;
-      }
+        post_bias = a.bias;
+      }  // else: GEMM with the bias epilogue, then erf-GELU in place
       break;
     case DenseKind::kBiasSkipLayerNorm:
       if (a.variant == 1) {  // bias epilogue, LN adds the residual
@@ -362,13 +368,24 @@ const char* bf_dense_forward(DenseGemm& gemm, cudaStream_t stream, WorkspaceSour
       g_error = "unknown dense kind " + std::to_string(static_cast<int>(a.kind));
       return g_error.c_str();
   }
-  if (epi == Epilogue::kBiasGeluTanh && !gemm.HasEpilogue(a.fp8, epi)) {
-    // cuBLASLt offered no algorithm with its GELU epilogue for this case (seen once, then
-    // cached): bias epilogue + the same tanh GELU as a kernel.
+  // Where cuBLASLt offered no algorithm for a combination (found once, then remembered), its
+  // parts move into our kernels: tanh GELU first, then bias and residual.
+  if (epi == Epilogue::kBiasGeluTanh && !gemm.Supports(a.fp8, epi, false)) {
     epi = Epilogue::kBias;
-    gelu_after = true;
-    gelu_tanh = 1;
+    post = true;
   }
+  if ((epi != Epilogue::kNone || C) && !gemm.Supports(a.fp8, epi, C != nullptr)) {
+    if (sln) {
+      ln_bias = epi == Epilogue::kBias ? a.bias : ln_bias;
+      ln_skip = a.skip;
+      C = nullptr;
+    } else {
+      post = true;
+      post_bias = a.bias;
+    }
+    epi = Epilogue::kNone;
+  }
+  const char* err = nullptr;
   if (a.fp8) {
     if (!a.xq) return "FP8 dense: no scratch buffer for the quantized activations";
     if (a.x) {  // else xq already holds them (quantized upstream)
@@ -382,15 +399,15 @@ const char* bf_dense_forward(DenseGemm& gemm, cudaStream_t stream, WorkspaceSour
     err = gemm.RunF16(stream, ws, a.x, static_cast<const __half*>(a.w),
                       epi == Epilogue::kNone ? nullptr : a.bias, C, a.y, M, N, K, epi);
   }
-  if (err && epi == Epilogue::kBiasGeluTanh && !gemm.HasEpilogue(a.fp8, epi)) {
-    return bf_dense_forward(gemm, stream, ws, a);  // now marked unsupported: the fallback above
+  if (err && (epi != Epilogue::kNone || C) && !gemm.Supports(a.fp8, epi, C != nullptr)) {
+    return bf_dense_forward(gemm, stream, ws, a);  // just marked unsupported: the fallback
   }
   if (err) return err;
-  if (gelu_after) {
-    const cudaError_t ge = bf_gelu_f16(stream, a.y, gelu_bias, M, N, gelu_tanh);
-    if (ge != cudaSuccess) return CudaFail("GELU", ge);
+  if (post) {
+    const cudaError_t pe = bf_bias_act_f16(stream, a.y, post_bias, M, N, act);
+    if (pe != cudaSuccess) return CudaFail("bias/GELU", pe);
   }
-  if (a.kind == DenseKind::kBiasSkipLayerNorm) {
+  if (sln) {
     const cudaError_t le = bf_layernorm_f16(stream, a.y, ln_bias, ln_skip, a.gamma, a.beta,
                                             a.epsilon, a.y, M, N);
     if (le != cudaSuccess) return CudaFail("LayerNorm", le);

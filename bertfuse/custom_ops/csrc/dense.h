@@ -76,9 +76,11 @@ class DenseGemm {
   // The workspace cap the heuristic is given (the check measures 0 against the default).
   void set_max_workspace(size_t bytes) { max_workspace_ = bytes; }
 
-  // False once cuBLASLt has offered no algorithm for this epilogue (fp16 or FP8 inputs);
-  // bf_dense_forward then runs the bias epilogue and the activation as a kernel instead.
-  bool HasEpilogue(bool fp8, Epilogue epi) const { return (unsupported_ & EpilogueBit(fp8, epi)) == 0; }
+  // False once cuBLASLt has offered no algorithm for this epilogue / residual combination
+  // (fp16 or FP8 inputs); bf_dense_forward then moves that work into its own kernels.
+  bool Supports(bool fp8, Epilogue epi, bool residual) const {
+    return (unsupported_ & ConfigBit(fp8, epi, residual)) == 0;
+  }
 
   struct Plan;  // defined in dense.cu
 
@@ -89,7 +91,9 @@ class DenseGemm {
 
   cublasLtHandle_t handle_ = nullptr;
   size_t max_workspace_ = 0;
-  static int EpilogueBit(bool fp8, Epilogue epi) { return 1 << (static_cast<int>(epi) * 2 + (fp8 ? 1 : 0)); }
+  static int ConfigBit(bool fp8, Epilogue epi, bool residual) {
+    return 1 << (static_cast<int>(epi) * 4 + (fp8 ? 2 : 0) + (residual ? 1 : 0));
+  }
 
   int algo_rank_ = 0;
   std::atomic<int> unsupported_{0};
@@ -130,10 +134,13 @@ struct DenseArgs {
 const char* bf_dense_forward(DenseGemm& gemm, cudaStream_t stream, WorkspaceSource* ws,
                              const DenseArgs& args);
 
-// y = gelu(y (+ bias)) in place over [M,N], fp32 math: approximate 0 = exact erf GELU,
-// 1 = tanh GELU (the fallback where cuBLASLt lacks its GELU epilogue). bias may be null.
-cudaError_t bf_gelu_f16(cudaStream_t stream, __half* y, const __half* bias, int M, int N,
-                        int approximate);
+enum class Act : int { kNone = 0, kGeluErf = 1, kGeluTanh = 2 };
+
+// y = act(y (+ bias)) in place over [M,N], fp32 math. The erf GELU that cuBLASLt has no
+// epilogue for; the bias and tanh GELU only where cuBLASLt offers no algorithm with them.
+// bias may be null.
+cudaError_t bf_bias_act_f16(cudaStream_t stream, __half* y, const __half* bias, int M, int N,
+                            Act act);
 
 // q[i] = e4m3(x[i] / scale), saturating to +-448 (round to nearest even), n elements.
 cudaError_t bf_quantize_e4m3(cudaStream_t stream, const __half* x, float scale, uint8_t* q,
