@@ -17,12 +17,17 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 KERNELS_FORMS = ("ort", "both")  # bench --kernels: the contrib form alone, or both forms
-# The runtime rows of the bertfuse-kernels form: (label, Session options). The first is the
-# runtime as shipped (mask variants as the runtime picks them: key lengths for right padding).
-KERNELS_ROWS: list[tuple[str, dict]] = [
-    ("bertfuse fp16 runtime, bertfuse kernels", {}),
-    ("bertfuse fp16 runtime, bertfuse kernels, raw mask only", {"mask_variants": False}),
+# The runtime rows of the bertfuse-kernels form: (label, model key, Session options). The
+# first is the runtime as shipped (mask variants as it picks them: key lengths for right
+# padding); the FP8 row has the same model with FP8 (e4m3) weights in its GEMMs.
+KERNELS_ROWS: list[tuple[str, str, dict]] = [
+    ("bertfuse fp16 runtime, bertfuse kernels", "kernels16", {}),
+    ("bertfuse fp16 runtime, bertfuse kernels, raw mask only", "kernels16",
+     {"mask_variants": False}),
+    ("bertfuse runtime, bertfuse kernels, FP8 weights", "kernels_fp8", {}),
 ]
+# Each kernels model's first row, whose note says what the model's rewrite made.
+FIRST_ROW = {key: label for label, key, _ in reversed(KERNELS_ROWS)}
 CONTRIB_DEFAULT = "bertfuse fp16 runtime (arena + CUDA graph)"
 
 
@@ -57,33 +62,65 @@ def kernels_model(fused16: str, workdir: str) -> tuple[str | None, str]:
     with the op census and what stayed in contrib ops), or (None, why not)."""
     import onnx
 
+    from bertfuse.kernels_form import to_bertfuse_kernels
+
+    return _rewrite(lambda report: to_bertfuse_kernels(onnx.load(fused16), report),
+                    os.path.join(workdir, "kernels16.onnx"), "the bertfuse kernels pass")
+
+
+def fp8_model(fused16: str, kernels16: str, workdir: str) -> tuple[str | None, str]:
+    """The bertfuse-kernels model with FP8 weights, as `convert --kernels bertfuse --fp8`
+    makes it: activation scales calibrated on convert's parity inputs (its default batch,
+    seq and seed), not on the benchmark's request. (path, note) or (None, why not)."""
+    import onnx
+
+    try:
+        from bertfuse.kernels_fp8 import calibrate, dense_inputs, to_fp8
+    except ImportError:
+        return None, "this bertfuse has no FP8 option"
+    from bertfuse.kernels_form import model_feeds
+    from bertfuse.pipeline import ConvertOptions
+
+    def rewrite(report) -> onnx.ModelProto:
+        contrib, kmodel = onnx.load(fused16), onnx.load(kernels16)
+        opts = ConvertOptions()
+        feeds = model_feeds(contrib, opts.batch, opts.seq, opts.seed)
+        return to_fp8(kmodel, calibrate(contrib, dense_inputs(kmodel), feeds), report)
+
+    return _rewrite(rewrite, os.path.join(workdir, "kernels_fp8.onnx"), "the FP8 rewrite",
+                    lambda op: op.endswith("Fp8"))
+
+
+def _rewrite(make, path: str, what: str, counted=lambda op: True) -> tuple[str | None, str]:
+    """Runs make(report) -> model and saves it at path: (path, 'ai.bertfuse: <census>[;
+    misses]'), or (None, why) when it fails or converts nothing it counts."""
+    import onnx
+
     from bertfuse.custom_ops import BERTFUSE_DOMAIN
-    from bertfuse.kernels_form import kernels_misses, to_bertfuse_kernels
+    from bertfuse.kernels_form import kernels_misses
     from bertfuse.passes.manager import PipelineReport
 
     report = PipelineReport()
     try:
-        model = to_bertfuse_kernels(onnx.load(fused16), report)
-    except Exception as exc:  # noqa: BLE001 (the pass failing is a row note, not the run's end)
+        model = make(report)
+    except Exception as exc:  # noqa: BLE001 (a failed rewrite is a row note, not the run's end)
         first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-        return None, f"the bertfuse kernels pass failed: {first}"
+        return None, f"{what} failed: {first}"
     ops = Counter(n.op_type for n in model.graph.node if n.domain == BERTFUSE_DOMAIN)
     misses = kernels_misses(report)
-    if not ops:
-        why = misses[0] if misses else "no fused contrib op to rewrite"
-        return None, f"the bertfuse kernels pass converted nothing ({why})"
-    path = os.path.join(workdir, "kernels16.onnx")
+    if not any(counted(op) for op in ops):
+        why = misses[0] if misses else "nothing to rewrite"
+        return None, f"{what} converted nothing ({why})"
     onnx.save(model, path)
-    census = ", ".join(f"{op} {n}" for op, n in sorted(ops.items()))
-    note = f"ai.bertfuse: {census}"
+    note = "ai.bertfuse: " + ", ".join(f"{op} {n}" for op, n in sorted(ops.items()))
     if misses:
-        note += f"; {len(misses)} left in contrib ops (first: {misses[0]})"
+        note += f"; {len(misses)} left as they were (first: {misses[0]})"
     return path, note
 
 
 def runtime_rows(kernels: bool) -> list[tuple[str, str, dict]]:
     """The runtime rows bench builds and times together: (label, model key, Session
-    options); model key 'bertfuse16' (contrib form) or 'kernels16' (bertfuse kernels)."""
+    options); model key 'bertfuse16' (contrib form), else a KERNELS_ROWS model."""
     rows = [("bertfuse fp16 runtime, raw 2-D mask only", {"mask_variants": False}),
             (CONTRIB_DEFAULT, {}),
             ("bertfuse fp16 runtime, [B] key lengths (cuDNN attention)",
@@ -93,27 +130,35 @@ def runtime_rows(kernels: bool) -> list[tuple[str, str, dict]]:
             ("bertfuse fp16 runtime, synchronous pageable copy",
              {"own_stream": False, "pinned": False}),
             ("bertfuse fp16 runtime, packed path", {"packed": True})]
-    out = [(label, "bertfuse16", kw) for label, kw in rows]
-    if kernels:
-        out += [(label, "kernels16", kw) for label, kw in KERNELS_ROWS]
-    return out
+    return [(label, "bertfuse16", kw) for label, kw in rows] + (KERNELS_ROWS if kernels else [])
 
 
 def plan_rows(kernels: KernelsSetup | None, paths: dict[str, str]
-              ) -> tuple[list[tuple[str, str, dict]], str, list[tuple[str, str]]]:
-    """The runtime rows one workload runs, after writing paths['kernels16'] where the library
-    is there and the pass converts something: (rows, note on the bertfuse ops, [(label,
-    'not run: why')] for the kernels rows that cannot run)."""
+              ) -> tuple[list[tuple[str, str, dict]], dict[str, str], list[tuple[str, str]]]:
+    """The runtime rows one workload runs, after writing the models of the kernels rows into
+    paths ('kernels16', 'kernels_fp8') where the library is there and the rewrites convert
+    something: (rows, {model key: note on its bertfuse ops}, [(label, 'not run: why')] for
+    the kernels rows that cannot run)."""
     rows = runtime_rows(kernels is not None)
     if kernels is None:
-        return rows, "", []
-    path, note = (None, kernels.reason) if kernels.reason else \
-        kernels_model(paths["bertfuse16"], os.path.dirname(paths["bertfuse16"]))
-    if path:
-        paths["kernels16"] = path
-        return rows, note, []
-    return ([row for row in rows if row[1] != "kernels16"], note,
-            [(label, f"not run: {note}") for label, key, _ in rows if key == "kernels16"])
+        return rows, {}, []
+    notes: dict[str, str] = {}
+    workdir = os.path.dirname(paths["bertfuse16"])
+    if kernels.reason:
+        notes["kernels16"] = kernels.reason
+    else:
+        path, notes["kernels16"] = kernels_model(paths["bertfuse16"], workdir)
+        if path:
+            paths["kernels16"] = path
+    if "kernels16" in paths:
+        path, notes["kernels_fp8"] = fp8_model(paths["bertfuse16"], paths["kernels16"], workdir)
+        if path:
+            paths["kernels_fp8"] = path
+    else:
+        notes["kernels_fp8"] = notes["kernels16"]
+    skipped = [(label, f"not run: {notes[key]}") for label, key, _ in rows
+               if key != "bertfuse16" and key not in paths]
+    return [row for row in rows if row[1] in paths], notes, skipped
 
 
 def format_comparison(results: list) -> str:
@@ -123,7 +168,7 @@ def format_comparison(results: list) -> str:
     lines = ["| workload | variant | p50 (us) | p99 (us) | seq/s | GPU (us) | kernels | "
              "GPU x contrib | p50 x contrib | max diff | mean diff |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
-    labels = [CONTRIB_DEFAULT] + [label for label, _ in KERNELS_ROWS]
+    labels = [CONTRIB_DEFAULT] + [label for label, _, _ in KERNELS_ROWS]
     base = {r.workload: r for r in results if r.variant == CONTRIB_DEFAULT}
     for r in results:
         if r.variant not in labels:

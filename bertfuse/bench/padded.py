@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 import onnx
 
-from bertfuse.bench.kernels import KERNELS_ROWS, KernelsSetup, plan_rows
+from bertfuse.bench.kernels import FIRST_ROW, KernelsSetup, plan_rows
 from bertfuse.bench.models import bound_session, memcpy_nodes, packed_form, prepare_models
 from bertfuse.bench.timing import compare, time_calls, time_interleaved
 from bertfuse.bench.workloads import PADDED_WORKLOADS as WORKLOADS  # noqa: F401
@@ -78,7 +78,8 @@ def run_workload(name: str, skeleton: str, batch: int, seq: int, iters: int, wor
     # The runtime rows are built first, then timed in alternating rounds (a shared host
     # drifts by ~10% between minutes; interleaving puts the drift on every row alike).
     # The bertfuse-kernels form joins them, so both forms share the rounds.
-    rows, kernels_note, skipped = plan_rows(kernels, paths)
+    rows, kernels_notes, skipped = plan_rows(kernels, paths)
+    model_of = {label: key for label, key, _ in rows}
     built = {}
     for label, key, kw in rows:
         try:
@@ -91,8 +92,9 @@ def run_workload(name: str, skeleton: str, batch: int, seq: int, iters: int, wor
         res.seq_per_s = batch / res.p50_us * 1e6
         res.max_diff, res.mean_diff = compare(call(to_host=True), ref, mask)
         res.note = _host_split(sess, feeds, iters)
-        if label == KERNELS_ROWS[0][0]:
-            res.note = f"{kernels_note}; {res.note}"
+        key = model_of[label]
+        if FIRST_ROW.get(key) == label:  # what the rewrite made, once per model
+            res.note = f"{kernels_notes[key]}; {res.note}"
         results.append(res)
         if profiles is not None and "synchronous" not in label:
             profiles.append((res, call))

@@ -4,6 +4,7 @@ the rewrite is missing. The timing itself needs a GPU (docs/benchmarks.md)."""
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 from collections import Counter
 
@@ -14,8 +15,8 @@ pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx_graphsurgeon")
 
 from bertfuse import cli  # noqa: E402
-from bertfuse.bench.kernels import CONTRIB_DEFAULT, KERNELS_ROWS, KernelsSetup, find_library, \
-    format_comparison, plan_rows, runtime_rows  # noqa: E402
+from bertfuse.bench.kernels import CONTRIB_DEFAULT, FIRST_ROW, KERNELS_ROWS, KernelsSetup, \
+    find_library, format_comparison, plan_rows, runtime_rows  # noqa: E402
 from bertfuse.bench.padded import Result  # noqa: E402
 from bertfuse.custom_ops import BERTFUSE_DOMAIN  # noqa: E402
 from bertfuse.custom_ops.library import LIB_NAME, cache_key  # noqa: E402
@@ -26,12 +27,13 @@ def test_runtime_rows_add_the_kernels_form_to_the_contrib_rows():
     assert {key for _, key, _ in contrib} == {"bertfuse16"}
     assert both[:len(contrib)] == contrib  # the contrib rows are unchanged
     extra = both[len(contrib):]
-    assert [(label, key) for label, key, _ in extra] == [(label, "kernels16")
-                                                         for label, _ in KERNELS_ROWS]
+    assert [key for _, key, _ in extra] == ["kernels16", "kernels16", "kernels_fp8"]
     assert extra[0][2] == {}  # the runtime as shipped: mask variants as it picks them
     assert extra[1][2] == {"mask_variants": False}
+    assert extra[2][2] == {}
     labels = [label for label, _, _ in both]
     assert len(set(labels)) == len(labels) and CONTRIB_DEFAULT in labels
+    assert FIRST_ROW == {"kernels16": extra[0][0], "kernels_fp8": extra[2][0]}
 
 
 def test_missing_library_is_one_line_naming_the_cache_and_the_build(tmp_path):
@@ -54,42 +56,57 @@ def test_missing_library_is_one_line_naming_the_cache_and_the_build(tmp_path):
 
 def test_without_the_library_the_kernels_rows_say_why_and_the_rest_runs():
     paths = {"bertfuse16": "/nonexistent/bertfuse16.onnx"}  # never read: no library
-    rows, note, skipped = plan_rows(KernelsSetup(reason="no CUDA GPU found"), paths)
-    assert rows == runtime_rows(False) and "kernels16" not in paths
-    assert skipped == [(label, "not run: no CUDA GPU found") for label, _ in KERNELS_ROWS]
-    assert plan_rows(None, paths) == (runtime_rows(False), "", [])
+    rows, notes, skipped = plan_rows(KernelsSetup(reason="no CUDA GPU found"), paths)
+    assert rows == runtime_rows(False) and set(paths) == {"bertfuse16"}
+    assert skipped == [(label, "not run: no CUDA GPU found") for label, _, _ in KERNELS_ROWS]
+    assert plan_rows(None, paths) == (runtime_rows(False), {}, [])
 
 
 def test_kernels_model_rewrites_the_fused_fp16_model(tiny_onnx, tmp_path):
     fused = tmp_path / "bertfuse16.onnx"
     shutil.copy(tiny_onnx["fp16"], fused)
     paths = {"bertfuse16": str(fused)}
-    rows, note, skipped = plan_rows(KernelsSetup(library="/some/libbertfuse_ops.so"), paths)
-    assert rows == runtime_rows(True) and not skipped
+    rows, notes, skipped = plan_rows(KernelsSetup(library="/some/libbertfuse_ops.so"), paths)
     assert paths["kernels16"] == str(tmp_path / "kernels16.onnx")
     model = onnx.load(paths["kernels16"])
     ops = Counter(n.op_type for n in model.graph.node if n.domain == BERTFUSE_DOMAIN)
     contrib = Counter(n.op_type for n in onnx.load(str(fused)).graph.node)
     assert ops["BertAttention"] == ops["DenseBias"] == contrib["Attention"] > 0
     assert ops["DenseBiasSkipLayerNorm"] == contrib["SkipLayerNormalization"]
+    note = notes["kernels16"]
     assert note.startswith("ai.bertfuse: ") and f"BertAttention {ops['BertAttention']}" in note
     assert [i.name for i in model.graph.input] == \
         [i.name for i in onnx.load(str(fused)).graph.input]  # same request, same bindings
+    if importlib.util.find_spec("bertfuse.kernels_fp8") is None:  # no FP8 option: said so
+        assert rows == runtime_rows(True)[:-1] and "kernels_fp8" not in paths
+        assert skipped == [(KERNELS_ROWS[2][0], "not run: this bertfuse has no FP8 option")]
+        return
+    assert rows == runtime_rows(True) and not skipped
+    fp8 = onnx.load(paths["kernels_fp8"])
+    fp8_ops = Counter(n.op_type for n in fp8.graph.node if n.domain == BERTFUSE_DOMAIN)
+    assert fp8_ops["BertAttention"] == ops["BertAttention"]  # attention stays fp16
+    for op in ("DenseBias", "DenseBiasGelu", "DenseBiasSkipLayerNorm"):
+        assert fp8_ops[op + "Fp8"] == ops[op] and op not in fp8_ops
+    scales = [a.f for n in fp8.graph.node for a in n.attribute if a.name == "x_scale"]
+    assert len(scales) == sum(ops.values()) - ops["BertAttention"]
+    assert all(0 < s < float("inf") for s in scales)
+    assert "DenseBiasFp8" in notes["kernels_fp8"]
 
 
 def test_a_model_the_pass_cannot_convert_leaves_the_kernels_rows_not_run(tiny_onnx, tmp_path):
     fused = tmp_path / "bertfuse16.onnx"
     shutil.copy(tiny_onnx["fp32"], fused)  # fp32: the bertfuse ops are fp16 only
     paths = {"bertfuse16": str(fused)}
-    rows, note, skipped = plan_rows(KernelsSetup(library="/some/libbertfuse_ops.so"), paths)
-    assert rows == runtime_rows(False) and "kernels16" not in paths
+    rows, notes, skipped = plan_rows(KernelsSetup(library="/some/libbertfuse_ops.so"), paths)
+    assert rows == runtime_rows(False) and set(paths) == {"bertfuse16"}
     assert not (tmp_path / "kernels16.onnx").exists()
+    note = notes["kernels16"]
     assert "converted nothing" in note and "fp16 only" in note
     assert [s[1] for s in skipped] == [f"not run: {note}"] * len(KERNELS_ROWS)
 
 
 def test_comparison_table_puts_the_two_forms_side_by_side():
-    kernels, raw_only = (label for label, _ in KERNELS_ROWS)
+    kernels, raw_only, _ = (label for label, _, _ in KERNELS_ROWS)
     results = [Result("shenma-3l b20 s64", "ORT raw fp32", 2000.0, 2100.0, 10000.0, 0.0, 0.0),
                Result("shenma-3l b20 s64", CONTRIB_DEFAULT, 300.0, 360.0, 66667.0, 1.3e-2,
                       6e-4, gpu_us=230.0, kernels=45),
