@@ -80,9 +80,10 @@ def load(path: str) -> ctypes.CDLL:
     lib.bf_check_layernorm.argtypes = [U64] * 5 + [F32, U64, I32, I32, U64, F32, U64]
     lib.bf_check_set_algo_rank.argtypes = [I32]
     lib.bf_check_set_workspace_mb.argtypes = [I32]
+    lib.bf_check_unsupported_mask.argtypes = []
     lib.bf_dense_last_error.restype = ctypes.c_char_p
     for f in ("bf_check_dense", "bf_check_dense_fp8", "bf_check_layernorm", "bf_check_set_algo_rank",
-              "bf_check_set_workspace_mb"):
+              "bf_check_set_workspace_mb", "bf_check_unsupported_mask"):
         getattr(lib, f).restype = I32
     return lib
 
@@ -390,6 +391,10 @@ def main() -> None:
         fh.write("| workload | gemm | impl | us | max diff | mean diff | gate |\n|---|---|---|---|---|---|---|\n")
         for r in rows:
             fh.write("| " + " | ".join([r["workload"], r["gemm"], r["impl"], str(r["us"]), *cells(r)]) + " |\n")
+    mask = lib.bf_check_unsupported_mask()
+    fell = [f"{['plain', 'bias', 'bias+tanh GELU'][b // 4]} epilogue{' + residual' if b & 1 else ''}"
+            f" ({'fp8' if b & 2 else 'fp16'})" for b in range(12) if mask > 0 and mask >> b & 1]
+    print("cuBLASLt had no algorithm for (ran as our kernels instead):", ", ".join(fell) or "none")
     summary(rows)
     failed = [r for r in rows if r.get("gate") is False and r["impl"].startswith("bertfuse")]
     print(f"{len(failed)} bertfuse rows failed their gate" if failed else "all bertfuse rows within the gate")

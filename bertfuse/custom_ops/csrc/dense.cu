@@ -556,6 +556,14 @@ BF_DENSE_EXPORT int bf_check_set_algo_rank(int rank) {
   return 0;
 }
 
+// Which epilogue/residual combinations cuBLASLt had no algorithm for so far (and so ran as our
+// kernels): bit (epilogue * 4 + fp8 * 2 + residual), epilogue 0 none, 1 bias, 2 bias+tanh GELU.
+BF_DENSE_EXPORT int bf_check_unsupported_mask() {
+  const char* err = nullptr;
+  CheckState* st = Check(&err);
+  return st ? st->gemm->unsupported_mask() : -1;
+}
+
 // The workspace cap the check entry points give cuBLASLt's heuristic, in MiB (at most
 // BERTFUSE_GEMM_WORKSPACE_MB); 0 = only algorithms that need none.
 BF_DENSE_EXPORT int bf_check_set_workspace_mb(int mb) {

@@ -82,6 +82,9 @@ class DenseGemm {
     return (unsupported_ & ConfigBit(fp8, epi, residual)) == 0;
   }
 
+  // Bit (epilogue * 4 + fp8 * 2 + residual) set for each combination found unsupported.
+  int unsupported_mask() const { return unsupported_; }
+
   struct Plan;  // defined in dense.cu
 
  private:
