@@ -158,7 +158,11 @@ const char* DenseGemm::Run(cudaStream_t stream, WorkspaceSource* ws, bool fp8, c
     if (st == CUBLAS_STATUS_SUCCESS)
       st = cublasLtMatmulAlgoGetHeuristic(handle_, p->desc, p->a, p->b, p->c, p->d, pref, 8, res, &found);
     cublasLtMatmulPreferenceDestroy(pref);
-    if (st != CUBLAS_STATUS_SUCCESS) return Fail("cublasLtMatmulAlgoGetHeuristic", st);
+    // NOT_SUPPORTED (no algorithm at all) is handled as an empty list below.
+    if (st != CUBLAS_STATUS_SUCCESS && st != CUBLAS_STATUS_NOT_SUPPORTED) {
+      return Fail("cublasLtMatmulAlgoGetHeuristic", st);
+    }
+    if (st != CUBLAS_STATUS_SUCCESS) found = 0;
     int pick = -1, valid = 0;
     for (int i = 0; i < found && valid <= algo_rank_; ++i) {
       if (res[i].state == CUBLAS_STATUS_SUCCESS && res[i].workspaceSize <= ws_bytes) {
