@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -299,6 +300,9 @@ def test_health_readiness_and_stats(served):
     assert stats["max_batch"] == MAX_BATCH and stats["max_seq"] == POSITIONS
     assert served["main"].url == f"http://127.0.0.1:{served['port']}/"
     assert served["ids"].url == f"http://127.0.0.1:{served['port']}/ids/"
+    (metrics,) = served["main"].metrics_urls()  # Ray's Prometheus endpoint of the one node
+    with urllib.request.urlopen(metrics, timeout=30) as r:
+        assert r.status == 200 and b"# TYPE ray_" in r.read()
 
 
 def test_deploy_checks_its_arguments_before_ray(tiny, tmp_path):

@@ -33,7 +33,15 @@ class Served:
     started_ray: bool    # deploy() started a local Ray: shutdown() stops it
     connected: bool      # deploy() connected this process to Ray: shutdown() disconnects
     started_serve: bool  # deploy() started Serve on the cluster: shutdown() stops it
+    deployed: bool = True  # the application was (perhaps partly) deployed
     closed: bool = False
+
+    def metrics_urls(self) -> list[str]:
+        """Each Ray node's Prometheus endpoint (Ray's and Serve's metrics, and bertfuse_*)."""
+        import ray
+
+        return [f"http://{_url_host(n['NodeManagerAddress'])}:{n['MetricsExportPort']}/metrics"
+                for n in ray.nodes() if n.get("Alive") and n.get("MetricsExportPort")]
 
     def stats(self, timeout: float = 10.0) -> dict[str, Any]:
         """GET /stats: the counters of the replica that answers (one of them)."""
@@ -51,7 +59,7 @@ class Served:
         try:
             if self.started_serve:
                 serve.shutdown()
-            else:
+            elif self.deployed:
                 serve.delete(self.config.name)
         finally:
             if self.connected:
@@ -140,7 +148,7 @@ def deploy(model: Any = None, **kwargs: Any) -> Served:
 
     from bertfuse.serve.app import BertfuseReplica
 
-    connected = started_ray = started_serve = False
+    connected = started_ray = started_serve = deployed = False
     if not ray.is_initialized():
         _importable_by_workers()
         with _keep_signal_handlers():
@@ -170,11 +178,15 @@ def deploy(model: Any = None, **kwargs: Any) -> Served:
         prefix = "/" if started_serve else f"/{cfg.name}"
         with _keep_signal_handlers():
             try:
+                deployed = True
                 serve.run(app, name=cfg.name, route_prefix=prefix)
             except RuntimeError as exc:  # a replica failed to build or warm up
                 raise BertfuseError(f"the deployment failed: {_first_line(exc)}") from None
     except BaseException:
-        Served("", cfg, "", 0, started_ray, connected, started_serve).shutdown()
+        try:
+            Served("", cfg, "", 0, started_ray, connected, started_serve, deployed).shutdown()
+        except Exception:  # noqa: S110  (the first error is the one to report)
+            pass
         raise
     url = f"http://{_url_host(url_host)}:{url_port}{prefix.rstrip('/')}/"
     return Served(url, cfg, device, replicas, started_ray, connected, started_serve)
@@ -185,7 +197,7 @@ def _running_http(cfg: ServeConfig) -> tuple[str, int]:
     from ray import serve
 
     try:
-        opts = serve.status().proxies and serve.context._get_global_client().http_config
+        opts = serve.context._get_global_client().http_config
         return opts.host, opts.port
     except Exception:  # older/newer Serve: the usual default
         return cfg.host, 8000

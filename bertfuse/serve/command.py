@@ -63,7 +63,7 @@ def run(args: argparse.Namespace, console) -> int:
         info = {"url": served.url, "infer": served.url + "v1/infer", "device": served.device,
                 "replicas": served.replicas, "max_batch": served.config.max_batch,
                 "max_seq": served.config.max_seq, "outputs": list(served.config.outputs),
-                "text": served.config.vocab is not None}
+                "text": served.config.vocab is not None, "metrics": served.metrics_urls()}
         if args.json:
             print(json.dumps(info), flush=True)
         else:
