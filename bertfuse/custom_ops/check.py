@@ -6,9 +6,9 @@ forms, whose float8 weights IR 8 cannot hold) run in two sessions: a plain sessi
 with CUDA graphs on and IO binding (plain run, capture, replay; then new inputs written into the
 bound buffers and replayed), which fails if a kernel allocates or synchronises inside Compute or
 reads stale inputs. fp16 gate: max |diff| <= 4e-2 and mean <= 2e-3 against the float64
-reference, no NaN. FP8 forms are gated the same way against the reference computed on the
-e4m3-quantized operands (what the kernel multiplies), and their drift from the unquantized
-reference is reported beside it, not gated.
+reference, no NaN; integer outputs (the packing ops') must be exact. FP8 forms are gated the
+same way against the reference computed on the e4m3-quantized operands (what the kernel
+multiplies), and their drift from the unquantized reference is reported beside it, not gated.
 """
 
 from __future__ import annotations
@@ -27,15 +27,23 @@ from .library import DOMAIN, KernelLibraryError, register
 MAX_ABS, MEAN_ABS = 4e-2, 2e-3
 E4M3_MAX = 448.0
 
+Feeds = dict[str, np.ndarray]
+
 
 @dataclass
 class Case:
     op: str
     label: str
     model: onnx.ModelProto
-    feeds: dict[str, np.ndarray]
-    reference: np.ndarray
-    exact: np.ndarray | None = None  # FP8: the reference on unquantized operands (reported only)
+    feeds: Feeds
+    reference: Callable[[Feeds], list[np.ndarray]]  # the expected outputs for given feeds
+    feeds2: Feeds | None = None  # the replay's new inputs (default: every feed rolled by one row)
+    exact: Callable[[Feeds], np.ndarray] | None = None  # FP8: unquantized reference, reported only
+
+    def replay_feeds(self) -> Feeds:
+        if self.feeds2 is not None:
+            return self.feeds2
+        return {k: np.ascontiguousarray(np.roll(v, 1, axis=0)) for k, v in self.feeds.items()}
 
 
 @dataclass
@@ -57,17 +65,21 @@ class CaseResult:
 # ------------------------------------------------------------------------------ cases
 
 
-def _normal(rng: np.random.Generator, shape, std: float = 1.0, mean: float = 0.0) -> np.ndarray:
+def normal16(rng: np.random.Generator, shape, std: float = 1.0, mean: float = 0.0) -> np.ndarray:
     return (rng.standard_normal(shape) * std + mean).astype(np.float16)
 
 
-def _dense_inputs(rng, lead: tuple[int, ...], k: int, n: int, skip: bool) -> dict[str, np.ndarray]:
-    feeds = {"X": _normal(rng, (*lead, k)), "W": _normal(rng, (k, n), k ** -0.5),
-             "bias": _normal(rng, (n,), 0.1)}
+def _dense_inputs(rng, lead: tuple[int, ...], k: int, n: int, skip: bool) -> Feeds:
+    feeds = {"X": normal16(rng, (*lead, k)), "W": normal16(rng, (k, n), k ** -0.5),
+             "bias": normal16(rng, (n,), 0.1)}
     if skip:
-        feeds.update(skip=_normal(rng, (*lead, n)), gamma=_normal(rng, (n,), 0.1, 1.0),
-                     beta=_normal(rng, (n,), 0.1))
+        feeds.update(skip=normal16(rng, (*lead, n)), gamma=normal16(rng, (n,), 0.1, 1.0),
+                     beta=normal16(rng, (n,), 0.1))
     return feeds
+
+
+def _attrs_label(attrs: dict[str, Any]) -> str:
+    return "".join(f" {a}={v}" for a, v in attrs.items())
 
 
 # (op, attrs, leading dims, K, N): the four BERT-base GEMMs, plus an [M, K] input and an M that
@@ -88,14 +100,10 @@ def dense_cases(rng: np.random.Generator) -> list[Case]:
     for op, attrs, lead, k, n in _DENSE:
         feeds = _dense_inputs(rng, lead, k, n, op == "DenseBiasSkipLayerNorm")
         model = dense.make_model(op, (*lead, k), n, **attrs)
-        ref = dense.reference(op, *feeds.values(), **attrs)
-        label = f"X{list(feeds['X'].shape)} W[{k},{n}]" + "".join(f" {a}={v}" for a, v in attrs.items())
-        cases.append(Case(op, label, model, feeds, ref))
+        label = f"X{list(feeds['X'].shape)} W[{k},{n}]{_attrs_label(attrs)}"
+        cases.append(Case(op, label, model, feeds,
+                          lambda f, op=op, attrs=attrs: [dense.reference(op, *f.values(), **attrs)]))
     return cases
-
-
-def _lengths_mask(lengths: list[int]) -> np.ndarray:
-    return np.asarray(lengths, np.int32)
 
 
 def attention_cases(rng: np.random.Generator) -> list[Case]:
@@ -109,19 +117,17 @@ def attention_cases(rng: np.random.Generator) -> list[Case]:
         (2, 16, 256, 4, "raw", None),
     ]
     for b, s, h, heads, form, scale in specs:
-        qkv = _normal(rng, (b, s, 3 * h))
-        mask = None
+        feeds = {"qkv": normal16(rng, (b, s, 3 * h))}
         if form == "lengths":  # a full row, a short one, one key only, and none (uniform row)
-            mask = _lengths_mask(([s, max(1, s // 2 + 1), 1, 0] * b)[:b])
+            feeds["mask"] = np.asarray(([s, s // 2 + 1, 1, 0] * b)[:b], np.int32)
         elif form == "raw":  # arbitrary holes, and a row that keeps nothing
-            mask = (rng.random((b, s)) > 0.3).astype(np.int32)
-            mask[-1, :] = 0
-        model = bert_attention.make_model(b, s, h, heads, mask_shape=None if mask is None else mask.shape,
-                                          scale=scale)
-        feeds = {"qkv": qkv} if mask is None else {"qkv": qkv, "mask": mask}
-        ref = bert_attention.reference(qkv, mask, num_heads=heads, scale=scale)
+            feeds["mask"] = (rng.random((b, s)) > 0.3).astype(np.int32)
+            feeds["mask"][-1, :] = 0
+        model = bert_attention.make_model(b, s, h, heads, scale=scale,
+                                          mask_shape=feeds["mask"].shape if "mask" in feeds else None)
         label = f"qkv[{b},{s},{3 * h}] heads={heads} mask={form or 'none'}" + (f" scale={scale}" if scale else "")
-        cases.append(Case("BertAttention", label, model, feeds, ref))
+        cases.append(Case("BertAttention", label, model, feeds, lambda f, heads=heads, scale=scale: [
+            bert_attention.reference(f["qkv"], f.get("mask"), num_heads=heads, scale=scale)]))
     return cases
 
 
@@ -132,13 +138,11 @@ def _e4m3(x: np.ndarray) -> np.ndarray:
     return np.clip(x.astype(np.float32), -E4M3_MAX, E4M3_MAX).astype(ml_dtypes.float8_e4m3fn)
 
 
-def _fp8_model(op: str, feeds: dict[str, np.ndarray], wt: np.ndarray, w_scale: np.float32,
-               attrs: dict[str, Any], y_shape: tuple[int, ...]) -> onnx.ModelProto:
-    skip = op == "DenseBiasSkipLayerNormFp8"
-    names = ["X", "Wt", "bias"] + (["skip", "gamma", "beta"] if skip else []) + ["w_scale"]
+def _fp8_model(op: str, feeds: Feeds, wt: np.ndarray, w_scale: np.float32, attrs: dict[str, Any],
+               y_shape: tuple[int, ...]) -> onnx.ModelProto:
+    names = ["X", "Wt", *[n for n in feeds if n != "X"], "w_scale"]  # X Wt bias [skip gamma beta] w_scale
     node = helper.make_node(op, names, ["Y"], domain=DOMAIN, **attrs)
-    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT16, list(feeds[n].shape))
-              for n in names if n in feeds]
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT16, list(v.shape)) for n, v in feeds.items()]
     inits = [helper.make_tensor("Wt", TensorProto.FLOAT8E4M3FN, list(wt.shape), wt.view(np.uint8).tobytes(),
                                 raw=True),
              helper.make_tensor("w_scale", TensorProto.FLOAT, [1], [float(w_scale)])]
@@ -151,38 +155,41 @@ def _fp8_model(op: str, feeds: dict[str, np.ndarray], wt: np.ndarray, w_scale: n
     return model
 
 
+def _fp8_reference(op: str, attrs: dict[str, Any], x_scale: np.float32, wt: np.ndarray,
+                   w_scale: np.float32) -> Callable[[Feeds], list[np.ndarray]]:
+    """The fp16 op's float64 reference on what the kernel multiplies: X quantized with x_scale
+    (an fp32 divide, then e4m3) and the e4m3 weight, both dequantized exactly."""
+    w_deq = wt.astype(np.float64).T * float(w_scale)
+
+    def ref(f: Feeds) -> list[np.ndarray]:
+        x_deq = _e4m3(f["X"].astype(np.float32) / x_scale).astype(np.float64) * float(x_scale)
+        rest = [v.astype(np.float64) for k, v in f.items() if k != "X"]  # bias[, skip, gamma, beta]
+        return [dense.reference(op, x_deq, w_deq, *rest, **attrs).astype(np.float16)]
+    return ref
+
+
 def fp8_cases(rng: np.random.Generator) -> list[Case]:
     cases = []
     for op, attrs, lead, k, n in _DENSE[:1] + _DENSE[2:4] + _DENSE[5:6]:
-        fp8_op = op + "Fp8"
         feeds = _dense_inputs(rng, lead, k, n, op == "DenseBiasSkipLayerNorm")
-        x, w = feeds["X"], feeds.pop("W")
-        x_scale = np.float32(np.abs(x.astype(np.float32)).max() / E4M3_MAX)
+        w = feeds.pop("W")
+        x_scale = np.float32(np.abs(feeds["X"].astype(np.float32)).max() / E4M3_MAX)
         w_scale = np.float32(np.abs(w.astype(np.float32)).max() / E4M3_MAX)
-        xq = _e4m3(x.astype(np.float32) / x_scale)
         wt = _e4m3(w.T.astype(np.float32) / w_scale)
-        # What the kernel multiplies, dequantized exactly in float64.
-        x_deq = xq.astype(np.float64) * float(x_scale)
-        w_deq = wt.astype(np.float64).T * float(w_scale)
-        rest = [feeds[s] for s in ("skip", "gamma", "beta") if s in feeds]
-        quant = _reference64(op, x_deq, w_deq, feeds["bias"], rest, attrs)
-        exact = dense.reference(op, x, w, feeds["bias"], *rest, **attrs)
-        model = _fp8_model(fp8_op, feeds, wt, w_scale, {**attrs, "x_scale": float(x_scale)}, quant.shape)
-        label = f"X{list(x.shape)} Wt[{n},{k}] e4m3" + "".join(f" {a}={v}" for a, v in attrs.items())
-        cases.append(Case(fp8_op, label, model, feeds, quant, exact))
+        model = _fp8_model(op + "Fp8", feeds, wt, w_scale, {**attrs, "x_scale": float(x_scale)}, (*lead, n))
+        label = f"X{list(feeds['X'].shape)} Wt[{n},{k}] e4m3{_attrs_label(attrs)}"
+        exact = lambda f, op=op, w=w, attrs=attrs: dense.reference(  # noqa: E731
+            op, f["X"], w, *[v for k, v in f.items() if k != "X"], **attrs)
+        cases.append(Case(op + "Fp8", label, model, feeds, _fp8_reference(op, attrs, x_scale, wt, w_scale),
+                          exact=exact))
     return cases
 
 
-def _reference64(op: str, x: np.ndarray, w: np.ndarray, bias: np.ndarray, rest: list[np.ndarray],
-                 attrs: dict[str, Any]) -> np.ndarray:
-    """The fp16 op's float64 reference on float64 operands, rounded once to fp16."""
-    y = dense.reference(op, x, w, bias.astype(np.float64), *[r.astype(np.float64) for r in rest], **attrs)
-    return y.astype(np.float16)
-
-
 def all_cases(seed: int = 0, ops: list[str] | None = None, fp8: bool = True) -> list[Case]:
+    from .check_packed import packed_cases
+
     rng = np.random.default_rng(seed)
-    cases = dense_cases(rng) + attention_cases(rng) + (fp8_cases(rng) if fp8 else [])
+    cases = dense_cases(rng) + attention_cases(rng) + (fp8_cases(rng) if fp8 else []) + packed_cases(rng)
     if ops:
         unknown = set(ops) - {c.op for c in cases}
         if unknown:
@@ -203,58 +210,71 @@ def _session(ort: Any, lib: Path, model: onnx.ModelProto, cuda_graph: bool):
     return ort.InferenceSession(model.SerializeToString(), so, providers=[("CUDAExecutionProvider", opts)])
 
 
-def _run_graph(ort: Any, sess: Any, feeds: dict[str, np.ndarray], like: np.ndarray,
-               device: str = "cuda") -> tuple[np.ndarray, np.ndarray]:
+def _run_graph(ort: Any, sess: Any, case: Case, want: list[np.ndarray], device: str = "cuda"
+               ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """IO binding on device buffers: a plain run, the capture run and a replay must agree; then
-    new inputs written into the bound buffers (the batch rolled by one row) must give the rolled
-    output on replay, so a captured kernel reads its inputs, not stale copies."""
+    the replay's new inputs are written into the bound buffers and replayed, so a captured
+    kernel must read its inputs, not stale copies. Returns (first run, new-input replay)."""
     binding = sess.io_binding()
     values = {}
-    for name, arr in feeds.items():
+    for name, arr in case.feeds.items():
         values[name] = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(arr), device, 0)
         binding.bind_ortvalue_input(name, values[name])
-    out = ort.OrtValue.ortvalue_from_shape_and_type(list(like.shape), like.dtype, device, 0)
-    binding.bind_ortvalue_output(sess.get_outputs()[0].name, out)
+    outs = [ort.OrtValue.ortvalue_from_shape_and_type(list(w.shape), w.dtype, device, 0) for w in want]
+    for meta, out in zip(sess.get_outputs(), outs):
+        binding.bind_ortvalue_output(meta.name, out)
     runs = []
     for _ in range(3):  # ORT: regular run(s) first, then capture, then replay
         sess.run_with_iobinding(binding)
-        runs.append(out.numpy().copy())
-    if not all(np.array_equal(runs[0], r, equal_nan=True) for r in runs[1:]):
+        runs.append([o.numpy().copy() for o in outs])
+    if not all(np.array_equal(a, b, equal_nan=True) for r in runs[1:] for a, b in zip(runs[0], r)):
         raise RuntimeError("CUDA graph capture/replay output differs from the plain run")
-    for name, arr in feeds.items():
-        values[name].update_inplace(np.ascontiguousarray(np.roll(arr, 1, axis=0)))
+    for name, arr in case.replay_feeds().items():
+        values[name].update_inplace(np.ascontiguousarray(arr))
     sess.run_with_iobinding(binding)
-    return runs[0], out.numpy().copy()
+    return runs[0], [o.numpy().copy() for o in outs]
 
 
 def _diff(got: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
-    d = np.abs(got.astype(np.float64) - ref.astype(np.float64))
     if not np.all(np.isfinite(got.astype(np.float64))):
         return float("nan"), float("nan")
-    return float(d.max()), float(d.mean())
+    d = np.abs(got.astype(np.float64) - ref.astype(np.float64))
+    return (float(d.max()), float(d.mean())) if d.size else (0.0, 0.0)
 
 
-def _passes(mx: float | None, mean: float | None) -> bool:
-    return mx is not None and mean is not None and np.isfinite(mx) and mx <= MAX_ABS and mean <= MEAN_ABS
+def gate(got: list[np.ndarray], want: list[np.ndarray]) -> tuple[float, float, bool]:
+    """(max, mean, ok) over all outputs: float outputs within the fp16 gate, integer ones exact,
+    never a NaN."""
+    if [g.shape for g in got] != [w.shape for w in want]:
+        return float("nan"), float("nan"), False
+    mx = mean = 0.0
+    ok = True
+    for g, w in zip(got, want):
+        m, a = _diff(g, w)
+        if not np.isfinite(m):
+            return float("nan"), float("nan"), False
+        mx, mean = max(mx, m), max(mean, a)
+        ok = ok and (m == 0 if np.issubdtype(w.dtype, np.integer) else m <= MAX_ABS and a <= MEAN_ABS)
+    return mx, mean, bool(ok)
 
 
 def run_case(ort: Any, lib: Path, case: Case, cuda_graph: bool = True) -> CaseResult:
     res = CaseResult(case.op, case.label, ok=False)
     try:
-        got = _session(ort, lib, case.model, False).run(None, case.feeds)[0]
-        if got.shape != case.reference.shape:
-            res.error = f"output shape {list(got.shape)}, expected {list(case.reference.shape)}"
+        want = case.reference(case.feeds)
+        got = _session(ort, lib, case.model, False).run(None, case.feeds)
+        if [g.shape for g in got] != [w.shape for w in want]:
+            res.error = f"output shapes {[list(g.shape) for g in got]}, expected {[list(w.shape) for w in want]}"
             return res
-        res.max_abs, res.mean_abs = _diff(got, case.reference)
+        res.max_abs, res.mean_abs, ok = gate(got, want)
         if case.exact is not None:
-            res.fp8_vs_exact_max, res.fp8_vs_exact_mean = _diff(got, case.exact)
-        ok = _passes(res.max_abs, res.mean_abs)
-        if cuda_graph:  # every op is row-wise along axis 0: rolled inputs give the rolled output
-            first, rolled = _run_graph(ort, _session(ort, lib, case.model, True), case.feeds, case.reference)
-            g1, g1_mean = _diff(first, case.reference)
-            g2, g2_mean = _diff(rolled, np.roll(case.reference, 1, axis=0))
+            res.fp8_vs_exact_max, res.fp8_vs_exact_mean = _diff(got[0], case.exact(case.feeds))
+        if cuda_graph:
+            first, replay = _run_graph(ort, _session(ort, lib, case.model, True), case, want)
+            g1, _, ok1 = gate(first, want)
+            g2, _, ok2 = gate(replay, case.reference(case.replay_feeds()))
             res.graph_max_abs = max(g1, g2) if np.isfinite(g1) and np.isfinite(g2) else float("nan")
-            ok = ok and _passes(g1, g1_mean) and _passes(g2, g2_mean)
+            ok = ok and ok1 and ok2
         res.ok = ok
     except KernelLibraryError:
         raise

@@ -327,7 +327,7 @@ def test_check_binding_run_rolls_inputs_in_place():
     row-wise like every ai.bertfuse op): new inputs written into the bound buffers give the
     rolled output."""
     ort = pytest.importorskip("onnxruntime")
-    from bertfuse.custom_ops.check import _run_graph
+    from bertfuse.custom_ops.check import Case, _run_graph
 
     rng = np.random.default_rng(1)
     w = rng.standard_normal((8, 5)).astype(np.float32)
@@ -339,8 +339,65 @@ def test_check_binding_run_rolls_inputs_in_place():
     model.ir_version = 8
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     x = rng.standard_normal((4, 3, 8)).astype(np.float32)
-    ref = x @ w
-    first, rolled = _run_graph(ort, sess, {"x": x}, ref, device="cpu")
-    np.testing.assert_allclose(first, ref, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(rolled, np.roll(ref, 1, axis=0), rtol=1e-5, atol=1e-5)
-    assert not np.allclose(rolled, ref)
+    case = Case("MatMul", "x", model, {"x": x}, lambda f: [f["x"] @ w])
+    ref = case.reference(case.feeds)
+    first, rolled = _run_graph(ort, sess, case, ref, device="cpu")
+    np.testing.assert_allclose(first[0], ref[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(rolled[0], np.roll(ref[0], 1, axis=0), rtol=1e-5, atol=1e-5)
+    assert not np.allclose(rolled[0], ref[0])
+
+
+def test_check_cases_are_valid_models_with_consistent_references():
+    from bertfuse.custom_ops.check import all_cases
+
+    cases = all_cases(seed=3)
+    assert {c.op for c in cases} >= {"DenseBias", "DenseBiasGelu", "DenseBiasSkipLayerNorm", "BertAttention",
+                                     "DenseBiasFp8", "PackTokens", "PackedBertAttention", "UnpackTokens"}
+    for c in cases:
+        onnx.checker.check_model(c.model)
+        want, again = c.reference(c.feeds), c.reference(c.replay_feeds())
+        assert [w.shape for w in want] == [a.shape for a in again] == \
+            [tuple(d.dim_value for d in o.type.tensor_type.shape.dim) for o in c.model.graph.output], c.label
+        assert all(np.all(np.isfinite(w.astype(np.float64))) for w in want)
+        assert any(not np.array_equal(w, a) for w, a in zip(want, again)), f"{c.label}: replay inputs change nothing"
+
+
+def test_packed_references_agree_with_bert_attention():
+    """The check's own packed references: pack, attend per sequence, unpack == BertAttention's
+    reference with key lengths, at kept positions (zeros elsewhere)."""
+    from bertfuse.custom_ops import bert_attention
+    from bertfuse.custom_ops.check_packed import (packed_attention_reference, pack_reference,
+                                                  unpack_reference)
+
+    rng = np.random.default_rng(5)
+    lengths, s, h, heads = np.array([7, 0, 3, 8], np.int32), 8, 32, 2
+    qkv = rng.standard_normal((4, s, 3 * h)).astype(np.float16)
+    mask = (np.arange(s)[None, :] < lengths[:, None]).astype(np.int32)
+    index, slot, cu = pack_reference(mask, 24)
+    assert cu.tolist() == [0, 7, 7, 10, 18] and index[:3].tolist() == [0, 1, 2] and index[18:].tolist() == [0] * 6
+    packed_qkv = qkv.reshape(-1, 3 * h)[index]
+    ctx = unpack_reference(packed_attention_reference(packed_qkv, cu, heads, None), slot)
+    want = bert_attention.reference(qkv, lengths, num_heads=heads)
+    keep = mask.astype(bool)
+    np.testing.assert_allclose(ctx[keep].astype(np.float64), want[keep].astype(np.float64), atol=2e-3)
+    assert not ctx[~keep].any()
+    cut_index, cut_slot, cut_cu = pack_reference(mask, 9)  # 18 kept, T = 9: cut in packed order
+    assert cut_cu.tolist() == [0, 7, 7, 9, 9] and (cut_slot >= 0).sum() == 9 and cut_slot[2, 2] == -1
+
+
+def test_check_gate():
+    from bertfuse.custom_ops.check import gate
+
+    f = np.zeros((40, 25), np.float16)
+
+    def one_off(v: float) -> np.ndarray:
+        g = f.copy()
+        g[3, 4] = v
+        return g
+    assert gate([one_off(0.03)], [f]) == (pytest.approx(0.03, rel=1e-3), pytest.approx(0.03 / 1000, rel=1e-3), True)
+    assert not gate([one_off(0.05)], [f])[2]
+    assert not gate([f + np.float16(0.01)], [f])[2]  # max within, mean 1e-2 > 2e-3
+    assert not gate([one_off(np.nan)], [f])[2]
+    i = np.arange(4, dtype=np.int32)
+    assert gate([i], [i.copy()])[2] and not gate([i + 1], [i])[2]
+    assert not gate([f], [f.reshape(25, 40)])[2]
