@@ -36,7 +36,7 @@ def convert(source: str | os.PathLike, output: str | os.PathLike | None = None, 
             precision: str = "fp32", atol: float | None = None, rtol: float | None = None,
             seed: int | None = 0, batch: int = 4, seq: int = 32, verify: bool = True,
             force: bool = False, strict: bool = False, fuse: bool = True,
-            packed: bool = False, kernels: str = "ort",
+            packed: bool = False, kernels: str = "ort", fp8: bool = False,
             progress: Progress | None = None) -> Result:
     """TF BERT -> fused ONNX, verified against TensorFlow (`bertfuse convert`).
 
@@ -50,6 +50,8 @@ def convert(source: str | os.PathLike, output: str | os.PathLike | None = None, 
     drifted; strict=True refuses one with a layer left unfused (FusionIncomplete).
     kernels: "ort" (ONNX Runtime's contrib ops) or "bertfuse" (bertfuse's own CUDA ops,
         fp16 only; the contrib form is verified, the bertfuse form checked equal to it).
+    fp8: with kernels="bertfuse", FP8 (e4m3) weights for the encoder GEMMs, scales calibrated
+        on the verification inputs; accuracy vs fp32 is reported in the parity rows.
     progress: called with each stage's name.
 
     Raises BertfuseError for bad input, ParityError (with `.report`) when the model drifts
@@ -68,7 +70,8 @@ def convert(source: str | os.PathLike, output: str | os.PathLike | None = None, 
         precision=_precision(precision), seed=_seed(seed), atol=_tolerance("atol", atol),
         rtol=_tolerance("rtol", rtol), batch=_int("batch", batch, 1), seq=_int("seq", seq, 2),
         strict=_flag("strict", strict), fuse=_flag("fuse", fuse),
-        packed=_flag("packed", packed), kernels=_choice("kernels", kernels, KERNELS))
+        packed=_flag("packed", packed), kernels=_choice("kernels", kernels, KERNELS),
+        fp8=_flag("fp8", fp8))
     return Result(*convert_model(src, out, opts, _progress(progress)))
 
 
@@ -76,7 +79,7 @@ def optimize(model: str | os.PathLike | onnx.ModelProto,
              output: str | os.PathLike | None = None, *,
              inputs: Mapping[str, str] | None = None, precision: str = "fp32",
              strict: bool = False, packed: bool = False, kernels: str = "ort",
-             progress: Progress | None = None) -> Result:
+             fp8: bool = False, progress: Progress | None = None) -> Result:
     """The fusion passes on an ONNX model you exported with tf2onnx (`bertfuse optimize`).
 
     model: a path or an onnx.ModelProto (left unchanged). output: None returns the model
@@ -85,14 +88,16 @@ def optimize(model: str | os.PathLike | onnx.ModelProto,
         bertfuse.Session takes them: {role: the export's input name}; inputs left out are
         recognised by name ({} recognises all). None keeps the export's names.
     kernels: "ort" or "bertfuse" (fp16 only; the result is checked equal to the contrib
-        form with NumPy references before it is returned).
+        form with NumPy references before it is returned); fp8: FP8 weights as in convert,
+        measured against the model as given (fp32).
     """
     if not isinstance(model, onnx.ModelProto):
         model = _path("model", model)
     return Result(*optimize_model(
         model, _path("output", output, optional=True), _progress(progress),
         _flag("strict", strict), _precision(precision), _flag("packed", packed),
-        inputs=_roles(inputs), kernels=_choice("kernels", kernels, KERNELS)))
+        inputs=_roles(inputs), kernels=_choice("kernels", kernels, KERNELS),
+        fp8=_flag("fp8", fp8)))
 
 
 # -- argument checks: each names the argument and what it takes ----------------------------

@@ -47,7 +47,7 @@ def _options(args):
         atol=args.atol, rtol=args.rtol,
         strict=getattr(args, "strict", False), fuse=not getattr(args, "no_fuse", False),
         precision=getattr(args, "precision", "fp32"), packed=getattr(args, "packed", False),
-        kernels=getattr(args, "kernels", "ort"))
+        kernels=getattr(args, "kernels", "ort"), fp8=getattr(args, "fp8", False))
 
 
 def _run_with_report(args, console, fn: Callable) -> int:
@@ -116,7 +116,7 @@ def _cmd_optimize(args, console) -> int:
     target = _target(args)
     return _run_with_report(args, console, lambda up: pipeline.optimize(
         args.model, target, up, args.strict, args.precision, args.packed, args.in_place,
-        args.inputs, args.kernels))
+        args.inputs, args.kernels, args.fp8))
 
 
 def _cmd_verify(args, console) -> int:

@@ -77,6 +77,10 @@ def _add_fusion_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--kernels", choices=("ort", "bertfuse"), default="ort",
                    help="ort: ONNX Runtime's contrib ops (default); bertfuse: bertfuse's own "
                         "CUDA ops (ai.bertfuse, fp16 only, needs the bertfuse op library)")
+    g.add_argument("--fp8", action="store_true",
+                   help="with --kernels bertfuse: FP8 (e4m3) weights for the encoder GEMMs, "
+                        "scales calibrated on the parity inputs; accuracy vs fp32 is reported, "
+                        "not held to the fp16 limits")
 
 
 def _add_write_target(p: argparse.ArgumentParser, what: str) -> None:

@@ -16,13 +16,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-GELU_OPS = ("BiasGelu", "FastGelu", "Gelu", "GemmFastGelu", "DenseBiasGelu")
+GELU_OPS = ("BiasGelu", "FastGelu", "Gelu", "GemmFastGelu", "DenseBiasGelu", "DenseBiasGeluFp8")
 # The ai.bertfuse ops (--kernels bertfuse) count as the contrib ops they replace.
 ATTENTION_OPS = ("Attention", "BertAttention")
-SKIP_LN_OPS = ("SkipLayerNormalization", "DenseBiasSkipLayerNorm")
+SKIP_LN_OPS = ("SkipLayerNormalization", "DenseBiasSkipLayerNorm", "DenseBiasSkipLayerNormFp8")
 # Pass components whose misses do not explain an unfused layer (embed_layernorm has its row).
 NOT_LAYER = ("embed_layernorm", "cleanup", "dense_gemm", "first_token", "gemm_to_matmul", "fp16",
-             "shared_weights")
+             "shared_weights", "fp8_weights")
 RAW_LN_OPS = ("ReduceMean", "GlobalAveragePool", "InstanceNormalization", "LayerNormalization")
 
 

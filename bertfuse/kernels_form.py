@@ -25,6 +25,7 @@ import onnx
 from bertfuse.errors import BertfuseError, FusionIncomplete, ParityError
 
 if TYPE_CHECKING:
+    from bertfuse.kernels_fp8 import Fp32Reference
     from bertfuse.passes.manager import PipelineReport
     from bertfuse.verify import OutputParity, Tolerance
 
@@ -33,8 +34,11 @@ DEFAULT_KERNELS = "ort"  # until the H200 measurements decide
 ROW_PREFIX = "bertfuse ops vs contrib form: "
 
 
-def check_kernels(kernels: str, precision: str, packed: bool = False) -> None:
+def check_kernels(kernels: str, precision: str, packed: bool = False, fp8: bool = False) -> None:
     """Bad combinations, before any slow work (one line, exit 2)."""
+    if fp8 and kernels != "bertfuse":
+        raise BertfuseError("--fp8 needs --kernels bertfuse (FP8 weights exist only as bertfuse "
+                            "ops)")
     if kernels not in KERNELS:
         raise BertfuseError(f"kernels {kernels!r} is not supported (choose "
                             f"{' or '.join(KERNELS)})")
@@ -50,18 +54,27 @@ def to_bertfuse_kernels(contrib: onnx.ModelProto, report: PipelineReport | None 
                         ) -> onnx.ModelProto:
     """The contrib model with its encoder in ai.bertfuse ops; the pass's records join
     `report` (census, encoder table and diagnostics then describe the emitted model)."""
-    from bertfuse.encoder_table import encoder_table
     from bertfuse.passes.bertfuse_kernels import BertfuseKernels
     from bertfuse.passes.cleanup import Cleanup
     from bertfuse.passes.manager import run_passes
 
     model, kreport = run_passes(contrib, [BertfuseKernels(), Cleanup()])
-    if report is not None:
-        report.records.extend(kreport.records)
-        report.diagnostics.extend(kreport.diagnostics)
-        report.census_after = kreport.census_after
-        report.table = encoder_table([n.op_type for n in model.graph.node], report.diagnostics)
+    join_report(report, kreport, model)
     return model
+
+
+def join_report(report: PipelineReport | None, more: PipelineReport,
+                model: onnx.ModelProto) -> None:
+    """Appends a later run_passes' records to the pipeline's report, which then describes
+    `model` (census, encoder table)."""
+    from bertfuse.encoder_table import encoder_table
+
+    if report is None:
+        return
+    report.records.extend(more.records)
+    report.diagnostics.extend(more.diagnostics)
+    report.census_after = more.census_after
+    report.table = encoder_table([n.op_type for n in model.graph.node], report.diagnostics)
 
 
 def kernels_misses(report: PipelineReport | None) -> list[str]:
@@ -69,7 +82,8 @@ def kernels_misses(report: PipelineReport | None) -> list[str]:
     if report is None:
         return []
     return [str(d) for d in report.diagnostics
-            if not d.fused and d.component.startswith("kernels_")]
+            if not d.fused and (d.component.startswith("kernels_") or
+                                d.component == "fp8_weights")]
 
 
 def model_feeds(model: onnx.ModelProto, batch: int, seq: int, seed: int | None
@@ -117,14 +131,15 @@ def compare_forms(contrib: onnx.ModelProto, kernels_model: onnx.ModelProto,
 
 def emit(model: onnx.ModelProto, report, status: Callable[[str], None] | None,
          batch: int, seq: int, seed: int | None, check: bool, refuse_drift: bool,
-         strict: bool = False) -> onnx.ModelProto:
+         strict: bool = False, fp8: bool = False, fp32_reference: Fp32Reference | None = None
+         ) -> onnx.ModelProto:
     """The bertfuse form of a checked contrib model, as pipeline stages on `report` (a
     pipeline.RunReport). check: compare it with the contrib form (rows join the parity
     report); refuse_drift: raise ParityError on a failed comparison (optimize has no --force);
-    strict: a contrib op left over is FusionIncomplete."""
+    strict: a contrib op left over is FusionIncomplete. fp8: FP8 weights calibrated on the
+    parity inputs (kernels_fp8.py), measured against fp32_reference when given."""
     from bertfuse.custom_ops import BERTFUSE_DOMAIN
     from bertfuse.modelio import check_model
-    from bertfuse.verify import ParityReport, tolerance_for
 
     with report.stage("bertfuse kernels", status) as st:
         kmodel = to_bertfuse_kernels(model, report.passes)
@@ -132,14 +147,32 @@ def emit(model: onnx.ModelProto, report, status: Callable[[str], None] | None,
         ops = sum(n.domain == BERTFUSE_DOMAIN for n in kmodel.graph.node)
         st.nodes = len(kmodel.graph.node)
         st.detail = f"{ops} ai.bertfuse ops (CUDA EP with the bertfuse library)"
+    _refuse_misses(report, strict)
+    if report.parity is not None:  # the very inputs of the parity gate
+        batch, seq = report.parity.batch, report.parity.seq
+    feeds = model_feeds(model, batch, seq, seed)
+    if check:
+        _check_forms(model, kmodel, report, status, feeds, batch, seq, seed, refuse_drift)
+    if fp8:
+        kmodel = _fp8(model, kmodel, report, status, feeds, fp32_reference)
+        _refuse_misses(report, strict)
+    return kmodel
+
+
+def _refuse_misses(report, strict: bool) -> None:
     misses = kernels_misses(report.passes)
     if strict and misses:
         raise FusionIncomplete(f"not written (--strict): {'; '.join(misses)}")
-    if not check:
-        return kmodel
+
+
+def _check_forms(model: onnx.ModelProto, kmodel: onnx.ModelProto, report, status,
+                 feeds: dict[str, np.ndarray], batch: int, seq: int, seed: int | None,
+                 refuse_drift: bool) -> None:
+    from bertfuse.verify import ParityReport, tolerance_for
+
     with report.stage("check bertfuse ops vs contrib form (NumPy references)", status) as st:
         tol = tolerance_for("fp16")
-        rows = compare_forms(model, kmodel, model_feeds(model, batch, seq, seed), tol)
+        rows = compare_forms(model, kmodel, feeds, tol)
         if report.parity is None:
             report.parity = ParityReport("fp16", batch, seq, rows, tol, seed,
                                          reference="contrib form, NumPy references")
@@ -152,4 +185,24 @@ def emit(model: onnx.ModelProto, report, status: Callable[[str], None] | None,
 
         raise ParityError(f"not written: the bertfuse ops differ from the contrib form, "
                           f"{parity_failure(report.parity)}", report)
+
+
+def _fp8(model: onnx.ModelProto, kmodel: onnx.ModelProto, report, status,
+         feeds: dict[str, np.ndarray], fp32_reference: Fp32Reference | None) -> onnx.ModelProto:
+    from bertfuse.custom_ops.dense_fp8 import CONTRACTS as FP8_CONTRACTS
+    from bertfuse.kernels_fp8 import accuracy_rows, calibrate, dense_inputs, to_fp8
+    from bertfuse.modelio import check_model
+
+    with report.stage("fp8 weights (calibrated on the parity inputs)", status) as st:
+        amax = calibrate(model, dense_inputs(kmodel), feeds)
+        kmodel = to_fp8(kmodel, amax, report.passes)
+        check_model(kmodel, load=False)
+        st.nodes = len(kmodel.graph.node)
+        st.detail = f"{sum(n.op_type in FP8_CONTRACTS for n in kmodel.graph.node)} FP8 dense ops"
+    if fp32_reference is not None and report.parity is not None:
+        with report.stage("fp8 accuracy vs fp32 (NumPy references)", status) as st:
+            rows = accuracy_rows(kmodel, feeds, fp32_reference)
+            report.parity.outputs.extend(rows)
+            st.detail = ", ".join(f"{r.name[len('fp8 vs fp32: '):]} max {r.max_abs:.3g} "
+                                  f"mean {r.mean_abs:.3g}" for r in rows)
     return kmodel

@@ -88,6 +88,7 @@ class ConvertOptions:
     fuse: bool = True
     packed: bool = False
     kernels: str = "ort"  # ort | bertfuse (kernels_form.py)
+    fp8: bool = False  # FP8 weights for the bertfuse dense ops (kernels_fp8.py)
 
 
 def convert(src_path: str, out_path: str, opts: ConvertOptions,
@@ -135,13 +136,15 @@ def convert_model(src_path: str, out_path: str | None, opts: ConvertOptions,
                                                   opts.seq, opts.seed, atol=opts.atol,
                                                   rtol=opts.rtol)
                 st.detail = "ok" if report.parity.ok else "DRIFT"
+        if opts.kernels == "bertfuse":  # the verified contrib form, rewritten, checked equal
+            from bertfuse.kernels_form import emit
+
+            model = emit(model, report, status, opts.batch, opts.seq, opts.seed, opts.verify,
+                         refuse_drift=False, strict=opts.strict, fp8=opts.fp8,
+                         fp32_reference=(lambda feeds: source.run_many([feeds])[0])
+                         if opts.verify else None)
     finally:
         source.close()
-    if opts.kernels == "bertfuse":  # the verified contrib form, rewritten and checked equal
-        from bertfuse.kernels_form import emit
-
-        model = emit(model, report, status, opts.batch, opts.seq, opts.seed, opts.verify,
-                     refuse_drift=False, strict=opts.strict)
     if opts.packed:
         model = _pack(model, report, status)
     _write(model, out_path, report, opts.force, status, opts.strict)
@@ -224,7 +227,7 @@ def _check_gate(opts: ConvertOptions) -> None:
     from bertfuse.converter.reference import prefer_onednn_off
 
     check_precision(opts.precision)
-    _check_kernels(opts.kernels, opts.precision, opts.packed)
+    _check_kernels(opts.kernels, opts.precision, opts.packed, opts.fp8)
     _check_inputs_text(opts.inputs)
     check_seed(opts.seed)
     check_verify_size(opts.batch, opts.seq)
@@ -240,10 +243,10 @@ def _check_gate(opts: ConvertOptions) -> None:
         prefer_onednn_off()
 
 
-def _check_kernels(kernels: str, precision: str, packed: bool) -> None:
+def _check_kernels(kernels: str, precision: str, packed: bool, fp8: bool = False) -> None:
     from bertfuse.kernels_form import check_kernels
 
-    check_kernels(kernels, precision, packed)
+    check_kernels(kernels, precision, packed, fp8)
 
 
 def parity_failure(parity: ParityReport) -> str:
@@ -272,26 +275,26 @@ def parity_failure(parity: ParityReport) -> str:
 def optimize(in_path: str, out_path: str, status: Callable[[str], None] | None = None,
              strict: bool = False, precision: str = "fp32", packed: bool = False,
              in_place: bool = False, inputs: str | dict[str, str] | None = None,
-             kernels: str = "ort") -> RunReport:
+             kernels: str = "ort", fp8: bool = False) -> RunReport:
     """Passes on an ONNX model a user exported themselves. `out_path` may be `in_path` only
     with `in_place` (the file is then replaced after success, never half-written).
     `inputs` (ROLE=NAME,... or {role: name}): rename the inputs to the canonical roles."""
     return optimize_model(in_path, out_path, status, strict, precision, packed, in_place,
-                          inputs, kernels)[1]
+                          inputs, kernels, fp8)[1]
 
 
 def optimize_model(source: str | onnx.ModelProto, out_path: str | None,
                    status: Callable[[str], None] | None = None, strict: bool = False,
                    precision: str = "fp32", packed: bool = False, in_place: bool = False,
-                   inputs: str | dict[str, str] | None = None, kernels: str = "ort"
-                   ) -> tuple[onnx.ModelProto, RunReport]:
+                   inputs: str | dict[str, str] | None = None, kernels: str = "ort",
+                   fp8: bool = False) -> tuple[onnx.ModelProto, RunReport]:
     """optimize, returning the model too; `source` a path or a ModelProto; out_path None:
     checked (and --strict gated), not written."""
     from bertfuse.converter.roles import parse_override
     from bertfuse.modelio import check_input_model, load_model
 
     check_precision(precision)
-    _check_kernels(kernels, precision, packed)
+    _check_kernels(kernels, precision, packed, fp8)
     _check_inputs_text(inputs)
     override = parse_override(inputs) if inputs is not None else None
     from_file = not isinstance(source, onnx.ModelProto)
@@ -320,8 +323,11 @@ def optimize_model(source: str | onnx.ModelProto, out_path: str | None,
     if kernels == "bertfuse":  # the contrib form, rewritten; checked equal before writing
         from bertfuse.kernels_form import emit
 
+        from bertfuse.verify import ort_session, run_onnx
+
         model = emit(model, report, status, 4, 32, DEFAULT_SEED, check=True,
-                     refuse_drift=True, strict=strict)
+                     refuse_drift=True, strict=strict, fp8=fp8,  # fp32: the model as given
+                     fp32_reference=lambda feeds: run_onnx(ort_session(raw), feeds))
     if packed:
         model = _pack(model, report, status)
     _write(model, out_path, report, True, status, strict)

@@ -94,3 +94,46 @@ def test_api_keyword(tiny_onnx):
             bertfuse.optimize(tiny_onnx["raw"], precision="fp16", kernels=bad)
     with pytest.raises(BertfuseError, match="fp16"):
         bertfuse.optimize(tiny_onnx["raw"], kernels="bertfuse")
+
+
+def test_convert_fp8_reports_its_accuracy_against_tf(ckpt_erf, convert_cached):
+    conv = convert_cached(ckpt_erf, *ARGS, "--fp8")
+    assert conv.exit_code == 0, conv.report
+    model = onnx.load(conv.onnx_path)
+    ops = _ops(model)
+    layers = ckpt_erf.config.num_hidden_layers
+    assert ops[f"{BF}.DenseBiasFp8"] == ops[f"{BF}.DenseBiasGeluFp8"] == layers
+    assert ops[f"{BF}.DenseBiasSkipLayerNormFp8"] == 2 * layers and model.ir_version >= 9
+    onnx.checker.check_model(model, full_check=True)
+    rows = {r["name"]: r for r in conv.report["parity"]["outputs"]}
+    # the stated numbers are the written model's, through the NumPy references, against TF
+    # on the parity inputs (batch 5, seq 32, seed 0)
+    feeds = ckpt_erf.feeds(5, 32, seed=0)
+    want, got = ckpt_erf.reference(feeds), evaluate(model, feeds)
+    for name, ref in want.items():
+        row = rows[f"fp8 vs fp32: {name}"]
+        d = np.abs(got[name].astype(np.float64) - ref)
+        assert np.isclose(row["max_abs"], d.max()) and np.isclose(row["mean_abs"], d.mean())
+        assert row["ok"] and "not held to the fp16 limits" in row["note"]
+        assert d.mean() > rows[f"bertfuse ops vs contrib form: {name}"]["mean_abs"]
+    stages = [s["name"] for s in conv.report["stages"]]
+    assert "fp8 weights (calibrated on the parity inputs)" in stages
+
+
+def test_fp8_needs_bertfuse_kernels(ckpt_erf, tmp_path, capsys):
+    out = tmp_path / "m.onnx"
+    assert main(["convert", ckpt_erf.path, "-o", str(out), "--precision", "fp16", "--fp8"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--fp8 needs --kernels bertfuse" in err, err
+    assert not out.exists()
+    with pytest.raises(BertfuseError, match="fp8"):
+        bertfuse.convert(ckpt_erf.path, precision="fp16", kernels="bertfuse", fp8="yes")
+
+
+def test_optimize_fp8_measures_against_the_model_as_given(tiny_onnx):
+    model, report = bertfuse.optimize(tiny_onnx["raw"], precision="fp16", kernels="bertfuse",
+                                      fp8=True)
+    assert _ops(model)[f"{BF}.DenseBiasGeluFp8"] == 2
+    rows = [r for r in report.parity.outputs if r.name.startswith("fp8 vs fp32: ")]
+    assert {r.name for r in rows} == {"fp8 vs fp32: sequence_output", "fp8 vs fp32: pooled_output"}
+    assert all(r.ok and 0 < r.max_abs < 1 for r in rows), rows

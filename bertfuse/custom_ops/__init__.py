@@ -7,8 +7,8 @@ ai.onnx 17 + com.microsoft 1). No TensorFlow anywhere: this must import on the G
 
 from __future__ import annotations
 
-from . import attention, bert_attention, dense, embed_layernorm, gelu, layernorm, packed_attention, \
-    skip_layernorm
+from . import attention, bert_attention, dense, dense_fp8, embed_layernorm, gelu, layernorm, \
+    packed_attention, skip_layernorm
 from .contract import BERTFUSE_DOMAIN, BERTFUSE_OPSET, MS_DOMAIN, MS_OPSET, ONNX_OPSET, AttrSpec, \
     OpContract, TensorSpec, one_node_model
 
@@ -37,6 +37,9 @@ BERTFUSE_CONTRACTS: dict[str, OpContract] = {
         dense.DENSE_BIAS_GELU,
         dense.DENSE_BIAS_SKIP_LAYERNORM,
         bert_attention.CONTRACT,
+        dense_fp8.DENSE_BIAS_FP8,
+        dense_fp8.DENSE_BIAS_GELU_FP8,
+        dense_fp8.DENSE_BIAS_SKIP_LAYERNORM_FP8,
     )
 }
 
@@ -54,6 +57,7 @@ __all__ = [
     "attention",
     "bert_attention",
     "dense",
+    "dense_fp8",
     "embed_layernorm",
     "gelu",
     "layernorm",

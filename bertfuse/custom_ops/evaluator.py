@@ -14,7 +14,8 @@ import onnx
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
-from . import attention, bert_attention, dense, embed_layernorm, gelu, skip_layernorm
+from . import attention, bert_attention, dense, dense_fp8, embed_layernorm, gelu, packed_ops, \
+    skip_layernorm
 from .contract import BERTFUSE_DOMAIN, MS_DOMAIN
 
 
@@ -130,9 +131,57 @@ class BertAttention(_Custom):
         return (bert_attention.reference(qkv, mask, num_heads=num_heads, scale=scale),)
 
 
+class DenseBiasFp8(_Custom):
+    op_domain = BERTFUSE_DOMAIN
+
+    def _run(self, x, wt, bias, w_scale, x_scale=None, fast_accum=0):
+        return (dense_fp8.reference("DenseBiasFp8", x, wt, bias, w_scale, x_scale=x_scale),)
+
+
+class DenseBiasGeluFp8(_Custom):
+    op_domain = BERTFUSE_DOMAIN
+
+    def _run(self, x, wt, bias, w_scale, approximate=0, x_scale=None, fast_accum=0):
+        return (dense_fp8.reference("DenseBiasGeluFp8", x, wt, bias, w_scale, x_scale=x_scale,
+                                    approximate=approximate),)
+
+
+class DenseBiasSkipLayerNormFp8(_Custom):
+    op_domain = BERTFUSE_DOMAIN
+
+    def _run(self, x, wt, bias, skip, gamma, beta, w_scale,
+             epsilon=skip_layernorm.DEFAULT_EPSILON, x_scale=None, fast_accum=0):
+        return (dense_fp8.reference("DenseBiasSkipLayerNormFp8", x, wt, bias, skip, gamma, beta,
+                                    w_scale, x_scale=x_scale, epsilon=epsilon),)
+
+
+class PackTokens(_Custom):
+    op_domain = BERTFUSE_DOMAIN
+
+    def _run(self, mask, token_bucket):
+        return packed_ops.pack_tokens(mask, token_bucket.shape[0])
+
+
+class PackedBertAttention(_Custom):
+    op_domain = BERTFUSE_DOMAIN
+
+    def _run(self, qkv, token_slot, cumulative_sequence_length, num_heads=None, scale=None):
+        return (packed_ops.packed_bert_attention(qkv, token_slot, cumulative_sequence_length,
+                                                 num_heads=num_heads, scale=scale),)
+
+
+class UnpackTokens(_Custom):
+    op_domain = BERTFUSE_DOMAIN
+
+    def _run(self, packed, token_slot):
+        return (packed_ops.unpack_tokens(packed, token_slot),)
+
+
 NEW_OPS: list[type[OpRun]] = [MatMul, Gemm, Attention, SkipLayerNormalization,
                               EmbedLayerNormalization, BiasGelu, FastGelu, Gelu, DenseBias,
-                              DenseBiasGelu, DenseBiasSkipLayerNorm, BertAttention]
+                              DenseBiasGelu, DenseBiasSkipLayerNorm, BertAttention,
+                              DenseBiasFp8, DenseBiasGeluFp8, DenseBiasSkipLayerNormFp8,
+                              PackTokens, PackedBertAttention, UnpackTokens]
 
 
 def evaluate(model: onnx.ModelProto, feeds: dict[str, np.ndarray],

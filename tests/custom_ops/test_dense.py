@@ -40,7 +40,7 @@ def _ort_two_kernels(op: str, f: dict[str, np.ndarray], **attrs) -> np.ndarray:
     names = ["X", "W"] + [i for i in ins if i != "h"]
     graph = helper.make_graph(nodes, "two", [
         helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, list(f32[n].shape)) for n in names],
-        [helper.make_tensor_value_info("Y", onnx.TensorProto.FLOAT, list(f32["X"].shape[:-1]) + [N])])
+        [helper.make_tensor_value_info("Y", onnx.TensorProto.FLOAT, list(f32["X"].shape[:-1]) + [f32["W"].shape[1]])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
                                                     helper.make_opsetid(MS_DOMAIN, 1)])
     model.ir_version = 8
@@ -49,13 +49,18 @@ def _ort_two_kernels(op: str, f: dict[str, np.ndarray], **attrs) -> np.ndarray:
 
 
 def test_contracts_are_bertfuse_domain_and_apart_from_ort_ones() -> None:
-    assert set(BERTFUSE_CONTRACTS) == {"DenseBias", "DenseBiasGelu", "DenseBiasSkipLayerNorm",
-                                       "BertAttention"}
+    encoder_ops = {"DenseBias", "DenseBiasGelu", "DenseBiasSkipLayerNorm", "BertAttention",
+                   "DenseBiasFp8", "DenseBiasGeluFp8", "DenseBiasSkipLayerNormFp8"}
+    assert encoder_ops <= set(BERTFUSE_CONTRACTS)
     assert not set(BERTFUSE_CONTRACTS) & set(CONTRACTS)
     for c in BERTFUSE_CONTRACTS.values():
         assert c.domain == BERTFUSE_DOMAIN == "ai.bertfuse" and c.since_version == 1
         assert c.cpu_kernel_types == ()  # CUDA EP only
-        assert all(t.dtypes[0] in ("float16", "int32") for t in c.inputs + c.outputs)
+    fp8 = {"Wt": "float8e4m3fn", "w_scale": "float32"}
+    for op in encoder_ops:
+        c = BERTFUSE_CONTRACTS[op]
+        assert all(t.dtypes == (fp8.get(t.name, "int32" if t.name == "mask" else "float16"),)
+                   for t in c.inputs + c.outputs), c.op_type
     assert [t.name for t in dense.DENSE_BIAS_SKIP_LAYERNORM.inputs] == \
         ["X", "W", "bias", "skip", "gamma", "beta"]
     assert dense.DENSE_BIAS_GELU.attribute("approximate").default == 0
