@@ -104,7 +104,7 @@ def _bench(args: argparse.Namespace, work: str) -> dict:
         skeleton = os.path.join(args.skeletons, f"{config}_raw.skel.onnx")
         print(f"== {name}", flush=True)
         rs, paths = run_workload(name, skeleton, batch, seq, args.iters, work, profiles,
-                                 kernels)
+                                 kernels, prepared.get(config))  # one preparation per model
         prepared[config] = paths
         for r in rs:
             print(f"   {r.variant:45s} p50 {r.p50_us:9.1f} us  p99 {r.p99_us:9.1f}  "

@@ -136,26 +136,26 @@ def runtime_rows(kernels: bool) -> list[tuple[str, str, dict]]:
 def plan_rows(kernels: KernelsSetup | None, paths: dict[str, str]
               ) -> tuple[list[tuple[str, str, dict]], dict[str, str], list[tuple[str, str]]]:
     """The runtime rows one workload runs, after writing the models of the kernels rows into
-    paths ('kernels16', 'kernels_fp8') where the library is there and the rewrites convert
-    something: (rows, {model key: note on its bertfuse ops}, [(label, 'not run: why')] for
-    the kernels rows that cannot run)."""
+    paths ('kernels16', 'kernels_fp8'; their notes under '<key>_note', so that another
+    workload of the same model reuses them) where the library is there and the rewrites
+    convert something: (rows, {model key: note on its bertfuse ops}, [(label, 'not run:
+    why')] for the kernels rows that cannot run)."""
     rows = runtime_rows(kernels is not None)
     if kernels is None:
         return rows, {}, []
-    notes: dict[str, str] = {}
     workdir = os.path.dirname(paths["bertfuse16"])
-    if kernels.reason:
-        notes["kernels16"] = kernels.reason
-    else:
-        path, notes["kernels16"] = kernels_model(paths["bertfuse16"], workdir)
-        if path:
-            paths["kernels16"] = path
-    if "kernels16" in paths:
-        path, notes["kernels_fp8"] = fp8_model(paths["bertfuse16"], paths["kernels16"], workdir)
-        if path:
-            paths["kernels_fp8"] = path
-    else:
-        notes["kernels_fp8"] = notes["kernels16"]
+    makers = {"kernels16": lambda: kernels_model(paths["bertfuse16"], workdir),
+              "kernels_fp8": lambda: fp8_model(paths["bertfuse16"], paths["kernels16"], workdir)}
+    notes: dict[str, str] = {}
+    for key, make in makers.items():
+        if kernels.reason or "kernels16" not in paths and key != "kernels16":
+            notes[key] = kernels.reason or notes["kernels16"]  # what stopped the first model
+            continue
+        if f"{key}_note" not in paths:
+            path, paths[f"{key}_note"] = make()
+            if path:
+                paths[key] = path
+        notes[key] = paths[f"{key}_note"]
     skipped = [(label, f"not run: {notes[key]}") for label, key, _ in rows
                if key != "bertfuse16" and key not in paths]
     return [row for row in rows if row[1] in paths], notes, skipped

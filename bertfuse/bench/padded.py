@@ -41,12 +41,14 @@ class Result:
 
 
 def run_workload(name: str, skeleton: str, batch: int, seq: int, iters: int, work: str,
-                 profiles: list | None = None, kernels: KernelsSetup | None = None
-                 ) -> tuple[list[Result], dict[str, str]]:
+                 profiles: list | None = None, kernels: KernelsSetup | None = None,
+                 paths: dict[str, str] | None = None) -> tuple[list[Result], dict[str, str]]:
     """Times every variant; the runtime rows' kernel profiles are queued on `profiles` as
     (result, call) to run after all timing (CUPTI left enabled slows later launches).
-    kernels: also the bertfuse-kernels form (its rows say why where it cannot run)."""
-    paths = prepare_models(skeleton, tempfile.mkdtemp(dir=work))
+    kernels: also the bertfuse-kernels form (its rows say why where it cannot run).
+    paths: the models prepare_models made from this skeleton already (another workload)."""
+    if paths is None or "raw32" not in paths:
+        paths = prepare_models(skeleton, tempfile.mkdtemp(dir=work))
     facts = model_facts(onnx.load(paths["raw32"], load_external_data=False))
     feeds = request(batch, seq, facts.vocab_size or 1000)
     mask = feeds["input_mask"]
