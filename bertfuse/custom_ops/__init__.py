@@ -8,7 +8,7 @@ ai.onnx 17 + com.microsoft 1). No TensorFlow anywhere: this must import on the G
 from __future__ import annotations
 
 from . import attention, bert_attention, dense, dense_fp8, embed_layernorm, gelu, layernorm, \
-    packed_attention, skip_layernorm
+    packed_attention, packed_ops, skip_layernorm
 from .contract import BERTFUSE_DOMAIN, BERTFUSE_OPSET, MS_DOMAIN, MS_OPSET, ONNX_OPSET, AttrSpec, \
     OpContract, TensorSpec, one_node_model
 
@@ -40,6 +40,7 @@ BERTFUSE_CONTRACTS: dict[str, OpContract] = {
         dense_fp8.DENSE_BIAS_FP8,
         dense_fp8.DENSE_BIAS_GELU_FP8,
         dense_fp8.DENSE_BIAS_SKIP_LAYERNORM_FP8,
+        *packed_ops.CONTRACTS.values(),
     )
 }
 
@@ -63,5 +64,6 @@ __all__ = [
     "layernorm",
     "one_node_model",
     "packed_attention",
+    "packed_ops",
     "skip_layernorm",
 ]
