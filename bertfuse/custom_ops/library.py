@@ -215,6 +215,8 @@ def uses_library(model: Any) -> bool:
             return False
         model = onnx.ModelProto.FromString(bytes(model))
     elif isinstance(model, (str, os.PathLike)):
+        if not _file_mentions(model, DOMAIN.encode()):
+            return False
         model = onnx.load(str(model), load_external_data=False)
     graphs = [model.graph]
     while graphs:  # nodes of subgraphs (If/Loop/Scan bodies) too
@@ -225,6 +227,17 @@ def uses_library(model: Any) -> bool:
             graphs += [a.g for a in node.attribute if a.HasField("g")]
             graphs += [sg for a in node.attribute for sg in a.graphs]
     return any(n.domain == DOMAIN for f in model.functions for n in f.node)
+
+
+def _file_mentions(path: str | os.PathLike, needle: bytes, chunk: int = 1 << 24) -> bool:
+    """Whether the file holds `needle`, read in chunks (a model's weights need no parsing)."""
+    tail = b""
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            if needle in tail + block[:len(needle)] or needle in block:
+                return True
+            tail = block[-len(needle):]
+    return False
 
 
 def prepare(session_options: Any, model: Any, device: str) -> bool:

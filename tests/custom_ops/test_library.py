@@ -401,3 +401,13 @@ def test_check_gate():
     i = np.arange(4, dtype=np.int32)
     assert gate([i], [i.copy()])[2] and not gate([i + 1], [i])[2]
     assert not gate([f], [f.reshape(25, 40)])[2]
+
+
+def test_file_scan_finds_the_domain_across_chunk_edges(tmp_path):
+    p = tmp_path / "blob"
+    needle = lib.DOMAIN.encode()
+    for cut in range(1, len(needle)):
+        p.write_bytes(b"x" * (64 - cut) + needle + b"y" * 10)
+        assert lib._file_mentions(p, needle, chunk=64)
+    p.write_bytes(b"x" * 200)
+    assert not lib._file_mentions(p, needle, chunk=64)
