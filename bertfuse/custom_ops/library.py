@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import json
 import os
 import re
@@ -129,6 +130,7 @@ def _sm_from_nvidia_smi() -> int | None:
         return None
 
 
+@functools.lru_cache(maxsize=1)  # every bertfuse-kernels session asks; the GPU does not change
 def detect_sm() -> int:
     """The local GPU's SM (e.g. 90); KernelLibraryError where there is no CUDA GPU."""
     sm = _sm_from_cudart() or _sm_from_nvidia_smi()
