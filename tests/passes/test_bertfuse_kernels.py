@@ -222,3 +222,27 @@ def test_runtime_mask_variants_of_bertattention(rng):
     hole["input_mask"][0, 1:3] = 0  # not right-padded: the key-length form must differ
     got = evaluate(attention_mask_variant(out, "keylen"), hole)["sequence_output"]
     assert np.abs(got - evaluate(out, hole)["sequence_output"]).max() > 1e-2
+
+
+def test_absent_optional_inputs_become_zeros(rng, seed):
+    """Attention without its QKV bias, SkipLayerNormalization without beta and bias, Gelu
+    (no bias) and FastGelu without one: the bertfuse ops take zeros there, same math."""
+    contrib = contrib_fp16(rng)
+    gelus = 0
+    for n in contrib.graph.node:
+        if n.op_type == "Attention":
+            n.input[2] = ""
+        elif n.op_type == "SkipLayerNormalization":
+            del n.input[3:]  # beta, bias
+        elif n.op_type == "BiasGelu":
+            n.op_type = "Gelu" if gelus == 0 else "FastGelu"
+            del n.input[1:]
+            gelus += 1
+    out, report = kernels(contrib)
+    assert not kernel_misses(report)
+    c = census(out)
+    assert c[(BF, "DenseBiasGelu")] == 2 and not [k for k in c if k[0] == MS and k[1] in CONTRIB]
+    assert sorted(attr(n, "approximate") for n in out.graph.node
+                  if n.op_type == "DenseBiasGelu") == [0, 1]
+    feeds = bert_feeds(rng)
+    assert_fp16_same(evaluate(contrib, feeds), evaluate(out, feeds), seed, tight=1e-2)
