@@ -306,9 +306,10 @@ _CAN_BUILD = bool(os.environ.get("ORT_INCLUDE_DIR")) and shutil.which("cmake") i
 
 
 @pytest.mark.skipif(not _CAN_BUILD, reason="needs nvcc, cmake and ORT_INCLUDE_DIR")
-def test_build_for_sm90_and_register(capsys, cache):
+@pytest.mark.parametrize("builder", ["cmake", "nvcc"])
+def test_build_for_sm90_and_register(capsys, cache, builder):
     ort = pytest.importorskip("onnxruntime")
-    rc, out, err = _cli(capsys, ["kernels", "build", "--arch", "90", "--json"])
+    rc, out, err = _cli(capsys, ["kernels", "build", "--arch", "90", "--builder", builder, "--json"])
     assert rc == 0, err
     built = json.loads(out)
     assert built["info"]["domain"] == lib.DOMAIN and built["info"]["cuda_archs"] == "90"
