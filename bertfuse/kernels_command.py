@@ -123,6 +123,8 @@ def _check(args, console) -> int:
         import onnxruntime as ort
     except ImportError:
         raise lib.KernelLibraryError("kernels check needs onnxruntime-gpu (pip install 'bertfuse[gpu]')") from None
+    if hasattr(ort, "preload_dlls"):  # as the runtime does (bertfuse.runtime.device)
+        ort.preload_dlls()
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         raise lib.KernelLibraryError(f"kernels check needs onnxruntime-gpu's CUDA EP; this onnxruntime has "
                                      f"{ort.get_available_providers()}")
