@@ -81,7 +81,9 @@ DenseOp = Literal["DenseBias", "DenseBiasGelu", "DenseBiasSkipLayerNorm"]
 
 def _affine64(x: np.ndarray, w: np.ndarray, bias: np.ndarray) -> np.ndarray:
     _check_dense(x, w, bias)
-    return np.asarray(x, np.float64) @ np.asarray(w, np.float64) + np.asarray(bias, np.float64)
+    flat = np.asarray(x, np.float64).reshape(-1, x.shape[-1])  # one GEMM, not one per row of B
+    y = flat @ np.asarray(w, np.float64) + np.asarray(bias, np.float64)
+    return y.reshape(tuple(x.shape[:-1]) + (w.shape[1],))
 
 
 def _check_dense(x: np.ndarray, w: np.ndarray, bias: np.ndarray) -> None:
