@@ -1,0 +1,57 @@
+"""Offline scoring on Ray Data: a Parquet input through bertfuse Sessions in an actor pool
+(one Session per actor, a GPU each where there are GPUs), Parquet out.
+
+    from bertfuse.score import score
+    summary = score(model="model.onnx", input="docs.parquet", output="scored/",
+                    text_column="text", vocab="vocab.txt", key_columns=["doc_id"])
+
+Rooms, importing only downwards: rows (rows -> model inputs, rejects) -> output (the output
+directory, commits, restart) -> spec (options, model, input, parts) -> actor (read task,
+scoring actor) -> job (Ray, the pipeline, the summary) -> command (the CLI). Importing this
+package imports neither Ray nor ONNX Runtime.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from bertfuse.score.job import ScoreSummary
+
+
+def score(model: Any, input: Any, output: Any, *, text_column: str | None = None,
+          text_pair_column: str | None = None, vocab: Any = None, lower_case: bool | None = None,
+          truncate: bool = False, ids_column: str | None = None, mask_column: str | None = None,
+          segment_column: str | None = None, key_columns: Any = None, outputs: Any = None,
+          max_seq: int | None = None, batch_size: int = 32, actors: int | None = None,
+          device: str = "auto", address: str | None = None, max_retries: int = 3,
+          part_rows: int = 8192, progress: bool = True) -> "ScoreSummary":
+    """Scores every row of `input` (a Parquet file or a directory of them) into `output`
+    (a directory: scores/, rejects/, a manifest); returns a ScoreSummary.
+
+    Input: `text_column` (+ `text_pair_column`) tokenized with `vocab`, or `ids_column`
+    (+ `mask_column`, `segment_column`: lists of integers). `key_columns` are carried beside
+    the outputs (default: a `row` column, the input row number). `outputs`: model outputs
+    written (default pooled_output). `max_seq`: longer rows are rejected (text: cut to fit
+    with truncate=True). `batch_size`: rows per Session run (the runtime's largest batch
+    bucket). `actors`: default one per GPU, else half the CPUs. `address`: join a Ray
+    cluster ('auto'); default a local Ray, or the one this process already initialized.
+    `part_rows`: rows per output file (whole Parquet row groups), the unit of restart.
+    Bad arguments or input raise BertfuseError before Ray starts."""
+    from bertfuse.score.job import run_job
+    from bertfuse.score.spec import build_job
+
+    if not isinstance(progress, bool):
+        from bertfuse.errors import BertfuseError
+
+        raise BertfuseError(f"progress must be True or False, not {progress!r}")
+    job = build_job(model, input, output, text_column=text_column,
+                    text_pair_column=text_pair_column, vocab=vocab, lower_case=lower_case,
+                    truncate=truncate, ids_column=ids_column, mask_column=mask_column,
+                    segment_column=segment_column, key_columns=key_columns, outputs=outputs,
+                    max_seq=max_seq, batch_size=batch_size, actors=actors, device=device,
+                    address=address, max_retries=max_retries, part_rows=part_rows)
+    return run_job(job, progress)
+
+
+__all__ = ["score"]

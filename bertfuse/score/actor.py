@@ -1,0 +1,170 @@
+"""The work inside Ray: reading a part of the input, and the scoring actor.
+
+    read_parts (Ray task)  part descriptors ─► the part's row groups (input and key columns),
+                                               with _bf_part and _bf_row
+    Scorer (Ray actor)     one bertfuse Session per actor (a GPU each where there are GPUs);
+                           a batch ─► rows.py (rejects) ─► sorted by length, runs of max_batch
+                           ─► Session.run ─► outputs back in row order, Arrow list<float>
+
+Neither imports Ray: Ray Data calls them. `score_table` is also the single-process loop the
+benchmark compares against.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from bertfuse.score.output import PART, REJECT, ROW
+from bertfuse.score.rows import InputSpec, Prepared, RowPreparer
+
+CRASH_ENV = "BERTFUSE_TEST_SCORE_CRASH"  # tests: FLAGFILE:N, see Scorer._maybe_crash
+
+
+def read_parts(batch: dict[str, np.ndarray], files: list[str], columns: list[str]) -> pa.Table:
+    """The rows of the parts described in `batch` (part, file, group_start, group_stop,
+    offset, rows, first_row), tagged with their part and input row number."""
+    tables = []
+    for part, fi, g0, g1, offset, rows, first in zip(
+            *(batch[k] for k in ("part", "file", "group_start", "group_stop", "offset", "rows",
+                                 "first_row"))):
+        t = _read_rows(files[int(fi)], range(int(g0), int(g1)), int(offset), int(rows), columns)
+        t = t.append_column(PART, pa.array(np.full(t.num_rows, int(part), np.int64)))
+        tables.append(t.append_column(ROW, pa.array(np.arange(int(first),
+                                                              int(first) + t.num_rows))))
+    return pa.concat_tables(tables)
+
+
+def _read_rows(path: str, groups: range, offset: int, rows: int, columns: list[str]
+               ) -> pa.Table:
+    """Rows offset..offset+rows of these row groups: whole groups read at once, a slice of a
+    large group streamed up to its end."""
+    import pyarrow.parquet as pq
+
+    f = pq.ParquetFile(path)
+    if offset == 0 and sum(f.metadata.row_group(g).num_rows for g in groups) == rows:
+        return f.read_row_groups(groups, columns=columns, use_threads=False)
+    pieces, seen = [], 0
+    for rb in f.iter_batches(batch_size=65536, row_groups=list(groups), columns=columns,
+                             use_threads=False):
+        lo, hi = max(offset - seen, 0), min(offset + rows - seen, rb.num_rows)
+        if hi > lo:
+            pieces.append(rb.slice(lo, hi - lo))
+        seen += rb.num_rows
+        if seen >= offset + rows:
+            break
+    return pa.Table.from_batches(pieces, schema=pieces[0].schema if pieces else None)
+
+
+def output_type(rank: int) -> pa.DataType:
+    """[batch] -> float, [batch, n] -> list<float>, [batch, seq, n] -> list<list<float>>."""
+    return {1: pa.float32(), 2: pa.list_(pa.float32()),
+            3: pa.list_(pa.list_(pa.float32()))}[rank]
+
+
+def score_table(session: Any, preparer: RowPreparer, table: pa.Table, outputs: list[str],
+                ranks: dict[str, int], max_batch: int) -> dict[str, pa.Array]:
+    """Each output for every row of `table` (null where rejected), and REJECT: the reason."""
+    prep = preparer(table)
+    n = table.num_rows
+    got = _run(session, prep, outputs, max_batch)
+    ok = np.zeros(n, bool)
+    ok[prep.kept] = True
+    cols: dict[str, pa.Array] = {}
+    for name in outputs:
+        cols[name] = _arrow(got[name], ranks[name], ok)
+    cols[REJECT] = pa.array(prep.reasons, pa.string())
+    return cols
+
+
+def _run(session: Any, prep: Prepared, outputs: list[str], max_batch: int
+         ) -> dict[str, list[np.ndarray] | np.ndarray]:
+    """The kept rows through the session in runs of max_batch, shortest first (runs of
+    similar length fill the runtime's seq buckets); results in kept-row order."""
+    order = np.argsort(prep.lengths, kind="stable")
+    kept = len(order)
+    res: dict[str, Any] = {}
+    for start in range(0, kept, max_batch):
+        idx = order[start:start + max_batch]
+        width = int(prep.lengths[idx].max())
+        out = session.run(prep.ids[idx, :width], prep.mask[idx, :width],
+                          prep.segments[idx, :width], outputs=outputs)
+        for name in outputs:
+            value = out[name]
+            if value.ndim == 3:  # per token: each row to its own length
+                rows = res.setdefault(name, [None] * kept)
+                for j, i in enumerate(idx):
+                    rows[i] = value[j, :prep.lengths[i]]
+                continue
+            if name not in res:
+                res[name] = np.zeros((kept, *value.shape[1:]), np.float32)
+            res[name][idx] = value
+    return {name: res.get(name, np.zeros((0, 0), np.float32)) for name in outputs}
+
+
+def _arrow(values: Any, rank: int, ok: np.ndarray) -> pa.Array:
+    """Kept rows' values as an Arrow column over every row of the batch, null where rejected."""
+    n = len(ok)
+    mask = pa.array(~ok)
+    if rank == 1:
+        full = np.zeros(n, np.float32)
+        full[ok] = np.asarray(values, np.float32).reshape(-1)
+        return pa.array(full, pa.float32(), mask=~ok)
+    if rank == 2:
+        width = values.shape[1] if ok.any() else 0
+        offsets = np.concatenate([[0], np.cumsum(np.where(ok, width, 0))]).astype(np.int32)
+        flat = pa.array(np.ascontiguousarray(values, np.float32).reshape(-1))
+        return pa.ListArray.from_arrays(pa.array(offsets), flat, mask=mask)
+    rows = [np.asarray(v, np.float32) for v in values]
+    width = rows[0].shape[1] if rows else 0
+    tokens = np.zeros(n, np.int64)
+    tokens[ok] = [len(r) for r in rows]
+    inner_off = np.arange(0, int(tokens.sum()) * width + 1, max(width, 1), dtype=np.int64) \
+        if width else np.zeros(int(tokens.sum()) + 1, np.int64)
+    flat = np.concatenate([r.reshape(-1) for r in rows]) if rows else np.zeros(0, np.float32)
+    inner = pa.ListArray.from_arrays(pa.array(inner_off.astype(np.int32)), pa.array(flat))
+    outer_off = np.concatenate([[0], np.cumsum(tokens)]).astype(np.int32)
+    return pa.ListArray.from_arrays(pa.array(outer_off), inner, mask=mask)
+
+
+class Scorer:
+    """The actor Ray Data's map_batches runs: one Session, built once, for every batch."""
+
+    def __init__(self, model: str, spec: InputSpec, keys: list[str], outputs: list[str],
+                 ranks: dict[str, int], max_batch: int, device: str,
+                 crash: str | None = None) -> None:
+        from bertfuse.runtime import Session
+
+        self.session = Session(model, max_batch=max_batch, max_seq=spec.max_seq, device=device)
+        if device == "cuda":  # capture every bucket now, not on the first batches
+            self.session.warmup()
+        self.preparer = RowPreparer(spec)
+        self.keys, self.outputs, self.ranks, self.max_batch = keys, outputs, ranks, max_batch
+        self.crash, self.calls = crash, 0
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        self.calls += 1
+        self._maybe_crash()
+        cols = score_table(self.session, self.preparer, table, self.outputs, self.ranks,
+                           self.max_batch)
+        carried = {name: table.column(name) for name in (PART, ROW, *self.keys)}
+        return pa.table({**carried, **cols})
+
+    def _maybe_crash(self) -> None:
+        """Tests: with crash='FLAGFILE:N' the first actor to reach its Nth batch while FLAGFILE
+        does not exist creates it and dies at once (os._exit: no cleanup, like a lost node)."""
+        if not self.crash:
+            return
+        flag, _, nth = self.crash.rpartition(":")
+        if self.calls != int(nth):
+            return
+        try:
+            fd = os.open(flag, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return
+        os.write(fd, str(os.getpid()).encode())
+        os.close(fd)
+        os._exit(1)

@@ -1,0 +1,166 @@
+"""The driver: Ray up (local, or a cluster joined with an address), the Ray Data pipeline, each
+part committed as soon as all its rows are back, and the summary.
+
+    parts not yet done ─► from_items ─► map_batches(read_parts)   Ray tasks read the row groups
+                      ─► map_batches(Scorer, ActorPoolStrategy)   one Session per actor;
+                                                                  a dead actor is restarted and
+                                                                  its batches retried
+                      ─► driver: rows gathered per part ─► OutputDir.commit (atomic, exactly once)
+
+Ray Data shows the progress; a task's output reaches the driver only when the task succeeded,
+so a retried batch is never seen twice (commit checks it anyway).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from typing import Any, Iterator
+
+import numpy as np
+
+from bertfuse.errors import BertfuseError
+from bertfuse.score.actor import CRASH_ENV, Scorer, read_parts
+from bertfuse.score.output import PART, OutputDir
+from bertfuse.score.spec import ScoreJob
+
+ROWS_PER_TASK = 64  # a Ray Data batch is this many session batches: fewer, larger calls
+
+
+@dataclass
+class ScoreSummary:
+    output: str
+    rows: int  # input rows
+    scored: int  # rows in OUT/scores (this run and earlier ones)
+    rejected: int  # rows in OUT/rejects
+    parts: int
+    parts_skipped: int  # complete before this run started (a restart)
+    rows_this_run: int
+    seconds: float
+    rows_per_s: float  # rows_this_run / seconds (Ray start-up included)
+    device: str
+    actors: int
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def run_job(job: ScoreJob, progress: bool = True) -> ScoreSummary:
+    out = OutputDir(job)
+    done = out.start()
+    todo = [p for p in job.parts if p.index not in done]
+    start = time.perf_counter()
+    device, actors = job.device, job.actors or 0
+    if todo:
+        with _ray(job.address, progress) as ray:
+            device, actors = _placement(job, ray)
+            _consume(_dataset(job, todo, device, actors), out, job)
+    seconds = time.perf_counter() - start
+    scored, rejected = out.counts()
+    if scored + rejected != job.rows:  # every part committed: anything else is a bug
+        raise RuntimeError(f"{scored} scored + {rejected} rejected rows for {job.rows} input rows")
+    this_run = sum(p.rows for p in todo)
+    summary = ScoreSummary(job.output, job.rows, scored, rejected, len(job.parts), len(done),
+                           this_run, round(seconds, 3),
+                           round(this_run / seconds, 1) if seconds > 0 else 0.0,
+                           device, actors)
+    out.write_manifest({"complete": True, "summary": summary.to_json()})
+    return summary
+
+
+@contextmanager
+def _ray(address: str | None, progress: bool) -> Iterator[Any]:
+    """Ray as the caller has it (already initialized: used and left running), else a local
+    instance of our own (or the cluster at `address`), shut down on every exit path."""
+    import ray
+    from ray.data import DataContext
+
+    ctx = DataContext.get_current()
+    ctx.enable_progress_bars = progress
+    if ray.is_initialized():
+        yield ray
+        return
+    kwargs: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": False}
+    if address is None:  # "local": never an unrelated cluster found on this machine
+        kwargs.update(address="local", include_dashboard=False)
+    else:
+        kwargs["address"] = address
+    try:
+        ray.init(**kwargs)
+    except (ConnectionError, ValueError, RuntimeError) as exc:
+        why = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+        raise BertfuseError(f"cannot start or join Ray at {address or 'local'}: {why}") from None
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+def _placement(job: ScoreJob, ray: Any) -> tuple[str, int]:
+    """(device, actors): a GPU per actor where the cluster has GPUs, else CPU actors."""
+    res = ray.cluster_resources()
+    gpus, cpus = int(res.get("GPU", 0)), int(res.get("CPU", 0))
+    device = job.device if job.device != "auto" else ("cuda" if gpus else "cpu")
+    if device == "cuda" and not gpus:
+        raise BertfuseError("device cuda, but the Ray cluster has no GPU")
+    actors = job.actors or (gpus if device == "cuda" else max(1, (cpus - 1) // 2))
+    if device == "cuda" and actors > gpus:
+        raise BertfuseError(f"{actors} actors need a GPU each; the Ray cluster has {gpus}")
+    if actors + 1 > cpus:  # each actor holds a CPU; reading the input needs one more
+        raise BertfuseError(f"{actors} actors need a CPU each and reading one more; the Ray "
+                            f"cluster has {cpus} CPUs")
+    return device, actors
+
+
+def _dataset(job: ScoreJob, todo: list, device: str, actors: int) -> Any:
+    import os
+    import warnings
+
+    import ray
+    from ray.data import ActorPoolStrategy
+
+    items = [{"part": p.index, "file": p.file, "group_start": p.groups[0],
+              "group_stop": p.groups[1], "offset": p.offset, "rows": p.rows,
+              "first_row": p.first_row} for p in todo]
+    columns = list(dict.fromkeys([*job.key_columns, *job.spec.columns]))
+    ds = ray.data.from_items(items, override_num_blocks=len(items))
+    # Parts are the unit of output and restart; the actors' unit is this streaming split
+    # (fused into the read tasks: one CPU each, kept free of the actors by _placement).
+    ds = ds.map_batches(read_parts, batch_size=1, batch_format="numpy",
+                        fn_kwargs={"files": job.files, "columns": columns})
+    ds = ds.repartition(target_num_rows_per_block=job.batch_size * ROWS_PER_TASK)
+    with warnings.catch_warnings():  # max_restarts/max_task_retries have no named parameter
+        warnings.simplefilter("ignore")
+        return ds.map_batches(
+            Scorer, batch_size=job.batch_size * ROWS_PER_TASK, batch_format="pyarrow",
+            compute=ActorPoolStrategy(size=actors), num_gpus=1 if device == "cuda" else 0,
+            num_cpus=1, max_restarts=job.max_retries, max_task_retries=job.max_retries,
+            fn_constructor_kwargs={"model": os.path.abspath(job.model), "spec": job.spec,
+                                   "keys": job.key_columns, "outputs": job.outputs,
+                                   "ranks": job.output_ranks, "max_batch": job.batch_size,
+                                   "device": device, "crash": os.environ.get(CRASH_ENV)})
+
+
+def _consume(ds: Any, out: OutputDir, job: ScoreJob) -> None:
+    """Gathers the scored rows per part; a part is committed once all its rows are in."""
+    import pyarrow as pa
+
+    pending: dict[int, list] = defaultdict(list)
+    have: dict[int, int] = defaultdict(int)
+    for block in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
+        parts = block.column(PART).to_numpy()
+        for index in np.unique(parts):
+            index = int(index)
+            piece = block if parts[0] == parts[-1] == index and len(np.unique(parts)) == 1 \
+                else block.filter(pa.array(parts == index))
+            pending[index].append(piece)
+            have[index] += piece.num_rows
+            if have[index] >= job.parts[index].rows:
+                out.commit(index, pa.concat_tables(pending.pop(index)))
+    if pending:  # the dataset ended with parts short of rows: never committed half
+        first = min(pending)
+        raise RuntimeError(f"part {first}: {have[first]} of {job.parts[first].rows} rows "
+                           "came back")

@@ -1,0 +1,161 @@
+"""The output directory: what is done is never written twice, and nothing of the user's is
+touched.
+
+    OUT/_bertfuse_score.json       the job (model, input files, columns, parts); complete+counts
+    OUT/scores/part-00000.parquet  key columns (or `row`) + outputs, one file per input part
+    OUT/rejects/part-00000.parquet key columns (or `row`) + reason, where the part had rejects
+
+A part is committed by writing each file to a temp name beside it and renaming it into place,
+rejects first and scores last: a part is complete exactly when its scores file exists. A
+restarted job (same model, input, columns, outputs) skips complete parts and redoes the rest;
+a job killed mid-write leaves only `.part-*.tmp` files, removed when the next run starts.
+OUT must be absent, an empty directory, or such a job's output; never an input, never inside
+an input directory, never holding the model or vocab.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bertfuse.errors import BertfuseError
+from bertfuse.safety import replace_file, temp_file, write_text
+
+MANIFEST = "_bertfuse_score.json"
+FORMAT = 1
+ROW = "_bf_row"
+PART = "_bf_part"
+REJECT = "_bf_reject"
+
+
+def part_name(index: int) -> str:
+    return f"part-{index:05d}.parquet"
+
+
+class OutputDir:
+    """OUT checked and opened for a job (`job` is a spec.ScoreJob)."""
+
+    def __init__(self, job: Any) -> None:
+        self.job = job
+        self.root = Path(job.output)
+        self.scores, self.rejects = self.root / "scores", self.root / "rejects"
+        self._check_paths()
+
+    def _check_paths(self) -> None:
+        out = os.path.realpath(self.root)
+        if self.root.is_symlink() or (self.root.exists() and not self.root.is_dir()):
+            raise BertfuseError(f"{self.root}: not a directory; the output is a directory "
+                                "(OUT/scores/*.parquet)")
+        parent = os.path.dirname(out)
+        if not os.path.isdir(parent):
+            raise BertfuseError(f"{self.root}: its parent directory {parent} does not exist")
+        job = self.job
+        read = [job.model, *job.files] + ([job.spec.vocab] if job.spec.vocab else [])
+        for path in [job.input, *read]:
+            real = os.path.realpath(path)
+            if _within(real, out):
+                raise BertfuseError(f"{self.root}: holds the input {path}; write the output "
+                                    "to a new directory")
+            if os.path.isdir(real) and _within(out, real):
+                raise BertfuseError(f"{self.root}: is inside the input directory {path}; "
+                                    "write the output elsewhere")
+
+    def start(self) -> set[int]:
+        """Creates OUT or resumes it; returns the parts already complete."""
+        job = self.job
+        manifest = self.root / MANIFEST
+        if self.root.exists() and any(self.root.iterdir()):
+            if not manifest.is_file():
+                raise BertfuseError(f"{self.root}: not empty and not a bertfuse score output; "
+                                    "refusing to write into it (give a new or empty directory)")
+            try:
+                old = json.loads(manifest.read_text())
+            except (OSError, ValueError):
+                raise BertfuseError(f"{manifest}: unreadable; not resuming into it") from None
+            if old.get("format") != FORMAT or old.get("job") != job.identity():
+                diff = _first_difference(old.get("job") or {}, job.identity())
+                raise BertfuseError(f"{self.root}: holds the output of a different job "
+                                    f"({diff} differs); give a new --output to score this one")
+        self.root.mkdir(exist_ok=True)
+        for d in (self.scores, self.rejects):
+            d.mkdir(exist_ok=True)
+        self.clean_temps()
+        done = {p.index for p in job.parts if (self.scores / part_name(p.index)).is_file()}
+        for p in job.parts:  # a rejects file without its scores file: that part is redone
+            if p.index not in done and (self.rejects / part_name(p.index)).exists():
+                (self.rejects / part_name(p.index)).unlink()
+        if not manifest.is_file():
+            self.write_manifest({})
+        return done
+
+    def write_manifest(self, summary: dict[str, Any]) -> None:
+        body = {"format": FORMAT, "job": self.job.identity(), **summary}
+        write_text(self.root / MANIFEST, json.dumps(body, indent=1) + "\n")
+
+    def clean_temps(self) -> None:
+        """Temp files a killed run left behind (ours by name: `.part-NNNNN.parquet.*.tmp`)."""
+        for d in (self.scores, self.rejects, self.root):
+            if d.is_dir():
+                for p in d.glob(".*.tmp"):
+                    if p.name.startswith((".part-", f".{MANIFEST}.")) and p.is_file():
+                        p.unlink(missing_ok=True)
+
+    def commit(self, index: int, table: Any) -> tuple[int, int]:
+        """Writes one complete part: (rows scored, rows rejected). Its rows are checked to be
+        exactly the part's rows, once each (a bug otherwise: never a silent loss)."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        part = self.job.parts[index]
+        rows = table.column(ROW).to_numpy()
+        expect = np.arange(part.first_row, part.first_row + part.rows)
+        if len(rows) != part.rows or not np.array_equal(np.sort(rows), expect):
+            raise RuntimeError(f"part {index}: got {len(rows)} rows "
+                               f"({len(np.unique(rows))} distinct) for its {part.rows}")
+        table = table.sort_by(ROW)
+        rejected = table.column(REJECT).is_valid()
+        keys = self.job.key_columns or [ROW]
+        named = {ROW: "row"}
+        scored = table.filter(pc.invert(rejected)).select(keys + self.job.outputs)
+        scored = scored.rename_columns([named.get(n, n) for n in scored.column_names])
+        if pc.any(rejected).as_py():
+            bad = table.filter(rejected)
+            bad = pa.table({**{named.get(k, k): bad.column(k) for k in keys},
+                            "reason": bad.column(REJECT)})
+            _write(self.rejects / part_name(index), bad)
+        _write(self.scores / part_name(index), scored)
+        return scored.num_rows, table.num_rows - scored.num_rows
+
+    def counts(self) -> tuple[int, int]:
+        """(rows scored, rows rejected) over every part file in OUT (the footers only)."""
+        import pyarrow.parquet as pq
+
+        def rows(d: Path) -> int:
+            return sum(pq.ParquetFile(p).metadata.num_rows for p in d.glob("part-*.parquet"))
+        return rows(self.scores), rows(self.rejects)
+
+
+def _write(path: Path, table: Any) -> None:
+    import pyarrow.parquet as pq
+
+    with temp_file(path) as tmp:
+        pq.write_table(table, tmp)
+        replace_file(tmp, path)
+
+
+def _within(path: str, directory: str) -> bool:
+    try:
+        return os.path.commonpath([path, directory]) == directory
+    except ValueError:
+        return False
+
+
+def _first_difference(old: dict, new: dict) -> str:
+    for key in new:
+        if old.get(key) != new[key]:
+            return {"inputs": "the input", "parts": "the input's row groups"}.get(key, key)
+    return "the output format"
