@@ -246,3 +246,25 @@ def test_absent_optional_inputs_become_zeros(rng, seed):
                   if n.op_type == "DenseBiasGelu") == [0, 1]
     feeds = bert_feeds(rng)
     assert_fp16_same(evaluate(contrib, feeds), evaluate(out, feeds), seed, tight=1e-2)
+
+
+def test_emit_strict_refuses_a_partial_conversion_else_checks_it(rng):
+    from bertfuse.errors import FusionIncomplete
+    from bertfuse.kernels_form import emit
+    from bertfuse.passes.manager import PipelineReport
+    from bertfuse.pipeline import RunReport
+
+    model = _edit_attention(contrib_fp16(rng), 0, lambda m, n: [
+        a.CopyFrom(helper.make_attribute("mask_filter_value", -5000.0))
+        for a in n.attribute if a.name == "mask_filter_value"])
+    report = RunReport(passes=PipelineReport())
+    with pytest.raises(FusionIncomplete, match="layer 0 kernels_attention: not fused: .*-5000"):
+        emit(model, report, None, B, S, 0, check=True, refuse_drift=True, strict=True)
+    report = RunReport(passes=PipelineReport())
+    out = emit(model, report, None, B, S, 0, check=True, refuse_drift=True)
+    assert census(out)[(MS, "Attention")] == 1 and report.parity.ok
+    assert [s.name for s in report.stages] == [
+        "bertfuse kernels", "check bertfuse ops vs contrib form (NumPy references)"]
+    assert {r.name for r in report.parity.outputs} == {
+        "bertfuse ops vs contrib form: sequence_output",
+        "bertfuse ops vs contrib form: pooled_output"}
