@@ -33,6 +33,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(default 1 2 4; the flag alone: none)")
     g.add_argument("--iters", type=int, default=500, help="timed calls per variant")
     g.add_argument("--soak", type=int, default=0, help="mixed-shape requests for the soak")
+    g.add_argument("--ort-rows", choices=("all", "reference"), default="all",
+                   help="all (default): ORT raw fp32 and fp16 and ORT's transformer optimizer; "
+                        "reference: ORT raw fp32 only, the parity reference (skips the "
+                        "optimizer, most of a large model's setup time)")
     k = p.add_argument_group("kernels")
     k.add_argument("--kernels", choices=KERNELS_FORMS, default="both",
                    help="ort: the fused model on ONNX Runtime's contrib kernels only; both "
@@ -104,7 +108,8 @@ def _bench(args: argparse.Namespace, work: str) -> dict:
         skeleton = os.path.join(args.skeletons, f"{config}_raw.skel.onnx")
         print(f"== {name}", flush=True)
         rs, paths = run_workload(name, skeleton, batch, seq, args.iters, work, profiles,
-                                 kernels, prepared.get(config))  # one preparation per model
+                                 kernels, prepared.get(config),  # one preparation per model
+                                 ort_models=args.ort_rows == "all")
         prepared[config] = paths
         for r in rs:
             print(f"   {r.variant:45s} p50 {r.p50_us:9.1f} us  p99 {r.p99_us:9.1f}  "

@@ -53,12 +53,11 @@ def bound_session(path: str, feeds: dict[str, np.ndarray], graph: bool = False,
     return (lambda: sess.run_with_iobinding(io, ro)), outs, sess, keep
 
 
-def prepare_models(skeleton: str, workdir: str, seed: int = 0,
-                   anchors: bool = True) -> dict[str, str]:
+def prepare_models(skeleton: str, workdir: str, seed: int = 0, anchors: bool = True,
+                   ort_models: bool = True) -> dict[str, str]:
     """raw fp32 (refilled), raw fp16, ORT-optimized fp16, bertfuse fp32/fp16: paths by
-    variant (anchors=False: the bertfuse models only)."""
-    from onnxruntime.transformers import float16, optimizer
-
+    variant (anchors=False: the bertfuse models only; ort_models=False: raw fp32, the parity
+    reference, without ORT's raw fp16 and optimizer models, most of a large model's setup)."""
     raw = onnx.load(skeleton)
     if is_stripped(raw):
         fill_weights(raw, seed)
@@ -66,18 +65,27 @@ def prepare_models(skeleton: str, workdir: str, seed: int = 0,
         return _bertfuse_models(raw, workdir, {})
     paths = {"raw32": os.path.join(workdir, "raw32.onnx")}
     onnx.save(raw, paths["raw32"])
-    r16 = float16.convert_float_to_float16(onnx.load(paths["raw32"]), keep_io_types=True)
-    paths["raw16"] = os.path.join(workdir, "raw16.onnx")
+    if ort_models:
+        paths.update(_ort_models(raw, paths["raw32"], workdir))
+    return _bertfuse_models(raw, workdir, paths)
+
+
+def _ort_models(raw: onnx.ModelProto, raw32: str, workdir: str) -> dict[str, str]:
+    """ORT's own fp16 forms of the raw model: plain and through its transformer optimizer."""
+    from onnxruntime.transformers import float16, optimizer
+
+    paths = {"raw16": os.path.join(workdir, "raw16.onnx")}
+    r16 = float16.convert_float_to_float16(onnx.load(raw32), keep_io_types=True)
     onnx.save(r16, paths["raw16"])
     heads, hidden = _heads_hidden(raw)
-    opt = optimizer.optimize_model(paths["raw32"], model_type="bert_tf", num_heads=heads,
+    opt = optimizer.optimize_model(raw32, model_type="bert_tf", num_heads=heads,
                                    hidden_size=hidden, use_gpu=True)
     paths["ort_fused"] = json.dumps({k: v for k, v in opt.get_fused_operator_statistics().items()
                                      if v})
     opt.convert_float_to_float16(keep_io_types=True)
     paths["opt16"] = os.path.join(workdir, "opt16.onnx")
     opt.save_model_to_file(paths["opt16"])
-    return _bertfuse_models(raw, workdir, paths)
+    return paths
 
 
 def _bertfuse_models(raw: onnx.ModelProto, workdir: str, paths: dict[str, str]) -> dict[str, str]:

@@ -42,13 +42,16 @@ class Result:
 
 def run_workload(name: str, skeleton: str, batch: int, seq: int, iters: int, work: str,
                  profiles: list | None = None, kernels: KernelsSetup | None = None,
-                 paths: dict[str, str] | None = None) -> tuple[list[Result], dict[str, str]]:
+                 paths: dict[str, str] | None = None, ort_models: bool = True
+                 ) -> tuple[list[Result], dict[str, str]]:
     """Times every variant; the runtime rows' kernel profiles are queued on `profiles` as
     (result, call) to run after all timing (CUPTI left enabled slows later launches).
     kernels: also the bertfuse-kernels form (its rows say why where it cannot run).
-    paths: the models prepare_models made from this skeleton already (another workload)."""
+    paths: the models prepare_models made from this skeleton already (another workload).
+    ort_models=False: no ORT raw fp16 / transformer-optimizer rows (ORT raw fp32 stays: it
+    is the parity reference)."""
     if paths is None or "raw32" not in paths:
-        paths = prepare_models(skeleton, tempfile.mkdtemp(dir=work))
+        paths = prepare_models(skeleton, tempfile.mkdtemp(dir=work), ort_models=ort_models)
     facts = model_facts(onnx.load(paths["raw32"], load_external_data=False))
     feeds = request(batch, seq, facts.vocab_size or 1000)
     mask = feeds["input_mask"]
@@ -60,12 +63,15 @@ def run_workload(name: str, skeleton: str, batch: int, seq: int, iters: int, wor
     results.append(Result(name, "ORT raw fp32", p50, p99, batch / p50 * 1e6, 0.0, 0.0))
     del fn, outs, sess, keep
 
-    variants = [("ORT raw fp16", paths["raw16"], False, ""),
-                ("ORT bert_tf fp16", paths["opt16"], False, paths["ort_fused"]),
-                ("ORT bert_tf fp16 + CUDA graph", paths["opt16"], True, ""),
-                ("bertfuse fp32 plain session", paths["bertfuse32"], False, ""),
-                ("bertfuse fp16 plain session", paths["bertfuse16"], False, "")]
-    for label, path, graph, note in variants:
+    variants = [("ORT raw fp16", "raw16", False, ""),
+                ("ORT bert_tf fp16", "opt16", False, paths.get("ort_fused", "")),
+                ("ORT bert_tf fp16 + CUDA graph", "opt16", True, ""),
+                ("bertfuse fp32 plain session", "bertfuse32", False, ""),
+                ("bertfuse fp16 plain session", "bertfuse16", False, "")]
+    for label, key, graph, note in variants:
+        if key not in paths:  # ORT's own models not made (ort_models=False)
+            continue
+        path = paths[key]
         try:
             fn, outs, sess, keep = bound_session(path, feeds, graph=graph)
             p50, p99 = time_calls(fn, iters)

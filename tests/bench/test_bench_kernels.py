@@ -17,6 +17,7 @@ pytest.importorskip("onnx_graphsurgeon")
 from bertfuse import cli  # noqa: E402
 from bertfuse.bench.kernels import CONTRIB_DEFAULT, FIRST_ROW, KERNELS_ROWS, KernelsSetup, \
     find_library, format_comparison, plan_rows, runtime_rows  # noqa: E402
+from bertfuse.bench.models import prepare_models  # noqa: E402
 from bertfuse.bench.padded import Result  # noqa: E402
 from bertfuse.custom_ops import BERTFUSE_DOMAIN  # noqa: E402
 from bertfuse.custom_ops.library import LIB_NAME, cache_key  # noqa: E402
@@ -129,11 +130,25 @@ def test_comparison_table_puts_the_two_forms_side_by_side():
     assert rows[4] == ["base b1 s128", kernels, "not run: no CUDA GPU found"]
 
 
-def test_bench_kernels_option(tmp_path, capsys):
-    assert cli.main(["bench", "--skeletons", str(tmp_path), "--kernels", "cuda"]) == 2
-    assert "--kernels" in capsys.readouterr().err
-    for form in ("ort", "both"):  # accepted; then the missing skeleton is the one line
-        assert cli.main(["bench", "--skeletons", str(tmp_path), "--kernels", form,
+def test_bench_kernels_and_ort_rows_options(tmp_path, capsys):
+    for bad in (["--kernels", "cuda"], ["--ort-rows", "none"]):
+        assert cli.main(["bench", "--skeletons", str(tmp_path), *bad]) == 2
+        assert bad[0] in capsys.readouterr().err
+    for opts in (["--kernels", "ort"], ["--kernels", "both", "--ort-rows", "reference"]):
+        # accepted; then the missing skeleton is the one line
+        assert cli.main(["bench", "--skeletons", str(tmp_path), *opts,
                          "--workloads", "base b1 s128", "--packed"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "no skeleton for base" in err[0]
+
+
+def test_reference_only_preparation_skips_ort_own_models(tiny_onnx, tmp_path):
+    """--ort-rows reference: ORT raw fp32 (the parity reference) and bertfuse's models, no
+    ORT fp16 or transformer-optimizer model."""
+    paths = prepare_models(tiny_onnx["raw"], str(tmp_path), ort_models=False)
+    assert {"raw32", "bertfuse32", "bertfuse16"} <= set(paths)
+    assert not {"raw16", "opt16", "ort_fused"} & set(paths)
+    assert sorted(p.name for p in tmp_path.iterdir()) == \
+        ["bertfuse16.onnx", "bertfuse32.onnx", "raw32.onnx"]
+    raw = onnx.load(paths["raw32"])
+    assert not any(n.domain for n in raw.graph.node)  # the raw export, unfused

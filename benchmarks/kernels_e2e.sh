@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# On the GPU host, from the repo root: bertfuse's own CUDA ops end to end, beside the
+# ORT-contrib form, in one `bertfuse bench` run per model.
+#
+#   bash benchmarks/kernels_e2e.sh
+#
+# 1. benchmarks/kernels_device.sh: `bertfuse kernels build --force` (ORT headers from
+#    $ORT_INCLUDE, default .stage/ort-include) into $BERTFUSE_KERNELS_DIR (default
+#    /tmp/bertfuse-kernels), then `bertfuse kernels check --json`.
+# 2. `bertfuse bench` on shenma-3l b20 s64, then (one process, one preparation of the model)
+#    base b1 s128 and base b32 s128: the ORT-contrib runtime rows and the bertfuse-kernels
+#    rows (runtime as shipped, raw mask only, FP8 weights where the FP8 option exists) timed
+#    in the same rounds, CUPTI profile per runtime row, parity vs ORT raw fp32 (ORT's own
+#    fp16 and optimizer rows are left out unless ORT_ROWS=all: they cost setup time). Skeletons
+#    (<config>_raw.skel.onnx) from $SKEL (default .stage/skel). Where the library is missing,
+#    the kernels rows say why and the rest still runs.
+# 3. Last: the two forms side by side, against the targets, with the top kernels of each.
+#
+# Needs: onnxruntime-gpu, onnx, onnx-graphsurgeon, numpy, ml_dtypes and torch (CUPTI profile)
+# importable (/tmp/site is put first on PYTHONPATH), nvcc (+ cmake) for the build. No network,
+# no TensorFlow. Everything stays under a time budget ($BUDGET s, default 500): each step gets
+# a timeout from what is left, and bench writes its JSON after every workload.
+# Writes under $OUT (default ./out/kernels-e2e): kernels/ (env, build, check logs and JSON),
+# shenma/ and base/ (bench.log, gpu_bench.json), summary.txt.
+set -uo pipefail
+
+OUT="${OUT:-$PWD/out/kernels-e2e}"
+SKEL="${SKEL:-.stage/skel}"
+INC="${ORT_INCLUDE:-.stage/ort-include}"
+ITERS="${ITERS:-300}"
+ORT_ROWS="${ORT_ROWS:-reference}"  # all: also ORT raw fp16 and its transformer optimizer
+BUDGET="${BUDGET:-500}"
+PY="${PYTHON:-python3}"
+export PYTHONPATH="/tmp/site:$PWD"
+export BERTFUSE_KERNELS_DIR="${BERTFUSE_KERNELS_DIR:-/tmp/bertfuse-kernels}"
+export PATH="$PATH:/usr/local/cuda/bin"
+mkdir -p "$OUT/kernels" "$OUT/shenma" "$OUT/base"
+start=$(date +%s)
+left() { echo $(( start + BUDGET - $(date +%s) )); }
+cap() {  # cap SECONDS RESERVE: SECONDS, or what is left after RESERVE if that is less (>= 0)
+    local l=$(( $(left) - $2 ))
+    l=$(( l < $1 ? l : $1 ))
+    echo $(( l > 0 ? l : 0 ))
+}
+
+for f in "$SKEL/shenma-3l_raw.skel.onnx" "$SKEL/base_raw.skel.onnx"; do
+    [ -f "$f" ] || { echo "missing skeleton $f (carry .stage/skel)"; exit 2; }
+done
+
+# 1. build + check (a failed build leaves the library out; bench's kernels rows then say why)
+t=$(cap 210 260)
+OUT="$OUT/kernels" timeout -k 10 "$t" bash benchmarks/kernels_device.sh "$INC" \
+    > "$OUT/kernels/kernels.log" 2>&1
+rc_kernels=$?  # 124: timed out
+head -6 "$OUT/kernels/env.txt" 2>/dev/null
+grep -E '^(build:|check:|library |[0-9]+/[0-9]+ cases|bertfuse: error)|^FAIL|ERROR' "$OUT/kernels/kernels.log" | head -20
+echo "kernels build+check: exit $rc_kernels after $(( $(date +%s) - start )) s (timeout $t s)"
+
+# 2. bench, one process per model; --packed alone: no packed tables
+bench() {  # bench DIR TIMEOUT WORKLOAD...
+    local dir="$1" t="$2"
+    shift 2
+    if [ "$t" -lt 30 ]; then
+        echo "bench $*: skipped, ${t} s left of the budget"
+        return
+    fi
+    local t0=$(date +%s)
+    timeout -k 15 "$t" "$PY" -m bertfuse.cli bench --skeletons "$SKEL" --workloads "$@" \
+        --packed --ort-rows "$ORT_ROWS" --iters "$ITERS" --kernels both --out "$OUT/$dir" \
+        > "$OUT/$dir/bench.log" 2>&1
+    local rc=$?
+    echo "bench $*: exit $rc in $(( $(date +%s) - t0 )) s (timeout $t s)"
+    [ "$rc" -eq 0 ] || tail -5 "$OUT/$dir/bench.log"
+}
+bench shenma "$(cap 150 210)" "shenma-3l b20 s64"
+bench base "$(cap 400 15)" "base b1 s128" "base b32 s128"
+
+# 3. the short table, last
+"$PY" - "$OUT" <<'EOF' | tee "$OUT/summary.txt"
+import json, os, sys
+
+from bertfuse.bench.kernels import CONTRIB_DEFAULT, KERNELS_ROWS, format_comparison
+from bertfuse.bench.padded import Result
+
+out = sys.argv[1]
+results, setup = [], {}
+for part in ("shenma", "base"):
+    try:
+        d = json.load(open(os.path.join(out, part, "gpu_bench.json")))
+    except (OSError, ValueError) as exc:
+        print(f"{part}: no gpu_bench.json ({exc})")
+        continue
+    results += [Result(**r) for r in d["results"]]
+    setup = d.get("kernels", setup)
+print()
+print(f"library: {setup.get('library') or setup.get('reason')}")
+print(format_comparison(results))
+KERNELS, RAW_ONLY, FP8 = (label for label, _, _ in KERNELS_ROWS)
+# (workload, field, row, target, smaller is better)
+TARGETS = [("shenma-3l b20 s64", "gpu_us", KERNELS, 195, True),
+           ("shenma-3l b20 s64", "gpu_us", FP8, 170, True),
+           ("shenma-3l b20 s64", "p50_us", KERNELS, 250, True),
+           ("base b1 s128", "gpu_us", KERNELS, 400, True),
+           ("base b1 s128", "gpu_us", FP8, 330, True),
+           ("base b32 s128", "seq_per_s", KERNELS, 19000, False)]
+rows = {(r.workload, r.variant): r for r in results}
+print()
+for workload, field, label, target, lower in TARGETS:
+    r, base = rows.get((workload, label)), rows.get((workload, CONTRIB_DEFAULT))
+    now = getattr(base, field, None) if base else None
+    got = getattr(r, field, None) if r else None
+    if got is None or got != got:  # missing or NaN
+        print(f"{workload} {field} {label}: no number ({r.note if r else 'no row'})")
+        continue
+    met = got <= target if lower else got >= target
+    print(f"{workload} {field}: contrib {now if now is None else round(now, 1)} -> "
+          f"{label.split(', ', 1)[1]} {got:.1f} (target {'<=' if lower else '>='} {target}: "
+          f"{'met' if met else 'MISSED'}); max diff {r.max_diff:.2e} mean {r.mean_diff:.2e}")
+print()
+for (workload, label), r in rows.items():  # where the GPU time goes
+    if label in (CONTRIB_DEFAULT, KERNELS, FP8) and r.breakdown and \
+            workload in ("shenma-3l b20 s64", "base b1 s128"):
+        top = "; ".join(f"{name[:48]} {us}" for name, us in r.breakdown[:6])
+        print(f"top kernels, {workload} / {label} ({r.gpu_us:.1f} us, {r.kernels}): {top}")
+EOF
+echo "total $(( $(date +%s) - start )) s; files under $OUT"
