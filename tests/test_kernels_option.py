@@ -137,3 +137,14 @@ def test_optimize_fp8_measures_against_the_model_as_given(tiny_onnx):
     rows = [r for r in report.parity.outputs if r.name.startswith("fp8 vs fp32: ")]
     assert {r.name for r in rows} == {"fp8 vs fp32: sequence_output", "fp8 vs fp32: pooled_output"}
     assert all(r.ok and 0 < r.max_abs < 1 for r in rows), rows
+
+
+def test_inspect_and_draw_know_the_bertfuse_ops(ckpt_erf, convert_cached, tmp_path, capsys):
+    conv = convert_cached(ckpt_erf, *ARGS)
+    assert main(["inspect", conv.onnx_path, "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["encoder"]["fully_fused"] and len(summary["encoder"]["layers"]) == 2
+    dot = tmp_path / "layer1.dot"
+    assert main(["draw", conv.onnx_path, "--layer", "1", "-o", str(dot)]) == 0
+    text = dot.read_text()
+    assert "BertAttention" in text and "DenseBiasSkipLayerNorm" in text

@@ -26,14 +26,14 @@ from pathlib import Path
 
 import onnx
 
-from bertfuse.encoder_table import GELU_OPS, RAW_LN_OPS
+from bertfuse.encoder_table import ATTENTION_OPS, GELU_OPS, RAW_LN_OPS, SKIP_LN_OPS
 from bertfuse.errors import BertfuseError
 from bertfuse.safety import mode_of, replace_file, temp_file
 
-CORE_OPS = ("Attention", "Softmax")
-FUSED = {  # op -> (fill, legend label)
-    "Attention": ("#f4a261", "Attention"),
-    "SkipLayerNormalization": ("#8ecae6", "SkipLayerNorm"),
+CORE_OPS = ATTENTION_OPS + ("Softmax",)
+FUSED = {  # op -> (fill, legend label); --kernels bertfuse's ops as the ones they replace
+    **{a: ("#f4a261", "Attention") for a in ATTENTION_OPS + ("DenseBias", "DenseBiasFp8")},
+    **{s: ("#8ecae6", "SkipLayerNorm") for s in SKIP_LN_OPS},
     "EmbedLayerNormalization": ("#cdb4db", "EmbedLayerNorm"),
     **{g: ("#95d5b2", "GELU family") for g in GELU_OPS},
 }
@@ -152,11 +152,11 @@ def _anchors(g: _Graph, ids: list[int], prefix: str) -> dict[str, list[str]]:
     reductions = 0
     for i in ids:
         op = g.nodes[i].op_type
-        if op in ("Attention", "Softmax"):
+        if op in CORE_OPS:
             out["attention"].append(f"{prefix}{i}")
         elif op in GELU_OPS or op in ("Erf", "Tanh"):
             out["gelu"].append(f"{prefix}{i}")
-        elif op in ("SkipLayerNormalization", "LayerNormalization", "InstanceNormalization"):
+        elif op in SKIP_LN_OPS + ("LayerNormalization", "InstanceNormalization"):
             out["ln"].append(f"{prefix}{i}")
         elif op in ("ReduceMean", "GlobalAveragePool"):
             if reductions % 2 == 0:  # mean, then variance: one LayerNorm
