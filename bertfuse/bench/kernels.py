@@ -76,8 +76,10 @@ def fp8_model(fused16: str, kernels16: str, workdir: str) -> tuple[str | None, s
 
     try:
         from bertfuse.kernels_fp8 import calibrate, dense_inputs, to_fp8
-    except ImportError:
-        return None, "this bertfuse has no FP8 option"
+    except ImportError as exc:
+        if exc.name == "bertfuse.kernels_fp8":
+            return None, "this bertfuse has no FP8 option"
+        return None, f"the FP8 option cannot be imported ({exc})"
     from bertfuse.kernels_form import model_feeds
     from bertfuse.pipeline import ConvertOptions
 
@@ -148,14 +150,16 @@ def plan_rows(kernels: KernelsSetup | None, paths: dict[str, str]
               "kernels_fp8": lambda: fp8_model(paths["bertfuse16"], paths["kernels16"], workdir)}
     notes: dict[str, str] = {}
     for key, make in makers.items():
-        if kernels.reason or "kernels16" not in paths and key != "kernels16":
-            notes[key] = kernels.reason or notes["kernels16"]  # what stopped the first model
-            continue
-        if f"{key}_note" not in paths:
-            path, paths[f"{key}_note"] = make()
-            if path:
-                paths[key] = path
-        notes[key] = paths[f"{key}_note"]
+        if kernels.reason:
+            notes[key] = kernels.reason
+        elif key != "kernels16" and "kernels16" not in paths:
+            notes[key] = notes["kernels16"]  # no bertfuse-kernels model to start from
+        else:
+            if f"{key}_note" not in paths:
+                path, paths[f"{key}_note"] = make()
+                if path:
+                    paths[key] = path
+            notes[key] = paths[f"{key}_note"]
     skipped = [(label, f"not run: {notes[key]}") for label, key, _ in rows
                if key != "bertfuse16" and key not in paths]
     return [row for row in rows if row[1] in paths], notes, skipped
