@@ -118,7 +118,7 @@ def attention_cases(rng: np.random.Generator) -> list[Case]:
     ]
     for b, s, h, heads, form, scale in specs:
         feeds = {"qkv": normal16(rng, (b, s, 3 * h))}
-        if form == "lengths":  # a full row, a short one, one key only, and none (uniform row)
+        if form == "lengths":  # a full row, a short one, one key only, and none (attends as if unmasked)
             feeds["mask"] = np.asarray(([s, s // 2 + 1, 1, 0] * b)[:b], np.int32)
         elif form == "raw":  # arbitrary holes, and a row that keeps nothing
             feeds["mask"] = (rng.random((b, s)) > 0.3).astype(np.int32)
