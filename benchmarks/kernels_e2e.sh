@@ -10,8 +10,10 @@
 # 2. `bertfuse bench` on shenma-3l b20 s64, then (one process, one preparation of the model)
 #    base b1 s128 and base b32 s128: the ORT-contrib runtime rows and the bertfuse-kernels
 #    rows (runtime as shipped, raw mask only, FP8 weights where the FP8 option exists) timed
-#    in the same rounds, CUPTI profile per runtime row, parity vs ORT raw fp32 (ORT's own
-#    fp16 and optimizer rows are left out unless ORT_ROWS=all: they cost setup time). Skeletons
+#    in the same rounds, CUPTI profile per runtime row, parity vs ORT raw fp32. To save
+#    setup time, ORT's own fp16 and optimizer rows are left out unless ORT_ROWS=all, and of
+#    the contrib runtime rows only the twins of the kernels rows run unless
+#    RUNTIME_ROWS=all. Skeletons
 #    (<config>_raw.skel.onnx) from $SKEL (default .stage/skel). Where the library is missing,
 #    the kernels rows say why and the rest still runs.
 # 3. Last: the two forms side by side, against the targets, with the top kernels of each.
@@ -29,6 +31,7 @@ SKEL="${SKEL:-.stage/skel}"
 INC="${ORT_INCLUDE:-.stage/ort-include}"
 ITERS="${ITERS:-300}"
 ORT_ROWS="${ORT_ROWS:-reference}"  # all: also ORT raw fp16 and its transformer optimizer
+RUNTIME_ROWS="${RUNTIME_ROWS:-paired}"  # all: also the contrib form's other mask forms, packed
 BUDGET="${BUDGET:-500}"
 PY="${PYTHON:-python3}"
 export PYTHONPATH="/tmp/site:$PWD"
@@ -66,7 +69,8 @@ bench() {  # bench DIR TIMEOUT WORKLOAD...
     fi
     local t0=$(date +%s)
     timeout -k 15 "$t" "$PY" -m bertfuse.cli bench --skeletons "$SKEL" --workloads "$@" \
-        --packed --ort-rows "$ORT_ROWS" --iters "$ITERS" --kernels both --out "$OUT/$dir" \
+        --packed --ort-rows "$ORT_ROWS" --runtime-rows "$RUNTIME_ROWS" --iters "$ITERS" \
+        --kernels both --out "$OUT/$dir" \
         > "$OUT/$dir/bench.log" 2>&1
     local rc=$?
     echo "bench $*: exit $rc in $(( $(date +%s) - t0 )) s (timeout $t s)"

@@ -37,6 +37,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="all (default): ORT raw fp32 and fp16 and ORT's transformer optimizer; "
                         "reference: ORT raw fp32 only, the parity reference (skips the "
                         "optimizer, most of a large model's setup time)")
+    g.add_argument("--runtime-rows", choices=("all", "paired"), default="all",
+                   help="all (default): every runtime variant of the contrib form (mask forms, "
+                        "pageable copy, packed); paired: only those the bertfuse-kernels form "
+                        "has too (the runtime as shipped, raw mask only)")
     k = p.add_argument_group("kernels")
     k.add_argument("--kernels", choices=KERNELS_FORMS, default="both",
                    help="ort: the fused model on ONNX Runtime's contrib kernels only; both "
@@ -80,7 +84,7 @@ def _bench(args: argparse.Namespace, work: str) -> dict:
     from bertfuse.bench import packed as packed_bench
     from bertfuse.bench.kernels import find_library, format_comparison
     from bertfuse.bench.models import prepare_models
-    from bertfuse.bench.padded import WORKLOADS, Result, format_table, run_workload, soak
+    from bertfuse.bench.padded import WORKLOADS, Result, Rows, format_table, run_workload, soak
     from bertfuse.bench.timing import kernel_profile
 
     if hasattr(ort, "preload_dlls"):  # CUDA/cuDNN from pip's nvidia-* wheels (ORT >= 1.21)
@@ -92,6 +96,8 @@ def _bench(args: argparse.Namespace, work: str) -> dict:
         kernels = find_library()
         extra["kernels"] = kernels.to_json()
         print(f"bertfuse kernels: {kernels.library or 'not run: ' + kernels.reason}", flush=True)
+    rows = Rows(kernels, ort_models=args.ort_rows == "all",
+                paired=args.runtime_rows == "paired")
     prepared: dict[str, dict[str, str]] = {}
     profiles: list = []
 
@@ -107,9 +113,8 @@ def _bench(args: argparse.Namespace, work: str) -> dict:
         config, batch, seq = WORKLOADS[name]
         skeleton = os.path.join(args.skeletons, f"{config}_raw.skel.onnx")
         print(f"== {name}", flush=True)
-        rs, paths = run_workload(name, skeleton, batch, seq, args.iters, work, profiles,
-                                 kernels, prepared.get(config),  # one preparation per model
-                                 ort_models=args.ort_rows == "all")
+        rs, paths = run_workload(name, skeleton, batch, seq, args.iters, work, profiles, rows,
+                                 prepared.get(config))  # one preparation per model
         prepared[config] = paths
         for r in rs:
             print(f"   {r.variant:45s} p50 {r.p50_us:9.1f} us  p99 {r.p99_us:9.1f}  "

@@ -29,6 +29,7 @@ KERNELS_ROWS: list[tuple[str, str, dict]] = [
 # Each kernels model's first row, whose note says what the model's rewrite made.
 FIRST_ROW = {key: label for label, key, _ in reversed(KERNELS_ROWS)}
 CONTRIB_DEFAULT = "bertfuse fp16 runtime (arena + CUDA graph)"
+CONTRIB_RAW_ONLY = "bertfuse fp16 runtime, raw 2-D mask only"
 
 
 @dataclass
@@ -120,10 +121,12 @@ def _rewrite(make, path: str, what: str, counted=lambda op: True) -> tuple[str |
     return path, note
 
 
-def runtime_rows(kernels: bool) -> list[tuple[str, str, dict]]:
+def runtime_rows(kernels: bool, paired: bool = False) -> list[tuple[str, str, dict]]:
     """The runtime rows bench builds and times together: (label, model key, Session
-    options); model key 'bertfuse16' (contrib form), else a KERNELS_ROWS model."""
-    rows = [("bertfuse fp16 runtime, raw 2-D mask only", {"mask_variants": False}),
+    options); model key 'bertfuse16' (contrib form), else a KERNELS_ROWS model.
+    paired: of the contrib form only the rows the kernels form has too (the runtime as
+    shipped, raw mask only)."""
+    rows = [(CONTRIB_RAW_ONLY, {"mask_variants": False}),
             (CONTRIB_DEFAULT, {}),
             ("bertfuse fp16 runtime, [B] key lengths (cuDNN attention)",
              {"right_padded": "keylen"}),
@@ -132,17 +135,19 @@ def runtime_rows(kernels: bool) -> list[tuple[str, str, dict]]:
             ("bertfuse fp16 runtime, synchronous pageable copy",
              {"own_stream": False, "pinned": False}),
             ("bertfuse fp16 runtime, packed path", {"packed": True})]
+    if paired:
+        rows = [(label, kw) for label, kw in rows if label in (CONTRIB_DEFAULT, CONTRIB_RAW_ONLY)]
     return [(label, "bertfuse16", kw) for label, kw in rows] + (KERNELS_ROWS if kernels else [])
 
 
-def plan_rows(kernels: KernelsSetup | None, paths: dict[str, str]
+def plan_rows(kernels: KernelsSetup | None, paths: dict[str, str], paired: bool = False
               ) -> tuple[list[tuple[str, str, dict]], dict[str, str], list[tuple[str, str]]]:
     """The runtime rows one workload runs, after writing the models of the kernels rows into
     paths ('kernels16', 'kernels_fp8'; their notes under '<key>_note', so that another
     workload of the same model reuses them) where the library is there and the rewrites
     convert something: (rows, {model key: note on its bertfuse ops}, [(label, 'not run:
-    why')] for the kernels rows that cannot run)."""
-    rows = runtime_rows(kernels is not None)
+    why')] for the kernels rows that cannot run). paired: as runtime_rows."""
+    rows = runtime_rows(kernels is not None, paired)
     if kernels is None:
         return rows, {}, []
     workdir = os.path.dirname(paths["bertfuse16"])

@@ -40,18 +40,24 @@ class Result:
     breakdown: list = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class Rows:
+    """Which rows a workload runs beyond ORT raw fp32 (the parity reference) and bertfuse's
+    plain sessions."""
+
+    kernels: KernelsSetup | None = None  # also the bertfuse-kernels form (kernels.py)
+    ort_models: bool = True  # ORT raw fp16 and ORT's transformer optimizer
+    paired: bool = False  # of the contrib runtime rows only those the kernels form has too
+
+
 def run_workload(name: str, skeleton: str, batch: int, seq: int, iters: int, work: str,
-                 profiles: list | None = None, kernels: KernelsSetup | None = None,
-                 paths: dict[str, str] | None = None, ort_models: bool = True
-                 ) -> tuple[list[Result], dict[str, str]]:
+                 profiles: list | None = None, rows: Rows = Rows(),
+                 paths: dict[str, str] | None = None) -> tuple[list[Result], dict[str, str]]:
     """Times every variant; the runtime rows' kernel profiles are queued on `profiles` as
     (result, call) to run after all timing (CUPTI left enabled slows later launches).
-    kernels: also the bertfuse-kernels form (its rows say why where it cannot run).
-    paths: the models prepare_models made from this skeleton already (another workload).
-    ort_models=False: no ORT raw fp16 / transformer-optimizer rows (ORT raw fp32 stays: it
-    is the parity reference)."""
+    paths: the models prepare_models made from this skeleton already (another workload)."""
     if paths is None or "raw32" not in paths:
-        paths = prepare_models(skeleton, tempfile.mkdtemp(dir=work), ort_models=ort_models)
+        paths = prepare_models(skeleton, tempfile.mkdtemp(dir=work), ort_models=rows.ort_models)
     facts = model_facts(onnx.load(paths["raw32"], load_external_data=False))
     feeds = request(batch, seq, facts.vocab_size or 1000)
     mask = feeds["input_mask"]
@@ -86,10 +92,10 @@ def run_workload(name: str, skeleton: str, batch: int, seq: int, iters: int, wor
     # The runtime rows are built first, then timed in alternating rounds (a shared host
     # drifts by ~10% between minutes; interleaving puts the drift on every row alike).
     # The bertfuse-kernels form joins them, so both forms share the rounds.
-    rows, kernels_notes, skipped = plan_rows(kernels, paths)
-    model_of = {label: key for label, key, _ in rows}
+    runtime, kernels_notes, skipped = plan_rows(rows.kernels, paths, rows.paired)
+    model_of = {label: key for label, key, _ in runtime}
     built = {}
-    for label, key, kw in rows:
+    for label, key, kw in runtime:
         try:
             built[label] = _runtime_session(paths[key], feeds, **kw)
         except Exception as exc:

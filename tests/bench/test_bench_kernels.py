@@ -15,7 +15,7 @@ pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx_graphsurgeon")
 
 from bertfuse import cli  # noqa: E402
-from bertfuse.bench.kernels import CONTRIB_DEFAULT, FIRST_ROW, KERNELS_ROWS, KernelsSetup, \
+from bertfuse.bench.kernels import CONTRIB_DEFAULT, CONTRIB_RAW_ONLY, FIRST_ROW, KERNELS_ROWS, KernelsSetup, \
     find_library, format_comparison, plan_rows, runtime_rows  # noqa: E402
 from bertfuse.bench.models import prepare_models  # noqa: E402
 from bertfuse.bench.padded import Result  # noqa: E402
@@ -35,6 +35,13 @@ def test_runtime_rows_add_the_kernels_form_to_the_contrib_rows():
     labels = [label for label, _, _ in both]
     assert len(set(labels)) == len(labels) and CONTRIB_DEFAULT in labels
     assert FIRST_ROW == {"kernels16": extra[0][0], "kernels_fp8": extra[2][0]}
+    # paired: of the contrib form only the rows the kernels form has a twin of.
+    paired = runtime_rows(True, paired=True)
+    assert paired == [row for row in contrib if row[0] in (CONTRIB_RAW_ONLY, CONTRIB_DEFAULT)] \
+        + extra
+    twins = {label: kw for label, _, kw in paired}  # each kernels row's contrib twin
+    assert (twins[CONTRIB_DEFAULT], twins[CONTRIB_RAW_ONLY]) == (extra[0][2], extra[1][2])
+    assert runtime_rows(False, paired=True) == paired[:2]
 
 
 def test_missing_library_is_one_line_naming_the_cache_and_the_build(tmp_path):
@@ -130,11 +137,12 @@ def test_comparison_table_puts_the_two_forms_side_by_side():
     assert rows[4] == ["base b1 s128", kernels, "not run: no CUDA GPU found"]
 
 
-def test_bench_kernels_and_ort_rows_options(tmp_path, capsys):
-    for bad in (["--kernels", "cuda"], ["--ort-rows", "none"]):
+def test_bench_row_options(tmp_path, capsys):
+    for bad in (["--kernels", "cuda"], ["--ort-rows", "none"], ["--runtime-rows", "some"]):
         assert cli.main(["bench", "--skeletons", str(tmp_path), *bad]) == 2
         assert bad[0] in capsys.readouterr().err
-    for opts in (["--kernels", "ort"], ["--kernels", "both", "--ort-rows", "reference"]):
+    for opts in (["--kernels", "ort"], ["--kernels", "both", "--ort-rows", "reference",
+                                        "--runtime-rows", "paired"]):
         # accepted; then the missing skeleton is the one line
         assert cli.main(["bench", "--skeletons", str(tmp_path), *opts,
                          "--workloads", "base b1 s128", "--packed"]) == 2
