@@ -12,10 +12,9 @@
 #    rows (runtime as shipped, raw mask only, FP8 weights where the FP8 option exists) timed
 #    in the same rounds, CUPTI profile per runtime row, parity vs ORT raw fp32. To save
 #    setup time, ORT's own fp16 and optimizer rows are left out unless ORT_ROWS=all, and of
-#    the contrib runtime rows only the twins of the kernels rows run unless
-#    RUNTIME_ROWS=all. Skeletons
-#    (<config>_raw.skel.onnx) from $SKEL (default .stage/skel). Where the library is missing,
-#    the kernels rows say why and the rest still runs.
+#    the contrib runtime rows only the twins of the kernels rows run unless RUNTIME_ROWS=all.
+#    Skeletons (<config>_raw.skel.onnx) from $SKEL (default .stage/skel). Where the library
+#    is missing, the kernels rows say why and the rest still runs.
 # 3. Last: the two forms side by side, against the targets, with the top kernels of each.
 #
 # Needs: onnxruntime-gpu, onnx, onnx-graphsurgeon, numpy, ml_dtypes and torch (CUPTI profile)
