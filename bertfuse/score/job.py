@@ -23,6 +23,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from bertfuse.errors import BertfuseError
+from bertfuse.safety import pause_point
 from bertfuse.score.actor import CRASH_ENV, Scorer, read_parts
 from bertfuse.score.output import PART, OutputDir
 from bertfuse.score.spec import ScoreJob
@@ -160,6 +161,7 @@ def _consume(ds: Any, out: OutputDir, job: ScoreJob) -> None:
             have[index] += piece.num_rows
             if have[index] >= job.parts[index].rows:
                 out.commit(index, pa.concat_tables(pending.pop(index)))
+                pause_point("score-committed")  # tests: kill the job here
     if pending:  # the dataset ended with parts short of rows: never committed half
         first = min(pending)
         raise RuntimeError(f"part {first}: {have[first]} of {job.parts[first].rows} rows "

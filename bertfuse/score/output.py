@@ -157,5 +157,5 @@ def _within(path: str, directory: str) -> bool:
 def _first_difference(old: dict, new: dict) -> str:
     for key in new:
         if old.get(key) != new[key]:
-            return {"inputs": "the input", "parts": "the input's row groups"}.get(key, key)
+            return {"inputs": "the input", "parts": "the parts (--part-rows)"}.get(key, key)
     return "the output format"

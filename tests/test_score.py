@@ -1,0 +1,320 @@
+"""`bertfuse score` (bertfuse/score/) on a local Ray (3 logical CPUs: 2 scoring actors and the
+reading), on the CPU, with a tiny fused BERT (builders/onnx_graphs.py through the default
+passes). 10,000 rows scored by 2 actors equal a direct Session's outputs (ids and text), keys
+carried; an actor killed mid-job (os._exit) and a driver killed mid-job (SIGKILL, then rerun)
+still give every row exactly once; rejects carry their reasons; bad input is one line, exit 2.
+Teardown checks that no Ray process started here is left."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from bertfuse import cli
+from bertfuse.converter.example_vocab import example_vocab
+from bertfuse.errors import BertfuseError
+from bertfuse.runtime import Session
+from bertfuse.text import WordPiece
+from builders.onnx_graphs import bert
+
+ray = pytest.importorskip("ray")  # the `ray` extra: in CI's default extras
+
+from bertfuse.score import score  # noqa: E402
+from test_serve import descendants, wait_gone  # noqa: E402  (Ray process bookkeeping)
+
+VOCAB, POSITIONS, HIDDEN, ROWS = 300, 64, 32, 10_000
+TOL = 1e-4  # fp32, same kernels; only the batch's padding differs
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> dict[str, str]:
+    from bertfuse.passes.manager import run_passes
+
+    root = tmp_path_factory.mktemp("score_model")
+    fused, report = run_passes(bert(np.random.default_rng(3), layers=2, hidden=HIDDEN, heads=2,
+                                    inter=64, vocab=VOCAB, positions=POSITIONS))
+    assert report.table.fully_fused
+    onnx.save(fused, root / "tiny.onnx")
+    (root / "vocab.txt").write_text("".join(t + "\n" for t in example_vocab(VOCAB)))
+    return {"model": str(root / "tiny.onnx"), "vocab": str(root / "vocab.txt")}
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A local Ray of our own; on teardown none of the processes it started may be left."""
+    before = descendants(os.getpid())
+    ray.init(address="local", num_cpus=3, include_dashboard=False, log_to_driver=False)
+    started = descendants(os.getpid()) - before
+    try:
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()
+    left = wait_gone(started)
+    assert not left, f"Ray processes left after shutdown: {sorted(left)}"
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, tiny) -> dict:
+    """ROWS rows, row groups of 1000: ids (lengths 1..POSITIONS) and segments, text and a
+    pair from the vocab's words, and two key columns in a shuffled order."""
+    rng = np.random.default_rng(7)
+    words = [w for w in example_vocab(VOCAB) if w.isalpha() and w.islower()]
+    lengths = rng.integers(1, POSITIONS + 1, ROWS)
+    ids = [rng.integers(0, VOCAB, n).astype(np.int32) for n in lengths]
+    segs = [(np.arange(n) >= n // 2).astype(np.int32) for n in lengths]
+    text = [" ".join(rng.choice(words, rng.integers(1, 20))) for _ in range(ROWS)]
+    pair = [" ".join(rng.choice(words, rng.integers(1, 10))) for _ in range(ROWS)]
+    doc_id = rng.permutation(ROWS).astype(np.int64) * 3 + 11
+    table = pa.table({"doc_id": doc_id, "qid": [f"q{i % 97}" for i in range(ROWS)],
+                      "ids": pa.array([a.tolist() for a in ids], pa.list_(pa.int32())),
+                      "segs": pa.array([s.tolist() for s in segs], pa.list_(pa.int32())),
+                      "text": text, "pair": pair})
+    path = tmp_path_factory.mktemp("score_in") / "corpus.parquet"
+    pq.write_table(table, path, row_group_size=1000)
+    return {"path": str(path), "ids": ids, "segs": segs, "text": text, "pair": pair,
+            "doc_id": doc_id}
+
+
+def direct(session: Session, feeds: list[dict[str, np.ndarray]]) -> np.ndarray:
+    return np.concatenate([session.run(**f, outputs=["pooled_output"])["pooled_output"]
+                           for f in feeds])
+
+
+def id_batches(ids: list, segs: list, size: int = 32) -> list[dict[str, np.ndarray]]:
+    out = []
+    for i in range(0, len(ids), size):
+        chunk, schunk = ids[i:i + size], segs[i:i + size]
+        width = max(len(a) for a in chunk)
+        batch = {k: np.zeros((len(chunk), width), np.int32) for k in ("input_ids", "input_mask",
+                                                                       "segment_ids")}
+        for r, (a, s) in enumerate(zip(chunk, schunk)):
+            batch["input_ids"][r, :len(a)], batch["segment_ids"][r, :len(a)] = a, s
+            batch["input_mask"][r, :len(a)] = 1
+        out.append(batch)
+    return out
+
+
+def scored(out: Path, key: str = "doc_id") -> pa.Table:
+    table = pq.read_table(out / "scores").sort_by(key)
+    assert len(set(table.column(key).to_pylist())) == table.num_rows, "a row written twice"
+    return table
+
+
+def embeddings(table: pa.Table) -> np.ndarray:
+    return np.array(table.column("pooled_output").to_pylist(), np.float32)
+
+
+@pytest.fixture(scope="module")
+def ids_run(cluster, tiny, corpus, tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("score_out") / "ids"
+    summary = score(tiny["model"], corpus["path"], out, ids_column="ids", segment_column="segs",
+                    key_columns=["doc_id", "qid"], actors=2, part_rows=1000, progress=False)
+    return {"out": out, "summary": summary}
+
+
+def test_ids_equal_a_direct_session(ids_run, tiny, corpus):
+    s = ids_run["summary"]
+    assert (s.rows, s.scored, s.rejected, s.parts, s.actors) == (ROWS, ROWS, 0, 10, 2)
+    table = scored(ids_run["out"])
+    assert table.column_names == ["doc_id", "qid", "pooled_output"]
+    assert table.schema.field("pooled_output").type == pa.list_(pa.float32())
+    order = np.argsort(corpus["doc_id"])
+    assert np.array_equal(table.column("doc_id").to_numpy(), corpus["doc_id"][order])
+    assert table.column("qid").to_pylist() == [f"q{i % 97}" for i in order]
+    with Session(tiny["model"], device="cpu", max_batch=32) as session:
+        want = direct(session, id_batches(corpus["ids"], corpus["segs"]))[order]
+    got = embeddings(table)
+    assert got.shape == (ROWS, HIDDEN) and np.isfinite(got).all()
+    assert np.abs(got - want).max() <= TOL
+    manifest = json.loads((ids_run["out"] / "_bertfuse_score.json").read_text())
+    assert manifest["complete"] and manifest["summary"]["scored"] == ROWS
+    assert not list(ids_run["out"].rglob("*.tmp"))
+
+
+def test_text_pairs_equal_a_direct_session(cluster, tiny, corpus, tmp_path):
+    s = score(tiny["model"], corpus["path"], tmp_path / "out", text_column="text",
+              text_pair_column="pair", vocab=tiny["vocab"], actors=2, part_rows=2500,
+              progress=False)
+    assert (s.scored, s.rejected, s.parts) == (ROWS, 0, 4)
+    table = pq.read_table(tmp_path / "out" / "scores").sort_by("row")
+    assert table.column_names == ["row", "pooled_output"]  # no key columns: the row number
+    assert table.column("row").to_pylist() == list(range(ROWS))
+    tok = WordPiece(tiny["vocab"], model=tiny["model"])
+    feeds = [tok(corpus["text"][i:i + 32], corpus["pair"][i:i + 32]).feeds()
+             for i in range(0, ROWS, 32)]
+    with Session(tiny["model"], device="cpu", max_batch=32) as session:
+        want = direct(session, feeds)
+    assert np.abs(embeddings(table) - want).max() <= TOL
+
+
+def test_a_killed_actor_loses_and_repeats_nothing(cluster, tiny, corpus, ids_run, tmp_path,
+                                                  monkeypatch):
+    """An actor dies (os._exit) on its second batch: Ray restarts it and retries the batch;
+    the output equals the undisturbed run's, every row once."""
+    flag = tmp_path / "crashed"
+    monkeypatch.setenv("BERTFUSE_TEST_SCORE_CRASH", f"{flag}:2")
+    s = score(tiny["model"], corpus["path"], tmp_path / "out", ids_column="ids",
+              segment_column="segs", key_columns="doc_id,qid", actors=2, part_rows=1000,
+              progress=False)
+    assert flag.exists(), "no actor was killed"
+    pid = int(flag.read_text())
+    assert not Path(f"/proc/{pid}").exists() or \
+        Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    assert (s.scored, s.rejected) == (ROWS, 0)
+    got, want = scored(tmp_path / "out"), scored(ids_run["out"])
+    assert got.column("doc_id").equals(want.column("doc_id"))
+    assert np.abs(embeddings(got) - embeddings(want)).max() <= TOL
+
+
+def test_a_killed_job_rerun_writes_each_part_once(cluster, tiny, corpus, ids_run, tmp_path):
+    """`bertfuse score` joins this Ray, is SIGKILLed after its first part is committed, and
+    is run again: the committed part is not rewritten, a stale temp is removed, every row is
+    written once."""
+    out, flag = tmp_path / "out", tmp_path / "paused"
+    args = ["score", "--model", tiny["model"], "--input", corpus["path"], "--output", str(out),
+            "--ids-column", "ids", "--segment-column", "segs", "--key-columns", "doc_id,qid",
+            "--actors", "2", "--part-rows", "1000"]
+    env = {**os.environ, "BERTFUSE_TEST_PAUSE": f"score-committed:{flag}",
+           "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "bertfuse", *args, "--address", cluster],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while not flag.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert flag.exists(), proc.stderr.read().decode()[-2000:] if proc.poll() else "timeout"
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    done = sorted((out / "scores").glob("part-*.parquet"))
+    assert 1 <= len(done) < 10
+    first = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in done}
+    stale = out / "scores" / ".part-00009.parquet.abcd.tmp"  # as a kill mid-write leaves it
+    stale.write_bytes(b"half a file")
+    s = score(tiny["model"], corpus["path"], out, ids_column="ids", segment_column="segs",
+              key_columns=["doc_id", "qid"], actors=2, part_rows=1000, progress=False)
+    assert s.parts_skipped == len(done) and s.rows_this_run == ROWS - 1000 * len(done)
+    assert (s.scored, s.rejected) == (ROWS, 0)
+    assert {p: (q.stat().st_ino, q.stat().st_mtime_ns) for p, q in
+            ((n, out / "scores" / n) for n in first)} == first
+    assert not stale.exists()
+    got, want = scored(out), scored(ids_run["out"])
+    assert got.column("doc_id").equals(want.column("doc_id"))
+    assert np.abs(embeddings(got) - embeddings(want)).max() <= TOL
+    again = score(tiny["model"], corpus["path"], out, ids_column="ids", segment_column="segs",
+                  key_columns=["doc_id", "qid"], part_rows=1000, progress=False)
+    assert (again.parts_skipped, again.rows_this_run, again.scored) == (10, 0, ROWS)
+
+
+def test_rejects_are_written_with_their_reasons(cluster, tiny, tmp_path):
+    good = [1, 5, 7]
+    rows = [  # (ids, segs, mask, reason or None)
+        (good, [0, 0, 1], None, None),
+        (None, [0], None, "null ids"),
+        ([], [], None, "empty ids"),
+        (list(range(1, POSITIONS + 2)), [0] * (POSITIONS + 1), None,
+         f"too long: {POSITIONS + 1} tokens > max_seq {POSITIONS}"),
+        ([1, VOCAB, 2], [0, 0, 0], None, f"ids value {VOCAB} not in [0, {VOCAB})"),
+        ([1, -4], [0, 0], None, f"ids value -4 not in [0, {VOCAB})"),
+        ([1, None], [0, 0], None, "null id in ids"),
+        (good, [0, 2, 0], None, "segs value 2 not in [0, 2)"),
+        (good, [0, 0], None, "segs has 2 values, ids 3"),
+        (good, [0, 0, 0], [1, 1], "mask has 2 values, ids 3"),
+        (good, [0, 0, 0], [0, 0, 0], "mask keeps no token"),
+        (good, None, None, "null segs"),
+        ([9] * POSITIONS, [1] * POSITIONS, [1, 0] * (POSITIONS // 2), None),
+    ]
+    path = tmp_path / "in.parquet"
+    pq.write_table(pa.table({
+        "key": [f"k{i}" for i in range(len(rows))],
+        "ids": pa.array([r[0] for r in rows], pa.list_(pa.int64())),
+        "segs": pa.array([r[1] for r in rows], pa.list_(pa.int32())),
+        "mask": pa.array([r[2] if r[2] is not None else [1] * len(r[0] or [])
+                          for r in rows], pa.list_(pa.int8()))}), path)
+    s = score(tiny["model"], path, tmp_path / "out", ids_column="ids", segment_column="segs",
+              mask_column="mask", key_columns="key", actors=1, progress=False)
+    want = {f"k{i}": r[3] for i, r in enumerate(rows) if r[3]}
+    assert (s.scored, s.rejected) == (len(rows) - len(want), len(want))
+    rejects = pq.read_table(tmp_path / "out" / "rejects")
+    assert rejects.column_names == ["key", "reason"]
+    assert dict(zip(rejects.column("key").to_pylist(), rejects.column("reason").to_pylist())) \
+        == want
+    assert sorted(pq.read_table(tmp_path / "out" / "scores").column("key").to_pylist()) == \
+        sorted(f"k{i}" for i, r in enumerate(rows) if not r[3])
+
+    texts = ["what is bert", None, "   ", " ".join(["water"] * POSITIONS), "who knows"]
+    pq.write_table(pa.table({"t": texts}), tmp_path / "text.parquet")
+    s = score(tiny["model"], tmp_path / "text.parquet", tmp_path / "text_out", text_column="t",
+              vocab=tiny["vocab"], actors=1, progress=False)
+    reasons = pq.read_table(tmp_path / "text_out" / "rejects").sort_by("row").to_pylist()
+    assert reasons == [{"row": 1, "reason": "null t"}, {"row": 2, "reason": "empty t"},
+                       {"row": 3, "reason": f"too long: more than max_seq {POSITIONS} tokens "
+                                            "(--truncate cuts it to fit)"}]
+    assert (s.scored, s.rejected) == (2, 3)
+    cut = score(tiny["model"], tmp_path / "text.parquet", tmp_path / "cut", text_column="t",
+                vocab=tiny["vocab"], truncate=True, actors=1, progress=False)
+    assert (cut.scored, cut.rejected) == (3, 2)
+
+
+def run_cli(capsys, *args: str) -> tuple[int, str]:
+    code = cli.main(["score", *args])
+    return code, capsys.readouterr().err
+
+
+def test_bad_input_is_one_line_exit_2(tiny, corpus, ids_run, tmp_path, capsys):
+    base = ["--model", tiny["model"], "--input", corpus["path"]]
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    (tmp_path / "bad.parquet").write_text("not parquet")
+    cases = [
+        ([*base, "--output", str(tmp_path / "o"), "--ids-column", "nope"], "no column 'nope'"),
+        ([*base, "--output", str(tmp_path / "o"), "--text-column", "text"], "vocab"),
+        ([*base, "--output", str(tmp_path / "o"), "--ids-column", "text"], "lists of integers"),
+        ([*base, "--output", str(tmp_path / "o"), "--ids-column", "ids", "--text-column", "t",
+          "--vocab", tiny["vocab"]], "either"),
+        ([*base, "--output", str(tmp_path / "o"), "--ids-column", "ids", "--outputs", "x"],
+         "no output 'x'"),
+        ([*base, "--output", str(foreign), "--ids-column", "ids"], "not empty"),
+        ([*base, "--output", corpus["path"], "--ids-column", "ids"], "not a directory"),
+        ([*base, "--output", str(Path(corpus["path"]).parent), "--ids-column", "ids"],
+         "holds the input"),
+        ([*base, "--output", str(ids_run["out"]), "--ids-column", "ids"], "different job"),
+        (["--model", tiny["model"], "--input", str(tmp_path / "bad.parquet"), "--output",
+          str(tmp_path / "o"), "--ids-column", "ids"], "not a readable Parquet file"),
+        (["--model", tiny["vocab"], "--input", corpus["path"], "--output", str(tmp_path / "o"),
+          "--ids-column", "ids"], "not an ONNX model"),
+        ([*base, "--output", str(tmp_path / "o"), "--ids-column", "ids", "--actors", "0"],
+         "at least 1"),
+        ([*base, "--output", str(tmp_path / "o"), "--ids-column", "ids", "--max-seq", "65"],
+         "longer than the model's 64 positions"),
+    ]
+    for args, words in cases:
+        code, err = run_cli(capsys, *args)
+        assert code == 2, (args, err)
+        assert len(err.strip().splitlines()) == 1 and words in err, (args, err)
+    assert sorted(p.name for p in foreign.iterdir()) == ["notes.txt"]
+    assert not (tmp_path / "o").exists()
+    for kwargs in ({"actors": 0}, {"key_columns": 5}, {"batch_size": True}, {"device": "tpu"},
+                   {"outputs": ["pooled_output", "pooled_output"]}):
+        with pytest.raises(BertfuseError):
+            score(tiny["model"], corpus["path"], tmp_path / "o", ids_column="ids", **kwargs)
+
+
+def test_import_bertfuse_imports_no_ray():
+    code = "import sys, bertfuse, bertfuse.score, bertfuse.cli; bertfuse.cli.build_parser(); " \
+           "assert 'ray' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
