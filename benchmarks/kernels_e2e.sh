@@ -49,6 +49,10 @@ for f in "$SKEL/shenma-3l_raw.skel.onnx" "$SKEL/base_raw.skel.onnx"; do
     [ -f "$f" ] || { echo "missing skeleton $f (carry .stage/skel)"; exit 2; }
 done
 
+"$PY" -c 'import onnxruntime as o, onnx, onnx_graphsurgeon as g, torch
+print("onnxruntime", o.__version__, "onnx", onnx.__version__, "onnx-graphsurgeon", g.__version__,
+      "torch", torch.__version__)' || { echo "missing a Python package (is /tmp/site staged?)"; exit 2; }
+
 # 1. build + check (a failed build leaves the library out; bench's kernels rows then say why)
 t=$(cap 210 260)
 OUT="$OUT/kernels" timeout -k 10 "$t" bash benchmarks/kernels_device.sh "$INC" \
