@@ -358,14 +358,16 @@ const char* bf_dense_forward(DenseGemm& gemm, cudaStream_t stream, WorkspaceSour
       }  // else: GEMM with the bias epilogue, then erf-GELU in place
       break;
     case DenseKind::kBiasSkipLayerNorm:
+      // Measured on the H200 (M = 1280, 128, 4096): the plain GEMM with the LN adding bias and
+      // residual is fastest (shenma FFN down 13.8 us against 14.9 with the residual as C).
       if (a.variant == 1) {  // bias epilogue, LN adds the residual
         ln_skip = a.skip;
-      } else if (a.variant == 2) {  // plain GEMM, LN adds bias and residual
+      } else if (a.variant == 2) {  // bias epilogue + residual as C (beta = 1), LN in place
+        C = a.skip;
+      } else {  // plain GEMM, LN adds bias and residual
         epi = Epilogue::kNone;
         ln_bias = a.bias;
         ln_skip = a.skip;
-      } else {  // bias epilogue + residual as C (beta = 1), LN in place
-        C = a.skip;
       }
       break;
     default:

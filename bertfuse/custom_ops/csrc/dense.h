@@ -120,8 +120,8 @@ struct DenseArgs {
   int approximate = 0;            // GELU: 0 erf, 1 tanh
   float epsilon = 1e-12f;
   // 0 = the production path. GELU erf: 1 = plain GEMM + one bias+erf kernel (default 0: bias
-  // epilogue + erf in place). SkipLayerNorm: 1 = bias epilogue, LN adds skip; 2 = plain GEMM,
-  // LN adds bias+skip (default 0: bias epilogue with skip as C, LN in place).
+  // epilogue + erf in place). SkipLayerNorm: 1 = bias epilogue, LN adds skip; 2 = bias
+  // epilogue with skip as C (beta = 1), LN in place (default 0: plain GEMM, LN adds bias+skip).
   int variant = 0;
   // FP8 (e4m3) weights: w is Wt [N, K]; w_scale device float[1]; xq device scratch [M*K] bytes
   // (x null: xq already holds X quantized with x_scale, and only the GEMM runs).
@@ -129,7 +129,7 @@ struct DenseArgs {
   const float* w_scale = nullptr;
   float x_scale = 1.0f;
   uint8_t* xq = nullptr;
-  bool fast_accum = false;  // Hopper's FP8 fast accumulation: faster, less exact
+  bool fast_accum = true;  // Hopper's FP8 fast accumulation: faster, less exact
 };
 
 // Enqueues the whole op on `stream`, the GEMM's workspace from `ws`. nullptr on success, else

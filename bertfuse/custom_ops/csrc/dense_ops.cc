@@ -5,7 +5,7 @@
 //
 // FP8 form = the fp16 op's inputs with W replaced by Wt (float8e4m3fn [N, K], W transposed)
 // and one more input appended, w_scale (float32 [1]); attribute x_scale (required, > 0) and
-// fast_accum (int, default 0). See bertfuse/custom_ops/README.md.
+// fast_accum (int, default 1). See bertfuse/custom_ops/README.md.
 #include <cuda_fp16.h>
 
 #include <memory>
@@ -123,7 +123,7 @@ class DenseKernel {
     if (!(epsilon_ >= 0.f)) throw std::invalid_argument("attribute epsilon must be >= 0");
     if (T::kFp8) {
       x_scale_ = bf::AttrFloat(info, "x_scale", 0.f);
-      fast_accum_ = bf::AttrInt(info, "fast_accum", 0) != 0;
+      fast_accum_ = bf::AttrInt(info, "fast_accum", 1) != 0;
       if (!(x_scale_ > 0.f) || x_scale_ == INFINITY) {
         throw std::invalid_argument("attribute x_scale (the activations' FP8 scale) is required and must be a finite float > 0");
       }
@@ -218,7 +218,7 @@ class DenseKernel {
   int approximate_ = 0;
   float epsilon_ = 1e-12f;
   float x_scale_ = 1.f;
-  bool fast_accum_ = false;
+  bool fast_accum_ = true;
   std::unique_ptr<bertfuse::DenseGemm> gemm_;
 };
 
