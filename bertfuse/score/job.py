@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any, Iterator
@@ -146,23 +147,39 @@ def _dataset(job: ScoreJob, todo: list, device: str, actors: int) -> Any:
 
 
 def _consume(ds: Any, out: OutputDir, job: ScoreJob) -> None:
-    """Gathers the scored rows per part; a part is committed once all its rows are in."""
+    """Gathers the scored rows per part; a part is committed (on a writer thread, so that
+    writing overlaps fetching) once all its rows are in."""
     import pyarrow as pa
 
     pending: dict[int, list] = defaultdict(list)
     have: dict[int, int] = defaultdict(int)
-    for block in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
-        parts = block.column(PART).to_numpy()
-        for index in np.unique(parts):
-            index = int(index)
-            piece = block if parts[0] == parts[-1] == index and len(np.unique(parts)) == 1 \
-                else block.filter(pa.array(parts == index))
-            pending[index].append(piece)
-            have[index] += piece.num_rows
-            if have[index] >= job.parts[index].rows:
-                out.commit(index, pa.concat_tables(pending.pop(index)))
-                pause_point("score-committed")  # tests: kill the job here
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="bertfuse-commit") as pool:
+        writing: list[Future] = []
+        for block in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
+            parts = block.column(PART).to_numpy()
+            for index in np.unique(parts):
+                index = int(index)
+                piece = block if parts[0] == parts[-1] == index and (parts == index).all() \
+                    else block.filter(pa.array(parts == index))
+                pending[index].append(piece)
+                have[index] += piece.num_rows
+                if have[index] >= job.parts[index].rows:
+                    writing.append(pool.submit(out.commit, index, pending.pop(index)))
+            writing = _reap(writing, wait=False)
+        _reap(writing, wait=True)
     if pending:  # the dataset ended with parts short of rows: never committed half
         first = min(pending)
         raise RuntimeError(f"part {first}: {have[first]} of {job.parts[first].rows} rows "
                            "came back")
+
+
+def _reap(writing: list[Future], wait: bool) -> list[Future]:
+    """The commits still running; a finished one's error is raised here."""
+    left = []
+    for f in writing:
+        if wait or f.done():
+            f.result()
+            pause_point("score-committed")  # tests: kill the job here
+        else:
+            left.append(f)
+    return left
