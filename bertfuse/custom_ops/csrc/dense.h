@@ -119,8 +119,8 @@ struct DenseArgs {
   DenseKind kind = DenseKind::kBias;
   int approximate = 0;            // GELU: 0 erf, 1 tanh
   float epsilon = 1e-12f;
-  // 0 = the production path. GELU erf: 1 = plain GEMM + one bias+erf kernel (default 0: bias
-  // epilogue + erf in place). SkipLayerNorm: 1 = bias epilogue, LN adds skip; 2 = bias
+  // 0 = the production path. GELU erf: 1 = plain GEMM + one bias+erf kernel, 2 = as 0 with
+  // the A&S erf (Act::kGeluErfAS) (default 0: bias epilogue + erf in place). SkipLayerNorm: 1 = bias epilogue, LN adds skip; 2 = bias
   // epilogue with skip as C (beta = 1), LN in place (default 0: plain GEMM, LN adds bias+skip).
   int variant = 0;
   // FP8 (e4m3) weights: w is Wt [N, K]; w_scale device float[1]; xq device scratch [M*K] bytes
@@ -137,13 +137,15 @@ struct DenseArgs {
 const char* bf_dense_forward(DenseGemm& gemm, cudaStream_t stream, WorkspaceSource* ws,
                              const DenseArgs& args);
 
-enum class Act : int { kNone = 0, kGeluErf = 1, kGeluTanh = 2 };
+// kGeluErfAS: the erf GELU with erf from Abramowitz & Stegun 7.1.28 (branch-free, one
+// reciprocal; |erf error| <= 2e-6 in fp32, far below fp16's resolution) instead of erff.
+enum class Act : int { kNone = 0, kGeluErf = 1, kGeluTanh = 2, kGeluErfAS = 3 };
 
-// y = act(y (+ bias)) in place over [M,N], fp32 math. The erf GELU that cuBLASLt has no
-// epilogue for; the bias and tanh GELU only where cuBLASLt offers no algorithm with them.
-// bias may be null.
-cudaError_t bf_bias_act_f16(cudaStream_t stream, __half* y, const __half* bias, int M, int N,
-                            Act act);
+// y = act(x (+ bias)) over [M,N], fp32 math; y may be x (in place on the GEMM output). The
+// erf GELU that cuBLASLt has no epilogue for; the bias and tanh GELU only where cuBLASLt
+// offers no algorithm with them. bias may be null.
+cudaError_t bf_bias_act_f16(cudaStream_t stream, const __half* x, __half* y, const __half* bias,
+                            int M, int N, Act act);
 
 // q[i] = e4m3(x[i] / scale), saturating to +-448 (round to nearest even), n elements.
 cudaError_t bf_quantize_e4m3(cudaStream_t stream, const __half* x, float scale, uint8_t* q,
