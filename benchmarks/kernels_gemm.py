@@ -77,9 +77,9 @@ def build(tmp: str) -> str:
 
 def load(path: str) -> ctypes.CDLL:
     lib = ctypes.CDLL(path)
-    lib.bf_check_dense.argtypes = [U64] * 7 + [I32] * 5 + [F32, I32, U64]
+    lib.bf_check_dense.argtypes = [U64] * 7 + [I32] * 5 + [F32, I32, U64, F32, U64]
     lib.bf_check_dense_fp8.argtypes = ([U64, U64, U64, F32, U64] + [U64] * 5 + [I32] * 5
-                                       + [F32, I32, I32, U64])
+                                       + [F32, I32, I32, U64, F32, U64])
     lib.bf_check_layernorm.argtypes = [U64] * 5 + [F32, U64, I32, I32, U64, F32, U64]
     lib.bf_check_set_algo_rank.argtypes = [I32]
     lib.bf_check_set_workspace_mb.argtypes = [I32]
@@ -198,7 +198,7 @@ def run_shape(lib, args, wl: str, M: int, name: str, K: int, N: int, kind: int, 
     def ours(variant: int):
         return lambda: checked(lib, lib.bf_check_dense(ptr(x), ptr(w), ptr(bias), ptr(skip), ptr(gamma),
                                                         ptr(beta), ptr(y), M, N, K, kind, approximate,
-                                                        EPS, variant, stream()))
+                                                        EPS, variant, 0, 1.0, stream()))
 
     for variant in VARIANTS[kind] if not (kind == GELU and approximate) else [0]:
         row = dict(base, impl=f"bertfuse v{variant}", precision="fp16")
@@ -290,7 +290,7 @@ def run_fp8(lib, args, base, x, w, bias, skip, gamma, beta, kind, approximate, r
         def ours(fast=fast):
             checked(lib, lib.bf_check_dense_fp8(ptr(x), ptr(wt), ptr(w_scale_t), x_scale, ptr(xq), ptr(bias),
                                                 ptr(skip), ptr(gamma), ptr(beta), ptr(y), M, N, K, kind,
-                                                approximate, EPS, 0, fast, stream()))
+                                                approximate, EPS, 0, fast, 0, 1.0, stream()))
         row = dict(base, impl=f"bertfuse fp8 fast_accum={fast}", precision="fp8", x_scale=x_scale,
                    w_scale=w_scale)
         try:
@@ -307,14 +307,8 @@ def run_fp8(lib, args, base, x, w, bias, skip, gamma, beta, kind, approximate, r
             row.update(gate=False, error=str(exc))
         row["us"] = time_us(ours, args.reps, args.iters, s)
         rows.append(row)
-    # Without the quantize kernel, X already quantized (what fusing it upstream would leave).
-    with torch.cuda.stream(s):
-        xq.copy_(e4m3(x, x_scale).view(torch.uint8))
-    rows.append(dict(base, impl="bertfuse fp8 without the quantize (X pre-quantized)", precision="fp8",
-                     us=time_us(lambda: checked(lib, lib.bf_check_dense_fp8(
-                         0, ptr(wt), ptr(w_scale_t), x_scale, ptr(xq), ptr(bias), ptr(skip), ptr(gamma),
-                         ptr(beta), ptr(y), M, N, K, kind, approximate, EPS, 0, 0, stream())),
-                         args.reps, args.iters, s)))
+    rows += fp8_chain_rows(lib, args, base, x, wt, w_scale_t, x_scale, xq, bias, skip, gamma, beta, y,
+                           kind, approximate, s)
     if hasattr(torch, "_scaled_mm"):
         xq8 = e4m3(x, x_scale)
         sa = torch.tensor(x_scale, device="cuda")
@@ -325,6 +319,34 @@ def run_fp8(lib, args, base, x, w, bias, skip, gamma, beta, kind, approximate, r
         rows.append(dict(base, impl="torch _scaled_mm + bias (GEMM only, X pre-quantized)",
                          precision="fp8", us=time_us(fn, args.reps, args.iters, s)))
     return rows
+
+
+def fp8_chain_rows(lib, args, base, x, wt, w_scale_t, x_scale, xq, bias, skip, gamma, beta, y, kind,
+                   approximate, s) -> list[dict]:
+    """The FP8 op as a chain of FP8 ops runs it: X arrives as e4m3 (quantized by the op
+    upstream, no quantize pass here), with and without writing Y's e4m3 copy for the next."""
+    M, K = x.shape
+    N = y.shape[1]
+    yq = torch.empty(M, N, device="cuda", dtype=torch.uint8)
+    yq_scale = 4.0 / 448.0
+    with torch.cuda.stream(s):
+        xq.copy_(e4m3(x, x_scale).view(torch.uint8))
+
+    def op(with_yq: bool):
+        return lambda: checked(lib, lib.bf_check_dense_fp8(
+            0, ptr(wt), ptr(w_scale_t), x_scale, ptr(xq), ptr(bias), ptr(skip), ptr(gamma), ptr(beta),
+            ptr(y), M, N, K, kind, approximate, EPS, 0, 1, ptr(yq) if with_yq else 0, yq_scale, stream()))
+    row = dict(base, impl="bertfuse fp8, X e4m3 in, Yq e4m3 out", precision="fp8")
+    try:
+        with torch.cuda.stream(s):
+            op(True)()
+            same = bool(torch.equal(yq, e4m3(y, yq_scale).view(torch.uint8)))
+        row.update(gate=same, **({} if same else {"error": "Yq differs from e4m3(Y / yq_scale)"}))
+    except RuntimeError as exc:
+        row.update(gate=False, error=str(exc))
+    row["us"] = time_us(op(True), args.reps, args.iters, s)
+    return [dict(base, impl="bertfuse fp8 without the quantize (X pre-quantized)", precision="fp8",
+                 us=time_us(op(False), args.reps, args.iters, s)), row]
 
 
 def cells(r: dict) -> list[str]:
@@ -348,7 +370,7 @@ def _best(rows: list[dict], pred) -> tuple[str, float | str]:
 def summary(rows: list[dict]) -> None:
     """One line per (workload, GEMM): the full table is in kernels_gemm.md."""
     print("| workload | gemm | bertfuse v0 us | fastest bertfuse | fastest torch | torch mm floor | "
-          "fp8 fa0 / fa1 / no-quantize us | fp8 fa0 mean diff vs fp64 | v0 max / mean diff | gate |")
+          "fp8 fa0 / fa1 / no-quantize / chain us | fp8 fa0 mean diff vs fp64 | v0 max / mean diff | gate |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     keys = dict.fromkeys((r["workload"], r["gemm"]) for r in rows)
     for wl, gemm in keys:
@@ -360,7 +382,7 @@ def summary(rows: list[dict]) -> None:
                    and "_scaled_mm" not in i)
         fp8 = " / ".join(str(by.get(k, {}).get("us", "")) for k in (
             "bertfuse fp8 fast_accum=0", "bertfuse fp8 fast_accum=1",
-            "bertfuse fp8 without the quantize (X pre-quantized)"))
+            "bertfuse fp8 without the quantize (X pre-quantized)", "bertfuse fp8, X e4m3 in, Yq e4m3 out"))
         fa0 = by.get("bertfuse fp8 fast_accum=0", {})
         fa0_mean = f"{fa0['mean_diff_vs_fp64']:.3g}" if "mean_diff_vs_fp64" in fa0 else ""
         diffs = f"{v0['max_diff']:.3g} / {v0['mean_diff']:.3g}" if "max_diff" in v0 else v0.get("error", "")

@@ -231,9 +231,17 @@ __device__ __forceinline__ float act(float x) {
   return x;
 }
 
-// 8 halves per thread (16-byte accesses); needs N % 8 == 0 and 16-byte aligned pointers.
+// out = act(x (+ bias)) -> y (fp16) and/or yq (e4m3 of the fp16 value / yq_scale, saturating,
+// round to nearest even: the same bytes a later quantize pass would write). y may be x.
+struct ActOut {
+  __half* y;
+  uint8_t* yq;
+  float yq_scale;
+};
+
+// 8 halves per thread (16-byte accesses); needs N % 8 == 0 and 16-byte (yq: 8-byte) alignment.
 template <Act A>
-__global__ void bias_act_vec8(const __half* x, __half* y, const __half* bias, int N, size_t nvec) {
+__global__ void bias_act_vec8(const __half* x, const __half* bias, ActOut o, int N, size_t nvec) {
   for (size_t v = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; v < nvec;
        v += static_cast<size_t>(gridDim.x) * blockDim.x) {
     uint4 u = reinterpret_cast<const uint4*>(x)[v];
@@ -241,6 +249,8 @@ __global__ void bias_act_vec8(const __half* x, __half* y, const __half* bias, in
     uint4 bu = make_uint4(0, 0, 0, 0);
     if (bias) bu = reinterpret_cast<const uint4*>(bias)[(v * 8 % N) / 8];
     const __half2* bh = reinterpret_cast<const __half2*>(&bu);
+    uint2 q;
+    uint16_t* qq = reinterpret_cast<uint16_t*>(&q);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       float2 f = __half22float2(h[j]);
@@ -250,43 +260,27 @@ __global__ void bias_act_vec8(const __half* x, __half* y, const __half* bias, in
         f.y += b.y;
       }
       h[j] = __floats2half2_rn(act<A>(f.x), act<A>(f.y));
+      if (o.yq) {
+        f = __half22float2(h[j]);
+        f.x = f.x / o.yq_scale;
+        f.y = f.y / o.yq_scale;
+        qq[j] = __nv_cvt_float2_to_fp8x2(f, __NV_SATFINITE, __NV_E4M3);
+      }
     }
-    reinterpret_cast<uint4*>(y)[v] = u;
+    if (o.y) reinterpret_cast<uint4*>(o.y)[v] = u;
+    if (o.yq) reinterpret_cast<uint2*>(o.yq)[v] = q;
   }
 }
 
 template <Act A>
-__global__ void bias_act_scalar(const __half* x, __half* y, const __half* bias, int N, size_t n) {
+__global__ void bias_act_scalar(const __half* x, const __half* bias, ActOut o, int N, size_t n) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     float v = __half2float(x[i]);
     if (bias) v += __half2float(bias[i % N]);
-    y[i] = __float2half_rn(act<A>(v));
-  }
-}
-
-__global__ void quantize_e4m3_vec8(const __half* x, float scale, uint8_t* q, size_t nvec) {
-  for (size_t v = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; v < nvec;
-       v += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const uint4 u = reinterpret_cast<const uint4*>(x)[v];
-    const __half2* h = reinterpret_cast<const __half2*>(&u);
-    uint2 out;
-    uint16_t* o = reinterpret_cast<uint16_t*>(&out);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      float2 f = __half22float2(h[j]);
-      f.x = f.x / scale;
-      f.y = f.y / scale;
-      o[j] = __nv_cvt_float2_to_fp8x2(f, __NV_SATFINITE, __NV_E4M3);
-    }
-    reinterpret_cast<uint2*>(q)[v] = out;
-  }
-}
-
-__global__ void quantize_e4m3_scalar(const __half* x, float scale, uint8_t* q, size_t n) {
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    q[i] = __nv_cvt_float_to_fp8(__half2float(x[i]) / scale, __NV_SATFINITE, __NV_E4M3);
+    const __half h = __float2half_rn(act<A>(v));
+    if (o.y) o.y[i] = h;
+    if (o.yq) o.yq[i] = __nv_cvt_float_to_fp8(__half2float(h) / o.yq_scale, __NV_SATFINITE, __NV_E4M3);
   }
 }
 
@@ -302,39 +296,36 @@ unsigned GridFor(size_t work, int threads) {
 }  // namespace
 
 template <Act A>
-cudaError_t LaunchBiasAct(cudaStream_t stream, const __half* x, __half* y, const __half* bias, int M,
-                          int N) {
-  const size_t n = static_cast<size_t>(M) * N;
+cudaError_t LaunchBiasAct(cudaStream_t stream, const __half* x, const __half* bias, ActOut o,
+                          size_t n, int N) {
   if (n == 0) return cudaSuccess;
   constexpr int kThreads = 256;
-  if (N % 8 == 0 && Aligned16(x) && Aligned16(y) && (!bias || Aligned16(bias))) {
-    bias_act_vec8<A><<<GridFor(n / 8, kThreads), kThreads, 0, stream>>>(x, y, bias, N, n / 8);
+  if (N % 8 == 0 && Aligned16(x) && (!o.y || Aligned16(o.y)) && (!bias || Aligned16(bias)) &&
+      (reinterpret_cast<uintptr_t>(o.yq) & 7u) == 0) {
+    bias_act_vec8<A><<<GridFor(n / 8, kThreads), kThreads, 0, stream>>>(x, bias, o, N, n / 8);
   } else {
-    bias_act_scalar<A><<<GridFor(n, kThreads), kThreads, 0, stream>>>(x, y, bias, N, n);
+    bias_act_scalar<A><<<GridFor(n, kThreads), kThreads, 0, stream>>>(x, bias, o, N, n);
   }
   return cudaGetLastError();
 }
 
 cudaError_t bf_bias_act_f16(cudaStream_t stream, const __half* x, __half* y, const __half* bias,
-                            int M, int N, Act act) {
+                            int M, int N, Act act, uint8_t* yq, float yq_scale) {
+  const ActOut o{y, yq, yq_scale};
+  const size_t n = static_cast<size_t>(M) * N;
   switch (act) {
-    case Act::kGeluErf: return LaunchBiasAct<Act::kGeluErf>(stream, x, y, bias, M, N);
-    case Act::kGeluTanh: return LaunchBiasAct<Act::kGeluTanh>(stream, x, y, bias, M, N);
-    case Act::kGeluErfAS: return LaunchBiasAct<Act::kGeluErfAS>(stream, x, y, bias, M, N);
-    default: return LaunchBiasAct<Act::kNone>(stream, x, y, bias, M, N);
+    case Act::kGeluErf: return LaunchBiasAct<Act::kGeluErf>(stream, x, bias, o, n, N);
+    case Act::kGeluTanh: return LaunchBiasAct<Act::kGeluTanh>(stream, x, bias, o, n, N);
+    case Act::kGeluErfAS: return LaunchBiasAct<Act::kGeluErfAS>(stream, x, bias, o, n, N);
+    default: return LaunchBiasAct<Act::kNone>(stream, x, bias, o, n, N);
   }
 }
 
 cudaError_t bf_quantize_e4m3(cudaStream_t stream, const __half* x, float scale, uint8_t* q,
                              size_t n) {
-  if (n == 0) return cudaSuccess;
-  constexpr int kThreads = 256;
-  if (n % 8 == 0 && Aligned16(x) && (reinterpret_cast<uintptr_t>(q) & 7u) == 0) {
-    quantize_e4m3_vec8<<<GridFor(n / 8, kThreads), kThreads, 0, stream>>>(x, scale, q, n / 8);
-  } else {
-    quantize_e4m3_scalar<<<GridFor(n, kThreads), kThreads, 0, stream>>>(x, scale, q, n);
-  }
-  return cudaGetLastError();
+  // One row of n elements: the plain pass of the bias/activation kernel, fp8 output only.
+  return LaunchBiasAct<Act::kNone>(stream, x, nullptr, ActOut{nullptr, q, scale}, n,
+                                   n % 8 == 0 ? 8 : 1);
 }
 
 // ---- op-level forward --------------------------------------------------------------------------
@@ -430,13 +421,14 @@ const char* bf_dense_forward(DenseGemm& gemm, cudaStream_t stream, WorkspaceSour
     return bf_dense_forward(gemm, stream, ws, a);  // just marked unsupported: the fallback
   }
   if (err) return err;
-  if (post) {
-    const cudaError_t pe = bf_bias_act_f16(stream, a.y, a.y, post_bias, M, N, act);
+  if (post || (a.yq && !sln)) {  // a pass only for the e4m3 copy leaves Y as the GEMM wrote it
+    const cudaError_t pe = bf_bias_act_f16(stream, a.y, post ? a.y : nullptr, post_bias, M, N,
+                                           post ? act : Act::kNone, a.yq, a.yq_scale);
     if (pe != cudaSuccess) return CudaFail("bias/GELU", pe);
   }
   if (sln) {
     const cudaError_t le = bf_layernorm_f16(stream, a.y, ln_bias, ln_skip, a.gamma, a.beta,
-                                            a.epsilon, a.y, M, N);
+                                            a.epsilon, a.y, M, N, a.yq, a.yq_scale);
     if (le != cudaSuccess) return CudaFail("LayerNorm", le);
   }
   return nullptr;
@@ -532,13 +524,16 @@ int RunCheck(const bertfuse::DenseArgs& args, uintptr_t stream) {
 #define BF_DENSE_EXPORT extern "C" __attribute__((visibility("default")))
 
 // kind: 0 DenseBias, 1 DenseBiasGelu, 2 DenseBiasSkipLayerNorm. variant 0 is what the ORT ops
-// run; 1/2 are the alternatives measured against it (see bf_dense_forward). Returns 0 on
-// success, else non-zero with the message in bf_dense_last_error().
+// run; 1/2 are the alternatives measured against it (see bf_dense_forward). yq (0 = none):
+// the e4m3 copy of Y, e4m3(Y / yq_scale). Returns 0 on success, else non-zero with the
+// message in bf_dense_last_error().
 BF_DENSE_EXPORT int bf_check_dense(uintptr_t x, uintptr_t w, uintptr_t bias, uintptr_t skip,
                                    uintptr_t gamma, uintptr_t beta, uintptr_t y, int M, int N,
                                    int K, int kind, int approximate, float epsilon, int variant,
-                                   uintptr_t stream) {
+                                   uintptr_t yq, float yq_scale, uintptr_t stream) {
   bertfuse::DenseArgs a = Args(x, w, bias, skip, gamma, beta, y, M, N, K, kind, approximate, epsilon, variant);
+  a.yq = Ptr<uint8_t>(yq);
+  a.yq_scale = yq_scale;
   return RunCheck(a, stream);
 }
 
@@ -548,8 +543,11 @@ BF_DENSE_EXPORT int bf_check_dense_fp8(uintptr_t x, uintptr_t wt, uintptr_t w_sc
                                        uintptr_t xq, uintptr_t bias, uintptr_t skip,
                                        uintptr_t gamma, uintptr_t beta, uintptr_t y, int M, int N,
                                        int K, int kind, int approximate, float epsilon,
-                                       int variant, int fast_accum, uintptr_t stream) {
+                                       int variant, int fast_accum, uintptr_t yq, float yq_scale,
+                                       uintptr_t stream) {
   bertfuse::DenseArgs a = Args(x, wt, bias, skip, gamma, beta, y, M, N, K, kind, approximate, epsilon, variant);
+  a.yq = Ptr<uint8_t>(yq);
+  a.yq_scale = yq_scale;
   a.fp8 = true;
   a.w_scale = Ptr<const float>(w_scale);
   a.x_scale = x_scale;

@@ -130,6 +130,10 @@ struct DenseArgs {
   float x_scale = 1.0f;
   uint8_t* xq = nullptr;
   bool fast_accum = true;  // Hopper's FP8 fast accumulation: faster, less exact
+  // Optional e4m3 copy of Y for an FP8 GEMM downstream: yq [M*N] bytes = e4m3(Y / yq_scale),
+  // written by the kernel that writes Y last (the LayerNorm, the GELU pass, else one pass).
+  uint8_t* yq = nullptr;
+  float yq_scale = 1.0f;
 };
 
 // Enqueues the whole op on `stream`, the GEMM's workspace from `ws`. nullptr on success, else
@@ -143,9 +147,10 @@ enum class Act : int { kNone = 0, kGeluErf = 1, kGeluTanh = 2, kGeluErfAS = 3 };
 
 // y = act(x (+ bias)) over [M,N], fp32 math; y may be x (in place on the GEMM output). The
 // erf GELU that cuBLASLt has no epilogue for; the bias and tanh GELU only where cuBLASLt
-// offers no algorithm with them. bias may be null.
+// offers no algorithm with them. bias may be null. yq (optional): also e4m3(y / yq_scale),
+// the FP8 input of a GEMM downstream; y may then be null (fp8 output only).
 cudaError_t bf_bias_act_f16(cudaStream_t stream, const __half* x, __half* y, const __half* bias,
-                            int M, int N, Act act);
+                            int M, int N, Act act, uint8_t* yq = nullptr, float yq_scale = 1.0f);
 
 // q[i] = e4m3(x[i] / scale), saturating to +-448 (round to nearest even), n elements.
 cudaError_t bf_quantize_e4m3(cudaStream_t stream, const __half* x, float scale, uint8_t* q,

@@ -38,6 +38,9 @@ struct Traits {
                      : (Fp8 ? "DenseBiasSkipLayerNormFp8" : "DenseBiasSkipLayerNorm");
   }
   static ONNXTensorElementDataType InputType(size_t i) {
+    // FP8 ops take X as float16 (quantized here) or float8e4m3fn (quantized upstream with the
+    // same x_scale): declared untyped, checked in Compute.
+    if (i == 0) return Fp8 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED : kF16;
     if (i == 1) return Fp8 ? kE4M3 : kF16;
     if (Fp8 && i == kBase) return kF32;  // w_scale
     return kF16;
@@ -128,6 +131,7 @@ class DenseKernel {
         throw std::invalid_argument("attribute x_scale (the activations' FP8 scale) is required and must be a finite float > 0");
       }
     }
+    yq_scale_ = bf::AttrFloat(info, "yq_scale", 0.f);
     gemm_ = std::make_unique<bertfuse::DenseGemm>(KernelDevice(info), bertfuse::DefaultWorkspaceBytes());
   }
 
@@ -142,7 +146,8 @@ class DenseKernel {
     BF_ORT_OK(bf::GetInput(kOp, ctx, 0, "X", true, &x));
     BF_ORT_OK(bf::GetInput(kOp, ctx, 1, T::kFp8 ? "Wt" : "W", true, &w));
     BF_ORT_OK(bf::GetInput(kOp, ctx, 2, "bias", true, &bias));
-    BF_ORT_OK(bf::ExpectType(kOp, x, "X", kF16));
+    const bool x_fp8 = T::kFp8 && x.type == kE4M3;
+    if (!x_fp8) BF_ORT_OK(bf::ExpectType(kOp, x, "X", kF16));
     BF_ORT_OK(bf::ExpectType(kOp, w, T::kFp8 ? "Wt" : "W", T::InputType(1)));
     BF_ORT_OK(bf::ExpectType(kOp, bias, "bias", kF16));
     BF_ORT_OK(bf::ExpectRank(kOp, x, "X", 1, 8));
@@ -186,10 +191,23 @@ class DenseKernel {
     }
 
     __half* y = reinterpret_cast<__half*>(bf::Output<Ort::Float16_t>(ctx, 0, y_shape));
+    // Optional output 1: the e4m3 copy of Y for an FP8 GEMM downstream.
+    uint8_t* yq = nullptr;
+    if (ctx.GetOutputCount() > 1) {
+      OrtValue* v = nullptr;
+      Ort::ThrowOnError(Ort::GetApi().KernelContext_GetOutput(context, 1, y_shape.data(), y_shape.size(), &v));
+      if (v != nullptr) {
+        BF_REQUIRE(yq_scale_ > 0.f && yq_scale_ != INFINITY,
+                   "output Yq needs the attribute yq_scale (finite, > 0): Yq = e4m3(Y / yq_scale)");
+        yq = static_cast<uint8_t*>(Ort::UnownedValue(v).GetTensorMutableRawData());
+      }
+    }
     if (M == 0 || N == 0) return nullptr;
     const cudaStream_t stream = bf::ComputeStream(ctx);
 
-    a.x = x.as<__half>();
+    a.x = x_fp8 ? nullptr : x.as<__half>();
+    a.yq = yq;
+    a.yq_scale = yq_scale_;
     a.w = w.data;
     a.bias = bias.as<__half>();
     a.y = y;
@@ -201,10 +219,14 @@ class DenseKernel {
     a.epsilon = epsilon_;
 
     OrtScratch scratch(context, ctx.GetInput(0).GetTensorMemoryInfo());  // X's device
-    if (T::kFp8) {
+    if (x_fp8) {  // quantized upstream: read as is (bf_dense_forward never writes xq when x is null)
+      a.xq = const_cast<uint8_t*>(x.as<uint8_t>());
+    } else if (T::kFp8) {
       const size_t bytes = static_cast<size_t>(M) * static_cast<size_t>(K);
       a.xq = static_cast<uint8_t*>(scratch.Get(bytes));
       BF_REQUIRE(a.xq != nullptr, "no " << bytes << "-byte scratch buffer for the FP8 activations");
+    }
+    if (T::kFp8) {
       a.fp8 = true;
       a.w_scale = w_scale.as<float>();
       a.x_scale = x_scale_;
@@ -219,6 +241,7 @@ class DenseKernel {
   float epsilon_ = 1e-12f;
   float x_scale_ = 1.f;
   bool fast_accum_ = true;
+  float yq_scale_ = 0.f;
   std::unique_ptr<bertfuse::DenseGemm> gemm_;
 };
 
@@ -227,8 +250,12 @@ struct DenseOp : bf::CudaOp<DenseOp<T>, DenseKernel<T>> {
   const char* GetName() const { return T::Name(); }
   size_t GetInputTypeCount() const { return T::kInputs; }
   ONNXTensorElementDataType GetInputType(size_t i) const { return T::InputType(i); }
-  size_t GetOutputTypeCount() const { return 1; }
-  ONNXTensorElementDataType GetOutputType(size_t) const { return kF16; }
+  size_t GetOutputTypeCount() const { return 2; }  // Y, optional Yq
+  ONNXTensorElementDataType GetOutputType(size_t i) const { return i == 1 ? kE4M3 : kF16; }
+  OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t i) const {
+    return i == 1 ? OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL
+                  : OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED;
+  }
 };
 
 }  // namespace
