@@ -219,6 +219,34 @@ def test_a_killed_job_rerun_writes_each_part_once(cluster, tiny, corpus, ids_run
     assert (again.parts_skipped, again.rows_this_run, again.scored) == (10, 0, ROWS)
 
 
+def test_sigterm_stops_the_job_one_line_no_temp(cluster, tiny, corpus, tmp_path):
+    """SIGTERM while parts are being scored: `bertfuse: terminated`, 143, no temp left, the
+    committed parts whole (ray.init's own SIGTERM handler, a bare exit, is not kept)."""
+    out, flag = tmp_path / "out", tmp_path / "paused"
+    env = {**os.environ, "BERTFUSE_TEST_PAUSE": f"score-committed:{flag}",
+           "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bertfuse", "score", "--model", tiny["model"], "--input",
+         corpus["path"], "--output", str(out), "--ids-column", "ids", "--actors", "1",
+         "--part-rows", "1000", "--address", cluster],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while not flag.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert flag.exists(), "the job never committed a part"
+        proc.send_signal(signal.SIGTERM)
+        err = proc.communicate(timeout=60)[1].decode()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert err.strip().splitlines()[-1] == "bertfuse: terminated"
+    assert not list(out.rglob("*.tmp"))
+    for part in (out / "scores").glob("part-*.parquet"):
+        assert pq.ParquetFile(part).metadata.num_rows == 1000
+
+
 def test_rejects_are_written_with_their_reasons(cluster, tiny, tmp_path):
     good = [1, 5, 7]
     rows = [  # (ids, segs, mask, reason or None)

@@ -90,15 +90,33 @@ def _ray(address: str | None, progress: bool) -> Iterator[Any]:
         kwargs.update(address="local", include_dashboard=False)
     else:
         kwargs["address"] = address
+    handlers = _signal_handlers()
     try:
         ray.init(**kwargs)
     except (ConnectionError, ValueError, RuntimeError) as exc:
         why = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
         raise BertfuseError(f"cannot start or join Ray at {address or 'local'}: {why}") from None
+    finally:  # ray.init makes SIGTERM a bare sys.exit: the CLI's handler unwinds (safety.py)
+        _signal_handlers(handlers)
     try:
         yield ray
     finally:
         ray.shutdown()
+
+
+def _signal_handlers(restore: dict | None = None) -> dict:
+    """The SIGTERM/SIGHUP handlers (main thread only), or those in `restore` put back."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    if restore is not None:
+        for signo, handler in restore.items():
+            signal.signal(signo, handler)
+        return restore
+    return {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)
+            if signal.getsignal(s) is not None}
 
 
 def _placement(job: ScoreJob, ray: Any) -> tuple[str, int]:
