@@ -85,9 +85,11 @@ def load(path: str) -> ctypes.CDLL:
     lib.bf_check_set_workspace_mb.argtypes = [I32]
     lib.bf_check_unsupported_mask.argtypes = []
     lib.bf_check_bias_act.argtypes = [U64, U64, U64, I32, I32, I32, U64]
+    lib.bf_check_set_pdl.argtypes = [I32]
     lib.bf_dense_last_error.restype = ctypes.c_char_p
     for f in ("bf_check_dense", "bf_check_dense_fp8", "bf_check_layernorm", "bf_check_set_algo_rank",
-              "bf_check_set_workspace_mb", "bf_check_unsupported_mask", "bf_check_bias_act"):
+              "bf_check_set_workspace_mb", "bf_check_unsupported_mask", "bf_check_bias_act",
+              "bf_check_set_pdl"):
         getattr(lib, f).restype = I32
     return lib
 
@@ -162,6 +164,20 @@ def time_us(fn, reps: int, iters: int, s: torch.cuda.Stream) -> float | str:
         return f"error: {str(exc).splitlines()[0][:100]}"
 
 
+def checked_row(row: dict, fn, y: torch.Tensor, ref: np.ndarray, args, s, loose: float = 1.0) -> dict:
+    """One call into y (NaN-filled first) checked against ref, then timed."""
+    try:
+        with torch.cuda.stream(s):
+            y.fill_(float("nan"))
+            fn()
+        s.synchronize()
+        row["max_diff"], row["mean_diff"], row["gate"] = diff(y, ref, loose)
+    except RuntimeError as exc:
+        row.update(gate=False, error=str(exc))
+    row["us"] = time_us(fn, args.reps, args.iters, s)
+    return row
+
+
 def torch_candidates(x, w, bias, skip, gamma, beta, kind, approximate):
     n = w.shape[1]
     gelu = "tanh" if approximate else "none"
@@ -201,17 +217,13 @@ def run_shape(lib, args, wl: str, M: int, name: str, K: int, N: int, kind: int, 
                                                         EPS, variant, 0, 1.0, stream()))
 
     for variant in VARIANTS[kind] if not (kind == GELU and approximate) else [0]:
-        row = dict(base, impl=f"bertfuse v{variant}", precision="fp16")
-        try:
-            with torch.cuda.stream(s):
-                y.fill_(float("nan"))
-                ours(variant)()
-            s.synchronize()
-            row["max_diff"], row["mean_diff"], row["gate"] = diff(y, ref)
-        except RuntimeError as exc:
-            row.update(gate=False, error=str(exc))
-        row["us"] = time_us(ours(variant), args.reps, args.iters, s)
-        rows.append(row)
+        rows.append(checked_row(dict(base, impl=f"bertfuse v{variant}", precision="fp16"), ours(variant),
+                                y, ref, args, s))
+    if kind == SLN or (kind == GELU and not approximate):  # the kernel after the GEMM under PDL
+        checked(lib, lib.bf_check_set_pdl(1))
+        rows.append(checked_row(dict(base, impl="bertfuse v0 + PDL", precision="fp16"), ours(0), y, ref,
+                                args, s))
+        checked(lib, lib.bf_check_set_pdl(0))
     # What cuBLASLt's heuristic leaves on the table: its next choices (M = 1280 only).
     for rank in range(1, args.algos if M == 1280 else 0):
         checked(lib, lib.bf_check_set_algo_rank(rank))
@@ -291,21 +303,13 @@ def run_fp8(lib, args, base, x, w, bias, skip, gamma, beta, kind, approximate, r
             checked(lib, lib.bf_check_dense_fp8(ptr(x), ptr(wt), ptr(w_scale_t), x_scale, ptr(xq), ptr(bias),
                                                 ptr(skip), ptr(gamma), ptr(beta), ptr(y), M, N, K, kind,
                                                 approximate, EPS, 0, fast, 0, 1.0, stream()))
-        row = dict(base, impl=f"bertfuse fp8 fast_accum={fast}", precision="fp8", x_scale=x_scale,
-                   w_scale=w_scale)
-        try:
-            with torch.cuda.stream(s):
-                y.fill_(float("nan"))
-                ours()
-            s.synchronize()
-            # The kernel against the float64 product of its own (dequantized) inputs: the fp16
-            # gate with full accumulation; Hopper's fast accumulation is looser (10x), which
-            # still catches a wrong layout or scale (errors of order 1).
-            row["max_diff"], row["mean_diff"], row["gate"] = diff(y, deq_ref, 10.0 if fast else 1.0)
-            row["max_diff_vs_fp64"], row["mean_diff_vs_fp64"], _ = diff(y, ref)  # FP8's accuracy cost
-        except RuntimeError as exc:
-            row.update(gate=False, error=str(exc))
-        row["us"] = time_us(ours, args.reps, args.iters, s)
+        # The kernel against the float64 product of its own (dequantized) inputs: the fp16 gate
+        # with full accumulation; Hopper's fast accumulation is looser (10x), which still
+        # catches a wrong layout or scale (errors of order 1).
+        row = checked_row(dict(base, impl=f"bertfuse fp8 fast_accum={fast}", precision="fp8", x_scale=x_scale,
+                               w_scale=w_scale), ours, y, deq_ref, args, s, 10.0 if fast else 1.0)
+        if "max_diff" in row:  # FP8's accuracy cost: against the unquantized product
+            row["max_diff_vs_fp64"], row["mean_diff_vs_fp64"], _ = diff(y, ref)
         rows.append(row)
     rows += fp8_chain_rows(lib, args, base, x, wt, w_scale_t, x_scale, xq, bias, skip, gamma, beta, y,
                            kind, approximate, s)

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <stdexcept>
 
+#include "launch.h"
 #include "layernorm.h"
 
 namespace bertfuse {
@@ -242,6 +243,7 @@ struct ActOut {
 // 8 halves per thread (16-byte accesses); needs N % 8 == 0 and 16-byte (yq: 8-byte) alignment.
 template <Act A>
 __global__ void bias_act_vec8(const __half* x, const __half* bias, ActOut o, int N, size_t nvec) {
+  wait_for_producer();
   for (size_t v = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; v < nvec;
        v += static_cast<size_t>(gridDim.x) * blockDim.x) {
     uint4 u = reinterpret_cast<const uint4*>(x)[v];
@@ -274,6 +276,7 @@ __global__ void bias_act_vec8(const __half* x, const __half* bias, ActOut o, int
 
 template <Act A>
 __global__ void bias_act_scalar(const __half* x, const __half* bias, ActOut o, int N, size_t n) {
+  wait_for_producer();
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     float v = __half2float(x[i]);
@@ -302,11 +305,11 @@ cudaError_t LaunchBiasAct(cudaStream_t stream, const __half* x, const __half* bi
   constexpr int kThreads = 256;
   if (N % 8 == 0 && Aligned16(x) && (!o.y || Aligned16(o.y)) && (!bias || Aligned16(bias)) &&
       (reinterpret_cast<uintptr_t>(o.yq) & 7u) == 0) {
-    bias_act_vec8<A><<<GridFor(n / 8, kThreads), kThreads, 0, stream>>>(x, bias, o, N, n / 8);
-  } else {
-    bias_act_scalar<A><<<GridFor(n, kThreads), kThreads, 0, stream>>>(x, bias, o, N, n);
+    return LaunchAfterGemm(bias_act_vec8<A>, dim3(GridFor(n / 8, kThreads)), dim3(kThreads), stream,
+                           x, bias, o, N, n / 8);
   }
-  return cudaGetLastError();
+  return LaunchAfterGemm(bias_act_scalar<A>, dim3(GridFor(n, kThreads)), dim3(kThreads), stream, x,
+                         bias, o, N, n);
 }
 
 cudaError_t bf_bias_act_f16(cudaStream_t stream, const __half* x, __half* y, const __half* bias,
@@ -584,6 +587,12 @@ BF_DENSE_EXPORT int bf_check_bias_act(uintptr_t x, uintptr_t y, uintptr_t bias, 
     bertfuse::g_error = cudaGetErrorString(e);
     return 1;
   }
+  return 0;
+}
+
+// Programmatic dependent launch for the kernels after the GEMM: 1 on, 0 off (BERTFUSE_PDL).
+BF_DENSE_EXPORT int bf_check_set_pdl(int on) {
+  bertfuse::PdlFlag().store(on ? 1 : 0);
   return 0;
 }
 

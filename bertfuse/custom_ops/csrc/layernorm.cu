@@ -1,6 +1,8 @@
 // Residual + bias + LayerNorm, fp32 statistics, fp16 in/out (see layernorm.h).
 #include "layernorm.h"
 
+#include "launch.h"
+
 #include <cuda_fp8.h>
 
 #include <cstdint>
@@ -41,8 +43,20 @@ __device__ __forceinline__ void add8(const __half* p, float (&f)[8]) {
   for (int j = 0; j < 8; ++j) f[j] += t[j];
 }
 
+__device__ __forceinline__ void unpack8(const uint4& u, float (&f)[8]) {
+  const __half2* h = reinterpret_cast<const __half2*>(&u);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float2 t = __half22float2(h[j]);
+    f[2 * j] = t.x;
+    f[2 * j + 1] = t.y;
+  }
+}
+
 // One warp per row; lane l holds 8-element chunks l, l+32, ... (VPT of them) in registers,
-// so the row is read once and the variance is an exact second pass over registers.
+// so the row is read once and the variance is an exact second pass over registers. The
+// weights (bias, gamma, beta) are fetched first, so their latency overlaps the row's (and,
+// under PDL, the previous kernel's tail).
 // No __restrict__: y may alias x (each element is read and written by the same lane).
 template <int VPT>
 __global__ void ln_warp_kernel(LnParams p) {
@@ -52,6 +66,17 @@ __global__ void ln_warp_kernel(LnParams p) {
   const float eps = p.eps;
   const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x & 31;
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  uint4 wg[VPT], wb[VPT], wbias[VPT];
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+    const int c = (lane + 32 * i) * 8;
+    const bool in = c < N;
+    wg[i] = in ? *reinterpret_cast<const uint4*>(gamma + c) : zero;
+    wb[i] = in && beta ? *reinterpret_cast<const uint4*>(beta + c) : zero;
+    wbias[i] = in && bias ? *reinterpret_cast<const uint4*>(bias + c) : zero;
+  }
+  wait_for_producer();
   if (row >= M) return;
   const size_t base = static_cast<size_t>(row) * N;
   float v[VPT][8];
@@ -61,7 +86,10 @@ __global__ void ln_warp_kernel(LnParams p) {
     const int c = (lane + 32 * i) * 8;
     if (c < N) {
       load8(x + base + c, v[i]);
-      if (bias) add8(bias + c, v[i]);
+      float t[8];
+      unpack8(wbias[i], t);  // zeros without a bias
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[i][j] += t[j];
       if (skip) add8(skip + base + c, v[i]);
 #pragma unroll
       for (int j = 0; j < 8; ++j) sum += v[i][j];
@@ -86,13 +114,8 @@ __global__ void ln_warp_kernel(LnParams p) {
     const int c = (lane + 32 * i) * 8;
     if (c < N) {
       float g[8], b[8];
-      load8(gamma + c, g);
-      if (beta) {
-        load8(beta + c, b);
-      } else {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) b[j] = 0.f;
-      }
+      unpack8(wg[i], g);
+      unpack8(wb[i], b);  // zeros without a beta
       uint4 out;
       __half2* o = reinterpret_cast<__half2*>(&out);
 #pragma unroll
@@ -145,6 +168,7 @@ __global__ void ln_block_kernel(LnParams p) {
   const int N = p.N;
   const float eps = p.eps;
   __shared__ float red[THREADS / 32];
+  wait_for_producer();
   const size_t base = static_cast<size_t>(blockIdx.x) * N;
   float sum = 0.f;
   for (int c = threadIdx.x; c < N; c += THREADS) sum += row_value(x, bias, skip, base, c);
@@ -170,8 +194,7 @@ template <int VPT>
 cudaError_t launch_warp(cudaStream_t stream, const LnParams& p) {
   constexpr int kWarps = 4;
   const int blocks = (p.M + kWarps - 1) / kWarps;
-  ln_warp_kernel<VPT><<<blocks, kWarps * 32, 0, stream>>>(p);
-  return cudaGetLastError();
+  return LaunchAfterGemm(ln_warp_kernel<VPT>, dim3(blocks), dim3(kWarps * 32), stream, p);
 }
 
 }  // namespace
@@ -194,20 +217,11 @@ cudaError_t bf_layernorm_f16(cudaStream_t stream, const __half* x, const __half*
       case 6: return launch_warp<6>(stream, p);
       case 7:
       case 8: return launch_warp<8>(stream, p);
-      case 9:
-      case 10:
-      case 11:
-      case 12: return launch_warp<12>(stream, p);
-      case 13:
-      case 14:
-      case 15:
-      case 16: return launch_warp<16>(stream, p);
-      default: break;  // N > 4096: block kernel
+      default: break;  // N > 2048: block kernel (the row no longer fits in registers)
     }
   }
   constexpr int kThreads = 256;
-  ln_block_kernel<kThreads><<<M, kThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return LaunchAfterGemm(ln_block_kernel<kThreads>, dim3(M), dim3(kThreads), stream, p);
 }
 
 }  // namespace bertfuse

@@ -12,7 +12,7 @@ namespace bertfuse {
 
 // s = x (+ bias) (+ skip); y = (s - mean(s)) / sqrt(var(s) + eps) * gamma + beta, per row of
 // [M, N]. bias/skip/beta may be null. Two-pass statistics in fp32 from registers when
-// N % 8 == 0 and N <= 4096 (one warp per row, 16-byte loads), else a block-per-row kernel.
+// N % 8 == 0 and N <= 2048 (one warp per row, 16-byte loads), else a block-per-row kernel.
 // yq (optional): also write e4m3_satfinite(float(y) / yq_scale) there, [M, N] bytes, for an
 // FP8 GEMM that consumes y (saves it a quantize pass).
 cudaError_t bf_layernorm_f16(cudaStream_t stream, const __half* x, const __half* bias,

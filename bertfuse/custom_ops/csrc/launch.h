@@ -1,0 +1,50 @@
+// Kernel launches for the elementwise kernels that follow a GEMM (LayerNorm, bias/GELU), with
+// programmatic dependent launch (PDL) when enabled: the kernel may start while the GEMM before
+// it is finishing, fetch its weights, and wait for the GEMM's output at griddepcontrol.wait
+// (CUDA graphs keep the programmatic edge). Off unless BERTFUSE_PDL=1 (or the check entry point
+// bf_check_set_pdl), until measured.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdlib>
+
+namespace bertfuse {
+
+inline std::atomic<int>& PdlFlag() {
+  static std::atomic<int> flag{[] {
+    const char* s = std::getenv("BERTFUSE_PDL");
+    return s && s[0] == '1' ? 1 : 0;
+  }()};
+  return flag;
+}
+
+#ifdef __CUDACC__
+// In a kernel launched by LaunchAfterGemm: waits for the kernel before it in the stream (a
+// no-op without PDL). Everything before it may only read weights, never that kernel's output.
+__device__ __forceinline__ void wait_for_producer() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+#endif
+
+template <typename... KArgs, typename... Args>
+cudaError_t LaunchAfterGemm(void (*kernel)(KArgs...), dim3 grid, dim3 block, cudaStream_t stream,
+                            Args... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = PdlFlag().load(std::memory_order_relaxed) ? 1 : 0;
+  const cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...);
+  return err != cudaSuccess ? err : cudaGetLastError();
+}
+
+}  // namespace bertfuse
