@@ -178,27 +178,35 @@ def test_a_killed_actor_loses_and_repeats_nothing(cluster, tiny, corpus, ids_run
     assert np.abs(embeddings(got) - embeddings(want)).max() <= TOL
 
 
+def paused_cli(cluster: str, flag: Path, *args: str) -> subprocess.Popen:
+    """`bertfuse score ARGS --address CLUSTER` in a subprocess, returned once it has committed
+    its first part and paused there (safety.pause_point writes its pid to `flag`)."""
+    env = {**os.environ, "BERTFUSE_TEST_PAUSE": f"score-committed:{flag}",
+           "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "bertfuse", "score", *args, "--address",
+                             cluster], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while not flag.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not flag.exists():
+        proc.kill()
+        err = proc.communicate()[1].decode()
+        pytest.fail(f"the job never committed a part: {err[-2000:]}")
+    return proc
+
+
 def test_a_killed_job_rerun_writes_each_part_once(cluster, tiny, corpus, ids_run, tmp_path):
     """`bertfuse score` joins this Ray, is SIGKILLed after its first part is committed, and
     is run again: the committed part is not rewritten, a stale temp is removed, every row is
     written once."""
-    out, flag = tmp_path / "out", tmp_path / "paused"
-    args = ["score", "--model", tiny["model"], "--input", corpus["path"], "--output", str(out),
-            "--ids-column", "ids", "--segment-column", "segs", "--key-columns", "doc_id,qid",
-            "--actors", "2", "--part-rows", "1000"]
-    env = {**os.environ, "BERTFUSE_TEST_PAUSE": f"score-committed:{flag}",
-           "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "bertfuse", *args, "--address", cluster],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 120
-        while not flag.exists() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert flag.exists(), proc.stderr.read().decode()[-2000:] if proc.poll() else "timeout"
-        proc.send_signal(signal.SIGKILL)
-    finally:
-        proc.kill()
-        proc.wait()
+    out = tmp_path / "out"
+    proc = paused_cli(cluster, tmp_path / "paused", "--model", tiny["model"], "--input",
+                      corpus["path"], "--output", str(out), "--ids-column", "ids",
+                      "--segment-column", "segs", "--key-columns", "doc_id,qid", "--actors",
+                      "2", "--part-rows", "1000")
+    proc.kill()  # SIGKILL: no cleanup of any kind
+    proc.wait()
     done = sorted((out / "scores").glob("part-*.parquet"))
     assert 1 <= len(done) < 10
     first = {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in done}
@@ -222,19 +230,11 @@ def test_a_killed_job_rerun_writes_each_part_once(cluster, tiny, corpus, ids_run
 def test_sigterm_stops_the_job_one_line_no_temp(cluster, tiny, corpus, tmp_path):
     """SIGTERM while parts are being scored: `bertfuse: terminated`, 143, no temp left, the
     committed parts whole (ray.init's own SIGTERM handler, a bare exit, is not kept)."""
-    out, flag = tmp_path / "out", tmp_path / "paused"
-    env = {**os.environ, "BERTFUSE_TEST_PAUSE": f"score-committed:{flag}",
-           "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bertfuse", "score", "--model", tiny["model"], "--input",
-         corpus["path"], "--output", str(out), "--ids-column", "ids", "--actors", "1",
-         "--part-rows", "1000", "--address", cluster],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    out = tmp_path / "out"
+    proc = paused_cli(cluster, tmp_path / "paused", "--model", tiny["model"], "--input",
+                      corpus["path"], "--output", str(out), "--ids-column", "ids", "--actors",
+                      "1", "--part-rows", "1000")
     try:
-        deadline = time.monotonic() + 120
-        while not flag.exists() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert flag.exists(), "the job never committed a part"
         proc.send_signal(signal.SIGTERM)
         err = proc.communicate(timeout=60)[1].decode()
     finally:

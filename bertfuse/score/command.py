@@ -79,6 +79,7 @@ def run(args: argparse.Namespace, console: Any) -> int:
     skipped = f", {s.parts_skipped} of {s.parts} parts done before" if s.parts_skipped else ""
     console.print(f"scored {s.scored} rows, rejected {s.rejected} (see {s.output}/rejects) of "
                   f"{s.rows}; {s.rows_this_run} rows this run in {s.seconds:.1f} s "
-                  f"({s.rows_per_s:.0f} rows/s, {s.actors} {s.device} actors{skipped}) -> "
+                  f"({s.rows_per_s:.4g} rows/s, {s.actors} {s.device.upper()} actor"
+                  f"{'s' if s.actors != 1 else ''}{skipped}) -> "
                   f"{s.output}/scores", markup=False, highlight=False, soft_wrap=True)
     return 0
