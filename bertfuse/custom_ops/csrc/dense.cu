@@ -101,13 +101,17 @@ const char* DenseGemm::Run(cudaStream_t stream, WorkspaceSource* ws, bool fp8, c
   if (epi != Epilogue::kNone && bias == nullptr) return Fail("epilogue needs a bias", 0);
   std::lock_guard<std::mutex> lock(mu_);
   const size_t ws_bytes = max_workspace_;
-  char key[192];
-  std::snprintf(key, sizeof(key), "%d/%d/%d/%d/%d/%d/%zu/%d/%d/%d/%d/%d/%d", fp8 ? 1 : 0,
-                static_cast<int>(epi), C ? 1 : 0, M, N, K, ws_bytes, AlignmentOf(A),
-                AlignmentOf(B), AlignmentOf(C ? C : Y), AlignmentOf(Y), fast_accum ? 1 : 0,
-                algo_rank_);
-  auto it = plans_.find(key);
-  if (it == plans_.end()) {
+  const PlanKey key{fp8 ? 1 : 0, static_cast<int>(epi), C ? 1 : 0, M, N, K, AlignmentOf(A),
+                    AlignmentOf(B), AlignmentOf(C ? C : Y), AlignmentOf(Y), fast_accum ? 1 : 0,
+                    algo_rank_, ws_bytes};
+  Plan* plan = nullptr;
+  for (auto& kp : plans_) {
+    if (kp.first == key) {
+      plan = kp.second.get();
+      break;
+    }
+  }
+  if (!plan) {
     auto p = std::make_unique<Plan>();
     const cudaDataType_t ab_type = fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16F;
     LT_TRY(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -181,9 +185,10 @@ const char* DenseGemm::Run(cudaStream_t stream, WorkspaceSource* ws, bool fp8, c
     }
     p->algo = res[pick].algo;
     p->workspace = res[pick].workspaceSize;
-    it = plans_.emplace(key, std::move(p)).first;
+    plan = p.get();
+    plans_.emplace_back(key, std::move(p));
   }
-  Plan& p = *it->second;
+  Plan& p = *plan;
   // Pointers change between calls (ORT's arena, IO binding): set them on every call.
   if (epi != Epilogue::kNone) {
     LT_TRY(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));

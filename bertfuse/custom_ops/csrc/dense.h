@@ -22,7 +22,8 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <unordered_map>
+#include <utility>
+#include <vector>
 
 namespace bertfuse {
 
@@ -100,8 +101,19 @@ class DenseGemm {
 
   int algo_rank_ = 0;
   std::atomic<int> unsupported_{0};
+  // What makes a plan: a kernel sees few shapes (one per batch/sequence bucket), so a linear
+  // search over a vector beats hashing a string key on the host path of every call.
+  struct PlanKey {
+    int fp8, epi, residual, M, N, K, al_a, al_b, al_c, al_d, fast_accum, rank;
+    size_t workspace;
+    bool operator==(const PlanKey& o) const {
+      return fp8 == o.fp8 && epi == o.epi && residual == o.residual && M == o.M && N == o.N &&
+             K == o.K && al_a == o.al_a && al_b == o.al_b && al_c == o.al_c && al_d == o.al_d &&
+             fast_accum == o.fast_accum && rank == o.rank && workspace == o.workspace;
+    }
+  };
   std::mutex mu_;  // guards plans_ (ORT may call Compute from several threads)
-  std::unordered_map<std::string, std::unique_ptr<Plan>> plans_;
+  std::vector<std::pair<PlanKey, std::unique_ptr<Plan>>> plans_;
 };
 
 enum class DenseKind : int { kBias = 0, kBiasGelu = 1, kBiasSkipLayerNorm = 2 };
