@@ -7,6 +7,7 @@ Teardown checks that no Ray process started here is left."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -178,6 +179,46 @@ def test_a_killed_actor_loses_and_repeats_nothing(cluster, tiny, corpus, ids_run
     assert np.abs(embeddings(got) - embeddings(want)).max() <= TOL
 
 
+def test_a_job_failing_past_its_retries_is_one_line_and_resumes(cluster, tiny, corpus, ids_run,
+                                                                 tmp_path, monkeypatch, capsys):
+    """No retries and an actor that dies: exit 1 and one line saying how to resume; the same
+    command then completes the output, every row once."""
+    out = tmp_path / "out"
+    args = ["score", "--model", tiny["model"], "--input", corpus["path"], "--output", str(out),
+            "--ids-column", "ids", "--segment-column", "segs", "--key-columns", "doc_id,qid",
+            "--actors", "1", "--part-rows", "1000"]
+    monkeypatch.setenv("BERTFUSE_TEST_SCORE_CRASH", f"{tmp_path / 'crashed'}:1")
+    assert cli.main([*args, "--max-retries", "0"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "run the same command again to resume" in err, err
+    assert not list(out.rglob("*.tmp"))
+    monkeypatch.delenv("BERTFUSE_TEST_SCORE_CRASH")
+    assert cli.main([*args, "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["scored"], summary["rejected"]) == (ROWS, 0)
+    got, want = scored(out), scored(ids_run["out"])
+    assert got.column("doc_id").equals(want.column("doc_id"))
+    assert np.abs(embeddings(got) - embeddings(want)).max() <= TOL
+
+
+def test_sequence_outputs_are_cut_to_each_row(cluster, tiny, corpus, tmp_path):
+    rows = 40
+    path = tmp_path / "in.parquet"
+    pq.write_table(pq.read_table(corpus["path"]).slice(0, rows), path)
+    s = score(tiny["model"], path, tmp_path / "out", ids_column="ids", segment_column="segs",
+              outputs="sequence_output,pooled_output", actors=1, progress=False)
+    assert s.scored == rows
+    table = pq.read_table(tmp_path / "out" / "scores").sort_by("row")
+    assert table.schema.field("sequence_output").type == pa.list_(pa.list_(pa.float32()))
+    with Session(tiny["model"], device="cpu", max_batch=32) as session:
+        for i, seq in enumerate(table.column("sequence_output").to_pylist()):
+            want = session.run(corpus["ids"][i][None], None, corpus["segs"][i][None],
+                               outputs=["sequence_output"])["sequence_output"][0]
+            got = np.array(seq, np.float32)
+            assert got.shape == (len(corpus["ids"][i]), HIDDEN)
+            assert np.abs(got - want).max() <= TOL
+
+
 def paused_cli(cluster: str, flag: Path, *args: str) -> subprocess.Popen:
     """`bertfuse score ARGS --address CLUSTER` in a subprocess, returned once it has committed
     its first part and paused there (safety.pause_point writes its pid to `flag`)."""
@@ -335,6 +376,12 @@ def test_bad_input_is_one_line_exit_2(tiny, corpus, ids_run, tmp_path, capsys):
         assert code == 2, (args, err)
         assert len(err.strip().splitlines()) == 1 and words in err, (args, err)
     assert sorted(p.name for p in foreign.iterdir()) == ["notes.txt"]
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    with open(busy / "_bertfuse_score.lock", "w") as held:  # another job writing there
+        fcntl.flock(held, fcntl.LOCK_EX)
+        code, err = run_cli(capsys, *base, "--output", str(busy), "--ids-column", "ids")
+    assert code == 2 and "another bertfuse score is writing to it" in err, err
     assert not (tmp_path / "o").exists()
     for kwargs in ({"actors": 0}, {"key_columns": 5}, {"batch_size": True}, {"device": "tpu"},
                    {"outputs": ["pooled_output", "pooled_output"]}):

@@ -32,6 +32,13 @@ from bertfuse.score.spec import ScoreJob
 ROWS_PER_TASK = 64  # a Ray Data batch is this many session batches: fewer, larger calls
 
 
+class ScoreFailed(BertfuseError):
+    """The job failed on the cluster (an actor died past its retries, an error in a task):
+    the complete parts stay in OUT, and the same command resumes (exit 1)."""
+
+    exit_code = 1
+
+
 @dataclass
 class ScoreSummary:
     output: str
@@ -52,15 +59,39 @@ class ScoreSummary:
 
 def run_job(job: ScoreJob, progress: bool = True) -> ScoreSummary:
     out = OutputDir(job)
-    done = out.start()
-    todo = [p for p in job.parts if p.index not in done]
-    start = time.perf_counter()
-    device, actors = job.device, job.actors or 0
-    if todo:
-        with _ray(job.address, progress) as ray:
-            device, actors = _placement(job, ray)
-            _consume(_dataset(job, todo, device, actors), out, job)
-    seconds = time.perf_counter() - start
+    with out.locked():
+        done = out.start()
+        todo = [p for p in job.parts if p.index not in done]
+        start = time.perf_counter()
+        device, actors = job.device, job.actors or 0
+        if todo:
+            with _ray(job.address, progress) as ray:
+                device, actors = _placement(job, ray)
+                try:
+                    _consume(_dataset(job, todo, device, actors), out, job)
+                except _cluster_errors() as exc:
+                    raise _failed(exc, out, job) from None
+        return _finish(job, out, done, todo, device, actors, time.perf_counter() - start)
+
+
+def _cluster_errors() -> tuple[type, ...]:
+    from ray.data.exceptions import UserCodeException
+    from ray.exceptions import RayError
+
+    return RayError, UserCodeException
+
+
+def _failed(exc: BaseException, out: OutputDir, job: ScoreJob) -> ScoreFailed:
+    first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()),
+                 type(exc).__name__)
+    done = len(list(out.scores.glob("part-*.parquet")))
+    return ScoreFailed(f"scoring failed on the Ray cluster ({type(exc).__name__}: "
+                       f"{first[:300]}); {done} of {len(job.parts)} parts are complete in "
+                       f"{job.output}: run the same command again to resume")
+
+
+def _finish(job: ScoreJob, out: OutputDir, done: set[int], todo: list, device: str,
+            actors: int, seconds: float) -> ScoreSummary:
     scored, rejected = out.counts()
     if scored + rejected != job.rows:  # every part committed: anything else is a bug
         raise RuntimeError(f"{scored} scored + {rejected} rejected rows for {job.rows} input rows")
@@ -81,10 +112,19 @@ def _ray(address: str | None, progress: bool) -> Iterator[Any]:
     from ray.data import DataContext
 
     ctx = DataContext.get_current()
-    ctx.enable_progress_bars = progress
-    if ray.is_initialized():
-        yield ray
-        return
+    shown, ctx.enable_progress_bars = ctx.enable_progress_bars, progress
+    try:
+        if ray.is_initialized():
+            yield ray
+        else:
+            with _own_ray(ray, address) as started:
+                yield started
+    finally:
+        ctx.enable_progress_bars = shown
+
+
+@contextmanager
+def _own_ray(ray: Any, address: str | None) -> Iterator[Any]:
     kwargs: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": False}
     if address is None:  # "local": never an unrelated cluster found on this machine
         kwargs.update(address="local", include_dashboard=False)

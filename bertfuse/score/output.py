@@ -2,6 +2,7 @@
 touched.
 
     OUT/_bertfuse_score.json       the job (model, input files, columns, parts); complete+counts
+    OUT/_bertfuse_score.lock       held (flock) by the job writing OUT
     OUT/scores/part-00000.parquet  key columns (or `row`) + outputs, one file per input part
     OUT/rejects/part-00000.parquet key columns (or `row`) + reason, where the part had rejects
 
@@ -17,8 +18,9 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -26,6 +28,7 @@ from bertfuse.errors import BertfuseError
 from bertfuse.safety import replace_file, temp_file, write_text
 
 MANIFEST = "_bertfuse_score.json"
+LOCK = "_bertfuse_score.lock"
 FORMAT = 1
 ROW = "_bf_row"
 PART = "_bf_part"
@@ -64,14 +67,35 @@ class OutputDir:
                 raise BertfuseError(f"{self.root}: is inside the input directory {path}; "
                                     "write the output elsewhere")
 
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """OUT created if absent, and held (flock on OUT/_bertfuse_score.lock) while the job
+        runs: a second job writing to the same OUT at once is refused, not interleaved. A
+        killed job's lock goes with its process."""
+        import fcntl
+
+        manifest = self.root / MANIFEST
+        if self.root.exists() and not manifest.is_file() and \
+                any(p.name != LOCK for p in self.root.iterdir()):
+            raise BertfuseError(f"{self.root}: not empty and not a bertfuse score output; "
+                                "refusing to write into it (give a new or empty directory)")
+        self.root.mkdir(exist_ok=True)
+        fd = os.open(self.root / LOCK, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise BertfuseError(f"{self.root}: another bertfuse score is writing to it; "
+                                    "wait for it to end, or give another --output") from None
+            yield
+        finally:
+            os.close(fd)
+
     def start(self) -> set[int]:
-        """Creates OUT or resumes it; returns the parts already complete."""
+        """Opens OUT (locked) for this job, resuming it; returns the parts already complete."""
         job = self.job
         manifest = self.root / MANIFEST
-        if self.root.exists() and any(self.root.iterdir()):
-            if not manifest.is_file():
-                raise BertfuseError(f"{self.root}: not empty and not a bertfuse score output; "
-                                    "refusing to write into it (give a new or empty directory)")
+        if manifest.is_file():
             try:
                 old = json.loads(manifest.read_text())
             except (OSError, ValueError):
@@ -80,7 +104,6 @@ class OutputDir:
                 diff = _first_difference(old.get("job") or {}, job.identity())
                 raise BertfuseError(f"{self.root}: holds the output of a different job "
                                     f"({diff} differs); give a new --output to score this one")
-        self.root.mkdir(exist_ok=True)
         for d in (self.scores, self.rejects):
             d.mkdir(exist_ok=True)
         self.clean_temps()
