@@ -389,6 +389,39 @@ def test_bad_input_is_one_line_exit_2(tiny, corpus, ids_run, tmp_path, capsys):
             score(tiny["model"], corpus["path"], tmp_path / "o", ids_column="ids", **kwargs)
 
 
+def test_parts_cover_every_row_once(tmp_path):
+    """Parts of whole row groups, and cuts of large ones, read back every input row once, in
+    order, numbered across files; hidden files are not input."""
+    from bertfuse.score.actor import read_parts
+    from bertfuse.score.output import PART, ROW
+    from bertfuse.score.spec import input_files, plan_parts
+
+    rng = np.random.default_rng(5)
+    (tmp_path / "in" / "sub").mkdir(parents=True)
+    first = 0
+    for name, groups in (("a.parquet", [300, 300, 2500, 100]), ("sub/b.parquet", [7, 1200])):
+        with pq.ParquetWriter(tmp_path / "in" / name, pa.schema([("v", pa.int64())])) as w:
+            for n in groups:
+                w.write_table(pa.table({"v": np.arange(first, first + n)}))
+                first += n
+    pq.write_table(pa.table({"v": [-1]}), tmp_path / "in" / "_skipped.parquet")
+    files = input_files(str(tmp_path / "in"))
+    assert [Path(f).name for f in files] == ["a.parquet", "b.parquet"]
+    for part_rows in (1, 250, 500, 1000, 10_000, int(rng.integers(2, 3000))):
+        parts, total = plan_parts(files, part_rows)
+        assert total == first == sum(p.rows for p in parts)
+        got = [read_parts({"part": [p.index], "file": [p.file], "group_start": [p.groups[0]],
+                           "group_stop": [p.groups[1]], "offset": [p.offset],
+                           "rows": [p.rows], "first_row": [p.first_row]}, files, ["v"])
+               for p in parts]
+        table = pa.concat_tables(got)
+        assert table.column("v").to_pylist() == list(range(total)), part_rows
+        assert table.column(ROW).to_pylist() == list(range(total))
+        assert all(t.num_rows == p.rows and set(t.column(PART).to_pylist()) == {p.index}
+                   for t, p in zip(got, parts))
+        assert all(p.rows < 2 * part_rows for p in parts)  # whole groups stop at part_rows
+
+
 def test_import_bertfuse_imports_no_ray():
     code = "import sys, bertfuse, bertfuse.score, bertfuse.cli; bertfuse.cli.build_parser(); " \
            "assert 'ray' not in sys.modules"
