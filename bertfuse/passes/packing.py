@@ -46,18 +46,7 @@ class PackingPass:
         offset = gs.Variable("token_offset", dtype=np.int32, shape=["packed_rows", "seq"])
         cumulative = gs.Variable("cumulative_sequence_length", dtype=np.int32,
                                  shape=["packed_rows_plus_1"])
-        embedded = embeds[0].outputs[0]
-        hidden = int(embeds[0].inputs[2].values.shape[1])
-        flat = gs.Variable("embeddings_flat", dtype=embedded.dtype)
-        packed = gs.Variable("embeddings_packed", dtype=embedded.dtype)
-        consumers = list(embedded.outputs)
-        graph.nodes += [
-            gs.Node("Reshape", "pack_flatten", inputs=[
-                embedded, const("pack_shape", np.array([-1, hidden], np.int64))], outputs=[flat]),
-            gs.Node("Gather", "pack_tokens", {"axis": 0}, inputs=[flat, index], outputs=[packed]),
-        ]
-        for node in consumers:
-            node.inputs = [packed if t is embedded else t for t in node.inputs]
+        gather_tokens(graph, embeds[0], index)
         for att in attentions:
             out = att.outputs[0]
             attrs = {k: v for k, v in att.attrs.items() if k in ("num_heads", "scale",
@@ -91,3 +80,21 @@ class PackingPass:
             + [index, offset, cumulative]
         result.fused("packing")
         return result
+
+
+def gather_tokens(graph: gs.Graph, embed: gs.Node, index: gs.Tensor) -> gs.Tensor:
+    """Every reader of the embeddings [B, S, H] reads Gather(Reshape [B*S, H], index) [T, H]
+    instead (also the device-packed form's, passes/packing_kernels.py); returns that tensor."""
+    embedded = embed.outputs[0]
+    hidden = int(embed.inputs[2].values.shape[1])
+    flat = gs.Variable("embeddings_flat", dtype=embedded.dtype)
+    packed = gs.Variable("embeddings_packed", dtype=embedded.dtype)
+    consumers = list(embedded.outputs)
+    graph.nodes += [
+        gs.Node("Reshape", "pack_flatten", inputs=[
+            embedded, const("pack_shape", np.array([-1, hidden], np.int64))], outputs=[flat]),
+        gs.Node("Gather", "pack_tokens", {"axis": 0}, inputs=[flat, index], outputs=[packed]),
+    ]
+    for node in consumers:
+        node.inputs = [packed if t is embedded else t for t in node.inputs]
+    return packed
