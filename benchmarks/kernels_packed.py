@@ -69,6 +69,15 @@ def _ok(rc: int, what: str) -> None:
         raise RuntimeError(f"{what} returned {rc}")
 
 
+def _error(fn) -> str | None:
+    """Runs a launcher; the refusal or CUDA error as a string (a failed check, not a crash)."""
+    try:
+        fn()
+    except RuntimeError as exc:
+        return str(exc)
+    return None
+
+
 def lengths_mask(lens: np.ndarray, b: int, s: int) -> np.ndarray:
     """[b, s] right-padded int32 mask; rows past len(lens) are empty (a smaller request)."""
     mask = np.zeros((b, s), np.int32)
@@ -158,12 +167,15 @@ def check_pack(dll, torch, rng) -> list[dict]:
         index = torch.full((tokens,), -7, dtype=torch.int32, device="cuda")
         slot = torch.full((b, s), -7, dtype=torch.int32, device="cuda")
         cu = torch.full((b + 1,), -7, dtype=torch.int32, device="cuda")
-        pack_call(dll, torch, mask, tokens, index, slot, cu)()
+        row = {"op": "PackTokens", "case": label, "B": b, "S": s, "T": tokens, "kept": int(mask_np.sum())}
+        err = _error(pack_call(dll, torch, mask, tokens, index, slot, cu))
+        if err:
+            rows.append({**row, "error": err, "ok": False})
+            continue
         got = [x.cpu().numpy() for x in (index, slot, cu)]
         want = packed_ops.pack_tokens(mask_np, tokens)
         bad = [n for n, g, w in zip(("token_index", "token_slot", "cu_seqlens"), got, want) if not np.array_equal(g, w)]
-        rows.append({"op": "PackTokens", "case": label, "B": b, "S": s, "T": tokens, "kept": int(mask_np.sum()),
-                     "mismatch": bad, "ok": not bad})
+        rows.append({**row, "mismatch": bad, "ok": not bad})
     return rows
 
 
@@ -180,9 +192,13 @@ def check_unpack(dll, torch, rng) -> list[dict]:
         packed = torch.from_numpy(packed_np).cuda()
         slot = torch.from_numpy(slot_np).cuda()
         out = torch.full((b, s, hidden), float("nan"), dtype=packed.dtype, device="cuda")
-        unpack_call(dll, torch, packed, slot, out)()
+        row = {"op": "UnpackTokens", "case": label, "B": b, "S": s, "T": tokens, "H": hidden}
+        err = _error(unpack_call(dll, torch, packed, slot, out))
+        if err:
+            rows.append({**row, "error": err, "ok": False})
+            continue
         ok = np.array_equal(out.cpu().numpy(), packed_ops.unpack_tokens(packed_np, slot_np))  # NaN never equal
-        rows.append({"op": "UnpackTokens", "case": label, "B": b, "S": s, "T": tokens, "H": hidden, "ok": ok})
+        rows.append({**row, "ok": bool(ok)})
     return rows
 
 
@@ -221,15 +237,19 @@ def check_attention(dll, torch, rng) -> list[dict]:
             filler[a:e] = False
         for warps in (0, 1, 2, 4):
             out = torch.full((tokens, heads * 64), float("nan"), dtype=torch.float16, device="cuda")
-            packed_call(dll, torch, qkv, cu, s, heads, scale, out, warps)()
+            row = {"op": "PackedBertAttention", "case": label, "R": r, "S": s, "T": tokens, "heads": heads,
+                   "warps": warps}
+            err = _error(packed_call(dll, torch, qkv, cu, s, heads, scale, out, warps))
+            if err:
+                rows.append({**row, "error": err, "ok": False})
+                continue
             got = out.cpu().numpy().astype(np.float64)
             diff = np.abs(got - ref)
             mx, mean = float(np.max(diff)), float(np.mean(diff))
             filler_zero = bool(np.all(got[filler] == 0.0))
-            rows.append({"op": "PackedBertAttention", "case": label, "R": r, "S": s, "T": tokens, "heads": heads,
-                         "warps": warps, "max_abs": mx, "mean_abs": mean, "filler_zero": filler_zero,
+            rows.append({**row, "max_abs": mx, "mean_abs": mean, "filler_zero": filler_zero,
                          "ok": bool(mx <= GATE_MAX and mean <= GATE_MEAN and filler_zero)})
-        if cu_override is None and heads == 12 and scale == 0.0:  # the padded kernel on the same tokens
+        if cu_override is None and heads == 12 and scale == 0.0 and rows[-1]["ok"]:  # padded kernel, same tokens
             rows[-1]["vs_padded_kernel_max_abs"] = vs_padded(dll, torch, qkv, mask_np, slot_np, out, heads)
     return rows
 
@@ -316,7 +336,9 @@ def print_tables(log: dict) -> None:
     print("| op | case | result |")
     print("|---|---|---|")
     for c in log["checks"]:
-        if c["op"] == "PackedBertAttention":
+        if "error" in c:
+            res = c["error"]
+        elif c["op"] == "PackedBertAttention":
             res = (f"w{c['warps']} max {c['max_abs']:.2e} mean {c['mean_abs']:.2e} filler "
                    f"{'0' if c['filler_zero'] else 'NOT 0'}")
             if "vs_padded_kernel_max_abs" in c:
