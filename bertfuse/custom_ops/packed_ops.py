@@ -2,9 +2,11 @@
 bertfuse's own kernels, with packing done on the device — contracts, float64/NumPy references,
 one-node models.
 
-    input_mask [B,S] ─► PackTokens(token_bucket [T]) ─► token_index [T], token_slot [B,S], cu [B+1]
+    input_mask [B,S] ─► PackTokens(token_bucket [T]) ─► token_index [T], token_slot [B,S],
+                                                        cu [B+1]
     [B*S,H] embeddings ─► Gather(token_index) ─► [T,H] ─► DenseBias ─► qkv [T,3H]
-        ─► PackedBertAttention(token_slot, cu) ─► [T,H] ... ─► UnpackTokens(token_slot) ─► [B,S,H]
+        ─► PackedBertAttention(token_slot, cu) ─► [T,H] ...
+        ─► UnpackTokens(token_slot) ─► [B,S,H]
 
 The host copies the padded request and picks a token bucket T (>= the kept tokens); the prefix
 sum that orders the kept tokens runs on the device, in one kernel. Filler: packed rows cu[B]..T-1
@@ -30,16 +32,20 @@ PACK_TOKENS = OpContract(
     since_version=1,
     summary="The packed layout of a padded [B,S] mask: kept tokens row by row, on the device.",
     inputs=(
-        TensorSpec("mask", ("B", "S"), ("int32",), doc="padded request mask: a position is kept iff != 0"),
+        TensorSpec("mask", ("B", "S"), ("int32",),
+                   doc="padded request mask: a position is kept iff != 0"),
         TensorSpec("token_bucket", ("T",), ("int32",),
                    doc="only its length is read: the packed token count T (the bucket)"),
     ),
     outputs=(
         TensorSpec("token_index", ("T",), ("int32",),
-                   doc="flat position b*S+s of packed row i (row by row); 0 for filler rows i >= cu[B]"),
-        TensorSpec("token_slot", ("B", "S"), ("int32",), doc="packed row of position (b,s); -1 where not kept"),
+                   doc="flat position b*S+s of packed row i (row by row); 0 for filler rows "
+                       "i >= cu[B]"),
+        TensorSpec("token_slot", ("B", "S"), ("int32",),
+                   doc="packed row of position (b,s); -1 where not kept"),
         TensorSpec("cumulative_sequence_length", ("B+1",), ("int32",),
-                   doc="sequence b is packed rows cu[b]..cu[b+1]-1; cu[B] = kept tokens (at most T)"),
+                   doc="sequence b is packed rows cu[b]..cu[b+1]-1; cu[B] = kept tokens "
+                       "(at most T)"),
     ),
     pitfalls=(
         "T comes from token_bucket's shape, never from device values: ORT needs output shapes on "
@@ -67,7 +73,8 @@ PACKED_BERT_ATTENTION = OpContract(
     outputs=(TensorSpec("context", ("T", "H"), ("float16",),
                         doc="packed like qkv; rows outside every sequence (filler) are zeros"),),
     attributes=(
-        AttrSpec("num_heads", "int", None, "number of heads N; head size D = H / N = 64", required=True),
+        AttrSpec("num_heads", "int", None, "number of heads N; head size D = H / N = 64",
+                 required=True),
         AttrSpec("scale", "float", None, "multiplies Q K^T; unset or 0 means 1/sqrt(D)"),
     ),
     pitfalls=(
@@ -89,12 +96,14 @@ UNPACK_TOKENS = OpContract(
         TensorSpec("packed", ("T", "H"), ("float16",), doc="packed hidden states"),
         TensorSpec("token_slot", ("B", "S"), ("int32",), doc="as PackTokens: packed row or -1"),
     ),
-    outputs=(TensorSpec("output", ("B", "S", "H"), ("float16",), doc="zeros where the slot is outside [0, T)"),),
+    outputs=(TensorSpec("output", ("B", "S", "H"), ("float16",),
+                        doc="zeros where the slot is outside [0, T)"),),
     pitfalls=("Padded positions come back as zeros, not as the padded model's values there "
               "(as com.microsoft RestorePadding).",),
 )
 
-CONTRACTS: dict[str, OpContract] = {c.op_type: c for c in (PACK_TOKENS, PACKED_BERT_ATTENTION, UNPACK_TOKENS)}
+CONTRACTS: dict[str, OpContract] = {
+    c.op_type: c for c in (PACK_TOKENS, PACKED_BERT_ATTENTION, UNPACK_TOKENS)}
 
 
 def pack_tokens(mask: np.ndarray, tokens: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -119,13 +128,14 @@ def pack_tokens(mask: np.ndarray, tokens: int) -> tuple[np.ndarray, np.ndarray, 
 def _bounds(cu: np.ndarray, tokens: int) -> list[tuple[int, int]]:
     c = np.asarray(cu, np.int64)
     if c.ndim != 1 or c.size < 2 or np.any(np.diff(c) < 0) or c[0] < 0 or c[-1] > tokens:
-        raise ValueError(f"cumulative_sequence_length must be non-decreasing within [0, {tokens}], got "
-                         f"{c.tolist()}")
+        raise ValueError(f"cumulative_sequence_length must be non-decreasing within "
+                         f"[0, {tokens}], got {c.tolist()}")
     return list(zip(c[:-1].tolist(), c[1:].tolist()))
 
 
-def packed_bert_attention(qkv: np.ndarray, token_slot: np.ndarray, cumulative_sequence_length: np.ndarray,
-                          *, num_heads: int, scale: float | None = None) -> np.ndarray:
+def packed_bert_attention(qkv: np.ndarray, token_slot: np.ndarray,
+                          cumulative_sequence_length: np.ndarray, *, num_heads: int,
+                          scale: float | None = None) -> np.ndarray:
     """Attention within each sequence (float64 inside); rows outside every sequence are zeros."""
     t, h3 = qkv.shape
     seq = np.asarray(token_slot).shape[1]
@@ -134,7 +144,8 @@ def packed_bert_attention(qkv: np.ndarray, token_slot: np.ndarray, cumulative_se
         if end - start > seq:
             raise ValueError(f"sequence rows {start}..{end - 1} are longer than S = {seq}")
         if end > start:
-            out[start:end] = _padded_attention(qkv[None, start:end], num_heads=num_heads, scale=scale)[0]
+            out[start:end] = _padded_attention(qkv[None, start:end], num_heads=num_heads,
+                                               scale=scale)[0]
     return out
 
 
@@ -146,8 +157,9 @@ def unpack_tokens(packed: np.ndarray, token_slot: np.ndarray) -> np.ndarray:
     return out
 
 
-def make_model(op_type: str, *, batch: int | str = "B", seq: int | str = "S", tokens: int | str = "T",
-               hidden: int = 768, num_heads: int = 12, scale: float | None = None) -> onnx.ModelProto:
+def make_model(op_type: str, *, batch: int | str = "B", seq: int | str = "S",
+               tokens: int | str = "T", hidden: int = 768, num_heads: int = 12,
+               scale: float | None = None) -> onnx.ModelProto:
     """One PackTokens, PackedBertAttention or UnpackTokens node with symbolic or fixed dims."""
     i32, f16 = np.int32, np.float16
     if op_type == "PackTokens":
@@ -155,15 +167,16 @@ def make_model(op_type: str, *, batch: int | str = "B", seq: int | str = "S", to
                               [("mask", i32, (batch, seq)), ("token_bucket", i32, (tokens,))],
                               [("token_index", i32, (tokens,)), ("token_slot", i32, (batch, seq)),
                                ("cumulative_sequence_length", i32, (_plus1(batch),))])
+    slot = ("token_slot", i32, (batch, seq))
     if op_type == "PackedBertAttention":
         return one_node_model(op_type, BERTFUSE_DOMAIN,
-                              [("qkv", f16, (tokens, 3 * hidden)), ("token_slot", i32, (batch, seq)),
+                              [("qkv", f16, (tokens, 3 * hidden)), slot,
                                ("cumulative_sequence_length", i32, (_plus1(batch),))],
                               [("context", f16, (tokens, hidden))],
-                              {"num_heads": num_heads, "scale": None if scale is None else float(scale)})
+                              {"num_heads": num_heads,
+                               "scale": None if scale is None else float(scale)})
     if op_type == "UnpackTokens":
-        return one_node_model(op_type, BERTFUSE_DOMAIN,
-                              [("packed", f16, (tokens, hidden)), ("token_slot", i32, (batch, seq))],
+        return one_node_model(op_type, BERTFUSE_DOMAIN, [("packed", f16, (tokens, hidden)), slot],
                               [("output", f16, (batch, seq, hidden))])
     raise ValueError(f"no packed op {op_type!r} (one of {', '.join(CONTRACTS)})")
 
