@@ -9,9 +9,9 @@ Rows: ids of lengths uniform in [--min-len, --seq] (shenma-3l: seq 64). The loop
 file in record batches of batch x 64 rows, prepares them as the actors do (bertfuse.score.rows),
 runs a warmed Session and writes Parquet. Ray: a local Ray started here, `score(...)` with N
 actors (a GPU each). Reported per run: end to end (Session build / Ray start-up included) and
-steady (the loop without its Session build; Ray from its first committed part to its last,
-by the part files' times). Each Ray output is checked against the loop's: every id once, max
-|diff|. Logs and score_bench.json under --out; the table last.
+steady (the loop without its Session build; Ray: the rows after the first scored block over
+the time after it, the summary's steady_rows_per_s). Each Ray output is checked against the
+loop's: every id once, max |diff|. Logs and score_bench.json under --out; the table last.
 """
 
 from __future__ import annotations
@@ -109,12 +109,9 @@ def ray_run(job_kwargs: dict, actors: int, dest: Path) -> dict:
     from bertfuse.score import score
 
     s = score(output=dest, actors=actors, progress=False, **job_kwargs)
-    parts = sorted((dest / "scores").glob("part-*.parquet"), key=lambda p: p.stat().st_mtime)
-    first, last = parts[0].stat().st_mtime, parts[-1].stat().st_mtime
-    later = sum(pq.ParquetFile(p).metadata.num_rows for p in parts[1:])
     return {"actors": s.actors, "device": s.device, "rows": s.scored, "rejected": s.rejected,
             "seconds": s.seconds, "rows_per_s": s.rows_per_s, "parts": s.parts,
-            "steady_rows_per_s": round(later / (last - first), 1) if last > first else None}
+            "first_result_s": s.first_result_s, "steady_rows_per_s": s.steady_rows_per_s}
 
 
 def embeddings(path: Path, name: str) -> tuple[np.ndarray, np.ndarray]:

@@ -52,6 +52,8 @@ class ScoreSummary:
     rows_per_s: float  # rows_this_run / seconds (Ray start-up included)
     device: str
     actors: int
+    first_result_s: float | None = None  # start until the first scored rows (start-up)
+    steady_rows_per_s: float | None = None  # the rows after those, over the time after
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -63,15 +65,40 @@ def run_job(job: ScoreJob, progress: bool = True) -> ScoreSummary:
         done = out.start()
         todo = [p for p in job.parts if p.index not in done]
         start = time.perf_counter()
-        device, actors = job.device, job.actors or 0
+        device, actors, timing = job.device, job.actors or 0, _Timing(start)
         if todo:
             with _ray(job.address, progress) as ray:
                 device, actors = _placement(job, ray)
                 try:
-                    _consume(_dataset(job, todo, device, actors), out, job)
+                    _consume(_dataset(job, todo, device, actors), out, job, timing)
                 except _cluster_errors() as exc:
                     raise _failed(exc, out, job) from None
-        return _finish(job, out, done, todo, device, actors, time.perf_counter() - start)
+        summary = _finish(job, out, done, todo, device, actors, time.perf_counter() - start)
+        summary.first_result_s, summary.steady_rows_per_s = timing.result()
+        out.write_manifest({"complete": True, "summary": summary.to_json()})
+        return summary
+
+
+class _Timing:
+    """When the first scored rows reached the driver, and the rows and time after them."""
+
+    def __init__(self, start: float) -> None:
+        self.start, self.first, self.end, self.rows_after = start, None, None, 0
+
+    def got(self, rows: int) -> None:
+        now = time.perf_counter()
+        if self.first is None:
+            self.first = now
+        else:
+            self.rows_after += rows
+        self.end = now
+
+    def result(self) -> tuple[float | None, float | None]:
+        if self.first is None:
+            return None, None
+        after = self.end - self.first
+        return (round(self.first - self.start, 3),
+                round(self.rows_after / after, 1) if after > 0 else None)
 
 
 def _cluster_errors() -> tuple[type, ...]:
@@ -100,7 +127,6 @@ def _finish(job: ScoreJob, out: OutputDir, done: set[int], todo: list, device: s
                            this_run, round(seconds, 3),
                            round(this_run / seconds, 1) if seconds > 0 else 0.0,
                            device, actors)
-    out.write_manifest({"complete": True, "summary": summary.to_json()})
     return summary
 
 
@@ -204,7 +230,7 @@ def _dataset(job: ScoreJob, todo: list, device: str, actors: int) -> Any:
                                    "device": device, "crash": os.environ.get(CRASH_ENV)})
 
 
-def _consume(ds: Any, out: OutputDir, job: ScoreJob) -> None:
+def _consume(ds: Any, out: OutputDir, job: ScoreJob, timing: _Timing) -> None:
     """Gathers the scored rows per part; a part is committed (on a writer thread, so that
     writing overlaps fetching) once all its rows are in."""
     import pyarrow as pa
@@ -214,6 +240,7 @@ def _consume(ds: Any, out: OutputDir, job: ScoreJob) -> None:
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="bertfuse-commit") as pool:
         writing: list[Future] = []
         for block in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
+            timing.got(block.num_rows)
             parts = block.column(PART).to_numpy()
             for index in np.unique(parts):
                 index = int(index)
