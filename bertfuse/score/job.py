@@ -30,6 +30,7 @@ from bertfuse.score.output import PART, OutputDir
 from bertfuse.score.spec import ScoreJob
 
 ROWS_PER_TASK = 64  # a Ray Data batch is this many session batches: fewer, larger calls
+WRITERS = 4  # driver threads writing parts (Parquet encoding releases the GIL)
 
 
 class ScoreFailed(BertfuseError):
@@ -237,7 +238,7 @@ def _consume(ds: Any, out: OutputDir, job: ScoreJob, timing: _Timing) -> None:
 
     pending: dict[int, list] = defaultdict(list)
     have: dict[int, int] = defaultdict(int)
-    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="bertfuse-commit") as pool:
+    with ThreadPoolExecutor(max_workers=WRITERS, thread_name_prefix="bertfuse-commit") as pool:
         writing: list[Future] = []
         for block in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
             timing.got(block.num_rows)
@@ -251,6 +252,8 @@ def _consume(ds: Any, out: OutputDir, job: ScoreJob, timing: _Timing) -> None:
                 if have[index] >= job.parts[index].rows:
                     writing.append(pool.submit(out.commit, index, pending.pop(index)))
             writing = _reap(writing, wait=False)
+            while len(writing) > 2 * WRITERS:  # writers behind: wait, rather than hold rows
+                writing = _reap(writing[:1], wait=True) + writing[1:]
         _reap(writing, wait=True)
     if pending:  # the dataset ended with parts short of rows: never committed half
         first = min(pending)
