@@ -192,3 +192,23 @@ def test_pass_misses_a_packed_model(padded_and_packed):
     _, report = fuse(packed, PackingKernelsPass())
     assert [d.reason for d in report.diagnostics if not d.fused] == \
         ["needs BertAttention nodes (run the bertfuse_kernels pass first)"]
+
+
+def test_pass_on_a_converted_checkpoint(ckpt_erf, convert_cached, seed):
+    """The written --kernels bertfuse model of a real TF checkpoint (tf2onnx's graph, not the
+    builder's) packs, and its packed form equals it at every kept position."""
+    conv = convert_cached(ckpt_erf, "--precision", "fp16", "--kernels", "bertfuse")
+    assert conv.exit_code == 0, conv.report
+    padded = onnx.load(conv.onnx_path)
+    packed, report = fuse(padded, PackingKernelsPass())
+    layers = ckpt_erf.config.num_hidden_layers
+    assert [d.layer for d in report.diagnostics if d.fused] == list(range(layers))
+    onnx.checker.check_model(packed)
+    feeds = ckpt_erf.feeds(3, 16, seed=seed % 1000)
+    mask = feeds["input_mask"]
+    want = evaluate(padded, feeds)
+    got = evaluate(packed, {**feeds, "token_bucket": np.zeros(int(mask.sum()) + 4, np.int32)})
+    keep = mask != 0
+    seq = np.abs(got["sequence_output"][keep].astype(np.float64) - want["sequence_output"][keep])
+    assert np.isfinite(seq).all() and seq.max() <= 4e-2 and seq.mean() <= 2e-3
+    assert not got["sequence_output"][~keep].any()
