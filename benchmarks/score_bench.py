@@ -120,8 +120,8 @@ def embeddings(path: Path, name: str) -> tuple[np.ndarray, np.ndarray]:
     return t.column("id").to_numpy(), col.flatten().to_numpy().reshape(len(t), -1)
 
 
-def check(loop_out: Path, ray_out: Path, name: str) -> dict:
-    ids_a, a = embeddings(loop_out, name)
+def check(loop: tuple[np.ndarray, np.ndarray], ray_out: Path, name: str) -> dict:
+    ids_a, a = loop
     ids_b, b = embeddings(ray_out / "scores", name)
     same = ids_a.shape == ids_b.shape and bool((ids_a == ids_b).all())
     return {"ids_equal": same, "unique": len(np.unique(ids_b)) == len(ids_b),
@@ -190,10 +190,11 @@ def main() -> None:
         result["loop"] = session_loop(job, device, data, loop_out)
         log(out, f"session loop: {json.dumps(result['loop'])}")
         result["ray"] = []
+        want = embeddings(loop_out, job.outputs[0])
         for n in counts:
             dest = work / f"ray_{n}"
             run = ray_run(kwargs, n, dest)
-            run["check"] = check(loop_out, dest, job.outputs[0])
+            run["check"] = check(want, dest, job.outputs[0])
             result["ray"].append(run)
             log(out, f"ray, {n} actor(s): {json.dumps(run)}")
             shutil.rmtree(dest)
