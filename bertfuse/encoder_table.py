@@ -18,7 +18,7 @@ from typing import Iterable, Sequence
 
 GELU_OPS = ("BiasGelu", "FastGelu", "Gelu", "GemmFastGelu", "DenseBiasGelu", "DenseBiasGeluFp8")
 # The ai.bertfuse ops (--kernels bertfuse) count as the contrib ops they replace.
-ATTENTION_OPS = ("Attention", "BertAttention")
+ATTENTION_OPS = ("Attention", "BertAttention", "PackedBertAttention")
 SKIP_LN_OPS = ("SkipLayerNormalization", "DenseBiasSkipLayerNorm", "DenseBiasSkipLayerNormFp8")
 # Pass components whose misses do not explain an unfused layer (embed_layernorm has its row).
 NOT_LAYER = ("embed_layernorm", "cleanup", "dense_gemm", "first_token", "gemm_to_matmul", "fp16",

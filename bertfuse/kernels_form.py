@@ -35,7 +35,8 @@ ROW_PREFIX = "bertfuse ops vs contrib form: "
 
 
 def check_kernels(kernels: str, precision: str, packed: bool = False, fp8: bool = False) -> None:
-    """Bad combinations, before any slow work (one line, exit 2)."""
+    """Bad combinations, before any slow work (one line, exit 2). `--packed --kernels bertfuse`
+    is the device-packed form (passes/packing_kernels.py)."""
     if fp8 and kernels != "bertfuse":
         raise BertfuseError("--fp8 needs --kernels bertfuse (FP8 weights exist only as bertfuse "
                             "ops)")
@@ -45,9 +46,6 @@ def check_kernels(kernels: str, precision: str, packed: bool = False, fp8: bool 
     if kernels == "bertfuse" and precision != "fp16":
         raise BertfuseError(f"--kernels bertfuse needs --precision fp16 (the bertfuse ops "
                             f"are fp16 only; got {precision})")
-    if kernels == "bertfuse" and packed:
-        raise BertfuseError("--kernels bertfuse cannot be combined with --packed (there are "
-                            "no packed bertfuse ops)")
 
 
 def to_bertfuse_kernels(contrib: onnx.ModelProto, report: PipelineReport | None = None

@@ -36,11 +36,31 @@ class PackedShape:
 def packed_shapes(batch: int, seq: int, steps: int = 8) -> list[PackedShape]:
     """The token buckets of one [batch, seq] bucket: `steps` equal steps up to batch x seq."""
     step = -(-batch * seq // steps)
+    if seq == 1:  # every row is one token: nothing to pack, one bucket with one filler row
+        return [PackedShape(batch, 1, batch + 1, batch + 1)]
     extra_rows = -(-step // seq) + 1
     while extra_rows * (seq - 1) < step:  # filler rows must hold a step's worth of tokens
         extra_rows += 1
     return [PackedShape(batch, seq, k * step + extra_rows, batch + extra_rows)
             for k in range(1, steps + 1)]
+
+
+def device_shapes(batch: int, seq: int, steps: int = 8) -> list[PackedShape]:
+    """The token buckets of one [batch, seq] bucket of the device-packed form
+    (passes/packing_kernels.py): T in `steps` equal steps up to batch x seq, no filler rows
+    (packed rows past the kept tokens belong to no sequence there)."""
+    step = -(-batch * seq // steps)
+    tokens = sorted({min(k * step, batch * seq) for k in range(1, steps + 1)})
+    return [PackedShape(batch, seq, t, batch) for t in tokens]
+
+
+def choose_device_shape(shapes: list[PackedShape], tokens: int) -> PackedShape:
+    """The smallest device-packed token bucket that holds `tokens` kept tokens (rows the
+    request leaves empty need no filler there)."""
+    for shape in shapes:
+        if shape.tokens >= tokens:
+            return shape
+    raise ValueError(f"{tokens} tokens do not fit {shapes[-1]}")
 
 
 def choose_shape(shapes: list[PackedShape], batch: int, tokens: int) -> PackedShape:

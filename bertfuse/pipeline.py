@@ -154,12 +154,18 @@ def convert_model(src_path: str, out_path: str | None, opts: ConvertOptions,
 def _pack(model: onnx.ModelProto, report: RunReport,
           status: Callable[[str], None] | None) -> onnx.ModelProto:
     """The verified padded model, turned into its packed form (checked by onnx's checker:
-    PackedAttention/RestorePadding have CUDA kernels only, so ORT's CPU cannot load it)."""
+    PackedAttention/RestorePadding have CUDA kernels only, so ORT's CPU cannot load it). A
+    model on bertfuse kernels (BertAttention) takes the device-packed form instead."""
+    from bertfuse.custom_ops import BERTFUSE_DOMAIN
     from bertfuse.passes.cleanup import Cleanup
     from bertfuse.passes.packing import PackingPass
+    from bertfuse.passes.packing_kernels import PackingKernelsPass
 
-    with report.stage("packing", status) as st:
-        packed, pack_report = run_passes(model, [PackingPass(), Cleanup()])
+    on_kernels = any(n.op_type == "BertAttention" and n.domain == BERTFUSE_DOMAIN
+                     for n in model.graph.node)
+    first = PackingKernelsPass() if on_kernels else PackingPass()
+    with report.stage("packing (on the device)" if on_kernels else "packing", status) as st:
+        packed, pack_report = run_passes(model, [first, Cleanup()])
         misses = [d for d in pack_report.diagnostics if not d.fused]
         if misses:
             raise BertfuseError(f"cannot pack: {misses[0].reason}")

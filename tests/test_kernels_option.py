@@ -60,7 +60,6 @@ def test_default_is_ort(tiny_onnx):
 
 @pytest.mark.parametrize("argv,needle", [
     (["--kernels", "bertfuse"], "needs --precision fp16"),
-    (["--precision", "fp16", "--kernels", "bertfuse", "--packed"], "--packed"),
     (["--precision", "fp16", "--kernels", "bertfuse", "--no-fuse"], "needs the fusion passes"),
     (["--kernels", "cuda"], "invalid choice"),
 ])
@@ -82,6 +81,40 @@ def test_optimize_with_bertfuse_kernels(tiny_onnx, tmp_path, capsys):
     assert main(["optimize", tiny_onnx["raw"], "-o", str(tmp_path / "x.onnx"),
                  "--kernels", "bertfuse"]) == 2
     assert "needs --precision fp16" in capsys.readouterr().err
+
+
+def test_optimize_packed_on_bertfuse_kernels_packs_on_the_device(tiny_onnx, tmp_path, capsys,
+                                                                  rng):
+    """`--packed --kernels bertfuse`: the device-packed form, equal to the padded bertfuse form
+    at kept positions (ReferenceEvaluator) and zero at padding."""
+    padded_path, packed_path = tmp_path / "k.onnx", tmp_path / "p.onnx"
+    assert main(["optimize", tiny_onnx["raw"], "-o", str(padded_path), *ARGS]) == 0
+    capsys.readouterr()
+    assert main(["optimize", tiny_onnx["raw"], "-o", str(packed_path), *ARGS, "--packed",
+                 "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert "packing (on the device)" in [st["name"] for st in report["stages"]]
+    padded, packed = onnx.load(str(padded_path)), onnx.load(str(packed_path))
+    ops = _ops(packed)
+    assert ops[f"{BF}.PackTokens"] == 1 and ops[f"{BF}.UnpackTokens"] == 1
+    assert ops[f"{BF}.PackedBertAttention"] == 2 and not ops[f"{BF}.BertAttention"]
+    assert "token_bucket" in [i.name for i in packed.graph.input]
+    batch, seq = 3, 8
+    mask = (np.arange(seq)[None, :] < np.array([8, 3, 5])[:, None]).astype(np.int32)
+    mask[2] = mask[2][::-1]  # left padding
+    feeds = {i.name: (mask if "mask" in i.name else
+                      rng.integers(0, 2 if "segment" in i.name else 50, (batch, seq)))
+             .astype(onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type))
+             for i in padded.graph.input}
+    want = evaluate(padded, feeds)
+    kept = int(mask.sum())
+    for tokens in (kept, kept + 5):  # the bucket exactly, and filler rows past the kept tokens
+        got = evaluate(packed, {**feeds, "token_bucket": np.zeros(tokens, np.int32)})
+        seq_out = got["sequence_output"].astype(np.float32)
+        ref = want["sequence_output"].astype(np.float32)
+        keep = mask != 0
+        assert np.abs(seq_out[keep] - ref[keep]).max() <= 4e-2
+        assert not seq_out[~keep].any()
 
 
 def test_api_keyword(tiny_onnx):

@@ -106,3 +106,37 @@ def test_packed_fp16_restores_before_the_output_cast(ckpt_erf, tmp_path, capsys)
     restore = next(n for n in model.graph.node if n.op_type == "RestorePadding")
     readers = [n.op_type for n in model.graph.node if restore.output[0] in n.input]
     assert sorted(readers) == ["Cast", "Gather"], readers
+
+
+@pytest.mark.parametrize("batch", [1, 5])
+def test_packed_shapes_of_one_token_rows_return(batch):
+    """seq 1: one bucket (every row is one token); it used to loop forever."""
+    import threading
+
+    got: list = []
+    worker = threading.Thread(target=lambda: got.append(packed_shapes(batch, 1)), daemon=True)
+    worker.start()
+    worker.join(timeout=10)
+    assert not worker.is_alive() and got, "packed_shapes(batch, 1) does not return"
+    shapes = got[0]
+    for b in range(1, batch + 1):  # any smaller request of one-token rows packs
+        mask = np.ones((b, 1), np.int32)
+        shape = choose_shape(shapes, b, b)
+        p = pack_into(mask, shape)
+        assert p["cumulative_sequence_length"][-1] == shape.tokens
+        assert (p["token_index"][:b] == np.arange(b)).all()
+
+
+def test_device_shapes_step_up_to_the_bucket():
+    """The device-packed form's token buckets: no filler rows, T up to batch x seq."""
+    from bertfuse.packing_layout import choose_device_shape, device_shapes
+
+    shapes = device_shapes(20, 64)
+    assert [s.tokens for s in shapes] == [160 * k for k in range(1, 9)]
+    assert all(s.rows == 20 for s in shapes)
+    assert choose_device_shape(shapes, 200) == shapes[1]
+    assert choose_device_shape(shapes, 160) == shapes[0]  # empty rows need no filler token
+    assert choose_device_shape(shapes, 20 * 64) == shapes[-1]
+    assert [s.tokens for s in device_shapes(3, 1)] == [1, 2, 3]  # no repeats past b x s
+    with pytest.raises(ValueError, match="do not fit"):
+        choose_device_shape(shapes, 20 * 64 + 1)

@@ -12,6 +12,11 @@ batch, each row a short sequence of its own: PackedAttention and RestorePadding 
 well-formed sequences, and nothing in the outputs is left uninitialised. Outputs at padded
 positions are zero (RestorePadding), unlike the padded model; compare valid positions only.
 PackedAttention and RestorePadding have CUDA kernels only, so this runs on the GPU.
+
+The device-packed form (`--packed --kernels bertfuse`, passes/packing_kernels.py) packs on the
+device: the host stages the padded ids, segments and mask (the same one copy) and packs
+nothing; each (B, S, T) bucket binds a `token_bucket` device buffer of T int32, allocated once,
+whose shape alone tells PackTokens the token count (T in equal steps up to B x S, no filler rows).
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ import numpy as np
 import onnx
 
 from bertfuse.errors import BertfuseError
-from bertfuse.packing_layout import (PACKED_INPUTS, PackedShape, capture_mask, choose_shape,
+from bertfuse.packing_layout import (PACKED_INPUTS, PackedShape, capture_mask,
+                                     choose_device_shape, choose_shape, device_shapes,
                                      pack_into, packed_shapes)
 from bertfuse.runtime.device import GATE, SessionMaker, claim_thread, fetch, staging, upload
 from bertfuse.runtime.options import SessionOptions, session_options
@@ -38,6 +44,7 @@ from bertfuse.runtime.requests import (ClosedError, RequestError, bucket_list, c
 
 _capture_mask = capture_mask  # its old name here
 _ALIGN = 16  # int32 elements: every input starts 64-byte aligned in the shared buffer
+TOKEN_BUCKET = "token_bucket"  # the device-packed form's input: only its length T is read
 
 
 @dataclass
@@ -49,6 +56,7 @@ class _PackedBucket:
     host: np.ndarray  # its host staging copy
     views: dict[str, np.ndarray]  # per input, a view into `host`
     outputs: dict[str, Any]
+    token_bucket: Any = None  # device-packed form: T int32 on the device, bound once
 
 
 class PackedSession:
@@ -65,7 +73,8 @@ class PackedSession:
         opts = session_options(options, overrides)
         proto = load_model(model)
         self.facts = model_facts(proto)
-        if not set(PACKED_INPUTS) <= set(self.facts.inputs):
+        self.device_packed = is_device_packed(self.facts.inputs)
+        if not self.device_packed and not set(PACKED_INPUTS) <= set(self.facts.inputs):
             raise BertfuseError("not a packed model: convert it with --packed")
         if opts.device != "cuda":
             raise BertfuseError("packed models run on CUDA only (ORT has no CPU kernels for "
@@ -104,8 +113,16 @@ class PackedSession:
     def shapes_for(self, batch: int, seq: int) -> list[PackedShape]:
         b, s = smallest(self.batch_buckets, batch), smallest(self.seq_buckets, seq)
         if (b, s) not in self._shapes:
-            self._shapes[(b, s)] = packed_shapes(b, s, self.token_steps)
+            shapes = device_shapes if self.device_packed else packed_shapes
+            self._shapes[(b, s)] = shapes(b, s, self.token_steps)
         return self._shapes[(b, s)]
+
+    def shape_for(self, batch: int, seq: int, tokens: int) -> PackedShape:
+        """The token bucket a request of `tokens` kept tokens in [batch, seq] lands in."""
+        shapes = self.shapes_for(batch, seq)
+        if self.device_packed:
+            return choose_device_shape(shapes, tokens)
+        return choose_shape(shapes, batch, tokens)
 
     def warmup(self, buckets: Sequence[tuple[int, int]] | None = None,
                progress: Any = None) -> None:
@@ -148,15 +165,7 @@ class PackedSession:
         self.close()
 
     def _layout(self, shape: PackedShape) -> dict[str, tuple[int, tuple[int, ...]]]:
-        """Offset (in int32 elements) and shape of every model input in the shared buffer."""
-        sizes = {"input_ids": (shape.batch, shape.seq), "segment_ids": (shape.batch, shape.seq),
-                 "token_index": (shape.tokens,), "token_offset": (shape.rows, shape.seq),
-                 "cumulative_sequence_length": (shape.rows + 1,)}
-        layout, at = {}, 0
-        for name in self.facts.inputs:
-            layout[name] = (at, sizes[name])
-            at += -(-int(np.prod(sizes[name])) // _ALIGN) * _ALIGN
-        return layout
+        return input_layout(self.facts.inputs, shape)
 
     def _bucket(self, shape: PackedShape) -> _PackedBucket:
         if shape in self._buckets:
@@ -178,6 +187,11 @@ class PackedSession:
         binding = self.session.io_binding()
         for name, (at, dims) in layout.items():
             binding.bind_input(name, "cuda", 0, np.int32, list(dims), device.data_ptr() + at * 4)
+        token_bucket = None
+        if self.device_packed:
+            token_bucket = ort.OrtValue.ortvalue_from_numpy(
+                np.zeros(shape.tokens, np.int32), "cuda", 0)
+            binding.bind_ortvalue_input(TOKEN_BUCKET, token_bucket)
         # Output shapes from one uncaptured run (gpu_graph_id -1), then fixed buffers.
         for name in self.facts.outputs:
             binding.bind_output(name, "cuda")
@@ -190,7 +204,7 @@ class PackedSession:
             binding.bind_ortvalue_output(name, outputs[name])
         graph_id = len(self._buckets)
         bucket = _PackedBucket(shape, binding, self._maker.run_options(graph_id), device, host,
-                               views, outputs)
+                               views, outputs, token_bucket)
         try:
             for _ in range(2):  # the first runs of a graph id capture it
                 self.session.run_with_iobinding(binding, bucket.run_options)
@@ -207,7 +221,7 @@ class PackedSession:
         """ORT's run alone (the graph replay) of the warm token bucket that a request with
         this mask lands in: benchmarks time it apart from packing the request."""
         batch, seq = mask.shape
-        shape = choose_shape(self.shapes_for(batch, seq), batch, int(np.count_nonzero(mask)))
+        shape = self.shape_for(batch, seq, int(np.count_nonzero(mask)))
         bucket = self._buckets[shape]
         return lambda: self.session.run_with_iobinding(bucket.binding, bucket.run_options)
 
@@ -222,6 +236,10 @@ class PackedSession:
                 views[name].fill(0)
                 if name in arrays:
                     views[name][:b, :s] = arrays[name]
+        if "input_mask" in views:  # device-packed: PackTokens packs the mask on the device
+            views["input_mask"].fill(0)
+            views["input_mask"][:b, :s] = arrays["input_mask"]
+            return
         pack_into(arrays["input_mask"], shape, out=views)
 
     def run(self, input_ids: Any, input_mask: Any, segment_ids: Any = None,
@@ -256,7 +274,7 @@ class PackedSession:
         with self._lock, GATE.running():
             self._require_open()
             claim_thread(self)
-            shape = choose_shape(self.shapes_for(batch, seq), batch, tokens)
+            shape = self.shape_for(batch, seq, tokens)
             bucket = self._bucket(shape)
             self._stage(bucket.views, arrays, shape)
             upload(bucket.device, bucket.host, self.stream)
@@ -267,3 +285,24 @@ class PackedSession:
             return {n: fetch(bucket.outputs[n], batch, seq, len(bucket.outputs[n].shape()) == 3)
                     for n in names}
 
+
+def is_device_packed(inputs: Sequence[str]) -> bool:
+    """Whether a packed model's inputs are the device-packed form's (a token_bucket input)."""
+    return TOKEN_BUCKET in inputs
+
+
+def input_layout(inputs: Sequence[str], shape: PackedShape
+                 ) -> dict[str, tuple[int, tuple[int, ...]]]:
+    """Offset (in int32 elements) and shape of every model input in a bucket's shared buffer:
+    one host->device copy per request. The device-packed form's token_bucket is not in it."""
+    padded = (shape.batch, shape.seq)
+    sizes = {"input_ids": padded, "segment_ids": padded, "input_mask": padded,
+             "token_index": (shape.tokens,), "token_offset": (shape.rows, shape.seq),
+             "cumulative_sequence_length": (shape.rows + 1,)}
+    layout, at = {}, 0
+    for name in inputs:
+        if name == TOKEN_BUCKET:  # its own device buffer (_new_bucket): never copied
+            continue
+        layout[name] = (at, sizes[name])
+        at += -(-int(np.prod(sizes[name])) // _ALIGN) * _ALIGN
+    return layout
