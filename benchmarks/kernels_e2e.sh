@@ -15,14 +15,18 @@
 #    the contrib runtime rows only the twins of the kernels rows run unless RUNTIME_ROWS=all.
 #    Skeletons (<config>_raw.skel.onnx) from $SKEL (default .stage/skel). Where the library
 #    is missing, the kernels rows say why and the rest still runs.
-# 3. Last: the two forms side by side, against the targets, with the top kernels of each.
+#    Then (packed/) the padded-vs-packed workload $PACKED (default "uniform [8,64] b20 s64")
+#    under $STREAMS streams (default 4): beside the contrib form's padded and packed sessions,
+#    the bertfuse-kernels padded form and its device-packed form (--packed --kernels bertfuse).
+# 3. Last: the two forms side by side, against the targets, with the top kernels of each, and
+#    the device-packed vs padded tables with the packed target's line.
 #
 # Needs: onnxruntime-gpu, onnx, onnx-graphsurgeon, numpy, ml_dtypes and torch (CUPTI profile)
 # importable (/tmp/site is put first on PYTHONPATH), nvcc (+ cmake) for the build. No network,
-# no TensorFlow. Everything stays under a time budget ($BUDGET s, default 500): each step gets
+# no TensorFlow. Everything stays under a time budget ($BUDGET s, default 580): each step gets
 # a timeout from what is left, and bench writes its JSON after every workload.
 # Writes under $OUT (default ./out/kernels-e2e): kernels/ (env, build, check logs and JSON),
-# shenma/ and base/ (bench.log, gpu_bench.json), summary.txt.
+# shenma/, base/ and packed/ (bench.log, gpu_bench.json), summary.txt.
 set -uo pipefail
 
 OUT="${OUT:-$PWD/out/kernels-e2e}"
@@ -31,12 +35,14 @@ INC="${ORT_INCLUDE:-.stage/ort-include}"
 ITERS="${ITERS:-300}"
 ORT_ROWS="${ORT_ROWS:-reference}"  # all: also ORT raw fp16 and its transformer optimizer
 RUNTIME_ROWS="${RUNTIME_ROWS:-paired}"  # all: also the contrib form's other mask forms, packed
-BUDGET="${BUDGET:-500}"
+BUDGET="${BUDGET:-580}"  # the device allows 600 s a command
+PACKED="${PACKED:-uniform [8,64] b20 s64}"
+STREAMS="${STREAMS:-4}"
 PY="${PYTHON:-python3}"
 export PYTHONPATH="/tmp/site:$PWD"
 export BERTFUSE_KERNELS_DIR="${BERTFUSE_KERNELS_DIR:-/tmp/bertfuse-kernels}"
 export PATH="$PATH:/usr/local/cuda/bin"
-mkdir -p "$OUT/kernels" "$OUT/shenma" "$OUT/base"
+mkdir -p "$OUT/kernels" "$OUT/shenma" "$OUT/base" "$OUT/packed"
 start=$(date +%s)
 left() { echo $(( start + BUDGET - $(date +%s) )); }
 cap() {  # cap SECONDS RESERVE: SECONDS, or what is left after RESERVE if that is less (>= 0)
@@ -63,7 +69,7 @@ grep -E '^(build:|check:|library |[0-9]+/[0-9]+ cases|bertfuse: error)|^FAIL|ERR
 echo "kernels build+check: exit $rc_kernels after $(( $(date +%s) - start )) s (timeout $t s)"
 
 # 2. bench, one process per model; --packed alone: no packed tables
-bench() {  # bench DIR TIMEOUT WORKLOAD...
+bench() {  # bench DIR TIMEOUT BENCH-ARGS... (which workloads)
     local dir="$1" t="$2"
     shift 2
     if [ "$t" -lt 30 ]; then
@@ -71,16 +77,17 @@ bench() {  # bench DIR TIMEOUT WORKLOAD...
         return
     fi
     local t0=$(date +%s)
-    timeout -k 15 "$t" "$PY" -m bertfuse.cli bench --skeletons "$SKEL" --workloads "$@" \
-        --packed --ort-rows "$ORT_ROWS" --runtime-rows "$RUNTIME_ROWS" --iters "$ITERS" \
+    timeout -k 15 "$t" "$PY" -m bertfuse.cli bench --skeletons "$SKEL" "$@" \
+        --ort-rows "$ORT_ROWS" --runtime-rows "$RUNTIME_ROWS" --iters "$ITERS" \
         --kernels both --out "$OUT/$dir" \
         > "$OUT/$dir/bench.log" 2>&1
     local rc=$?
     echo "bench $*: exit $rc in $(( $(date +%s) - t0 )) s (timeout $t s)"
     [ "$rc" -eq 0 ] || tail -5 "$OUT/$dir/bench.log"
 }
-bench shenma "$(cap 150 210)" "shenma-3l b20 s64"
-bench base "$(cap 400 15)" "base b1 s128" "base b32 s128"
+bench shenma "$(cap 150 290)" --workloads "shenma-3l b20 s64" --packed
+bench base "$(cap 400 130)" --workloads "base b1 s128" "base b32 s128" --packed
+bench packed "$(cap 150 10)" --workloads --packed "$PACKED" --streams $STREAMS
 
 # 3. the short table, last
 "$PY" - "$OUT" <<'EOF' | tee "$OUT/summary.txt"
@@ -102,6 +109,15 @@ for part in ("shenma", "base"):
 print()
 print(f"library: {setup.get('library') or setup.get('reason')}")
 print(format_comparison(results))
+try:  # padded vs device-packed on bertfuse kernels, and the packed target
+    from bertfuse.bench.packed_kernels import format_tables, target_line
+
+    packed = json.load(open(os.path.join(out, "packed", "gpu_bench.json"))).get("packed", {})
+    print()
+    print(format_tables(packed) or "packed: no bertfuse-kernels rows")
+    print(target_line(packed))
+except (OSError, ValueError) as exc:
+    print(f"packed: no gpu_bench.json ({exc})")
 KERNELS, RAW_ONLY, FP8 = (label for label, _, _ in KERNELS_ROWS)
 # (workload, field, row, target, smaller is better)
 TARGETS = [("shenma-3l b20 s64", "gpu_us", KERNELS, 195, True),

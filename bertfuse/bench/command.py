@@ -92,7 +92,8 @@ def _bench(args: argparse.Namespace, work: str) -> dict:
     results: list[Result] = []
     extra: dict = {}
     kernels = None
-    if args.kernels == "both" and args.workloads:
+    packed_names = list(packed_bench.WORKLOADS) if args.packed is None else args.packed
+    if args.kernels == "both" and (args.workloads or packed_names):
         kernels = find_library()
         extra["kernels"] = kernels.to_json()
         print(f"bertfuse kernels: {kernels.library or 'not run: ' + kernels.reason}", flush=True)
@@ -131,11 +132,10 @@ def _bench(args: argparse.Namespace, work: str) -> dict:
             prepared[config] = prepare_models(skeleton, tempfile.mkdtemp(dir=work))
         return prepared[config]
 
-    packed_names = list(packed_bench.WORKLOADS) if args.packed is None else args.packed
     if packed_names:
         print("== padded vs packed", flush=True)
         extra["packed"] = packed_bench.run(paths_for, args.iters, packed_names,
-                                           tuple(args.streams))
+                                           tuple(args.streams), kernels)
     save()
     for result, call in profiles:  # last: the profiler slows whatever runs after it
         result.gpu_us, result.kernels, result.breakdown = kernel_profile(call)

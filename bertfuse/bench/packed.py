@@ -23,6 +23,7 @@ from typing import Any, Callable
 import numpy as np
 import onnx
 
+from bertfuse.bench import packed_kernels
 from bertfuse.bench.models import packed_form, prepare_models
 from bertfuse.bench.timing import time_interleaved
 from bertfuse.bench.workloads import PACKED_WORKLOADS as WORKLOADS
@@ -69,9 +70,12 @@ def diff(got: dict, want: dict, mask: np.ndarray) -> tuple[float, float]:
 
 
 def run(paths_for: Callable[[str], dict[str, str]], iters: int,
-        workloads: list[str] | None = None, streams: tuple[int, ...] = (1, 2, 4)) -> dict:
+        workloads: list[str] | None = None, streams: tuple[int, ...] = (1, 2, 4),
+        kernels: Any = None) -> dict:
     """Rows of the padded-vs-packed table and the fill sweep; paths_for(config) gives the
-    prepared model paths (bench.prepare_models)."""
+    prepared model paths (bench.prepare_models). kernels: the run's KernelsSetup with
+    `--kernels both` (the fp16 rows then time the bertfuse-kernels forms too, or say why
+    not: packed_kernels.py), None for `--kernels ort`."""
     from bertfuse.runtime.packed import PackedSession
     from bertfuse.runtime.requests import model_facts
     from bertfuse.runtime.router import Session
@@ -87,6 +91,10 @@ def run(paths_for: Callable[[str], dict[str, str]], iters: int,
             opts = {"use_tf32": "0"} if precision == "fp32" else {}
             kw = dict(max_batch=batch, max_seq=seq, batch_buckets=(batch,), seq_buckets=(seq,),
                       device="cuda", provider_options=opts)
+            forms, knote = packed_kernels.kernels_forms(kernels, paths) \
+                if precision == "fp16" else ({}, "")
+            kmakers = packed_kernels.makers(forms, kw)
+            ksessions = {k: make() for k, make in kmakers.items()}
             padded = Session(fused, **kw)
             packed = PackedSession(packed_model, **kw)
             nograph = PackedSession(packed_model, **{**kw, "cuda_graph": False})
@@ -94,15 +102,18 @@ def run(paths_for: Callable[[str], dict[str, str]], iters: int,
             for mix, lengths in _mixes(lengths_fn, np.random.default_rng(7), batch, seq).items():
                 ids, mask, segs = request(lengths, seq, vocab)
                 row = {"workload": name, "mix": mix, "fill": round(float(mask.mean()), 2),
-                       "precision": precision}
+                       "precision": precision, **({"kernels": knote} if knote else {})}
                 try:
                     want = padded.run(ids, mask, segs)
                     got = packed.run(ids, mask, segs)
                     row["max_diff"], row["mean_diff"] = diff(got, want, mask)
                     row["packed_shape"] = dataclasses.astuple(choose_shape(
                         packed.shapes_for(batch, seq), batch, int(np.count_nonzero(mask))))
+                    if ksessions:
+                        row["kpacked_max_diff"], row["kpacked_mean_diff"] = diff(
+                            ksessions["kpacked"].run(ids, mask, segs), want, mask)
                     sessions = {"padded": padded, "packed": packed, "packed_nograph": nograph,
-                                "routed": routed}
+                                "routed": routed, **ksessions}
                     timed = time_interleaved(
                         {k: (lambda s=s: s.run(ids, mask, segs, to_host=False))
                          for k, s in sessions.items()}, iters)
@@ -111,13 +122,15 @@ def run(paths_for: Callable[[str], dict[str, str]], iters: int,
                     row["speedup"] = round(row["padded_p50_us"] / row["packed_p50_us"], 2)
                     row["routed_speedup"] = round(row["padded_p50_us"] / row["routed_p50_us"], 2)
                     row["graph"] = packed.cuda_graph or packed.fallback_reason
+                    if ksessions:
+                        packed_kernels.add_ratios(row, "_p50_us", higher_better=False)
                 except Exception as exc:
                     row["error"] = str(exc).splitlines()[0][:200]
                 rows.append(row)
                 print("  ", row, flush=True)
             if precision == "fp16":
                 sweep += _fill_sweep(name, padded, packed, batch, seq, vocab, iters)
-            del padded, packed, nograph, routed
+            del padded, packed, nograph, routed, ksessions
             if precision == "fp16" and streams:
                 draws = [request(lengths_fn(np.random.default_rng(100 + i), batch, seq), seq,
                                  vocab, seed=i) for i in range(32)]
@@ -125,14 +138,17 @@ def run(paths_for: Callable[[str], dict[str, str]], iters: int,
                     "padded": lambda: Session(fused, **kw),
                     "packed": lambda: PackedSession(packed_model, **kw),
                     "packed16": lambda: PackedSession(packed_model, token_steps=16, **kw),
-                    "routed": lambda: Session(fused, packed_model=packed_model, **kw)}
+                    "routed": lambda: Session(fused, packed_model=packed_model, **kw),
+                    **kmakers}
                 for n in streams:
+                    head = {"workload": name, "precision": precision, "streams": n,
+                            **({"kernels": knote} if knote else {})}
                     try:
-                        load.append({"workload": name, "precision": precision, "streams": n,
-                                     **under_load(makers, draws, n, (batch, seq))})
+                        load.append({**head, **under_load(makers, draws, n, (batch, seq))})
+                        if kmakers:
+                            packed_kernels.add_ratios(load[-1], "_seq_per_s", higher_better=True)
                     except Exception as exc:
-                        load.append({"workload": name, "precision": precision, "streams": n,
-                                     "error": str(exc).splitlines()[0][:200]})
+                        load.append({**head, "error": str(exc).splitlines()[0][:200]})
                     print("   load", load[-1], flush=True)
     return {"rows": rows, "sweep": sweep, "load": load}
 
@@ -276,4 +292,5 @@ def format_tables(result: dict) -> str:
         lines.append(f"| {r['workload']} | {r['streams']} | " + " | ".join(cells) + " | "
                      f"{r['packed_speedup']} | {r['packed16_speedup']} | "
                      f"{r['routed_speedup']} | {r['replica_max_diff']:.2e} |")
-    return "\n".join(lines)
+    kernels = packed_kernels.format_tables(result)
+    return "\n".join(lines + (["", kernels] if kernels else []))
