@@ -99,6 +99,14 @@ def test_optimize_packed_on_bertfuse_kernels_packs_on_the_device(tiny_onnx, tmp_
     assert ops[f"{BF}.PackTokens"] == 1 and ops[f"{BF}.UnpackTokens"] == 1
     assert ops[f"{BF}.PackedBertAttention"] == 2 and not ops[f"{BF}.BertAttention"]
     assert "token_bucket" in [i.name for i in packed.graph.input]
+    # What PackedSession binds: int32 inputs in its buffers, the padded model's outputs.
+    assert {i.type.tensor_type.elem_type for i in packed.graph.input} == {onnx.TensorProto.INT32}
+    assert [(o.name, o.type.tensor_type.elem_type) for o in packed.graph.output] == \
+        [(o.name, o.type.tensor_type.elem_type) for o in padded.graph.output]
+    from bertfuse.runtime.requests import model_facts
+
+    assert set(model_facts(packed).inputs) == {"input_ids", "segment_ids", "input_mask",
+                                               "token_bucket"}
     batch, seq = 3, 8
     mask = (np.arange(seq)[None, :] < np.array([8, 3, 5])[:, None]).astype(np.int32)
     mask[2] = mask[2][::-1]  # left padding
