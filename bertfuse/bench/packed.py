@@ -93,8 +93,7 @@ def run(paths_for: Callable[[str], dict[str, str]], iters: int,
                       device="cuda", provider_options=opts)
             forms, knote = packed_kernels.kernels_forms(kernels, paths) \
                 if precision == "fp16" else ({}, "")
-            kmakers = packed_kernels.makers(forms, kw)
-            ksessions = {k: make() for k, make in kmakers.items()}
+            kmakers, ksessions, knote = packed_kernels.open_sessions(forms, kw, knote)
             padded = Session(fused, **kw)
             packed = PackedSession(packed_model, **kw)
             nograph = PackedSession(packed_model, **{**kw, "cuda_graph": False})

@@ -64,6 +64,17 @@ def makers(forms: dict[str, Any], kw: dict) -> dict[str, Any]:
             "kpacked": lambda: PackedSession(forms["kpacked"], **kw)}
 
 
+def open_sessions(forms: dict[str, Any], kw: dict, note: str
+                  ) -> tuple[dict[str, Any], dict[str, Any], str]:
+    """(makers, one session of each, note): none and 'failed: why' where a session cannot be
+    made (the contrib rows still run)."""
+    made = makers(forms, kw)
+    try:
+        return made, {k: make() for k, make in made.items()}, note
+    except Exception as exc:  # noqa: BLE001 (a row note, not the run's end)
+        return {}, {}, f"failed: {(str(exc).splitlines() or [type(exc).__name__])[0][:200]}"
+
+
 def add_ratios(row: dict[str, Any], suffix: str, higher_better: bool) -> None:
     """kpacked against kpadded and against the contrib form's padded, from `<kind><suffix>`
     (p50 in us: lower is better; seq/s: higher is better)."""

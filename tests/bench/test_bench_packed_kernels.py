@@ -85,3 +85,15 @@ def test_tables_and_target_from_rows():
     load["kpacked_seq_per_s"] = 88000
     packed_kernels.add_ratios(load, "_seq_per_s", higher_better=True)
     assert packed_kernels.target_line({"load": [load]}).endswith("met)")
+
+
+def test_a_session_that_cannot_open_is_a_failed_note_not_the_runs_end(tiny_onnx, tmp_path):
+    """On a host without CUDA (this one) the kernels sessions cannot be made: the rows say
+    so and no session is kept."""
+    fused = tmp_path / "bertfuse16.onnx"
+    shutil.copy(tiny_onnx["fp16"], fused)
+    forms, _ = packed_kernels.kernels_forms(KernelsSetup(library="/some/lib.so"),
+                                            {"bertfuse16": str(fused)})
+    made, sessions, note = packed_kernels.open_sessions(forms, {"device": "cpu"}, "")
+    assert made == {} and sessions == {} and note.startswith("failed: ")
+    assert packed_kernels.open_sessions({}, {}, "not run: x") == ({}, {}, "not run: x")
