@@ -160,6 +160,11 @@ def test_ascii_path_is_bert_normalizer(example):
             assert got.input_ids.tolist() == [e.ids for e in ref]
             assert got.segment_ids.tolist() == [e.type_ids for e in ref]
             assert got.input_mask.tolist() == [e.attention_mask for e in ref]
+            one, ref = tok(a, pad_to=48), tok._tok.encode_batch(a)  # single texts, pad_to
+            pad = [[0] * (48 - len(e.ids)) for e in ref]
+            assert one.input_ids.tolist() == [e.ids + p for e, p in zip(ref, pad)]
+            assert one.input_mask.tolist() == [e.attention_mask + p for e, p in zip(ref, pad)]
+            assert not one.segment_ids.any()
 
 
 def test_bad_vocab_is_one_line(tmp_path, capsys, example):

@@ -131,6 +131,10 @@ class BertfuseReplica:
         try:
             self._batch.set_batch_wait_timeout_s(self.wait_s if self.inflight > 1 else 0.0)
             result = await self._batch(parsed)
+        except Exception as exc:  # a bug or a device failure: one line, not a traceback
+            self.m_requests.inc(tags={"status": "500"})
+            why = (str(exc).strip().splitlines() or [""])[0][:200]
+            return json_response(500, {"error": f"internal error: {type(exc).__name__}: {why}"})
         finally:
             self.inflight -= 1
         self.counts["requests"] += 1
