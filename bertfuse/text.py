@@ -35,6 +35,8 @@ _ASCII_CLEAN = {**{c: None for c in [*range(32), 127]}, **{c: " " for c in (9, 1
 # BertPreTokenizer's punctuation on ASCII (str.isascii and not a letter, digit or space):
 # spaced out in Python, so the tokenizer splits on whitespace alone, which is twice as fast.
 _ASCII_PUNCT = re.compile(r"[!-/:-@\[-`{-~]")
+_CACHED_WORDS = 100_000  # words whose pieces a tokenizer keeps (then it starts afresh)
+_MAX_WORD = 100  # characters: a longer word is one [UNK] (Google's BERT)
 
 
 def _spaced(match: re.Match) -> str:
@@ -179,6 +181,9 @@ class WordPiece:
         self.max_length = max_length
         self._tok = self._build(normalize=True)
         self._ascii = self._build(normalize=False)  # for ASCII text, normalized in Python
+        self._model = self._ascii.model
+        self._cls, self._sep = self.vocab["[CLS]"], self.vocab["[SEP]"]
+        self._pieces: dict[str, list[int]] = {}  # word -> its piece ids (ASCII, cleaned)
 
     def _build(self, normalize: bool):
         """normalize: BertNormalizer and BertPreTokenizer in the tokenizer, padded there. Else
@@ -190,7 +195,8 @@ class WordPiece:
             raise MissingDependency("tokenizers is not installed: text input needs it; "
                                     "pip install 'bertfuse[text]'") from None
         v = self.vocab
-        tok = Tokenizer(models.WordPiece(v, unk_token="[UNK]", max_input_chars_per_word=100))
+        tok = Tokenizer(models.WordPiece(v, unk_token="[UNK]",
+                                         max_input_chars_per_word=_MAX_WORD))
         if normalize:  # strip_accents=None follows lowercase, as Google's uncased models
             tok.normalizer = normalizers.BertNormalizer(
                 clean_text=True, handle_chinese_chars=True, strip_accents=None,
@@ -245,19 +251,44 @@ class WordPiece:
     def _ascii_rows(self, items: list, pairs: bool, pad_to: int
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Cleaned ASCII texts (or pairs) -> int32 ids, mask, segment ids padded to the
-        longest row: one flat copy per array instead of a Python list per row."""
-        encs = _encode(self._ascii, items)
-        rows = [e.ids for e in encs]
+        longest row: one flat copy per array instead of a Python list per row. Single texts
+        are put together here from cached word pieces; pairs (longest-first truncation)
+        by the tokenizer."""
+        if pairs:
+            encs = _encode(self._ascii, items)
+            rows, segments = [e.ids for e in encs], [e.type_ids for e in encs]
+        else:
+            rows, segments = [self._single(t) for t in items], None
         lengths = np.fromiter(map(len, rows), np.intp, len(rows))
         total, width = int(lengths.sum()), max(int(lengths.max()), pad_to)
         mask = np.arange(width) < lengths[:, None]  # row-major: each row's first tokens
         ids = np.full((len(rows), width), self.vocab["[PAD]"], np.int32)
         ids[mask] = np.fromiter(chain.from_iterable(rows), np.int32, total)
         types = np.zeros(ids.shape, np.int32)
-        if pairs:
-            types[mask] = np.fromiter(chain.from_iterable(e.type_ids for e in encs), np.int32,
-                                      total)
+        if segments is not None:
+            types[mask] = np.fromiter(chain.from_iterable(segments), np.int32, total)
         return ids, mask.astype(np.int32), types
+
+    def _single(self, text: str) -> list[int]:
+        """[CLS] pieces [SEP] of one cleaned ASCII text, truncated to max_length: what the
+        tokenizer gives (its whitespace split, its WordPiece model per word, its template),
+        with each word's pieces cached (queries repeat their words) and the words past the
+        limit never looked at."""
+        row, keep, pieces = [self._cls], self.max_length - 1, self._pieces
+        for word in text.split():  # only spaces are left in cleaned ASCII text
+            ids = pieces.get(word)
+            if ids is None:
+                ids = [t.id for t in self._model.tokenize(word)]
+                if len(pieces) >= _CACHED_WORDS:
+                    pieces.clear()
+                if len(word) <= _MAX_WORD:  # longer ones are [UNK]: not worth keeping
+                    pieces[word] = ids
+            row += ids
+            if len(row) >= keep:
+                break
+        del row[keep:]
+        row.append(self._sep)
+        return row
 
     def tokens(self, text: str, pair: str | None = None) -> list[str]:
         """The word pieces of one input, [CLS] and [SEP] included (no padding)."""

@@ -167,6 +167,22 @@ def test_ascii_path_is_bert_normalizer(example):
             assert not one.segment_ids.any()
 
 
+def test_word_cache_is_bounded(tmp_path, monkeypatch):
+    """Single ASCII texts are put together from cached word pieces; a full cache starts
+    afresh and the answers stay the tokenizer's."""
+    import bertfuse.text
+
+    monkeypatch.setattr(bertfuse.text, "_CACHED_WORDS", 3)
+    tok = WordPiece(_vocab(tmp_path / "vocab.txt", ["hello", "world", "##s", "a", "b"]),
+                    max_length=6)
+    texts = ["hello worlds a", "zzz hello, b!", "a a a world b b", "x" * 101 + " a"]
+    for _ in range(2):
+        got, ref = tok(texts), tok._tok.encode_batch(texts)
+        assert got.input_ids.tolist() == [e.ids for e in ref]
+        assert got.input_mask.tolist() == [e.attention_mask for e in ref]
+    assert 0 < len(tok._pieces) <= 3 and "x" * 101 not in tok._pieces
+
+
 def test_bad_vocab_is_one_line(tmp_path, capsys, example):
     _, model = example
     bad = tmp_path / "vocab.txt"
