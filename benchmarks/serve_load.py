@@ -104,12 +104,14 @@ def time_pool(pool: SessionPool, req: tuple, clients: int, per_client: int) -> d
 # -- over HTTP ----------------------------------------------------------------------------------
 
 def _client_process(host: str, port: int, path: str, body: bytes, threads: int,
-                    per_client: int, start_at: float, out: "mp.Queue") -> None:
-    """`threads` keep-alive clients; returns (latencies, first start, last end, errors)."""
+                    per_client: int, ready: "mp.Queue", go: "mp.Event", out: "mp.Queue") -> None:
+    """`threads` keep-alive clients, each warmed by 5 requests, then timed once `go` is set;
+    puts (latencies, first start, last end, errors) on `out`."""
     lat: list[float] = []
     errors = [0]
     lock = threading.Lock()
     bounds: list[float] = []
+    warmed = threading.Barrier(threads, action=lambda: ready.put(os.getpid()))
 
     def client() -> None:
         conn = http.client.HTTPConnection(host, port, timeout=120)
@@ -123,8 +125,8 @@ def _client_process(host: str, port: int, path: str, body: bytes, threads: int,
 
         for _ in range(5):
             one()
-        while time.time() < start_at:
-            time.sleep(0.001)
+        warmed.wait()
+        go.wait()
         mine, bad = [], 0
         t_first = time.perf_counter()
         for _ in range(per_client):
@@ -150,16 +152,18 @@ def time_serve(url: str, body: bytes, rows: int, clients: int, per_client: int,
                procs: int) -> dict:
     host, rest = url.split("//")[1].split(":", 1)
     port, prefix = int(rest.split("/")[0]), "/" + rest.split("/", 1)[1]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
+    ctx = mp.get_context("spawn")  # not fork: this process holds Ray's and ORT's threads
+    queue, ready, go = ctx.Queue(), ctx.Queue(), ctx.Event()
     procs = max(1, min(procs, clients))
     shares = [clients // procs + (i < clients % procs) for i in range(procs)]
-    start_at = time.time() + 3.0 + 0.5 * procs  # after every process has started and warmed
     ps = [ctx.Process(target=_client_process, args=(host, port, prefix + "v1/infer", body, n,
-                                                    per_client, start_at, queue))
+                                                    per_client, ready, go, queue))
           for n in shares]
     for p in ps:
         p.start()
+    for _ in ps:  # every client connected and warmed: then all start at once
+        ready.get(timeout=600)
+    go.set()
     results = [queue.get(timeout=600) for _ in ps]
     for p in ps:
         p.join()

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+import ray  # the `ray` extra, in CI's default extras: never skipped
 
 from bertfuse.converter.example_vocab import example_vocab
 from bertfuse.runtime import Session
@@ -31,7 +32,6 @@ from bertfuse.serve.requests import decode
 from bertfuse.text import WordPiece
 from builders.onnx_graphs import bert
 
-ray = pytest.importorskip("ray")  # the `ray` extra: in CI's default extras
 
 VOCAB, POSITIONS, MAX_BATCH = 300, 64, 16
 TOL = 1e-5  # fp32: the same kernels, only the padding differs (masked keys)
@@ -242,6 +242,9 @@ MALFORMED = [
     ({"input_ids": [[1.5, 2]]}, 400, "integer ids"),
     ({"input_ids": [["a"]]}, 400, "integer ids"),
     ({"input_ids": [[True, 1]]}, 400, "integer ids"),
+    ({"input_ids": [[1, True]]}, 400, "integer ids"),
+    ({"input_ids": [[1, 2 ** 70]]}, 400, "64 bits"),
+    ({"input_ids": [[1], 2]}, 400, "a mix of rows and ids"),
     ({"input_ids": [[[1, 2]]]}, 400, "nested deeper"),
     ({"input_ids": 5}, 400, "list of integer ids"),
     ({"input_ids": [[1] * (POSITIONS + 1)]}, 400, "over the server's limit of 64"),

@@ -92,8 +92,9 @@ def parse_body(body: bytes, facts: ModelFacts, limits: Limits, served: Sequence[
     has_text = "text" in data or "text_pair" in data
     if has_text and any(r in data for r in ROLES):
         raise HTTPError(400, "send either text (and text_pair) or ids, not both")
+    bools = b"true" in body or b"false" in body  # else numpy's conversion is exact
     given = _from_text(data, tokenizer) if has_text else \
-        {r: _ids(data.get(r), r) for r in ROLES}
+        {r: _ids(data.get(r), r, bools) for r in ROLES}
     if given["input_ids"] is None:
         raise HTTPError(400, "input_ids is required (or text, when the server has a vocab)")
     if "input_mask" in facts.inputs and given["input_mask"] is None:
@@ -120,11 +121,24 @@ def _outputs(value: Any, served: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def _ids(value: Any, role: str) -> np.ndarray | None:
-    """A JSON list as an int64 array: one row ([..]) or several ([[..], ..]). Checked here in
-    Python because numpy reads [1, true] as [1, 1]; ranges and lengths by check_request."""
+def _ids(value: Any, role: str, bools: bool = True) -> np.ndarray | None:
+    """A JSON list as an int64 array: one row ([..]) or several ([[..], ..]); ranges and
+    lengths are checked by check_request. The fast path is numpy's own conversion, taken when
+    it gives integers of a good shape and the body holds no true/false (numpy reads [1, true]
+    as [1, 1]); anything else is looked at in Python, for the message."""
     if value is None:
         return None
+    if not bools and isinstance(value, list):
+        try:
+            arr = np.array(value)
+        except (ValueError, OverflowError):  # ragged, or out of int64: said below
+            arr = None
+        if arr is not None and arr.dtype.kind == "i" and arr.ndim in (1, 2) and arr.size:
+            return arr if arr.ndim == 2 else arr[None]
+    return _ids_checked(value, role)
+
+
+def _ids_checked(value: Any, role: str) -> np.ndarray:
     if not isinstance(value, list):
         raise HTTPError(400, f"{role} must be a list of integer ids (one row) or a list of "
                              f"rows, not {type(value).__name__}")
