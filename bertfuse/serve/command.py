@@ -4,7 +4,9 @@ SIGTERM with Serve (and a Ray it started) shut down."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import sys
 import time
 
 from bertfuse.errors import BertfuseError
@@ -46,12 +48,23 @@ def add_arguments(p: argparse.ArgumentParser, int_at_least) -> None:
 
 def run(args: argparse.Namespace, console) -> int:
     """Deploys, prints where, then waits for Ctrl-C/SIGTERM (bertfuse.safety turns SIGTERM
-    into an exception) and shuts down before returning 0."""
+    into an exception) and shuts down before returning 0. Ray prints its workers' errors on
+    the driver's stdout (a Serve shutdown makes one): they go to stderr here, so that stdout
+    holds only this command's lines (--json: one JSON object each)."""
+    if args.max_wait_ms < 0 or args.max_wait_ms != args.max_wait_ms:
+        raise BertfuseError(f"--max-wait-ms must be >= 0, got {args.max_wait_ms}")
+    out = sys.stdout
+    with contextlib.redirect_stdout(sys.stderr):
+        return _serve(args, out)
+
+
+def _serve(args: argparse.Namespace, out) -> int:
     from bertfuse.safety import Terminated
     from bertfuse.serve.api import deploy
 
-    if args.max_wait_ms < 0 or args.max_wait_ms != args.max_wait_ms:
-        raise BertfuseError(f"--max-wait-ms must be >= 0, got {args.max_wait_ms}")
+    def say(data: dict, text: str) -> None:
+        print(json.dumps(data) if args.json else text, file=out, flush=True)
+
     served = deploy(
         args.model, replicas=args.replicas, max_batch=args.max_batch,
         max_wait_ms=args.max_wait_ms, max_seq=args.max_seq, vocab=args.vocab,
@@ -64,12 +77,8 @@ def run(args: argparse.Namespace, console) -> int:
                 "replicas": served.replicas, "max_batch": served.config.max_batch,
                 "max_seq": served.config.max_seq, "outputs": list(served.config.outputs),
                 "text": served.config.vocab is not None, "metrics": served.metrics_urls()}
-        if args.json:
-            print(json.dumps(info), flush=True)
-        else:
-            console.print(f"serving {args.model} on {served.replicas} {served.device} "
-                          f"replica(s) at {info['infer']} (Ctrl-C stops)", markup=False,
-                          highlight=False, soft_wrap=True)
+        say(info, f"serving {args.model} on {served.replicas} {served.device} replica(s) at "
+                  f"{info['infer']} (Ctrl-C stops)")
         while True:  # until a signal raises here
             time.sleep(3600)
     except KeyboardInterrupt:
@@ -78,8 +87,5 @@ def run(args: argparse.Namespace, console) -> int:
         stop = "SIGTERM"
     finally:
         served.shutdown()
-    if args.json:  # stdout: stderr is silenced while a command runs (bertfuse.quiet)
-        print(json.dumps({"stopped": stop}), flush=True)
-    else:
-        print(f"bertfuse serve: stopped ({stop}); Serve shut down", flush=True)
+    say({"stopped": stop}, f"bertfuse serve: stopped ({stop}); Serve shut down")
     return 0

@@ -66,8 +66,8 @@ def check_config(model: Any = None, **kwargs: Any) -> ServeConfig:
     unknown = sorted(set(kwargs) - set(ServeConfig.__dataclass_fields__) - {"extra"})
     if unknown or "extra" in kwargs:
         bad = unknown[0] if unknown else "extra"
-        raise ConfigError(f"unknown argument {bad!r}; arguments are "
-                          f"{', '.join(f for f in ServeConfig.__dataclass_fields__ if f != 'extra')}")
+        known = [f for f in ServeConfig.__dataclass_fields__ if f not in ("model", "extra")]
+        raise ConfigError(f"unknown argument {bad!r}; arguments are {', '.join(known)}")
     if not isinstance(model, (str, os.PathLike)):
         raise ConfigError(f"model must be the path of an .onnx file, not {model!r}")
     cfg = ServeConfig(model=os.path.abspath(os.fspath(model)), **kwargs)
