@@ -208,8 +208,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="timed requests per concurrency level (at least 8 per client)")
     ap.add_argument("--direct-iters", type=int, default=1000)
     ap.add_argument("--pool-replicas", type=int, default=2)
-    ap.add_argument("--server-max-batch", type=int, default=64,
-                    help="bertfuse serve --max-batch: rows per model call (default 64)")
+    ap.add_argument("--server-batches", type=int, default=3,
+                    help="requests per model call at most: bertfuse serve --max-batch is "
+                         "this x --batch, its batch buckets the multiples of --batch "
+                         "(default 3)")
     ap.add_argument("--max-wait-ms", type=float, default=2.0)
     ap.add_argument("--client-procs", type=int, default=max(1, (os.cpu_count() or 2) // 4))
     ap.add_argument("--encoding", choices=("base64", "json"), default="base64")
@@ -235,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
             f"(fill {mask.mean():.2f}), body {len(body)} bytes, levels {levels}")
         result: dict = {"device": device, "batch": args.batch, "seq": args.seq,
                         "fill": round(float(mask.mean()), 3), "encoding": args.encoding,
-                        "server_max_batch": args.server_max_batch,
+                        "server_max_batch": args.server_batches * args.batch,
                         "max_wait_ms": args.max_wait_ms, "pool_replicas": args.pool_replicas,
                         "rows": []}
         kw = dict(max_batch=args.batch, max_seq=args.seq, device=device)
@@ -272,7 +274,8 @@ def serve_levels(args: argparse.Namespace, model: str, device: str, body: bytes,
 
     rows = []
     t0 = time.perf_counter()
-    served = deploy(model, max_batch=args.server_max_batch, max_seq=args.seq,
+    served = deploy(model, max_batch=args.server_batches * args.batch, max_seq=args.seq,
+                    batch_buckets=[args.batch * k for k in range(1, args.server_batches + 1)],
                     max_wait_ms=args.max_wait_ms, outputs=[OUTPUT], device=device,
                     port=_free_port())
     try:

@@ -65,8 +65,9 @@ class BertfuseReplica:
         self.warm: list[tuple[int, int]] = []
 
         def make() -> Session:
+            buckets = {"batch_buckets": spec["batch_buckets"]} if spec["batch_buckets"] else {}
             return Session(spec["model"], max_batch=spec["max_batch"], max_seq=spec["max_seq"],
-                           device=device)
+                           device=device, **buckets)
 
         def prepare(session: Session) -> None:
             if spec["warmup"]:  # every bucket's buffers and CUDA graph before any traffic

@@ -24,6 +24,9 @@ def add_arguments(p: argparse.ArgumentParser, int_at_least) -> None:
     g.add_argument("--max-wait-ms", type=float, default=2.0, metavar="T",
                    help="longest a request waits for others to batch with (default 2; a "
                         "request alone in its replica does not wait)")
+    g.add_argument("--batch-buckets", metavar="B,B,...",
+                   help="rows a model call is padded to (default 1,2,4,...,--max-batch); "
+                        "requests of N rows batch best with N,2N,3N")
     g.add_argument("--max-seq", type=int_at_least(1),
                    help="longest request in tokens (default: the model's positions)")
     g.add_argument("--cpus-per-replica", type=float, default=1.0, metavar="N",
@@ -68,6 +71,7 @@ def _serve(args: argparse.Namespace, out) -> int:
     served = deploy(
         args.model, replicas=args.replicas, max_batch=args.max_batch,
         max_wait_ms=args.max_wait_ms, max_seq=args.max_seq, vocab=args.vocab,
+        batch_buckets=args.batch_buckets,
         lower_case=args.lower_case, device=args.device, address=args.address, host=args.host,
         port=args.port, outputs=args.outputs, name=args.name,
         cpus_per_replica=args.cpus_per_replica, warmup=args.warmup)

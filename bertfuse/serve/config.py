@@ -21,13 +21,16 @@ DEVICES = ("auto", "cuda", "cpu")
 class ServeConfig:
     """replicas None: one per GPU where the cluster has GPUs, else one CPU replica.
     max_seq None: the model's position table. address None: a local Ray started (and stopped)
-    here; 'auto' or host:port: join that cluster. outputs None: every model output."""
+    here; 'auto' or host:port: join that cluster. outputs None: every model output.
+    batch_buckets None: the runtime's (1, 2, 4, ... up to max_batch); a batch runs padded to
+    the smallest bucket that holds its rows, so requests of a fixed size want its multiples."""
 
     model: str
     replicas: int | None = None
     max_batch: int = 32
     max_wait_ms: float = 2.0
     max_seq: int | None = None
+    batch_buckets: Sequence[int] | None = None
     vocab: str | None = None
     lower_case: bool | None = None
     device: str = "auto"
@@ -85,6 +88,14 @@ def check_config(model: Any = None, **kwargs: Any) -> ServeConfig:
     _check_str("vocab", cfg.vocab, allow_none=True)
     if cfg.lower_case is not None and not isinstance(cfg.lower_case, bool):
         raise ConfigError(f"lower_case must be True, False or None, not {cfg.lower_case!r}")
+    buckets = cfg.batch_buckets
+    if buckets is not None:
+        if isinstance(buckets, str):
+            buckets = [_bucket_int(b) for b in buckets.split(",") if b.strip()]
+        if not isinstance(buckets, Sequence) or not buckets:
+            raise ConfigError(f"batch_buckets must be a list of row counts, not {buckets!r}")
+        buckets = tuple(sorted({check_int("each of batch_buckets", b, 1, cfg.max_batch,
+                                          " (max_batch)") for b in buckets}))
     if not isinstance(cfg.warmup, bool):
         raise ConfigError(f"warmup must be True or False, not {cfg.warmup!r}")
     facts = model_facts(load_model(cfg.model))
@@ -100,8 +111,16 @@ def check_config(model: Any = None, **kwargs: Any) -> ServeConfig:
 
         WordPiece(vocab, lower_case=cfg.lower_case, max_length=max_seq, model=cfg.model)
     return ServeConfig(**{**asdict(cfg), "max_seq": max_seq, "outputs": outputs,
+                          "batch_buckets": buckets,
                           "vocab": vocab, "extra": {"inputs": facts.inputs,
                                                     "vocab_size": facts.vocab_size}})
+
+
+def _bucket_int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"batch_buckets: {text.strip()!r} is not a row count") from None
 
 
 def _check_outputs(outputs: Any, available: list[str]) -> list[str]:
