@@ -376,3 +376,12 @@ def test_cli_bad_model_is_one_line(tmp_path):
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
     assert out.returncode == 2 and len(lines) == 1 and "not an ONNX model" in lines[0], \
         out.stderr
+
+
+def test_import_bertfuse_does_not_load_ray():
+    code = ("import sys, bertfuse, bertfuse.cli, bertfuse.serve, bertfuse.serve.command; "
+            "bertfuse.cli.build_parser(); "
+            "assert 'ray' not in sys.modules and 'onnxruntime' not in sys.modules, 'loaded'")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr

@@ -168,12 +168,13 @@ def deploy(model: Any = None, **kwargs: Any) -> Served:
         else:
             _port_free(cfg.host, cfg.port)
             with _keep_signal_handlers():
-                serve.start(http_options={"host": cfg.host, "port": cfg.port})
+                serve.start(http_options={"host": cfg.host, "port": cfg.port},
+                            logging_config=_logging(cfg))
             started_serve = True
             url_host, url_port = cfg.host, cfg.port
         spec = dataclasses.replace(cfg, device=device, replicas=replicas).to_spec()
         app = BertfuseReplica.options(
-            num_replicas=replicas, ray_actor_options=resources,
+            num_replicas=replicas, ray_actor_options=resources, logging_config=_logging(cfg),
             max_ongoing_requests=max(4 * cfg.max_batch, 16)).bind(spec)
         prefix = "/" if started_serve else f"/{cfg.name}"
         with _keep_signal_handlers():
@@ -190,6 +191,12 @@ def deploy(model: Any = None, **kwargs: Any) -> Served:
         raise
     url = f"http://{_url_host(url_host)}:{url_port}{prefix.rstrip('/')}/"
     return Served(url, cfg, device, replicas, started_ray, connected, started_serve)
+
+
+def _logging(cfg: ServeConfig) -> dict[str, Any]:
+    """Serve writes a log line per request (proxy and replica) unless told not to: off by
+    default, it costs every request a file write."""
+    return {"enable_access_log": cfg.access_log}
 
 
 def _running_http(cfg: ServeConfig) -> tuple[str, int]:

@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -28,10 +30,20 @@ from bertfuse.serve.requests import HTTPError, Limits, Parsed, body_limit, combi
     parse_body, split
 
 BATCH_ROWS_BOUNDARIES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+TIMES_KEPT = 1000
 
 
 def _rows(items: list[Parsed]) -> int:
     return sum(p.rows for p in items)
+
+
+def _timed(fn: Any, **kwargs: Any) -> tuple[Any, float]:
+    start = time.perf_counter()
+    return fn(**kwargs), time.perf_counter() - start
+
+
+def _p50_ms(times: deque) -> float | None:
+    return round(float(np.median(times)) * 1e3, 3) if times else None
 
 
 def json_response(status: int, data: Any) -> Response:
@@ -81,6 +93,9 @@ class BertfuseReplica:
         self._batch.set_batch_wait_timeout_s(self.wait_s)
         self.inflight = 0
         self.counts = {"requests": 0, "errors": 0, "batches": 0, "rows": 0, "max_batch_rows": 0}
+        # the last requests' times in this replica (body in to response out) and the last
+        # model calls' (Session.run on its thread): what Serve's proxy adds is the rest
+        self.times = {"request": deque(maxlen=TIMES_KEPT), "model_call": deque(maxlen=TIMES_KEPT)}
         self.m_requests = Counter("bertfuse_requests", "HTTP inference requests answered",
                                   tag_keys=("status",))
         self.m_batches = Counter("bertfuse_model_calls", "Session runs (batches of requests)")
@@ -113,6 +128,7 @@ class BertfuseReplica:
             return json_response(exc.status, {"error": exc.message})
 
     async def _infer(self, request: Request) -> Response:
+        start = time.perf_counter()
         try:
             length = int(request.headers.get("content-length") or 0)
         except ValueError:
@@ -140,7 +156,9 @@ class BertfuseReplica:
             self.inflight -= 1
         self.counts["requests"] += 1
         self.m_requests.inc(tags={"status": "200"})
-        return json_response(200, encode(result, parsed.encoding))
+        response = json_response(200, encode(result, parsed.encoding))
+        self.times["request"].append(time.perf_counter() - start)
+        return response
 
     def _readyz(self) -> Response:
         if self.ready and not self.pool._closed:
@@ -155,7 +173,8 @@ class BertfuseReplica:
         return {**self.counts, "replica": replica or str(os.getpid()),
                 "pid": os.getpid(), "device": self.spec["device"],
                 "max_batch": self.spec["max_batch"], "max_seq": self.spec["max_seq"],
-                "max_wait_ms": self.spec["max_wait_ms"], "warm_buckets": len(self.warm)}
+                "max_wait_ms": self.spec["max_wait_ms"], "warm_buckets": len(self.warm),
+                **{f"{k}_ms_p50": _p50_ms(v) for k, v in self.times.items()}}
 
     # -- the batch ----------------------------------------------------------------------------
 
@@ -174,8 +193,9 @@ class BertfuseReplica:
         results: dict[int, dict[str, np.ndarray]] = {}
         for group in groups:
             feeds = combine(group, self.facts.inputs)
-            outputs = await asyncio.wrap_future(self.pool.submit(
-                lambda s, f=feeds: s.run(**f, outputs=names)))
+            outputs, took = await asyncio.wrap_future(self.pool.submit(
+                lambda s, f=feeds: _timed(s.run, **f, outputs=names)))
+            self.times["model_call"].append(took)
             rows = int(feeds["input_ids"].shape[0])
             self.counts["batches"] += 1
             self.counts["rows"] += rows

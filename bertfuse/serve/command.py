@@ -47,6 +47,8 @@ def add_arguments(p: argparse.ArgumentParser, int_at_least) -> None:
                    help="HTTP host (default 127.0.0.1; 0.0.0.0 for other machines)")
     g.add_argument("--port", type=int_at_least(1), default=8000, help="HTTP port (default 8000)")
     g.add_argument("--name", default="bertfuse", help="Serve application name")
+    g.add_argument("--access-log", action="store_true",
+                   help="Serve's per-request log lines (off: each costs a file write)")
 
 
 def run(args: argparse.Namespace, console) -> int:
@@ -74,7 +76,8 @@ def _serve(args: argparse.Namespace, out) -> int:
         batch_buckets=args.batch_buckets,
         lower_case=args.lower_case, device=args.device, address=args.address, host=args.host,
         port=args.port, outputs=args.outputs, name=args.name,
-        cpus_per_replica=args.cpus_per_replica, warmup=args.warmup)
+        cpus_per_replica=args.cpus_per_replica, warmup=args.warmup,
+        access_log=args.access_log)
     stop = "signal"
     try:
         info = {"url": served.url, "infer": served.url + "v1/infer", "device": served.device,

@@ -41,6 +41,7 @@ class ServeConfig:
     name: str = "bertfuse"
     cpus_per_replica: float = 1.0
     warmup: bool = True
+    access_log: bool = False
     extra: dict = field(default_factory=dict)  # facts read from the model (filled by check)
 
     def to_spec(self) -> dict[str, Any]:
@@ -96,8 +97,9 @@ def check_config(model: Any = None, **kwargs: Any) -> ServeConfig:
             raise ConfigError(f"batch_buckets must be a list of row counts, not {buckets!r}")
         buckets = tuple(sorted({check_int("each of batch_buckets", b, 1, cfg.max_batch,
                                           " (max_batch)") for b in buckets}))
-    if not isinstance(cfg.warmup, bool):
-        raise ConfigError(f"warmup must be True or False, not {cfg.warmup!r}")
+    for flag in ("warmup", "access_log"):
+        if not isinstance(getattr(cfg, flag), bool):
+            raise ConfigError(f"{flag} must be True or False, not {getattr(cfg, flag)!r}")
     facts = model_facts(load_model(cfg.model))
     check_canonical(facts)
     outputs = _check_outputs(cfg.outputs, facts.outputs)
