@@ -26,8 +26,10 @@ ORT_ENV = "ORT_INCLUDE_DIR"
 
 
 def header_dir(path: str | Path) -> Path | None:
-    """The dir holding onnxruntime_cxx_api.h: `path` itself or its onnxruntime/ subdir."""
-    for d in (Path(path), Path(path) / "onnxruntime"):
+    """The dir holding onnxruntime_cxx_api.h: `path` itself or its onnxruntime/ subdir, made
+    absolute (cmake runs in the build dir, where a relative path would mean something else)."""
+    base = Path(path).expanduser().resolve()
+    for d in (base, base / "onnxruntime"):
         if (d / "onnxruntime_cxx_api.h").is_file() and (d / "onnxruntime_c_api.h").is_file():
             return d
     return None

@@ -261,6 +261,17 @@ def test_find_ort_include_accepts_a_release_layout(tmp_path, monkeypatch):
         find_ort_include()
 
 
+def test_find_ort_include_makes_a_relative_path_absolute(tmp_path, monkeypatch):
+    # cmake configures in its own build dir: a relative --ort-include must not reach it as given
+    inc = tmp_path / "hdrs"
+    inc.mkdir()
+    (inc / "onnxruntime_c_api.h").write_text("#define ORT_API_VERSION 21\n")
+    (inc / "onnxruntime_cxx_api.h").write_text("")
+    monkeypatch.chdir(tmp_path)
+    found = find_ort_include("hdrs")
+    assert found.is_absolute() and found == inc.resolve()
+
+
 # ------------------------------------------------------------------------------ header script
 
 
