@@ -299,6 +299,7 @@ def serve_levels(args: argparse.Namespace, model: str, device: str, body: bytes,
             # inside the replica (the last 1000): the rest of p50 is Serve's proxy and HTTP
             row["replica_p50_ms"] = after.get("request_ms_p50")
             row["model_call_p50_ms"] = after.get("model_call_ms_p50")
+            row["body_wait_p50_ms"] = after.get("body_wait_ms_p50")
             log("  ", row)
             rows.append(row)
     finally:
@@ -321,7 +322,8 @@ def table(result: dict) -> None:
     log(f"b{result['batch']} s{result['seq']} on {result['device']}, {result['encoding']} out; "
         f"direct Session.run p50 {direct['p50_ms']:.3f} ms, {direct['seq_per_s']:.0f} seq/s")
     log(f"{'path':<6} {'conc':>4} {'p50 ms':>8} {'p99 ms':>8} {'seq/s':>9} {'errors':>6} "
-        f"{'vs pool':>7} {'+p50 ms':>8} {'replica':>8} {'call':>7} {'rows/call':>9}")
+        f"{'vs pool':>7} {'+p50 ms':>8} {'replica':>8} {'body':>7} {'call':>7} "
+        f"{'rows/call':>9}")
     for r in result["rows"]:
         if r["path"] == "direct":
             continue
@@ -330,11 +332,13 @@ def table(result: dict) -> None:
             else ""
         extra = f"{r['p50_ms'] - direct['p50_ms']:+.3f}" if r["concurrency"] == 1 else ""
         inside = "".join(f" {_num(r.get(k), w)}" for k, w in
-                         (("replica_p50_ms", 8), ("model_call_p50_ms", 7), ("rows_per_call", 9)))
+                         (("replica_p50_ms", 8), ("body_wait_p50_ms", 7),
+                          ("model_call_p50_ms", 7), ("rows_per_call", 9)))
         log(f"{r['path']:<6} {r['concurrency']:>4} {r['p50_ms']:>8.3f} {r['p99_ms']:>8.3f} "
             f"{r['seq_per_s']:>9.0f} {r['errors']:>6} {share:>7} {extra:>8}{inside}")
-    log("replica: p50 ms from request body in to response out inside the replica; call: p50 "
-        "ms of its Session runs; +p50: over the direct Session.run")
+    log("replica: p50 ms inside the replica, request in to response out; body: of which "
+        "fetching the body from Serve's proxy; call: p50 ms of its Session runs; +p50: over "
+        "the direct Session.run")
 
 
 def _num(value, width: int) -> str:

@@ -95,7 +95,8 @@ class BertfuseReplica:
         self.counts = {"requests": 0, "errors": 0, "batches": 0, "rows": 0, "max_batch_rows": 0}
         # the last requests' times in this replica (body in to response out) and the last
         # model calls' (Session.run on its thread): what Serve's proxy adds is the rest
-        self.times = {"request": deque(maxlen=TIMES_KEPT), "model_call": deque(maxlen=TIMES_KEPT)}
+        # (body_wait: Serve's replica fetches the body from its proxy, one more actor call)
+        self.times = {k: deque(maxlen=TIMES_KEPT) for k in ("request", "body_wait", "model_call")}
         self.m_requests = Counter("bertfuse_requests", "HTTP inference requests answered",
                                   tag_keys=("status",))
         self.m_batches = Counter("bertfuse_model_calls", "Session runs (batches of requests)")
@@ -136,9 +137,10 @@ class BertfuseReplica:
         if length > self.limits.max_body:
             raise HTTPError(413, f"request body of {length} bytes is over the limit of "
                                  f"{self.limits.max_body}")
+        body = await request.body()
+        self.times["body_wait"].append(time.perf_counter() - start)
         try:
-            parsed = parse_body(await request.body(), self.facts, self.limits, self.outputs,
-                                self.tokenizer)
+            parsed = parse_body(body, self.facts, self.limits, self.outputs, self.tokenizer)
         except HTTPError as exc:
             self.counts["errors"] += 1
             self.m_requests.inc(tags={"status": str(exc.status)})
