@@ -213,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
                          "this x --batch, its batch buckets the multiples of --batch "
                          "(default 3)")
     ap.add_argument("--max-wait-ms", type=float, default=2.0)
+    ap.add_argument("--gpus-per-replica", type=float, default=1.0,
+                    help="bertfuse serve --gpus-per-replica (0.5: two replicas per GPU)")
     ap.add_argument("--client-procs", type=int, default=max(1, (os.cpu_count() or 2) // 4))
     ap.add_argument("--encoding", choices=("base64", "json"), default="base64")
     ap.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
@@ -239,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
                         "fill": round(float(mask.mean()), 3), "encoding": args.encoding,
                         "server_max_batch": args.server_batches * args.batch,
                         "max_wait_ms": args.max_wait_ms, "pool_replicas": args.pool_replicas,
+                        "gpus_per_replica": args.gpus_per_replica,
                         "rows": []}
         kw = dict(max_batch=args.batch, max_seq=args.seq, device=device)
         t0 = time.perf_counter()
@@ -277,6 +280,7 @@ def serve_levels(args: argparse.Namespace, model: str, device: str, body: bytes,
     served = deploy(model, max_batch=args.server_batches * args.batch, max_seq=args.seq,
                     batch_buckets=[args.batch * k for k in range(1, args.server_batches + 1)],
                     max_wait_ms=args.max_wait_ms, outputs=[OUTPUT], device=device,
+                    gpus_per_replica=args.gpus_per_replica,
                     port=_free_port())
     try:
         log(f"  bertfuse serve up in {time.perf_counter() - t0:.1f} s at {served.url} "

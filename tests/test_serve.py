@@ -312,6 +312,15 @@ def test_health_readiness_and_stats(served):
         assert r.status == 200 and b"# TYPE ray_" in r.read()
 
 
+def test_cuda_replicas_need_gpus_in_the_cluster(served, tiny):
+    from bertfuse.errors import BertfuseError
+    from bertfuse.serve import deploy
+
+    with pytest.raises(BertfuseError, match="has no GPU"):
+        deploy(tiny["model"], device="cuda", name="gpu")
+    assert Client(served["main"].url).infer({"input_ids": [[1, 2]]})[0] == 200  # still up
+
+
 def test_deploy_checks_its_arguments_before_ray(tiny, tmp_path):
     from bertfuse.serve import deploy
 
@@ -321,7 +330,9 @@ def test_deploy_checks_its_arguments_before_ray(tiny, tmp_path):
              ({"max_seq": POSITIONS + 1}, "position table"), ({"bogus": 1}, "unknown argument"),
              ({"vocab": str(tmp_path / "missing.txt")}, "not found"),
              ({"batch_buckets": [0, 4]}, "batch_buckets"), ({"batch_buckets": "4,x"}, "row count"),
-             ({"batch_buckets": [MAX_BATCH * 2 + 1]}, "(max_batch)")]
+             ({"batch_buckets": [MAX_BATCH * 2 + 1]}, "(max_batch)"),
+             ({"gpus_per_replica": 0}, "above 0"), ({"gpus_per_replica": 2}, "gpus_per_replica"),
+             ({"device": "cuda", "max_batch": 0}, "max_batch")]
     for kwargs, words in cases:
         with pytest.raises(Exception) as info:
             deploy(tiny["model"], **kwargs)

@@ -120,8 +120,8 @@ def _serve_running() -> bool:
 
 
 def _placement(cfg: ServeConfig) -> tuple[str, int, dict[str, float]]:
-    """(device, replicas, each replica's Ray resources): a GPU each where the cluster has
-    GPUs (device 'auto' or 'cuda'), else CPU replicas."""
+    """(device, replicas, each replica's Ray resources): a GPU each (or gpus_per_replica of
+    one) where the cluster has GPUs (device 'auto' or 'cuda'), else CPU replicas."""
     import ray
 
     gpus = int(ray.cluster_resources().get("GPU", 0))
@@ -130,11 +130,13 @@ def _placement(cfg: ServeConfig) -> tuple[str, int, dict[str, float]]:
         raise BertfuseError("device cuda, but the Ray cluster has no GPU (ray status shows "
                             "its resources)")
     if device == "cuda":
-        replicas = cfg.replicas or gpus
-        if replicas > gpus:
-            raise BertfuseError(f"{replicas} replicas need {replicas} GPUs (one each); the "
-                                f"Ray cluster has {gpus}")
-        return device, replicas, {"num_gpus": 1, "num_cpus": cfg.cpus_per_replica}
+        share = cfg.gpus_per_replica
+        fit = int(gpus / share + 1e-9)  # replicas the cluster's GPUs hold
+        replicas = cfg.replicas or fit
+        if replicas > fit:
+            raise BertfuseError(f"{replicas} replicas of {share:g} GPU each need "
+                                f"{replicas * share:g} GPUs; the Ray cluster has {gpus}")
+        return device, replicas, {"num_gpus": share, "num_cpus": cfg.cpus_per_replica}
     return device, cfg.replicas or 1, {"num_cpus": cfg.cpus_per_replica}
 
 

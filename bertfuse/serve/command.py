@@ -31,6 +31,9 @@ def add_arguments(p: argparse.ArgumentParser, int_at_least) -> None:
                    help="longest request in tokens (default: the model's positions)")
     g.add_argument("--cpus-per-replica", type=float, default=1.0, metavar="N",
                    help="Ray CPUs each replica reserves (default 1)")
+    g.add_argument("--gpus-per-replica", type=float, default=1.0, metavar="F",
+                   help="the share of a GPU each replica reserves (default 1; 0.5: two "
+                        "replicas, two streams of work, on each GPU)")
     g.add_argument("--no-warmup", dest="warmup", action="store_false",
                    help="skip warming every bucket before a replica takes traffic")
     g = p.add_argument_group("requests")
@@ -76,7 +79,8 @@ def _serve(args: argparse.Namespace, out) -> int:
         batch_buckets=args.batch_buckets,
         lower_case=args.lower_case, device=args.device, address=args.address, host=args.host,
         port=args.port, outputs=args.outputs, name=args.name,
-        cpus_per_replica=args.cpus_per_replica, warmup=args.warmup,
+        cpus_per_replica=args.cpus_per_replica, gpus_per_replica=args.gpus_per_replica,
+        warmup=args.warmup,
         access_log=args.access_log)
     stop = "signal"
     try:

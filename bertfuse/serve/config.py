@@ -40,6 +40,7 @@ class ServeConfig:
     outputs: Sequence[str] | None = None
     name: str = "bertfuse"
     cpus_per_replica: float = 1.0
+    gpus_per_replica: float = 1.0
     warmup: bool = True
     access_log: bool = False
     extra: dict = field(default_factory=dict)  # facts read from the model (filled by check)
@@ -80,6 +81,8 @@ def check_config(model: Any = None, **kwargs: Any) -> ServeConfig:
     check_int("max_batch", cfg.max_batch, 1, 4096)
     _check_number("max_wait_ms", cfg.max_wait_ms, 0, 10_000)
     _check_number("cpus_per_replica", cfg.cpus_per_replica, 0)
+    if _check_number("gpus_per_replica", cfg.gpus_per_replica, 0, 1) <= 0:
+        raise ConfigError("gpus_per_replica must be above 0 (0.5: two replicas share a GPU)")
     check_int("port", cfg.port, 1, 65535)
     if cfg.device not in DEVICES:
         raise ConfigError(f"device must be one of {', '.join(DEVICES)}, not {cfg.device!r}")
