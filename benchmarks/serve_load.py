@@ -261,7 +261,11 @@ def main(argv: list[str] | None = None) -> int:
             log("  ", row)
             result["rows"].append(row)
         pool.close()
-        result["rows"] += serve_levels(args, model, device, body, want, levels, result)
+        try:
+            result["rows"] += serve_levels(args, model, device, body, want, levels, result)
+        except Exception as exc:  # keep the in-process rows: say what failed and go on
+            result["serve_error"] = f"{type(exc).__name__}: {str(exc).strip()[:500]}"
+            log("  bertfuse serve failed:", result["serve_error"])
     path = os.path.join(args.out, "serve_load.json")
     with open(path, "w") as f:
         json.dump(result, f, indent=2)
@@ -297,6 +301,10 @@ def serve_levels(args: argparse.Namespace, model: str, device: str, body: bytes,
                    **time_serve(served.url, body, args.batch, c,
                                 max(8, args.requests // c), args.client_procs)}
             after = served.stats()
+            if served.replicas > 1:  # /stats is whichever replica answers: counts not summed
+                log("  ", row)
+                rows.append(row)
+                continue
             calls = after["batches"] - before["batches"]
             row["model_calls"] = calls
             row["rows_per_call"] = round((after["rows"] - before["rows"]) / max(calls, 1), 1)
