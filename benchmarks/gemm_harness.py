@@ -83,8 +83,10 @@ def checked(lib, rc: int) -> None:
 
 
 def e4m3(t: torch.Tensor, scale: float) -> torch.Tensor:
-    """What the kernel does: t / scale in fp32, saturated to +-448, rounded to e4m3."""
-    return (t.float() / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+    """What the kernels do: t * (1 / scale) in fp32 (scale rounded to fp32 first, as ctypes
+    passes it, the reciprocal rounded once), saturated to +-448, rounded to e4m3."""
+    inv = float(np.float32(1.0) / np.float32(scale))
+    return (t.float() * inv).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
 
 
 def ref64(x, w, bias, skip, gamma, beta, kind: int, approximate: int) -> np.ndarray:

@@ -31,10 +31,11 @@ GEMMS = [("qkv", 768, 2304, BIAS, 0), ("ffn_up erf", 768, 3072, GELU, 0),
          ("ffn_up tanh", 768, 3072, GELU, 1), ("ffn_down+sln", 3072, 768, SLN, 0),
          ("attn_out+sln", 768, 768, SLN, 0)]
 WORKLOADS = [("shenma b20 s64", 1280), ("base b1 s128", 128), ("base b32 s128", 4096)]
-# Production path first (0), then the alternatives bf_dense_forward measures (see dense.h);
-# the tanh GELU has one path.
+# Production path first (0), then the alternatives bf_dense_forward measures (see dense.h:
+# GELU erf 1 = plain GEMM + bias+GELU kernel, 2 = erff; SkipLayerNorm 1 = bias epilogue, 2 = skip
+# as C); the tanh GELU has one path. Programmatic dependent launch is on unless BERTFUSE_PDL=0.
 VARIANTS = {BIAS: [0], GELU: [0, 1, 2], SLN: [0, 1, 2]}
-ACTS = {"erff": 1, "tanh": 2, "erf A&S 7.1.28": 3}
+ACTS = {"erf, A&S erf (production)": 1, "tanh": 2, "erf, CUDA erff": 3}
 
 
 def torch_candidates(x, w, bias, skip, gamma, beta, kind, approximate):
@@ -78,11 +79,11 @@ def run_shape(lib, args, wl: str, M: int, name: str, K: int, N: int, kind: int, 
     for variant in VARIANTS[kind] if not (kind == GELU and approximate) else [0]:
         rows.append(checked_row(dict(base, impl=f"bertfuse v{variant}", precision="fp16"), ours(variant),
                                 y, ref, args, s))
-    if kind == SLN or (kind == GELU and not approximate):  # the kernel after the GEMM under PDL
-        checked(lib, lib.bf_check_set_pdl(1))
-        rows.append(checked_row(dict(base, impl="bertfuse v0 + PDL", precision="fp16"), ours(0), y, ref,
-                                args, s))
+    if kind == SLN or (kind == GELU and not approximate):  # the kernel after the GEMM, no PDL
         checked(lib, lib.bf_check_set_pdl(0))
+        rows.append(checked_row(dict(base, impl="bertfuse v0 without PDL", precision="fp16"), ours(0), y,
+                                ref, args, s))
+        checked(lib, lib.bf_check_set_pdl(int(os.environ.get("BERTFUSE_PDL", "1") != "0")))
     # What cuBLASLt's heuristic leaves on the table: its next choices (M = 1280 only).
     for rank in range(1, args.algos if M == 1280 else 0):
         checked(lib, lib.bf_check_set_algo_rank(rank))

@@ -132,17 +132,21 @@ struct DenseArgs {
   int approximate = 0;            // GELU: 0 erf, 1 tanh
   float epsilon = 1e-12f;
   // 0 = the production path. GELU erf: 1 = plain GEMM + one bias+erf kernel, 2 = as 0 with
-  // the A&S erf (Act::kGeluErfAS) (default 0: bias epilogue + erf in place). SkipLayerNorm: 1 = bias epilogue, LN adds skip; 2 = bias
+  // CUDA's erff (Act::kGeluErfLib) (default 0: bias epilogue + erf GELU in place, A&S erf). SkipLayerNorm: 1 = bias epilogue, LN adds skip; 2 = bias
   // epilogue with skip as C (beta = 1), LN in place (default 0: plain GEMM, LN adds bias+skip).
   int variant = 0;
   // FP8 (e4m3) weights: w is Wt [N, K]; w_scale device float[1]; xq device scratch [M*K] bytes
+  // = e4m3(X * (1 / x_scale)), 1/x_scale rounded to fp32 once
   // (x null: xq already holds X quantized with x_scale, and only the GEMM runs).
   bool fp8 = false;
   const float* w_scale = nullptr;
   float x_scale = 1.0f;
   uint8_t* xq = nullptr;
   bool fast_accum = true;  // Hopper's FP8 fast accumulation: faster, less exact
-  // Optional e4m3 copy of Y for an FP8 GEMM downstream: yq [M*N] bytes = e4m3(Y / yq_scale),
+  // bias, gamma and beta are not written by the kernel just before this op (initializers): the
+  // LayerNorm may then read them before waiting for the GEMM (programmatic dependent launch).
+  bool weights_const = true;
+  // Optional e4m3 copy of Y for an FP8 GEMM downstream: yq [M*N] bytes = e4m3(Y * (1/yq_scale)),
   // written by the kernel that writes Y last (the LayerNorm, the GELU pass, else one pass).
   uint8_t* yq = nullptr;
   float yq_scale = 1.0f;
@@ -153,9 +157,10 @@ struct DenseArgs {
 const char* bf_dense_forward(DenseGemm& gemm, cudaStream_t stream, WorkspaceSource* ws,
                              const DenseArgs& args);
 
-// kGeluErfAS: the erf GELU with erf from Abramowitz & Stegun 7.1.28 (branch-free, one
-// reciprocal; |erf error| <= 2e-6 in fp32, far below fp16's resolution) instead of erff.
-enum class Act : int { kNone = 0, kGeluErf = 1, kGeluTanh = 2, kGeluErfAS = 3 };
+// kGeluErf: the erf GELU with erf from Abramowitz & Stegun 7.1.28 (branch-free, one
+// reciprocal; |erf error| <= 2e-6 in fp32, far below fp16's resolution). kGeluErfLib: the same
+// with CUDA's erff (slower: its two ranges diverge inside a warp), kept to measure against.
+enum class Act : int { kNone = 0, kGeluErf = 1, kGeluTanh = 2, kGeluErfLib = 3 };
 
 // y = act(x (+ bias)) over [M,N], fp32 math; y may be x (in place on the GEMM output). The
 // erf GELU that cuBLASLt has no epilogue for; the bias and tanh GELU only where cuBLASLt

@@ -132,6 +132,19 @@ class DenseKernel {
       }
     }
     yq_scale_ = bf::AttrFloat(info, "yq_scale", 0.f);
+    // The LayerNorm reads bias, gamma and beta before waiting for the GEMM (programmatic
+    // dependent launch): only sound when they are initializers, as bertfuse's graphs have them.
+    for (size_t i : {size_t{2}, size_t{4}, size_t{5}}) {
+      if (i >= T::kBase) continue;
+      int is_const = 0;
+      const OrtValue* v = nullptr;
+      OrtStatusPtr st = Ort::GetApi().KernelInfoGetConstantInput_tensor(info, i, &is_const, &v);
+      if (st != nullptr) {
+        Ort::GetApi().ReleaseStatus(st);
+        is_const = 0;
+      }
+      weights_const_ = weights_const_ && is_const != 0;
+    }
     gemm_ = std::make_unique<bertfuse::DenseGemm>(KernelDevice(info), bertfuse::DefaultWorkspaceBytes());
   }
 
@@ -208,6 +221,7 @@ class DenseKernel {
     a.x = x_fp8 ? nullptr : x.as<__half>();
     a.yq = yq;
     a.yq_scale = yq_scale_;
+    a.weights_const = weights_const_;
     a.w = w.data;
     a.bias = bias.as<__half>();
     a.y = y;
@@ -242,6 +256,7 @@ class DenseKernel {
   float x_scale_ = 1.f;
   bool fast_accum_ = true;
   float yq_scale_ = 0.f;
+  bool weights_const_ = true;
   std::unique_ptr<bertfuse::DenseGemm> gemm_;
 };
 

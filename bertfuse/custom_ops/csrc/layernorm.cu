@@ -13,8 +13,8 @@ namespace {
 struct LnParams {
   const __half *x, *bias, *skip, *gamma, *beta;
   __half* y;
-  uint8_t* yq;  // optional e4m3 copy of y (y / yq_scale)
-  float yq_scale;
+  uint8_t* yq;      // optional e4m3 copy of y: e4m3(y * yq_inv)
+  float yq_inv;     // 1 / yq_scale, rounded to fp32 once (a multiply, not a divide, per element)
   float eps;
   int M, N;
 };
@@ -130,8 +130,8 @@ __global__ void ln_warp_kernel(LnParams p) {
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           float2 f = __half22float2(o[j]);
-          f.x = f.x / p.yq_scale;
-          f.y = f.y / p.yq_scale;
+          f.x *= p.yq_inv;
+          f.y *= p.yq_inv;
           qq[j] = __nv_cvt_float2_to_fp8x2(f, __NV_SATFINITE, __NV_E4M3);
         }
         *reinterpret_cast<uint2*>(p.yq + base + c) = q;
@@ -184,44 +184,45 @@ __global__ void ln_block_kernel(LnParams p) {
     const float b = beta ? __half2float(beta[c]) : 0.f;
     const __half h = __float2half_rn((s - mean) * rstd * __half2float(gamma[c]) + b);
     y[base + c] = h;
-    if (p.yq) p.yq[base + c] = __nv_cvt_float_to_fp8(__half2float(h) / p.yq_scale, __NV_SATFINITE, __NV_E4M3);
+    if (p.yq) p.yq[base + c] = __nv_cvt_float_to_fp8(__half2float(h) * p.yq_inv, __NV_SATFINITE, __NV_E4M3);
   }
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 template <int VPT>
-cudaError_t launch_warp(cudaStream_t stream, const LnParams& p) {
+cudaError_t launch_warp(cudaStream_t stream, bool pdl, const LnParams& p) {
   constexpr int kWarps = 4;
   const int blocks = (p.M + kWarps - 1) / kWarps;
-  return LaunchAfterGemm(ln_warp_kernel<VPT>, dim3(blocks), dim3(kWarps * 32), stream, p);
+  return LaunchAfterGemm(ln_warp_kernel<VPT>, dim3(blocks), dim3(kWarps * 32), stream, pdl, p);
 }
 
 }  // namespace
 
 cudaError_t bf_layernorm_f16(cudaStream_t stream, const __half* x, const __half* bias,
                              const __half* skip, const __half* gamma, const __half* beta,
-                             float epsilon, __half* y, int M, int N, uint8_t* yq, float yq_scale) {
+                             float epsilon, __half* y, int M, int N, uint8_t* yq, float yq_scale,
+                             bool pdl) {
   if (M <= 0 || N <= 0) return cudaSuccess;
-  const LnParams p{x, bias, skip, gamma, beta, y, yq, yq_scale, epsilon, M, N};
+  const LnParams p{x, bias, skip, gamma, beta, y, yq, 1.0f / yq_scale, epsilon, M, N};
   const bool vec = N % 8 == 0 && aligned16(x) && aligned16(y) && aligned16(gamma) &&
                    (!bias || aligned16(bias)) && (!skip || aligned16(skip)) &&
                    (!beta || aligned16(beta)) && (!yq || (reinterpret_cast<uintptr_t>(yq) & 7u) == 0);
   if (vec) {
     switch ((N / 8 + 31) / 32) {  // 8-element chunks per lane
-      case 1: return launch_warp<1>(stream, p);
-      case 2: return launch_warp<2>(stream, p);
-      case 3: return launch_warp<3>(stream, p);
-      case 4: return launch_warp<4>(stream, p);
+      case 1: return launch_warp<1>(stream, pdl, p);
+      case 2: return launch_warp<2>(stream, pdl, p);
+      case 3: return launch_warp<3>(stream, pdl, p);
+      case 4: return launch_warp<4>(stream, pdl, p);
       case 5:
-      case 6: return launch_warp<6>(stream, p);
+      case 6: return launch_warp<6>(stream, pdl, p);
       case 7:
-      case 8: return launch_warp<8>(stream, p);
+      case 8: return launch_warp<8>(stream, pdl, p);
       default: break;  // N > 2048: block kernel (the row no longer fits in registers)
     }
   }
   constexpr int kThreads = 256;
-  return LaunchAfterGemm(ln_block_kernel<kThreads>, dim3(M), dim3(kThreads), stream, p);
+  return LaunchAfterGemm(ln_block_kernel<kThreads>, dim3(M), dim3(kThreads), stream, pdl, p);
 }
 
 }  // namespace bertfuse
