@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -387,6 +388,76 @@ def test_bad_input_is_one_line_exit_2(tiny, corpus, ids_run, tmp_path, capsys):
                    {"outputs": ["pooled_output", "pooled_output"]}):
         with pytest.raises(BertfuseError):
             score(tiny["model"], corpus["path"], tmp_path / "o", ids_column="ids", **kwargs)
+
+
+class ThreadRecordingSession(Session):
+    """A real Session that notes the thread of each call: ORT's CUDA EP keeps CUDA graphs per
+    thread, so a Session that captured them must be built, warmed, run and closed on one."""
+
+    threads: list[tuple[str, int]] = []
+
+    def __init__(self, *args, **kwargs) -> None:
+        self.threads.append(("init", threading.get_ident()))
+        super().__init__(*args, **kwargs)
+
+    def warmup(self, *args, **kwargs):
+        self.threads.append(("warmup", threading.get_ident()))
+        return super().warmup(*args, **kwargs)
+
+    def run(self, *args, **kwargs):
+        self.threads.append(("run", threading.get_ident()))
+        return super().run(*args, **kwargs)
+
+    def close(self) -> None:
+        self.threads.append(("close", threading.get_ident()))
+        super().close()
+
+
+def test_the_actor_session_keeps_one_thread_whatever_thread_calls(tiny, corpus, tmp_path,
+                                                                  monkeypatch):
+    """Ray Data builds the Scorer on the actor's thread and calls it from an executor's (or,
+    with max_concurrency, from several): the Session is still built, run and closed on one
+    thread of the actor's own, and each caller gets its own rows' outputs."""
+    import bertfuse.runtime
+    from bertfuse.score.actor import Scorer
+    from bertfuse.score.output import PART, ROW
+    from bertfuse.score.spec import build_job
+
+    monkeypatch.setattr(bertfuse.runtime, "Session", ThreadRecordingSession)
+    monkeypatch.setattr(ThreadRecordingSession, "threads", [])
+    job = build_job(tiny["model"], corpus["path"], tmp_path / "out", ids_column="ids",
+                    segment_column="segs", key_columns=["doc_id"], batch_size=16)
+    scorer = Scorer(model=job.model, spec=job.spec, keys=job.key_columns, outputs=job.outputs,
+                    ranks=job.output_ranks, max_batch=job.batch_size, device="cpu")
+    built_by = threading.get_ident()
+    rows = pq.read_table(corpus["path"], columns=["doc_id", "ids", "segs"]).slice(0, 200)
+    tables = [rows.slice(i * 100, 100) for i in range(2)]
+    tables = [t.append_column(PART, pa.array(np.zeros(100, np.int64)))
+               .append_column(ROW, pa.array(np.arange(100) + 100 * i))
+              for i, t in enumerate(tables)]
+    got: dict[int, tuple[int, pa.Table]] = {}
+    callers = [threading.Thread(target=lambda i=i: got.update(
+        {i: (threading.get_ident(), scorer(tables[i]))})) for i in range(2)]
+    for c in callers:
+        c.start()
+    for c in callers:
+        c.join()
+    assert sorted(got) == [0, 1]
+    calls = ThreadRecordingSession.threads
+    assert [k for k, _ in calls if k != "run"] == ["init"]
+    assert sum(k == "run" for k, _ in calls) >= 2
+    owners = {t for _, t in calls}
+    assert len(owners) == 1, calls
+    assert owners.isdisjoint({built_by, *(t for t, _ in got.values())})
+    scorer.close()  # the Session closes on its own thread too
+    assert calls[-1] == ("close", owners.pop())
+    with Session(tiny["model"], max_batch=16, max_seq=POSITIONS, device="cpu") as session:
+        for i, (_, out) in got.items():
+            lo = 100 * i
+            want = direct(session, id_batches(corpus["ids"][lo:lo + 100],
+                                              corpus["segs"][lo:lo + 100], size=16))
+            assert out.column("doc_id").to_pylist() == corpus["doc_id"][lo:lo + 100].tolist()
+            assert np.abs(embeddings(out) - want).max() <= TOL
 
 
 def test_parts_cover_every_row_once(tmp_path):

@@ -2,7 +2,8 @@
 
     read_parts (Ray task)  part descriptors ─► the part's row groups (input and key columns),
                                                with _bf_part and _bf_row
-    Scorer (Ray actor)     one bertfuse Session per actor (a GPU each where there are GPUs);
+    Scorer (Ray actor)     one bertfuse Session per actor (a GPU each where there are GPUs),
+                           built, warmed and run on the actor's own session thread;
                            a batch ─► rows.py (rejects) ─► sorted by length, runs of max_batch
                            ─► Session.run ─► outputs back in row order, Arrow list<float>
 
@@ -13,6 +14,7 @@ benchmark compares against.
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 import numpy as np
@@ -131,16 +133,26 @@ def _arrow(values: Any, rank: int, ok: np.ndarray) -> pa.Array:
 
 
 class Scorer:
-    """The actor Ray Data's map_batches runs: one Session, built once, for every batch."""
+    """The actor Ray Data's map_batches runs: one Session, built once, for every batch.
+
+    The Session lives on a thread of its own (a one-replica SessionPool): it is built, warmed
+    and run there, and closed there. Ray Data builds the actor on one thread and calls it on
+    another (its single-thread executor, or the actor's threads with max_concurrency), while
+    ONNX Runtime's CUDA EP keeps the CUDA graphs a warmup captures per thread."""
 
     def __init__(self, model: str, spec: InputSpec, keys: list[str], outputs: list[str],
                  ranks: dict[str, int], max_batch: int, device: str,
                  crash: str | None = None) -> None:
-        from bertfuse.runtime import Session
+        from bertfuse.runtime import Session, SessionPool
 
-        self.session = Session(model, max_batch=max_batch, max_seq=spec.max_seq, device=device)
-        if device == "cuda":  # capture every bucket now, not on the first batches
-            self.session.warmup()
+        def make() -> Session:
+            return Session(model, max_batch=max_batch, max_seq=spec.max_seq, device=device)
+
+        def prepare(session: Session) -> None:
+            if device == "cuda":  # capture every bucket now, not on the first batches
+                session.warmup()
+
+        self.pool = SessionPool(make, replicas=1, prepare=prepare)
         self.preparer = RowPreparer(spec)
         self.keys, self.outputs, self.ranks, self.max_batch = keys, outputs, ranks, max_batch
         self.crash, self.calls = crash, 0
@@ -148,10 +160,20 @@ class Scorer:
     def __call__(self, table: pa.Table) -> pa.Table:
         self.calls += 1
         self._maybe_crash()
-        cols = score_table(self.session, self.preparer, table, self.outputs, self.ranks,
-                           self.max_batch)
+        cols = self.pool.call(lambda session: score_table(
+            session, self.preparer, table, self.outputs, self.ranks, self.max_batch))
         carried = {name: table.column(name) for name in (PART, ROW, *self.keys)}
         return pa.table({**carried, **cols})
+
+    def close(self) -> None:
+        """Closes the Session on its own thread and ends that thread."""
+        pool = getattr(self, "pool", None)
+        if pool is not None:
+            pool.close()
+
+    def __del__(self) -> None:  # Ray Data drops the UDF when the actor pool shuts down
+        if not sys.is_finalizing():  # past that, the session thread may never run again
+            self.close()
 
     def _maybe_crash(self) -> None:
         """Tests: with crash='FLAGFILE:N' the first actor to reach its Nth batch while FLAGFILE

@@ -140,16 +140,11 @@ class RowPreparer:
 
 def _tokenizer(vocab: str, lower_case: bool | None, max_seq: int, truncate: bool) -> Any:
     """WordPiece cutting rows at max_seq tokens, or (not truncating) at one token more, so
-    that a row too long to score shows as one."""
+    that a row too long to score shows as one (through max_length, which every path of
+    WordPiece truncates to, its ASCII fast path included)."""
     from bertfuse.text import WordPiece
 
-    class Longer(WordPiece):
-        def _build(self, normalize: bool):
-            tok = super()._build(normalize)
-            tok.enable_truncation(self.max_length + 1, strategy="longest_first")
-            return tok
-
-    return (WordPiece if truncate else Longer)(vocab, lower_case=lower_case, max_length=max_seq)
+    return WordPiece(vocab, lower_case=lower_case, max_length=max_seq + (0 if truncate else 1))
 
 
 def _set(reasons: list[str | None], i: int, why: str) -> None:
