@@ -24,9 +24,21 @@ _cudart: ctypes.CDLL | None = None
 _queue_copy: Callable[..., int] | None = None
 
 
+def _preload_cuda() -> None:
+    """onnxruntime-gpu's own CUDA libraries (the nvidia-* wheels) first, so libcudart is found by
+    name below where it lives only there; the CUDA EP would load them anyway, later."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return
+    if hasattr(ort, "preload_dlls") and "CUDAExecutionProvider" in ort.get_available_providers():
+        ort.preload_dlls()
+
+
 def _runtime() -> ctypes.CDLL | None:
     global _cudart
     if _cudart is None:
+        _preload_cuda()
         for name in _LIBS:
             try:
                 lib = ctypes.CDLL(name)
