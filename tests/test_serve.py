@@ -379,14 +379,18 @@ def test_cli_serve_until_sigterm_leaves_nothing(tiny, tmp_path):
     assert port_closed(port)
 
 
-def test_cli_bad_model_is_one_line(tmp_path):
+@pytest.mark.parametrize("case", ["bad model", "no cluster there", "bad address"])
+def test_cli_bad_input_is_one_line(tmp_path, tiny, case):
     bad = tmp_path / "x.onnx"
     bad.write_bytes(b"not a model")
-    out = subprocess.run([sys.executable, "-m", "bertfuse", "serve", str(bad)],
+    argv, words = {"bad model": ([str(bad)], "not an ONNX model"),
+                   "no cluster there": ([tiny["model"], "--address", f"127.0.0.1:{free_port()}"],
+                                        "cannot reach a Ray cluster"),
+                   "bad address": ([tiny["model"], "--address", "head"], "HOST:PORT")}[case]
+    out = subprocess.run([sys.executable, "-m", "bertfuse", "serve", *argv],
                          capture_output=True, text=True, cwd=ROOT, timeout=120)
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
-    assert out.returncode == 2 and len(lines) == 1 and "not an ONNX model" in lines[0], \
-        out.stderr
+    assert out.returncode == 2 and len(lines) == 1 and words in lines[0], out.stderr
 
 
 def test_import_bertfuse_does_not_load_ray():

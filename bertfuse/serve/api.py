@@ -99,6 +99,25 @@ def _importable_by_workers() -> None:
         os.environ["PYTHONPATH"] = os.pathsep.join([root, *parts])
 
 
+def _join(ray: Any, address: str) -> None:
+    """ray.init on a cluster; an unreachable address is one line, not minutes of retries."""
+    if address != "auto" and "://" not in address:
+        host, _, port = address.rpartition(":")
+        if not port.isdigit():
+            raise BertfuseError(f"--address must be 'auto' or HOST:PORT, not {address!r}")
+        try:
+            socket.create_connection((host or "127.0.0.1", int(port)), timeout=10).close()
+        except OSError as exc:
+            why = exc.strerror or exc
+            raise BertfuseError(f"cannot reach a Ray cluster at {address} ({why}); start one "
+                                "with ray start --head, or leave out --address") from None
+    try:
+        ray.init(address=address, log_to_driver=False)
+    except (ConnectionError, ValueError, RuntimeError) as exc:
+        raise BertfuseError(f"cannot join the Ray cluster at {address}: "
+                            f"{_first_line(exc)}") from None
+
+
 def _port_free(host: str, port: int) -> None:
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
         try:
@@ -158,7 +177,7 @@ def deploy(model: Any = None, **kwargs: Any) -> Served:
                 ray.init(address="local", include_dashboard=False, log_to_driver=False)
                 started_ray = True
             else:
-                ray.init(address=cfg.address, log_to_driver=False)
+                _join(ray, cfg.address)
         connected = True
     try:
         device, replicas, resources = _placement(cfg)
