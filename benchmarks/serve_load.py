@@ -106,7 +106,7 @@ def time_pool(pool: SessionPool, req: tuple, clients: int, per_client: int) -> d
 def _client_process(host: str, port: int, path: str, body: bytes, threads: int,
                     per_client: int, ready: "mp.Queue", go: "mp.Event", out: "mp.Queue") -> None:
     """`threads` keep-alive clients, each warmed by 5 requests, then timed once `go` is set;
-    puts (latencies, first start, last end, errors) on `out`."""
+    puts (latencies, first start, last end, errors, this process's CPU s while timed) on `out`."""
     lat: list[float] = []
     errors = [0]
     lock = threading.Lock()
@@ -127,6 +127,7 @@ def _client_process(host: str, port: int, path: str, body: bytes, threads: int,
             one()
         warmed.wait()
         go.wait()
+        cpu0.append(time.process_time())
         mine, bad = [], 0
         t_first = time.perf_counter()
         for _ in range(per_client):
@@ -140,12 +141,14 @@ def _client_process(host: str, port: int, path: str, body: bytes, threads: int,
             errors[0] += bad
             bounds.extend([time.time() - (t_last - t_first), time.time()])
 
+    cpu0: list[float] = []
     ts = [threading.Thread(target=client) for _ in range(threads)]
     for t in ts:
         t.start()
     for t in ts:
         t.join()
-    out.put((lat, min(bounds[::2]), max(bounds[1::2]), errors[0]))
+    out.put((lat, min(bounds[::2]), max(bounds[1::2]), errors[0],
+             time.process_time() - min(cpu0)))
 
 
 def time_serve(url: str, body: bytes, rows: int, clients: int, per_client: int,
@@ -169,7 +172,12 @@ def time_serve(url: str, body: bytes, rows: int, clients: int, per_client: int,
         p.join()
     lat = [x for r in results for x in r[0]]
     wall = max(r[2] for r in results) - min(r[1] for r in results)
-    return stats(lat, rows, wall, sum(r[3] for r in results))
+    # the clients' own CPU per request: if it nears wall / requests x procs, the clients are
+    # what is measured, not the server
+    cpu = sum(r[4] for r in results)
+    return {**stats(lat, rows, wall, sum(r[3] for r in results)),
+            "client_cpu_ms_per_req": round(cpu / max(1, len(lat)) * 1e3, 3),
+            "client_cpu_busy": round(cpu / (wall * len(results)), 3)}
 
 
 # -- the run ------------------------------------------------------------------------------------
@@ -208,10 +216,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="timed requests per concurrency level (at least 8 per client)")
     ap.add_argument("--direct-iters", type=int, default=1000)
     ap.add_argument("--pool-replicas", type=int, default=2)
-    ap.add_argument("--server-batches", type=int, default=3,
+    ap.add_argument("--server-batches", type=int, default=8,
                     help="requests per model call at most: bertfuse serve --max-batch is "
                          "this x --batch, its batch buckets the multiples of --batch "
-                         "(default 3)")
+                         "(default 8: at 32 clients a call takes what queued while the last ran)")
     ap.add_argument("--max-wait-ms", type=float, default=2.0)
     ap.add_argument("--gpus-per-replica", type=float, default=1.0,
                     help="bertfuse serve --gpus-per-replica (0.5: two replicas per GPU)")
@@ -335,7 +343,7 @@ def table(result: dict) -> None:
         f"direct Session.run p50 {direct['p50_ms']:.3f} ms, {direct['seq_per_s']:.0f} seq/s")
     log(f"{'path':<6} {'conc':>4} {'p50 ms':>8} {'p99 ms':>8} {'seq/s':>9} {'errors':>6} "
         f"{'vs pool':>7} {'+p50 ms':>8} {'replica':>8} {'body':>7} {'call':>7} "
-        f"{'rows/call':>9}")
+        f"{'rows/call':>9} {'cli busy':>8}")
     for r in result["rows"]:
         if r["path"] == "direct":
             continue
@@ -345,12 +353,14 @@ def table(result: dict) -> None:
         extra = f"{r['p50_ms'] - direct['p50_ms']:+.3f}" if r["concurrency"] == 1 else ""
         inside = "".join(f" {_num(r.get(k), w)}" for k, w in
                          (("replica_p50_ms", 8), ("body_wait_p50_ms", 7),
-                          ("model_call_p50_ms", 7), ("rows_per_call", 9)))
+                          ("model_call_p50_ms", 7), ("rows_per_call", 9),
+                          ("client_cpu_busy", 8)))
         log(f"{r['path']:<6} {r['concurrency']:>4} {r['p50_ms']:>8.3f} {r['p99_ms']:>8.3f} "
             f"{r['seq_per_s']:>9.0f} {r['errors']:>6} {share:>7} {extra:>8}{inside}")
     log("replica: p50 ms inside the replica, request in to response out; body: of which "
         "fetching the body from Serve's proxy; call: p50 ms of its Session runs; +p50: over "
-        "the direct Session.run")
+        "the direct Session.run; cli busy: the client processes' CPU share while timed (near 1: "
+        "the clients are the limit, not the server)")
 
 
 def _num(value, width: int) -> str:

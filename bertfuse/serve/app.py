@@ -180,7 +180,10 @@ class BertfuseReplica:
 
     # -- the batch ----------------------------------------------------------------------------
 
-    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.002, batch_size_fn=_rows)
+    # Two batches in flight: the next is formed (and queued on the session's thread) while one
+    # runs, so the thread does not wait for this busy event loop to wake between model calls.
+    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.002, batch_size_fn=_rows,
+                 max_concurrent_batches=2)
     async def _batch(self, items: list[Parsed]) -> list[dict[str, np.ndarray]]:
         """Requests (already checked) -> one Session run per group -> each request's rows.
         Without an input_mask in the model, rows of different lengths cannot share a run."""
