@@ -223,6 +223,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-wait-ms", type=float, default=2.0)
     ap.add_argument("--gpus-per-replica", type=float, default=1.0,
                     help="bertfuse serve --gpus-per-replica (0.5: two replicas per GPU)")
+    ap.add_argument("--direct-ingress", action="store_true",
+                    help="Ray Serve's experimental direct ingress (RAY_SERVE_ENABLE_DIRECT_INGRESS"
+                         "=1 in the local Ray): clients post to the replica's own HTTP port, no "
+                         "proxy hop (one replica only)")
     ap.add_argument("--client-procs", type=int, default=max(1, (os.cpu_count() or 2) // 4))
     ap.add_argument("--encoding", choices=("base64", "json"), default="base64")
     ap.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
@@ -231,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     LOG = os.path.join(args.out, "serve_load.log")
     open(LOG, "w").close()
+    if args.direct_ingress:  # before Ray starts: its workers inherit this environment
+        os.environ["RAY_SERVE_ENABLE_DIRECT_INGRESS"] = "1"
     levels = [int(c) for c in args.concurrency.split(",")]
     device = pick_device(args.device)
     with tempfile.TemporaryDirectory() as work:
@@ -245,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
                            "encoding": args.encoding}).encode()
         log(f"serve_load: {model} on {device}, request b{args.batch} s{args.seq} "
             f"(fill {mask.mean():.2f}), body {len(body)} bytes, levels {levels}")
-        result: dict = {"device": device, "batch": args.batch, "seq": args.seq,
+        result: dict = {"device": device, "direct_ingress": args.direct_ingress,
+                        "batch": args.batch, "seq": args.seq,
                         "fill": round(float(mask.mean()), 3), "encoding": args.encoding,
                         "server_max_batch": args.server_batches * args.batch,
                         "max_wait_ms": args.max_wait_ms, "pool_replicas": args.pool_replicas,
@@ -303,10 +310,17 @@ def serve_levels(args: argparse.Namespace, model: str, device: str, body: bytes,
         got = decode(json.loads(conn.getresponse().read()))[OUTPUT]
         result["serve_max_diff"] = float(np.abs(got - want).max())
         log(f"  serve vs direct: max |diff| {result['serve_max_diff']:.3g} ({OUTPUT})")
+        url = served.url
+        if args.direct_ingress:
+            if served.replicas != 1:
+                raise RuntimeError("--direct-ingress times one replica; this deploy has "
+                                   f"{served.replicas}")
+            url = f"http://{host}:{_replica_http_port(served.stats()['pid'])}/"
+            log(f"  direct ingress: clients post to the replica at {url}")
         for c in levels:
             before = served.stats()
             row = {"path": "serve", "concurrency": c,
-                   **time_serve(served.url, body, args.batch, c,
+                   **time_serve(url, body, args.batch, c,
                                 max(8, args.requests // c), args.client_procs)}
             after = served.stats()
             if served.replicas > 1:  # /stats is whichever replica answers: counts not summed
@@ -325,6 +339,30 @@ def serve_levels(args: argparse.Namespace, model: str, device: str, body: bytes,
     finally:
         served.shutdown()
     return rows
+
+
+def _replica_http_port(pid: int) -> int:
+    """The port a direct-ingress replica (process `pid`) serves HTTP on: its listening TCP
+    socket in Serve's direct-ingress HTTP range (from /proc: no psutil needed)."""
+    lo = int(os.environ.get("RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT", "30000"))
+    hi = int(os.environ.get("RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT", "31000"))
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in list(f)[1:]:
+                cols = line.split()
+                port = int(cols[1].rsplit(":", 1)[1], 16)
+                if cols[3] == "0A" and cols[9] in inodes and lo <= port <= hi:
+                    return port
+    raise RuntimeError(f"the replica (pid {pid}) listens on no port in {lo}-{hi}: is direct "
+                       "ingress on?")
 
 
 def _free_port() -> int:
