@@ -108,8 +108,12 @@ def session_loop(job, device: str, path: Path, dest: Path) -> dict:
 def ray_run(job_kwargs: dict, actors: int, dest: Path) -> dict:
     from bertfuse.score import score
 
+    cpu = time.process_time()  # the driver's CPU (all its threads): what it costs per row
     s = score(output=dest, actors=actors, progress=False, **job_kwargs)
-    return {"actors": s.actors, "device": s.device, "rows": s.scored, "rejected": s.rejected,
+    cpu = time.process_time() - cpu
+    return {"driver_cpu_s": round(cpu, 3), "driver_cpu_us_per_row": round(1e6 * cpu / s.rows_this_run, 2)
+            if s.rows_this_run else None,
+            "actors": s.actors, "device": s.device, "rows": s.scored, "rejected": s.rejected,
             "seconds": s.seconds, "rows_per_s": s.rows_per_s, "parts": s.parts,
             "first_result_s": s.first_result_s, "steady_rows_per_s": s.steady_rows_per_s}
 

@@ -4,8 +4,10 @@
                                                with _bf_part and _bf_row
     Scorer (Ray actor)     one bertfuse Session per actor (a GPU each where there are GPUs),
                            built, warmed and run on the actor's own session thread;
-                           a batch ─► rows.py (rejects) ─► sorted by length, runs of max_batch
-                           ─► Session.run ─► outputs back in row order, Arrow list<float>
+                           a batch (whole parts) ─► rows.py (rejects) ─► sorted by length,
+                           runs of max_batch ─► Session.run ─► outputs back in row order,
+                           Arrow list<float> ─► each part's Parquet files encoded here
+                           (PartEncoder) ─► the driver gets one row per part: its files' bytes
 
 Neither imports Ray: Ray Data calls them. `score_table` is also the single-process loop the
 benchmark compares against.
@@ -20,7 +22,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from bertfuse.score.output import PART, REJECT, ROW
+from bertfuse.score.output import PART, REJECT, ROW, EncodedPart, PartEncoder
+
+ENCODED = ("_bf_scores", "_bf_rejects", "_bf_scored", "_bf_rejected")  # EncodedPart's fields
 from bertfuse.score.rows import InputSpec, Prepared, RowPreparer
 
 CRASH_ENV = "BERTFUSE_TEST_SCORE_CRASH"  # tests: FLAGFILE:N, see Scorer._maybe_crash
@@ -142,7 +146,7 @@ class Scorer:
 
     def __init__(self, model: str, spec: InputSpec, keys: list[str], outputs: list[str],
                  ranks: dict[str, int], max_batch: int, device: str,
-                 crash: str | None = None) -> None:
+                 crash: str | None = None, encoder: PartEncoder | None = None) -> None:
         from bertfuse.runtime import Session, SessionPool
 
         def make() -> Session:
@@ -155,7 +159,7 @@ class Scorer:
         self.pool = SessionPool(make, replicas=1, prepare=prepare)
         self.preparer = RowPreparer(spec)
         self.keys, self.outputs, self.ranks, self.max_batch = keys, outputs, ranks, max_batch
-        self.crash, self.calls = crash, 0
+        self.crash, self.calls, self.encoder = crash, 0, encoder
 
     def __call__(self, table: pa.Table) -> pa.Table:
         self.calls += 1
@@ -163,7 +167,26 @@ class Scorer:
         cols = self.pool.call(lambda session: score_table(
             session, self.preparer, table, self.outputs, self.ranks, self.max_batch))
         carried = {name: table.column(name) for name in (PART, ROW, *self.keys)}
-        return pa.table({**carried, **cols})
+        scored = pa.table({**carried, **cols})
+        return scored if self.encoder is None else self._encode(scored)
+
+    def _encode(self, table: pa.Table) -> pa.Table:
+        """Each part in the batch encoded as its Parquet files here (the Arrow and Parquet
+        work spread over the actors, off the driver); the driver gets one row per part and
+        only writes the bytes (by temp and rename: it alone commits). A batch holds whole
+        parts (job.py makes a part one block): the encoder's row check fails otherwise."""
+        parts = table.column(PART).to_numpy()
+        indices = np.unique(parts)
+        done: list[EncodedPart] = []
+        for index in indices:
+            piece = table if len(indices) == 1 else table.filter(pa.array(parts == index))
+            done.append(self.encoder.encode(int(index), [piece]))
+        types = (pa.large_binary(), pa.large_binary(), pa.int64(), pa.int64())
+        cols = {PART: pa.array(indices.astype(np.int64))}
+        for name, field, kind in zip(ENCODED, ("scores", "rejects", "scored", "rejected"),
+                                     types):
+            cols[name] = pa.array([getattr(p, field) for p in done], kind)
+        return pa.table(cols)
 
     def close(self) -> None:
         """Closes the Session on its own thread and ends that thread."""
