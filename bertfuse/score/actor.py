@@ -136,6 +136,16 @@ def _arrow(values: Any, rank: int, ok: np.ndarray) -> pa.Array:
     return pa.ListArray.from_arrays(pa.array(outer_off), inner, mask=mask)
 
 
+def _binary(buffers: list[Any]) -> pa.Array:
+    """Buffers (None: null) as a large_binary array; one part's buffer is used as it is."""
+    present = [b for b in buffers if b is not None]
+    data = present[0] if len(present) == 1 else pa.py_buffer(b"".join(present))
+    offsets = np.concatenate([[0], np.cumsum([0 if b is None else b.size for b in buffers])])
+    valid = pa.array([b is not None for b in buffers]).buffers()[1]
+    return pa.Array.from_buffers(pa.large_binary(), len(buffers),
+                                 [valid, pa.py_buffer(offsets.astype(np.int64)), data])
+
+
 class Scorer:
     """The actor Ray Data's map_batches runs: one Session, built once, for every batch.
 
@@ -181,12 +191,11 @@ class Scorer:
         for index in indices:
             piece = table if len(indices) == 1 else table.filter(pa.array(parts == index))
             done.append(self.encoder.encode(int(index), [piece]))
-        types = (pa.large_binary(), pa.large_binary(), pa.int64(), pa.int64())
-        cols = {PART: pa.array(indices.astype(np.int64))}
-        for name, field, kind in zip(ENCODED, ("scores", "rejects", "scored", "rejected"),
-                                     types):
-            cols[name] = pa.array([getattr(p, field) for p in done], kind)
-        return pa.table(cols)
+        return pa.table({PART: pa.array(indices.astype(np.int64)),
+                         ENCODED[0]: _binary([p.scores for p in done]),
+                         ENCODED[1]: _binary([p.rejects for p in done]),
+                         ENCODED[2]: pa.array([p.scored for p in done], pa.int64()),
+                         ENCODED[3]: pa.array([p.rejected for p in done], pa.int64())})
 
     def close(self) -> None:
         """Closes the Session on its own thread and ends that thread."""

@@ -161,7 +161,7 @@ class OutputDir:
 class EncodedPart:
     """A part's files as bytes: scores, and rejects where the part has any."""
 
-    scores: Any  # bytes, or a pyarrow Buffer
+    scores: Any  # a pyarrow Buffer, or bytes
     rejects: Any | None
     scored: int
     rejected: int
@@ -209,7 +209,7 @@ class PartEncoder:
                            table.num_rows - scored.num_rows)
 
 
-def _encode(table: Any, plain: list[str] = ()) -> bytes:
+def _encode(table: Any, plain: list[str] = ()) -> Any:
     """A Parquet file's bytes. `plain` columns (float outputs) skip dictionary encoding: it
     never pays on embeddings and halves the writer's speed."""
     import pyarrow as pa
@@ -217,7 +217,7 @@ def _encode(table: Any, plain: list[str] = ()) -> bytes:
 
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, use_dictionary=[n for n in table.column_names if n not in plain])
-    return sink.getvalue().to_pybytes()
+    return sink.getvalue()  # a pyarrow Buffer: no copy into Python bytes
 
 
 def _write_bytes(path: Path, data: bytes) -> None:
