@@ -4,9 +4,10 @@ One request shape (default b20 s64, row lengths uniform in [8, 64]: the shenma-3
 timed three ways on the same model and device:
 - direct: Session.run from one thread (the baseline serving is compared with);
 - pool: SessionPool (--pool-replicas workers) driven by C client threads in this process;
-- serve: bertfuse.serve.deploy() (a local Ray, one replica per GPU, serve.batch) driven by C
-  HTTP clients with keep-alive connections, spread over client processes (spawned, so the
-  client side is not one GIL).
+- serve: bertfuse.serve.deploy() (a local Ray, serve.batch) driven by C HTTP clients with
+  keep-alive connections, spread over client processes (spawned, so the client side is not
+  one GIL), once per --serve set-up INGRESS:N (bertfuse serve --ingress proxy, haproxy or
+  direct, N replicas per GPU; with direct the clients spread over the replicas' URLs).
 at each concurrency C (default 1, 8, 32): p50/p99 latency per request and seq/s (rows/s).
 Outputs are pooled_output only (what a ranker reads), base64 on the wire (--encoding json
 to see what JSON floats cost). Serve's answers are checked against the direct run.
@@ -31,6 +32,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 
 import numpy as np
 
@@ -41,6 +43,7 @@ from bertfuse.runtime import Session, SessionPool  # noqa: E402
 from bertfuse.runtime.requests import load_model, model_facts  # noqa: E402
 
 OUTPUT = "pooled_output"
+DEFAULT_SERVE = "proxy:1,haproxy:4"
 
 
 def log(*parts: object) -> None:
@@ -103,17 +106,18 @@ def time_pool(pool: SessionPool, req: tuple, clients: int, per_client: int) -> d
 
 # -- over HTTP ----------------------------------------------------------------------------------
 
-def _client_process(host: str, port: int, path: str, body: bytes, threads: int,
+def _client_process(targets: list[tuple[str, int, str]], body: bytes, threads: int,
                     per_client: int, ready: "mp.Queue", go: "mp.Event", out: "mp.Queue") -> None:
-    """`threads` keep-alive clients, each warmed by 5 requests, then timed once `go` is set;
-    puts (latencies, first start, last end, errors, this process's CPU s while timed) on `out`."""
+    """`threads` keep-alive clients (client i posts to targets[i % len]: host, port, path),
+    each warmed by 5 requests, then timed once `go` is set; puts (latencies, first start,
+    last end, errors, this process's CPU s while timed) on `out`."""
     lat: list[float] = []
     errors = [0]
     lock = threading.Lock()
     bounds: list[float] = []
     warmed = threading.Barrier(threads, action=lambda: ready.put(os.getpid()))
 
-    def client() -> None:
+    def client(host: str, port: int, path: str) -> None:
         conn = http.client.HTTPConnection(host, port, timeout=120)
         headers = {"Content-Type": "application/json"}
 
@@ -142,7 +146,8 @@ def _client_process(host: str, port: int, path: str, body: bytes, threads: int,
             bounds.extend([time.time() - (t_last - t_first), time.time()])
 
     cpu0: list[float] = []
-    ts = [threading.Thread(target=client) for _ in range(threads)]
+    ts = [threading.Thread(target=client, args=targets[i % len(targets)])
+          for i in range(threads)]
     for t in ts:
         t.start()
     for t in ts:
@@ -151,17 +156,24 @@ def _client_process(host: str, port: int, path: str, body: bytes, threads: int,
              time.process_time() - min(cpu0)))
 
 
-def time_serve(url: str, body: bytes, rows: int, clients: int, per_client: int,
-               procs: int) -> dict:
+def _target(url: str) -> tuple[str, int, str]:
     host, rest = url.split("//")[1].split(":", 1)
-    port, prefix = int(rest.split("/")[0]), "/" + rest.split("/", 1)[1]
+    return host, int(rest.split("/")[0]), "/" + rest.split("/", 1)[1] + "v1/infer"
+
+
+def time_serve(urls: list[str], body: bytes, rows: int, clients: int, per_client: int,
+               procs: int) -> dict:
+    """Clients spread round-robin over `urls` (each direct-ingress replica's, or one)."""
+    targets = [_target(u) for u in urls]
     ctx = mp.get_context("spawn")  # not fork: this process holds Ray's and ORT's threads
     queue, ready, go = ctx.Queue(), ctx.Queue(), ctx.Event()
     procs = max(1, min(procs, clients))
     shares = [clients // procs + (i < clients % procs) for i in range(procs)]
-    ps = [ctx.Process(target=_client_process, args=(host, port, prefix + "v1/infer", body, n,
-                                                    per_client, ready, go, queue))
-          for n in shares]
+    starts = [sum(shares[:i]) for i in range(procs)]  # client i of all posts to urls[i % n]
+    ps = [ctx.Process(target=_client_process,
+                      args=([targets[(s + j) % len(targets)] for j in range(len(targets))],
+                            body, n, per_client, ready, go, queue))
+          for s, n in zip(starts, shares)]
     for p in ps:
         p.start()
     for _ in ps:  # every client connected and warmed: then all start at once
@@ -221,12 +233,13 @@ def main(argv: list[str] | None = None) -> int:
                          "this x --batch, its batch buckets the multiples of --batch "
                          "(default 8: at 32 clients a call takes what queued while the last ran)")
     ap.add_argument("--max-wait-ms", type=float, default=2.0)
-    ap.add_argument("--gpus-per-replica", type=float, default=1.0,
-                    help="bertfuse serve --gpus-per-replica (0.5: two replicas per GPU)")
+    ap.add_argument("--serve", default=DEFAULT_SERVE, metavar="INGRESS:N,...",
+                    help="bertfuse serve set-ups timed one after another, each INGRESS "
+                         "(proxy, direct, haproxy: bertfuse serve --ingress) with N replicas per "
+                         "GPU (--gpus-per-replica 1/N; on the CPU: N replicas). Default "
+                         f"{DEFAULT_SERVE}")
     ap.add_argument("--direct-ingress", action="store_true",
-                    help="Ray Serve's experimental direct ingress (RAY_SERVE_ENABLE_DIRECT_INGRESS"
-                         "=1 in the local Ray): clients post to the replica's own HTTP port, no "
-                         "proxy hop (one replica only)")
+                    help="the same as --serve direct:1 (one replica per GPU, direct ingress)")
     ap.add_argument("--client-procs", type=int, default=max(1, (os.cpu_count() or 2) // 4))
     ap.add_argument("--encoding", choices=("base64", "json"), default="base64")
     ap.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
@@ -235,8 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     LOG = os.path.join(args.out, "serve_load.log")
     open(LOG, "w").close()
-    if args.direct_ingress:  # before Ray starts: its workers inherit this environment
-        os.environ["RAY_SERVE_ENABLE_DIRECT_INGRESS"] = "1"
+    setups = parse_setups("direct:1" if args.direct_ingress else args.serve)
     levels = [int(c) for c in args.concurrency.split(",")]
     device = pick_device(args.device)
     with tempfile.TemporaryDirectory() as work:
@@ -251,12 +263,11 @@ def main(argv: list[str] | None = None) -> int:
                            "encoding": args.encoding}).encode()
         log(f"serve_load: {model} on {device}, request b{args.batch} s{args.seq} "
             f"(fill {mask.mean():.2f}), body {len(body)} bytes, levels {levels}")
-        result: dict = {"device": device, "direct_ingress": args.direct_ingress,
+        result: dict = {"device": device, "serve": args.serve,
                         "batch": args.batch, "seq": args.seq,
                         "fill": round(float(mask.mean()), 3), "encoding": args.encoding,
                         "server_max_batch": args.server_batches * args.batch,
                         "max_wait_ms": args.max_wait_ms, "pool_replicas": args.pool_replicas,
-                        "gpus_per_replica": args.gpus_per_replica,
                         "rows": []}
         kw = dict(max_batch=args.batch, max_seq=args.seq, device=device)
         t0 = time.perf_counter()
@@ -276,11 +287,14 @@ def main(argv: list[str] | None = None) -> int:
             log("  ", row)
             result["rows"].append(row)
         pool.close()
-        try:
-            result["rows"] += serve_levels(args, model, device, body, want, levels, result)
-        except Exception as exc:  # keep the in-process rows: say what failed and go on
-            result["serve_error"] = f"{type(exc).__name__}: {str(exc).strip()[:500]}"
-            log("  bertfuse serve failed:", result["serve_error"])
+        for ingress, per_device in setups:
+            try:
+                result["rows"] += serve_levels(args, model, device, body, want, levels, result,
+                                               ingress, per_device)
+            except Exception as exc:  # keep the other rows: say what failed and go on
+                why = f"{type(exc).__name__}: {str(exc).strip()[:500]}"
+                result.setdefault("serve_errors", {})[f"{ingress}:{per_device}"] = why
+                log(f"  bertfuse serve {ingress}:{per_device} failed:", why)
     path = os.path.join(args.out, "serve_load.json")
     with open(path, "w") as f:
         json.dump(result, f, indent=2)
@@ -289,51 +303,55 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def parse_setups(text: str) -> list[tuple[str, int]]:
+    setups = []
+    for part in text.split(","):
+        ingress, _, n = part.strip().partition(":")
+        if ingress not in ("proxy", "direct", "haproxy") or not n.isdigit() or int(n) < 1:
+            sys.exit(f"serve_load: --serve takes INGRESS:N,... (INGRESS proxy, direct or "
+                     f"haproxy; N >= 1 replicas per GPU), not {part!r}")
+        setups.append((ingress, int(n)))
+    return setups
+
+
 def serve_levels(args: argparse.Namespace, model: str, device: str, body: bytes,
-                 want: np.ndarray, levels: list[int], result: dict) -> list[dict]:
+                 want: np.ndarray, levels: list[int], result: dict, ingress: str,
+                 per_device: int) -> list[dict]:
     from bertfuse.serve import deploy
     from bertfuse.serve.requests import decode
 
     rows = []
+    setup = f"{ingress}:{per_device}"
+    place = ({"gpus_per_replica": 1 / per_device} if device == "cuda"
+             else {"replicas": per_device, "cpus_per_replica": 0.25})
     t0 = time.perf_counter()
     served = deploy(model, max_batch=args.server_batches * args.batch, max_seq=args.seq,
                     batch_buckets=[args.batch * k for k in range(1, args.server_batches + 1)],
                     max_wait_ms=args.max_wait_ms, outputs=[OUTPUT], device=device,
-                    gpus_per_replica=args.gpus_per_replica,
-                    port=_free_port())
+                    ingress=ingress, port=_free_port(), **place)
     try:
-        log(f"  bertfuse serve up in {time.perf_counter() - t0:.1f} s at {served.url} "
-            f"({served.replicas} {served.device} replica(s))")
-        host, port = served.url.split("//")[1].split("/")[0].split(":")
-        conn = http.client.HTTPConnection(host, int(port), timeout=60)
-        conn.request("POST", "/v1/infer", body=body)
+        log(f"  bertfuse serve {setup} up in {time.perf_counter() - t0:.1f} s at "
+            f"{', '.join(served.urls)} ({served.replicas} {served.device} replica(s))")
+        host, port, path = _target(served.urls[0])
+        conn = http.client.HTTPConnection(host, port, timeout=60)
+        conn.request("POST", path, body=body)
         got = decode(json.loads(conn.getresponse().read()))[OUTPUT]
-        result["serve_max_diff"] = float(np.abs(got - want).max())
-        log(f"  serve vs direct: max |diff| {result['serve_max_diff']:.3g} ({OUTPUT})")
-        url = served.url
-        if args.direct_ingress:
-            if served.replicas != 1:
-                raise RuntimeError("--direct-ingress times one replica; this deploy has "
-                                   f"{served.replicas}")
-            url = f"http://{host}:{_replica_http_port(served.stats()['pid'])}/"
-            log(f"  direct ingress: clients post to the replica at {url}")
+        diff = float(np.abs(got - want).max())
+        result["serve_max_diff"] = max(diff, result.get("serve_max_diff", 0.0))
+        log(f"  serve vs direct: max |diff| {diff:.3g} ({OUTPUT})")
         for c in levels:
-            before = served.stats()
-            row = {"path": "serve", "concurrency": c,
-                   **time_serve(url, body, args.batch, c,
+            before = replica_stats(served)
+            row = {"path": setup, "concurrency": c,
+                   **time_serve(served.urls, body, args.batch, c,
                                 max(8, args.requests // c), args.client_procs)}
-            after = served.stats()
-            if served.replicas > 1:  # /stats is whichever replica answers: counts not summed
-                log("  ", row)
-                rows.append(row)
-                continue
-            calls = after["batches"] - before["batches"]
-            row["model_calls"] = calls
-            row["rows_per_call"] = round((after["rows"] - before["rows"]) / max(calls, 1), 1)
-            # inside the replica (the last 1000): the rest of p50 is Serve's proxy and HTTP
-            row["replica_p50_ms"] = after.get("request_ms_p50")
-            row["model_call_p50_ms"] = after.get("model_call_ms_p50")
-            row["body_wait_p50_ms"] = after.get("body_wait_ms_p50")
+            after = replica_stats(served)
+            if after:
+                calls = after["batches"] - before["batches"]
+                row["model_calls"] = calls
+                row["rows_per_call"] = round((after["rows"] - before["rows"]) / max(calls, 1), 1)
+                # inside the replica (the last 1000): the rest of p50 is the ingress and HTTP
+                for key in ("request", "model_call", "body_wait"):
+                    row[f"{key.replace('request', 'replica')}_p50_ms"] = after[f"{key}_ms_p50"]
             log("  ", row)
             rows.append(row)
     finally:
@@ -341,28 +359,20 @@ def serve_levels(args: argparse.Namespace, model: str, device: str, body: bytes,
     return rows
 
 
-def _replica_http_port(pid: int) -> int:
-    """The port a direct-ingress replica (process `pid`) serves HTTP on: its listening TCP
-    socket in Serve's direct-ingress HTTP range (from /proc: no psutil needed)."""
-    lo = int(os.environ.get("RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT", "30000"))
-    hi = int(os.environ.get("RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT", "31000"))
-    inodes = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            link = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if link.startswith("socket:["):
-            inodes.add(link[8:-1])
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with open(table) as f:
-            for line in list(f)[1:]:
-                cols = line.split()
-                port = int(cols[1].rsplit(":", 1)[1], 16)
-                if cols[3] == "0A" and cols[9] in inodes and lo <= port <= hi:
-                    return port
-    raise RuntimeError(f"the replica (pid {pid}) listens on no port in {lo}-{hi}: is direct "
-                       "ingress on?")
+def replica_stats(served) -> dict | None:
+    """Counters summed over the replicas, and the median of their p50s; None where /stats
+    reaches one replica of several (behind Serve's proxy or HAProxy)."""
+    if served.config.ingress != "direct" and served.replicas > 1:
+        return None
+    each = []
+    for url in served.urls:
+        with urllib.request.urlopen(url + "stats", timeout=10) as r:
+            each.append(json.loads(r.read()))
+    out = {k: sum(s[k] for s in each) for k in ("batches", "rows")}
+    for k in ("request", "model_call", "body_wait"):
+        got = [s[f"{k}_ms_p50"] for s in each if s[f"{k}_ms_p50"] is not None]
+        out[f"{k}_ms_p50"] = round(float(np.median(got)), 3) if got else None
+    return out
 
 
 def _free_port() -> int:
@@ -379,21 +389,21 @@ def table(result: dict) -> None:
     log("")
     log(f"b{result['batch']} s{result['seq']} on {result['device']}, {result['encoding']} out; "
         f"direct Session.run p50 {direct['p50_ms']:.3f} ms, {direct['seq_per_s']:.0f} seq/s")
-    log(f"{'path':<6} {'conc':>4} {'p50 ms':>8} {'p99 ms':>8} {'seq/s':>9} {'errors':>6} "
+    log(f"{'path':<9} {'conc':>4} {'p50 ms':>8} {'p99 ms':>8} {'seq/s':>9} {'errors':>6} "
         f"{'vs pool':>7} {'+p50 ms':>8} {'replica':>8} {'body':>7} {'call':>7} "
         f"{'rows/call':>9} {'cli busy':>8}")
     for r in result["rows"]:
         if r["path"] == "direct":
             continue
         ref = pool.get(r["concurrency"])
-        share = f"{r['seq_per_s'] / ref['seq_per_s']:.0%}" if ref and r["path"] == "serve" \
+        share = f"{r['seq_per_s'] / ref['seq_per_s']:.0%}" if ref and r["path"] != "pool" \
             else ""
         extra = f"{r['p50_ms'] - direct['p50_ms']:+.3f}" if r["concurrency"] == 1 else ""
         inside = "".join(f" {_num(r.get(k), w)}" for k, w in
                          (("replica_p50_ms", 8), ("body_wait_p50_ms", 7),
                           ("model_call_p50_ms", 7), ("rows_per_call", 9),
                           ("client_cpu_busy", 8)))
-        log(f"{r['path']:<6} {r['concurrency']:>4} {r['p50_ms']:>8.3f} {r['p99_ms']:>8.3f} "
+        log(f"{r['path']:<9} {r['concurrency']:>4} {r['p50_ms']:>8.3f} {r['p99_ms']:>8.3f} "
             f"{r['seq_per_s']:>9.0f} {r['errors']:>6} {share:>7} {extra:>8}{inside}")
     log("replica: p50 ms inside the replica, request in to response out; body: of which "
         "fetching the body from Serve's proxy; call: p50 ms of its Session runs; +p50: over "

@@ -341,6 +341,25 @@ def test_deploy_checks_its_arguments_before_ray(tiny, tmp_path):
         deploy(str(tmp_path / "none.onnx"))
 
 
+def test_ingress_is_checked_before_ray(served, tiny):
+    """--ingress: one of proxy/direct/haproxy; the experimental ones are switched on when Ray
+    starts, so not with --address, nor in a process whose Ray is already up (this one)."""
+    from bertfuse.errors import BertfuseError
+    from bertfuse.serve import deploy
+
+    with pytest.raises(ConfigError, match="ingress must be one of proxy, direct, haproxy"):
+        deploy(tiny["model"], ingress="nginx")
+    with pytest.raises(ConfigError, match="leave out address"):
+        deploy(tiny["model"], ingress="direct", address="auto")
+    with pytest.raises(BertfuseError, match="already runs Ray"):
+        deploy(tiny["model"], ingress="haproxy", name="hx")
+    assert Client(served["main"].url).infer({"input_ids": [[1, 2]]})[0] == 200  # still up
+    out = subprocess.run([sys.executable, "-m", "bertfuse", "serve", tiny["model"],
+                          "--ingress", "nginx"], capture_output=True, text=True, cwd=ROOT,
+                         timeout=120)
+    assert out.returncode == 2 and "--ingress" in out.stderr, out.stderr
+
+
 def test_cli_serve_until_sigterm_leaves_nothing(tiny, tmp_path):
     """`bertfuse serve --json` in its own process: the URL on stdout once ready, a request
     answered, SIGTERM: exit 0, every process it started gone, the port closed."""

@@ -18,13 +18,15 @@ from typing import Any, Iterator
 
 from bertfuse.errors import BertfuseError
 from bertfuse.serve.config import ServeConfig, check_config
+from bertfuse.serve.ingress import ingress_environment, remove, replica_urls
 
 _SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
 
 
 @dataclass
 class Served:
-    """A running deployment. `url` is its base (POST url + 'v1/infer')."""
+    """A running deployment. `url` is its base (POST url + 'v1/infer'); `urls` where clients
+    post: [url], or with ingress 'direct' each replica's own base URL."""
 
     url: str
     config: ServeConfig
@@ -35,6 +37,8 @@ class Served:
     started_serve: bool  # deploy() started Serve on the cluster: shutdown() stops it
     deployed: bool = True  # the application was (perhaps partly) deployed
     closed: bool = False
+    urls: list[str] = dataclasses.field(default_factory=list)
+    scratch: str | None = None  # HAProxy's files (ingress 'haproxy'): removed on shutdown
 
     def metrics_urls(self) -> list[str]:
         """Each Ray node's Prometheus endpoint (Ray's and Serve's metrics, and bertfuse_*)."""
@@ -62,8 +66,11 @@ class Served:
             elif self.deployed:
                 serve.delete(self.config.name)
         finally:
-            if self.connected:
-                ray.shutdown()
+            try:
+                if self.connected:
+                    ray.shutdown()
+            finally:
+                remove(self.scratch)
 
     def __enter__(self) -> "Served":
         return self
@@ -170,9 +177,13 @@ def deploy(model: Any = None, **kwargs: Any) -> Served:
     from bertfuse.serve.app import BertfuseReplica
 
     connected = started_ray = started_serve = deployed = False
+    scratch = None
+    if cfg.ingress != "proxy" and ray.is_initialized():
+        raise BertfuseError(f"ingress {cfg.ingress!r} is switched on when Ray starts; this "
+                            "process already runs Ray: deploy() must start it")
     if not ray.is_initialized():
         _importable_by_workers()
-        with _keep_signal_handlers():
+        with _keep_signal_handlers(), ingress_environment(cfg.ingress) as scratch:
             if cfg.address is None:  # "local": never someone's cluster found on this machine
                 ray.init(address="local", include_dashboard=False, log_to_driver=False)
                 started_ray = True
@@ -204,14 +215,17 @@ def deploy(model: Any = None, **kwargs: Any) -> Served:
                 serve.run(app, name=cfg.name, route_prefix=prefix)
             except RuntimeError as exc:  # a replica failed to build or warm up
                 raise BertfuseError(f"the deployment failed: {_first_line(exc)}") from None
+        url = f"http://{_url_host(url_host)}:{url_port}{prefix.rstrip('/')}/"
+        urls = replica_urls(cfg.name, _url_host(url_host)) if cfg.ingress == "direct" else [url]
     except BaseException:
         try:
-            Served("", cfg, "", 0, started_ray, connected, started_serve, deployed).shutdown()
+            Served("", cfg, "", 0, started_ray, connected, started_serve, deployed,
+                   scratch=scratch).shutdown()
         except Exception:  # noqa: S110  (the first error is the one to report)
             pass
         raise
-    url = f"http://{_url_host(url_host)}:{url_port}{prefix.rstrip('/')}/"
-    return Served(url, cfg, device, replicas, started_ray, connected, started_serve)
+    return Served(url, cfg, device, replicas, started_ray, connected, started_serve,
+                  urls=urls, scratch=scratch)
 
 
 def _logging(cfg: ServeConfig) -> dict[str, Any]:

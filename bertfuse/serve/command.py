@@ -50,6 +50,11 @@ def add_arguments(p: argparse.ArgumentParser, int_at_least) -> None:
                    help="HTTP host (default 127.0.0.1; 0.0.0.0 for other machines)")
     g.add_argument("--port", type=int_at_least(1), default=8000, help="HTTP port (default 8000)")
     g.add_argument("--name", default="bertfuse", help="Serve application name")
+    g.add_argument("--ingress", choices=("proxy", "direct", "haproxy"), default="proxy",
+                   help="proxy: Serve's HTTP proxy on --port (default); direct: clients post "
+                        "to each replica's own port (URLs printed); haproxy: HAProxy on "
+                        "--port forwards to the replicas' ports. direct and haproxy are Ray "
+                        "Serve experimental features and need the local Ray (no --address)")
     g.add_argument("--access-log", action="store_true",
                    help="Serve's per-request log lines (off: each costs a file write)")
 
@@ -69,6 +74,7 @@ def run(args: argparse.Namespace, console) -> int:
 def _serve(args: argparse.Namespace, out) -> int:
     from bertfuse.safety import Terminated
     from bertfuse.serve.api import deploy
+    from bertfuse.serve.ingress import describe
 
     def say(data: dict, text: str) -> None:
         print(json.dumps(data) if args.json else text, file=out, flush=True)
@@ -81,15 +87,16 @@ def _serve(args: argparse.Namespace, out) -> int:
         port=args.port, outputs=args.outputs, name=args.name,
         cpus_per_replica=args.cpus_per_replica, gpus_per_replica=args.gpus_per_replica,
         warmup=args.warmup,
-        access_log=args.access_log)
+        access_log=args.access_log, ingress=args.ingress)
     stop = "signal"
     try:
         info = {"url": served.url, "infer": served.url + "v1/infer", "device": served.device,
                 "replicas": served.replicas, "max_batch": served.config.max_batch,
                 "max_seq": served.config.max_seq, "outputs": list(served.config.outputs),
-                "text": served.config.vocab is not None, "metrics": served.metrics_urls()}
+                "text": served.config.vocab is not None, "metrics": served.metrics_urls(),
+                "ingress": served.config.ingress, "urls": served.urls}
         say(info, f"serving {args.model} on {served.replicas} {served.device} replica(s) at "
-                  f"{info['infer']} (Ctrl-C stops)")
+                  f"{describe(served)} ({served.config.ingress} ingress; Ctrl-C stops)")
         while True:  # until a signal raises here
             time.sleep(3600)
     except KeyboardInterrupt:

