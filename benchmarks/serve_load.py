@@ -14,6 +14,8 @@ to see what JSON floats cost). Serve's answers are checked against the direct ru
 
     # GPU (the shenma-3l skeleton refilled and fused fp16 here):
     python benchmarks/serve_load.py --skeleton out/skeletons/shenma-3l_raw.skel.onnx
+    # (default --serve proxy:1,haproxy:4: the proxy with one replica per GPU, then HAProxy
+    # in front of four replicas per GPU)
     # any fused model (the CPU too):
     python benchmarks/serve_load.py --model tiny.onnx --requests 300
 
@@ -224,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=20, help="rows per request (default 20)")
     ap.add_argument("--seq", type=int, default=64, help="tokens per row (default 64)")
     ap.add_argument("--concurrency", default="1,8,32")
-    ap.add_argument("--requests", type=int, default=2000,
+    ap.add_argument("--requests", type=int, default=1000,
                     help="timed requests per concurrency level (at least 8 per client)")
     ap.add_argument("--direct-iters", type=int, default=1000)
     ap.add_argument("--pool-replicas", type=int, default=2)
