@@ -9,10 +9,9 @@ Rows: ids of lengths uniform in [--min-len, --seq] (shenma-3l: seq 64). The loop
 file in record batches of batch x 64 rows, prepares them as the actors do (bertfuse.score.rows),
 runs a warmed Session and writes Parquet. Ray: a local Ray started here, `score(...)` with N
 actors (a GPU each). Reported per run: end to end (Session build / Ray start-up included) and
-steady (the loop without its Session build; Ray: the rows after the first part that came back
-(an actor scores and encodes a part, --part-rows rows, a call) over the time after it, the
-summary's steady_rows_per_s), and the driver's CPU per row. Each Ray output is checked against
-the loop's: every id once, max |diff|. Logs and score_bench.json under --out; the table last.
+steady (the loop without its Session build; Ray: the rows after the first scored block over
+the time after it, the summary's steady_rows_per_s). Each Ray output is checked against the
+loop's: every id once, max |diff|. Logs and score_bench.json under --out; the table last.
 """
 
 from __future__ import annotations
@@ -109,12 +108,8 @@ def session_loop(job, device: str, path: Path, dest: Path) -> dict:
 def ray_run(job_kwargs: dict, actors: int, dest: Path) -> dict:
     from bertfuse.score import score
 
-    cpu = time.process_time()  # the driver's CPU (all its threads): what it costs per row
     s = score(output=dest, actors=actors, progress=False, **job_kwargs)
-    cpu = time.process_time() - cpu
-    return {"driver_cpu_s": round(cpu, 3), "driver_cpu_us_per_row": round(1e6 * cpu / s.rows_this_run, 2)
-            if s.rows_this_run else None,
-            "actors": s.actors, "device": s.device, "rows": s.scored, "rejected": s.rejected,
+    return {"actors": s.actors, "device": s.device, "rows": s.scored, "rejected": s.rejected,
             "seconds": s.seconds, "rows_per_s": s.rows_per_s, "parts": s.parts,
             "first_result_s": s.first_result_s, "steady_rows_per_s": s.steady_rows_per_s}
 
@@ -147,8 +142,8 @@ def main() -> None:
     ap.add_argument("--min-len", type=int, default=8)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--part-rows", type=int, default=16384)
-    ap.add_argument("--rows-per-task", type=int, help="the loop reads batch x this rows at a "
-                                                      "time (default ROWS_PER_TASK)")
+    ap.add_argument("--rows-per-task", type=int, help="Ray batch = batch x this (default "
+                                                      "bertfuse.score.job.ROWS_PER_TASK)")
     ap.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     ap.add_argument("--actors", help="actor counts to run, e.g. 1,2 (default: 1, and 2 with "
                                      "two GPUs)")
@@ -216,21 +211,19 @@ def table(r: dict) -> str:
     loop = r["loop"]
     lines = [f"\nscoring {r['rows']} rows (seq {r['min_len']}..{r['seq']}, batch "
              f"{r['batch_size']}) on {r['device']}",
-             "| run | rows/s end to end | rows/s steady | vs loop (steady) | driver CPU us/row "
-             "| check |",
-             "|---|---|---|---|---|---|",
+             "| run | rows/s end to end | rows/s steady | vs loop (steady) | check |",
+             "|---|---|---|---|---|",
              f"| Session loop, 1 process | {loop['rows_per_s']:.0f} | "
-             f"{loop['steady_rows_per_s']:.0f} | 1.00 | - | - |",
+             f"{loop['steady_rows_per_s']:.0f} | 1.00 | - |",
              f"| (loop without writing Parquet) | - | {loop['no_write_rows_per_s']:.0f} | "
-             f"{loop['no_write_rows_per_s'] / loop['steady_rows_per_s']:.2f} | - | - |"]
+             f"{loop['no_write_rows_per_s'] / loop['steady_rows_per_s']:.2f} | - |"]
     for run in r["ray"]:
         steady = run["steady_rows_per_s"]
         ratio = f"{steady / loop['steady_rows_per_s']:.2f}" if steady else "-"
         c = run["check"]
         ok = "ok" if c["ids_equal"] and c["unique"] else "ROWS DIFFER"
         lines.append(f"| Ray Data, {run['actors']} actor(s) | {run['rows_per_s']:.0f} | "
-                     f"{steady or 0:.0f} | {ratio} | {run['driver_cpu_us_per_row']} | {ok}, "
-                     f"max diff {c['max_abs_diff']} |")
+                     f"{steady or 0:.0f} | {ratio} | {ok}, max diff {c['max_abs_diff']} |")
     return "\n".join(lines)
 
 

@@ -180,27 +180,6 @@ def test_a_killed_actor_loses_and_repeats_nothing(cluster, tiny, corpus, ids_run
     assert np.abs(embeddings(got) - embeddings(want)).max() <= TOL
 
 
-def test_each_part_reaches_an_actor_whole_under_small_ray_blocks(cluster, tiny, corpus, ids_run,
-                                                                 tmp_path):
-    """An actor encodes whole parts: a part stays one block even where the caller's Ray Data
-    cuts blocks far smaller than a part; the caller's setting is put back."""
-    from ray.data import DataContext
-
-    ctx = DataContext.get_current()
-    before, ctx.target_max_block_size = ctx.target_max_block_size, 4096
-    try:
-        s = score(tiny["model"], corpus["path"], tmp_path / "out", ids_column="ids",
-                  segment_column="segs", key_columns=["doc_id", "qid"], actors=1,
-                  part_rows=1000, progress=False)
-        assert ctx.target_max_block_size == 4096
-    finally:
-        ctx.target_max_block_size = before
-    assert (s.scored, s.rejected, s.parts) == (ROWS, 0, 10)
-    got, want = scored(tmp_path / "out"), scored(ids_run["out"])
-    assert got.column("doc_id").equals(want.column("doc_id"))
-    assert np.abs(embeddings(got) - embeddings(want)).max() <= TOL
-
-
 def test_a_job_failing_past_its_retries_is_one_line_and_resumes(cluster, tiny, corpus, ids_run,
                                                                  tmp_path, monkeypatch, capsys):
     """No retries and an actor that dies: exit 1 and one line saying how to resume; the same

@@ -4,10 +4,8 @@
                                                with _bf_part and _bf_row
     Scorer (Ray actor)     one bertfuse Session per actor (a GPU each where there are GPUs),
                            built, warmed and run on the actor's own session thread;
-                           a batch (whole parts) ─► rows.py (rejects) ─► sorted by length,
-                           runs of max_batch ─► Session.run ─► outputs back in row order,
-                           Arrow list<float> ─► each part's Parquet files encoded here
-                           (PartEncoder) ─► the driver gets one row per part: its files' bytes
+                           a batch ─► rows.py (rejects) ─► sorted by length, runs of max_batch
+                           ─► Session.run ─► outputs back in row order, Arrow list<float>
 
 Neither imports Ray: Ray Data calls them. `score_table` is also the single-process loop the
 benchmark compares against.
@@ -22,9 +20,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from bertfuse.score.output import PART, REJECT, ROW, EncodedPart, PartEncoder
-
-ENCODED = ("_bf_scores", "_bf_rejects", "_bf_scored", "_bf_rejected")  # EncodedPart's fields
+from bertfuse.score.output import PART, REJECT, ROW
 from bertfuse.score.rows import InputSpec, Prepared, RowPreparer
 
 CRASH_ENV = "BERTFUSE_TEST_SCORE_CRASH"  # tests: FLAGFILE:N, see Scorer._maybe_crash
@@ -136,16 +132,6 @@ def _arrow(values: Any, rank: int, ok: np.ndarray) -> pa.Array:
     return pa.ListArray.from_arrays(pa.array(outer_off), inner, mask=mask)
 
 
-def _binary(buffers: list[Any]) -> pa.Array:
-    """Buffers (None: null) as a large_binary array; one part's buffer is used as it is."""
-    present = [b for b in buffers if b is not None]
-    data = present[0] if len(present) == 1 else pa.py_buffer(b"".join(present))
-    offsets = np.concatenate([[0], np.cumsum([0 if b is None else b.size for b in buffers])])
-    valid = pa.array([b is not None for b in buffers]).buffers()[1]
-    return pa.Array.from_buffers(pa.large_binary(), len(buffers),
-                                 [valid, pa.py_buffer(offsets.astype(np.int64)), data])
-
-
 class Scorer:
     """The actor Ray Data's map_batches runs: one Session, built once, for every batch.
 
@@ -156,7 +142,7 @@ class Scorer:
 
     def __init__(self, model: str, spec: InputSpec, keys: list[str], outputs: list[str],
                  ranks: dict[str, int], max_batch: int, device: str,
-                 crash: str | None = None, encoder: PartEncoder | None = None) -> None:
+                 crash: str | None = None) -> None:
         from bertfuse.runtime import Session, SessionPool
 
         def make() -> Session:
@@ -169,7 +155,7 @@ class Scorer:
         self.pool = SessionPool(make, replicas=1, prepare=prepare)
         self.preparer = RowPreparer(spec)
         self.keys, self.outputs, self.ranks, self.max_batch = keys, outputs, ranks, max_batch
-        self.crash, self.calls, self.encoder = crash, 0, encoder
+        self.crash, self.calls = crash, 0
 
     def __call__(self, table: pa.Table) -> pa.Table:
         self.calls += 1
@@ -177,25 +163,7 @@ class Scorer:
         cols = self.pool.call(lambda session: score_table(
             session, self.preparer, table, self.outputs, self.ranks, self.max_batch))
         carried = {name: table.column(name) for name in (PART, ROW, *self.keys)}
-        scored = pa.table({**carried, **cols})
-        return scored if self.encoder is None else self._encode(scored)
-
-    def _encode(self, table: pa.Table) -> pa.Table:
-        """Each part in the batch encoded as its Parquet files here (the Arrow and Parquet
-        work spread over the actors, off the driver); the driver gets one row per part and
-        only writes the bytes (by temp and rename: it alone commits). A batch holds whole
-        parts (job.py makes a part one block): the encoder's row check fails otherwise."""
-        parts = table.column(PART).to_numpy()
-        indices = np.unique(parts)
-        done: list[EncodedPart] = []
-        for index in indices:
-            piece = table if len(indices) == 1 else table.filter(pa.array(parts == index))
-            done.append(self.encoder.encode(int(index), [piece]))
-        return pa.table({PART: pa.array(indices.astype(np.int64)),
-                         ENCODED[0]: _binary([p.scores for p in done]),
-                         ENCODED[1]: _binary([p.rejects for p in done]),
-                         ENCODED[2]: pa.array([p.scored for p in done], pa.int64()),
-                         ENCODED[3]: pa.array([p.rejected for p in done], pa.int64())})
+        return pa.table({**carried, **cols})
 
     def close(self) -> None:
         """Closes the Session on its own thread and ends that thread."""

@@ -1,38 +1,36 @@
 """The driver: Ray up (local, or a cluster joined with an address), the Ray Data pipeline, each
 part committed as soon as all its rows are back, and the summary.
 
-    parts not yet done ─► from_items ─► map_batches(read_parts)   Ray tasks read the row groups:
-                                                                  one block per part
-                      ─► map_batches(Scorer, ActorPoolStrategy)   one Session per actor, a part
-                                                                  a call; a dead actor is
-                                                                  restarted, its parts retried;
-                                                                  the part's Parquet encoded there
-                      ─► driver: each part's bytes ─► OutputDir.commit_encoded (atomic, once)
+    parts not yet done ─► from_items ─► map_batches(read_parts)   Ray tasks read the row groups
+                      ─► map_batches(Scorer, ActorPoolStrategy)   one Session per actor;
+                                                                  a dead actor is restarted and
+                                                                  its batches retried
+                      ─► driver: rows gathered per part ─► OutputDir.commit (atomic, exactly once)
 
-The driver does no per-row work: scoring, Arrow and Parquet encoding scale with the actors, and
-it writes finished files (temp and rename, on writer threads) into OUT, which therefore needs
-to be on the driver's machine only. Ray Data shows the progress; a task's output reaches the
-driver only when the task succeeded, so a retried part is never seen twice (checked anyway).
+Ray Data shows the progress; a task's output reaches the driver only when the task succeeded,
+so a retried batch is never seen twice (commit checks it anyway).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import defaultdict
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any, Iterator
 
+import numpy as np
+
 from bertfuse.errors import BertfuseError
 from bertfuse.safety import pause_point
-from bertfuse.score.actor import CRASH_ENV, ENCODED, Scorer, read_parts
-from bertfuse.score.output import PART, EncodedPart, OutputDir
+from bertfuse.score.actor import CRASH_ENV, Scorer, read_parts
+from bertfuse.score.output import PART, OutputDir
 from bertfuse.score.spec import ScoreJob
 
-ROWS_PER_TASK = 64  # the benchmark's loop reads this many session batches at a time
-WRITERS = 4  # driver threads writing parts' bytes
-CALLS_PER_ACTOR = 2  # parts in an actor at once: one encoded while the next is scored
+ROWS_PER_TASK = 64  # a Ray Data batch is this many session batches: fewer, larger calls
+WRITERS = 4  # driver threads writing parts (Parquet encoding releases the GIL)
 
 
 class ScoreFailed(BertfuseError):
@@ -73,8 +71,7 @@ def run_job(job: ScoreJob, progress: bool = True) -> ScoreSummary:
             with _ray(job.address, progress) as ray:
                 device, actors = _placement(job, ray)
                 try:
-                    _consume(_dataset(job, todo, device, actors, out.encoder()), out, job,
-                             timing)
+                    _consume(_dataset(job, todo, device, actors), out, job, timing)
                 except _cluster_errors() as exc:
                     raise _failed(exc, out, job) from None
         summary = _finish(job, out, done, todo, device, actors, time.perf_counter() - start)
@@ -143,8 +140,6 @@ def _ray(address: str | None, progress: bool) -> Iterator[Any]:
 
     ctx = DataContext.get_current()
     shown, ctx.enable_progress_bars = ctx.enable_progress_bars, progress
-    # None: a read task's output is one block, never split by size (a part reaches one actor)
-    size, ctx.target_max_block_size = ctx.target_max_block_size, None
     try:
         if ray.is_initialized():
             yield ray
@@ -152,7 +147,7 @@ def _ray(address: str | None, progress: bool) -> Iterator[Any]:
             with _own_ray(ray, address) as started:
                 yield started
     finally:
-        ctx.enable_progress_bars, ctx.target_max_block_size = shown, size
+        ctx.enable_progress_bars = shown
 
 
 @contextmanager
@@ -207,7 +202,7 @@ def _placement(job: ScoreJob, ray: Any) -> tuple[str, int]:
     return device, actors
 
 
-def _dataset(job: ScoreJob, todo: list, device: str, actors: int, encoder: Any) -> Any:
+def _dataset(job: ScoreJob, todo: list, device: str, actors: int) -> Any:
     import os
     import warnings
 
@@ -219,48 +214,51 @@ def _dataset(job: ScoreJob, todo: list, device: str, actors: int, encoder: Any) 
               "first_row": p.first_row} for p in todo]
     columns = list(dict.fromkeys([*job.key_columns, *job.spec.columns]))
     ds = ray.data.from_items(items, override_num_blocks=len(items))
-    # A part is the unit of output and restart, and the actors' unit: each read task's one
-    # block (never split by size, see _ray) goes whole to an actor, which encodes its files.
+    # Parts are the unit of output and restart; the actors' unit is this streaming split
+    # (fused into the read tasks: one CPU each, kept free of the actors by _placement).
     ds = ds.map_batches(read_parts, batch_size=1, batch_format="numpy",
                         fn_kwargs={"files": job.files, "columns": columns})
+    ds = ds.repartition(target_num_rows_per_block=job.batch_size * ROWS_PER_TASK)
     with warnings.catch_warnings():  # max_restarts/max_task_retries have no named parameter
         warnings.simplefilter("ignore")
         return ds.map_batches(
-            Scorer, batch_size=None, batch_format="pyarrow",
-            compute=ActorPoolStrategy(size=actors,
-                                      max_concurrent_calls_per_actor=CALLS_PER_ACTOR,
-                                      enable_true_multi_threading=True),
-            num_gpus=1 if device == "cuda" else 0,
+            Scorer, batch_size=job.batch_size * ROWS_PER_TASK, batch_format="pyarrow",
+            compute=ActorPoolStrategy(size=actors), num_gpus=1 if device == "cuda" else 0,
             num_cpus=1, max_restarts=job.max_retries, max_task_retries=job.max_retries,
             fn_constructor_kwargs={"model": os.path.abspath(job.model), "spec": job.spec,
                                    "keys": job.key_columns, "outputs": job.outputs,
                                    "ranks": job.output_ranks, "max_batch": job.batch_size,
-                                   "device": device, "crash": os.environ.get(CRASH_ENV),
-                                   "encoder": encoder})
+                                   "device": device, "crash": os.environ.get(CRASH_ENV)})
 
 
 def _consume(ds: Any, out: OutputDir, job: ScoreJob, timing: _Timing) -> None:
-    """Writes each part's files as its encoded bytes come back (on writer threads, so that
-    writing overlaps fetching); every part exactly once, with exactly its rows."""
-    seen: set[int] = set()
+    """Gathers the scored rows per part; a part is committed (on a writer thread, so that
+    writing overlaps fetching) once all its rows are in."""
+    import pyarrow as pa
+
+    pending: dict[int, list] = defaultdict(list)
+    have: dict[int, int] = defaultdict(int)
     with ThreadPoolExecutor(max_workers=WRITERS, thread_name_prefix="bertfuse-commit") as pool:
         writing: list[Future] = []
         for block in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
-            cols = [block.column(n) for n in (PART, *ENCODED)]
-            for index, scores, rejects, scored, rejected in zip(*cols):
-                index, scored, rejected = index.as_py(), scored.as_py(), rejected.as_py()
-                if index in seen or scored + rejected != job.parts[index].rows:
-                    raise RuntimeError(f"part {index}: {scored} + {rejected} rows came back "
-                                       f"for its {job.parts[index].rows}"
-                                       + (" a second time" if index in seen else ""))
-                seen.add(index)
-                timing.got(scored + rejected)
-                part = EncodedPart(scores.as_buffer(), rejects.as_buffer(), scored, rejected)
-                writing.append(pool.submit(out.commit_encoded, index, part))
+            timing.got(block.num_rows)
+            parts = block.column(PART).to_numpy()
+            for index in np.unique(parts):
+                index = int(index)
+                piece = block if parts[0] == parts[-1] == index and (parts == index).all() \
+                    else block.filter(pa.array(parts == index))
+                pending[index].append(piece)
+                have[index] += piece.num_rows
+                if have[index] >= job.parts[index].rows:
+                    writing.append(pool.submit(out.commit, index, pending.pop(index)))
             writing = _reap(writing, wait=False)
-            while len(writing) > 2 * WRITERS:  # writers behind: wait, rather than hold bytes
+            while len(writing) > 2 * WRITERS:  # writers behind: wait, rather than hold rows
                 writing = _reap(writing[:1], wait=True) + writing[1:]
         _reap(writing, wait=True)
+    if pending:  # the dataset ended with parts short of rows: never committed half
+        first = min(pending)
+        raise RuntimeError(f"part {first}: {have[first]} of {job.parts[first].rows} rows "
+                           "came back")
 
 
 def _reap(writing: list[Future], wait: bool) -> list[Future]:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -128,25 +127,38 @@ class OutputDir:
                     if p.name.startswith((".part-", f".{MANIFEST}.")) and p.is_file():
                         p.unlink(missing_ok=True)
 
-    def encoder(self) -> "PartEncoder":
-        """What turns a part's scored rows into its Parquet files' bytes: sent to the actors,
-        so that the Arrow and Parquet work is done where the part is scored."""
-        job = self.job
-        return PartEncoder({p.index: (p.first_row, p.rows) for p in job.parts},
-                           list(job.key_columns), list(job.outputs))
-
     def commit(self, index: int, pieces: list) -> tuple[int, int]:
-        """Writes one complete part from its pieces (Arrow tables)."""
-        encoded = self.encoder().encode(index, pieces)
-        self.commit_encoded(index, encoded)
-        return encoded.scored, encoded.rejected
+        """Writes one complete part from its pieces (Arrow tables): (rows scored, rows
+        rejected). Its rows are checked to be exactly the part's rows, once each (a bug
+        otherwise: never a silent loss)."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
 
-    def commit_encoded(self, index: int, part: "EncodedPart") -> None:
-        """Writes one part's files (bytes as the actor encoded them) by temp and rename,
-        rejects first and scores last: the part is complete exactly when its scores exist."""
-        if part.rejects is not None:
-            _write_bytes(self.rejects / part_name(index), part.rejects)
-        _write_bytes(self.scores / part_name(index), part.scores)
+        part = self.job.parts[index]
+        # Pieces are runs of consecutive rows: in order of their first row, no row sort.
+        table = pa.concat_tables(sorted(pieces, key=lambda t: t.column(ROW)[0].as_py()))
+        rows = table.column(ROW).to_numpy()
+        expect = np.arange(part.first_row, part.first_row + part.rows)
+        if not np.array_equal(rows, expect):
+            table = table.sort_by(ROW)
+            rows = table.column(ROW).to_numpy()
+            if not np.array_equal(rows, expect):
+                raise RuntimeError(f"part {index}: got {len(rows)} rows "
+                                   f"({len(np.unique(rows))} distinct) for its {part.rows}")
+        rejected = table.column(REJECT).is_valid()
+        keys = self.job.key_columns or [ROW]
+        named = {ROW: "row"}
+        any_rejected = pc.any(rejected).as_py()
+        scored = (table.filter(pc.invert(rejected)) if any_rejected else table) \
+            .select(keys + self.job.outputs)
+        scored = scored.rename_columns([named.get(n, n) for n in scored.column_names])
+        if any_rejected:
+            bad = table.filter(rejected)
+            bad = pa.table({**{named.get(k, k): bad.column(k) for k in keys},
+                            "reason": bad.column(REJECT)})
+            _write(self.rejects / part_name(index), bad)
+        _write(self.scores / part_name(index), scored, plain=self.job.outputs)
+        return scored.num_rows, table.num_rows - scored.num_rows
 
     def counts(self) -> tuple[int, int]:
         """(rows scored, rows rejected) over every part file in OUT (the footers only)."""
@@ -157,74 +169,14 @@ class OutputDir:
         return rows(self.scores), rows(self.rejects)
 
 
-@dataclass
-class EncodedPart:
-    """A part's files as bytes: scores, and rejects where the part has any."""
-
-    scores: Any  # a pyarrow Buffer, or bytes
-    rejects: Any | None
-    scored: int
-    rejected: int
-
-
-class PartEncoder:
-    """A part's rows -> its Parquet files' bytes (picklable: the driver builds it, the
-    scoring actors run it; only the driver touches OUT)."""
-
-    def __init__(self, parts: dict[int, tuple[int, int]], keys: list[str],
-                 outputs: list[str]) -> None:
-        self.parts, self.keys, self.outputs = parts, keys, outputs
-
-    def encode(self, index: int, pieces: list) -> EncodedPart:
-        """One complete part from its pieces (Arrow tables). Its rows are checked to be
-        exactly the part's rows, once each (a bug otherwise: never a silent loss)."""
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
-        first_row, count = self.parts[index]
-        # Pieces are runs of consecutive rows: in order of their first row, no row sort.
-        table = pa.concat_tables(sorted(pieces, key=lambda t: t.column(ROW)[0].as_py()))
-        rows = table.column(ROW).to_numpy()
-        expect = np.arange(first_row, first_row + count)
-        if not np.array_equal(rows, expect):
-            table = table.sort_by(ROW)
-            rows = table.column(ROW).to_numpy()
-            if not np.array_equal(rows, expect):
-                raise RuntimeError(f"part {index}: got {len(rows)} rows "
-                                   f"({len(np.unique(rows))} distinct) for its {count}")
-        rejected = table.column(REJECT).is_valid()
-        keys = self.keys or [ROW]
-        named = {ROW: "row"}
-        any_rejected = pc.any(rejected).as_py()
-        scored = (table.filter(pc.invert(rejected)) if any_rejected else table) \
-            .select(keys + self.outputs)
-        scored = scored.rename_columns([named.get(n, n) for n in scored.column_names])
-        bad_bytes = None
-        if any_rejected:
-            bad = table.filter(rejected)
-            bad = pa.table({**{named.get(k, k): bad.column(k) for k in keys},
-                            "reason": bad.column(REJECT)})
-            bad_bytes = _encode(bad)
-        return EncodedPart(_encode(scored, plain=self.outputs), bad_bytes, scored.num_rows,
-                           table.num_rows - scored.num_rows)
-
-
-def _encode(table: Any, plain: list[str] = ()) -> Any:
-    """A Parquet file's bytes. `plain` columns (float outputs) skip dictionary encoding: it
-    never pays on embeddings and halves the writer's speed."""
-    import pyarrow as pa
+def _write(path: Path, table: Any, plain: list[str] = ()) -> None:
+    """A Parquet file by temp and rename. `plain` columns (float outputs) skip dictionary
+    encoding: it never pays on embeddings and halves the writer's speed."""
     import pyarrow.parquet as pq
 
-    sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, use_dictionary=[n for n in table.column_names if n not in plain])
-    return sink.getvalue()  # a pyarrow Buffer: no copy into Python bytes
-
-
-def _write_bytes(path: Path, data: bytes) -> None:
-    """A file by temp and rename."""
+    dictionary = [n for n in table.column_names if n not in plain]
     with temp_file(path) as tmp:
-        with open(tmp, "wb") as f:
-            f.write(data)
+        pq.write_table(table, tmp, use_dictionary=dictionary)
         replace_file(tmp, path)
 
 
