@@ -3,25 +3,24 @@
 # `bertfuse kernels build` and run `bertfuse kernels check` (every ai.bertfuse op through ONNX
 # Runtime's CUDA EP, plain and CUDA-graph runs, against its float64 NumPy reference).
 #
-#   bash benchmarks/kernels_device.sh [ORT_INCLUDE_DIR]      (default .stage/ort-include)
+#   bash benchmarks/kernels_device.sh [ORT_INCLUDE_DIR]
+#
+# Headers: the argument, else $ORT_INCLUDE_DIR, else `bertfuse kernels build` finds or fetches them.
 #
 # Needs: nvcc (PATH or /usr/local/cuda/bin), cmake (else nvcc builds directly), onnxruntime-gpu
-# importable (/tmp/site is put on PYTHONPATH when it exists), numpy, onnx, ml_dtypes. No network.
+# importable (installed as usual), numpy, onnx, ml_dtypes.
 # The library is built into a fresh cache ($BERTFUSE_KERNELS_DIR, default /tmp/bertfuse-kernels)
 # with --force. Writes under $OUT (default ./out/kernels-device): env.txt, build.json, build.log,
 # check.json, check.txt, and *.err for each step's stderr. Prints one line per case and a verdict;
 # exit 0 when the build and every case pass, 1 when a case fails, 2 when the build fails.
 set -uo pipefail
 
-INC="${1:-.stage/ort-include}"
+INC="${1:-${ORT_INCLUDE_DIR:-}}"
 OUT="${OUT:-$PWD/out/kernels-device}"
 PY="${PYTHON:-python3}"
 mkdir -p "$OUT"
 export BERTFUSE_KERNELS_DIR="${BERTFUSE_KERNELS_DIR:-/tmp/bertfuse-kernels}"
 export PATH="$PATH:/usr/local/cuda/bin"
-if [ -d /tmp/site ]; then
-    case ":${PYTHONPATH:-}:" in *:/tmp/site:*) ;; *) export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}" ;; esac
-fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's bertfuse
 
 {
@@ -30,12 +29,12 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's bertfuse
     nvcc --version | tail -2
     cmake --version | head -1 || echo "cmake: none (nvcc builds directly)"
     "$PY" -c 'import onnxruntime as o, numpy, onnx; print("onnxruntime", o.__version__, o.get_available_providers(), "onnx", onnx.__version__, "numpy", numpy.__version__)'
-    echo "headers: $INC ($(grep -m1 '#define ORT_API_VERSION' "$INC/onnxruntime_c_api.h" 2>/dev/null || echo 'onnxruntime_c_api.h missing'))"
+    [ -z "$INC" ] || echo "headers: $INC ($(grep -m1 '#define ORT_API_VERSION' "$INC/onnxruntime_c_api.h" 2>/dev/null || echo 'onnxruntime_c_api.h missing'))"
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
 t0=$(date +%s)
-"$PY" -m bertfuse.cli kernels build --ort-include "$INC" --force --json > "$OUT/build.json" 2> "$OUT/build.err"
+"$PY" -m bertfuse.cli kernels build ${INC:+--ort-include "$INC"} --force --json > "$OUT/build.json" 2> "$OUT/build.err"
 rc_build=$?
 cp "$BERTFUSE_KERNELS_DIR"/ort-api*-sm*/build.log "$OUT/build.log" 2>/dev/null
 echo "build: exit $rc_build in $(( $(date +%s) - t0 )) s"

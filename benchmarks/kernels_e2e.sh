@@ -5,7 +5,7 @@
 #   bash benchmarks/kernels_e2e.sh
 #
 # 1. benchmarks/kernels_device.sh: `bertfuse kernels build --force` (ORT headers from
-#    $ORT_INCLUDE, default .stage/ort-include) into $BERTFUSE_KERNELS_DIR (default
+#    $ORT_INCLUDE or $ORT_INCLUDE_DIR, else found or fetched by the build) into $BERTFUSE_KERNELS_DIR (default
 #    /tmp/bertfuse-kernels), then `bertfuse kernels check --json`.
 # 2. `bertfuse bench` on shenma-3l b20 s64, then (one process, one preparation of the model)
 #    base b1 s128 and base b32 s128: the ORT-contrib runtime rows and the bertfuse-kernels
@@ -13,7 +13,8 @@
 #    in the same rounds, CUPTI profile per runtime row, parity vs ORT raw fp32. To save
 #    setup time, ORT's own fp16 and optimizer rows are left out unless ORT_ROWS=all, and of
 #    the contrib runtime rows only the twins of the kernels rows run unless RUNTIME_ROWS=all.
-#    Skeletons (<config>_raw.skel.onnx) from $SKEL (default .stage/skel). Where the library
+#    Skeletons (<config>_raw.skel.onnx) from $SKEL (default out/skeletons: `bertfuse example
+#    --config C`, `convert --no-fuse --no-verify`, `strip-weights`). Where the library
 #    is missing, the kernels rows say why and the rest still runs.
 #    Then (packed/) the padded-vs-packed workload $PACKED (default "uniform [8,64] b20 s64")
 #    under $STREAMS streams (default 4): beside the contrib form's padded and packed sessions,
@@ -22,7 +23,7 @@
 #    the device-packed vs padded tables with the packed target's line.
 #
 # Needs: onnxruntime-gpu, onnx, onnx-graphsurgeon, numpy, ml_dtypes and torch (CUPTI profile)
-# importable (/tmp/site is put first on PYTHONPATH), nvcc (+ cmake) for the build. No network,
+# importable (installed as usual), nvcc (+ cmake) for the build. No network,
 # no TensorFlow. Everything stays under a time budget ($BUDGET s, default 580): each step gets
 # a timeout from what is left, and bench writes its JSON after every workload.
 # Writes under $OUT (default ./out/kernels-e2e): kernels/ (env, build, check logs and JSON),
@@ -30,8 +31,8 @@
 set -uo pipefail
 
 OUT="${OUT:-$PWD/out/kernels-e2e}"
-SKEL="${SKEL:-.stage/skel}"
-INC="${ORT_INCLUDE:-.stage/ort-include}"
+SKEL="${SKEL:-out/skeletons}"
+INC="${ORT_INCLUDE:-${ORT_INCLUDE_DIR:-}}"
 ITERS="${ITERS:-300}"
 ORT_ROWS="${ORT_ROWS:-reference}"  # all: also ORT raw fp16 and its transformer optimizer
 RUNTIME_ROWS="${RUNTIME_ROWS:-paired}"  # all: also the contrib form's other mask forms, packed
@@ -39,7 +40,7 @@ BUDGET="${BUDGET:-580}"  # the device allows 600 s a command
 PACKED="${PACKED:-uniform [8,64] b20 s64}"
 STREAMS="${STREAMS:-4}"
 PY="${PYTHON:-python3}"
-export PYTHONPATH="/tmp/site:$PWD"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's bertfuse
 export BERTFUSE_KERNELS_DIR="${BERTFUSE_KERNELS_DIR:-/tmp/bertfuse-kernels}"
 export PATH="$PATH:/usr/local/cuda/bin"
 mkdir -p "$OUT/kernels" "$OUT/shenma" "$OUT/base" "$OUT/packed"
@@ -52,12 +53,12 @@ cap() {  # cap SECONDS RESERVE: SECONDS, or what is left after RESERVE if that i
 }
 
 for f in "$SKEL/shenma-3l_raw.skel.onnx" "$SKEL/base_raw.skel.onnx"; do
-    [ -f "$f" ] || { echo "missing skeleton $f (carry .stage/skel)"; exit 2; }
+    [ -f "$f" ] || { echo "missing skeleton $f (set SKEL; see the header)"; exit 2; }
 done
 
 "$PY" -c 'import onnxruntime as o, onnx, onnx_graphsurgeon as g, torch
 print("onnxruntime", o.__version__, "onnx", onnx.__version__, "onnx-graphsurgeon", g.__version__,
-      "torch", torch.__version__)' || { echo "missing a Python package (is /tmp/site staged?)"; exit 2; }
+      "torch", torch.__version__)' || { echo "missing a Python package (onnxruntime-gpu, onnx, onnx-graphsurgeon, torch)"; exit 2; }
 
 # 1. build + check (a failed build leaves the library out; bench's kernels rows then say why)
 t=$(cap 210 260)
