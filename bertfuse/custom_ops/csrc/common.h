@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <exception>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -158,6 +159,15 @@ inline float AttrFloat(const OrtKernelInfo* info, const char* name, float dflt) 
         return dflt;
     }
     return v;
+}
+
+// The attention ops' attributes: num_heads (required, >= 1) and scale (>= 0; 0 = 1/sqrt(head
+// size)). Throws at kernel creation, which ORT reports as the session's load error.
+inline void HeadAttrs(const OrtKernelInfo* info, int64_t* num_heads, float* scale) {
+    *num_heads = AttrInt(info, "num_heads", 0);
+    if (*num_heads < 1) throw std::runtime_error("attribute num_heads is required and must be >= 1");
+    *scale = AttrFloat(info, "scale", 0.0f);
+    if (!(*scale >= 0.0f)) throw std::runtime_error("attribute scale must be >= 0 (0 = 1/sqrt(head size))");
 }
 
 // ---- shapes --------------------------------------------------------------------------------

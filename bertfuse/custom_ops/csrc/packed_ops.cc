@@ -80,10 +80,7 @@ struct PackTokensOp : bf::CudaOp<PackTokensOp, PackTokensKernel> {
 struct PackedBertAttentionKernel {
   static constexpr const char* kOp = "PackedBertAttention";
   PackedBertAttentionKernel(const OrtApi& /*api*/, const OrtKernelInfo* info) {
-    num_heads_ = bf::AttrInt(info, "num_heads", 0);
-    if (num_heads_ < 1) throw std::runtime_error("attribute num_heads is required and must be >= 1");
-    scale_ = bf::AttrFloat(info, "scale", 0.0f);
-    if (!(scale_ >= 0.0f)) throw std::runtime_error("attribute scale must be >= 0 (0 = 1/sqrt(head size))");
+    bf::HeadAttrs(info, &num_heads_, &scale_);
   }
 
   OrtStatusPtr ComputeV2(OrtKernelContext* context) {
