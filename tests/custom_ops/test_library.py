@@ -176,7 +176,7 @@ def test_runtime_session_refuses_ai_bertfuse_model_on_cpu(tmp_path):
     """bertfuse's Session on the CPU: a model with ai.bertfuse ops is a clear BertfuseError."""
     pytest.importorskip("onnxruntime")
     from bertfuse.runtime import Session
-    from tests.builders.onnx_graphs import bert
+    from builders.onnx_graphs import bert
 
     model = bert(np.random.default_rng(0))
     w = onnx.numpy_helper.from_array(np.zeros((16, 4), np.float32), "extra_w")
