@@ -10,7 +10,10 @@ timed three ways on the same model and device:
   direct, N replicas per GPU; with direct the clients spread over the replicas' URLs).
 at each concurrency C (default 1, 8, 32): p50/p99 latency per request and seq/s (rows/s).
 Outputs are pooled_output only (what a ranker reads), base64 on the wire (--encoding json
-to see what JSON floats cost). Serve's answers are checked against the direct run.
+to see what JSON floats cost); the ids go as base64 int32 tensors (--ids json: as lists of
+ints, whose JSON numbers cost the replica several times more to parse). Serve's answers are
+checked against the direct run. Each row also shows the replica's own p50 per stage (its
+/stats, with direct ingress or one replica): what of the latency is left in the replica.
 
     # GPU (the shenma-3l skeleton refilled and fused fp16 here):
     python benchmarks/serve_load.py --skeleton out/skeletons/shenma-3l_raw.skel.onnx
@@ -26,6 +29,7 @@ is printed last.
 from __future__ import annotations
 
 import argparse
+import base64
 import http.client
 import json
 import multiprocessing as mp
@@ -45,6 +49,13 @@ from bertfuse.runtime import Session, SessionPool  # noqa: E402
 from bertfuse.runtime.requests import load_model, model_facts  # noqa: E402
 
 OUTPUT = "pooled_output"
+# the replica's /stats stages (bertfuse/serve/app.py), p50 ms each; "request" is all of them
+STAGES = ("request", "body_wait", "parse", "queue", "model_call", "resume", "encode")
+COLUMNS = (("replica_p50_ms", "replica", 8), ("body_wait_p50_ms", "body", 6),
+           ("parse_p50_ms", "parse", 6), ("queue_p50_ms", "queue", 7),
+           ("model_call_p50_ms", "call", 6), ("resume_p50_ms", "resume", 6),
+           ("encode_p50_ms", "encode", 6), ("rows_per_call", "rows/call", 9),
+           ("client_cpu_busy", "cli busy", 8))
 DEFAULT_SERVE = "proxy:1,haproxy:4"
 
 
@@ -243,7 +254,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--direct-ingress", action="store_true",
                     help="the same as --serve direct:1 (one replica per GPU, direct ingress)")
     ap.add_argument("--client-procs", type=int, default=max(1, (os.cpu_count() or 2) // 4))
-    ap.add_argument("--encoding", choices=("base64", "json"), default="base64")
+    ap.add_argument("--encoding", choices=("base64", "json"), default="base64",
+                    help="the outputs' form in the responses (default base64)")
+    ap.add_argument("--ids", choices=("base64", "json"), default="base64",
+                    help="the ids' form in the requests: base64 int32 tensors (default) or "
+                         "JSON lists of ints")
     ap.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args(argv)
@@ -262,14 +277,14 @@ def main(argv: list[str] | None = None) -> int:
         lengths = rng.integers(min(8, args.seq), args.seq + 1, args.batch)
         req = lengths_request(lengths, args.seq, facts.vocab_size or 1000)
         ids, mask, segs = req
-        body = json.dumps({"input_ids": ids.tolist(), "input_mask": mask.tolist(),
-                           "segment_ids": segs.tolist(), "outputs": [OUTPUT],
-                           "encoding": args.encoding}).encode()
+        body = request_body(req, args.ids, args.encoding)
         log(f"serve_load: {model} on {device}, request b{args.batch} s{args.seq} "
-            f"(fill {mask.mean():.2f}), body {len(body)} bytes, levels {levels}")
+            f"(fill {mask.mean():.2f}), ids as {args.ids}, body {len(body)} bytes, "
+            f"levels {levels}")
         result: dict = {"device": device, "serve": args.serve,
                         "batch": args.batch, "seq": args.seq,
                         "fill": round(float(mask.mean()), 3), "encoding": args.encoding,
+                        "ids": args.ids,
                         "server_max_batch": args.server_batches * args.batch,
                         "max_wait_ms": args.max_wait_ms, "pool_replicas": args.pool_replicas,
                         "rows": []}
@@ -305,6 +320,19 @@ def main(argv: list[str] | None = None) -> int:
     log(f"wrote {path}")
     table(result)
     return 0
+
+
+def request_body(req: tuple, ids_form: str, encoding: str) -> bytes:
+    """One /v1/infer body: the three id arrays as JSON lists or base64 int32 tensors."""
+    def form(a: np.ndarray) -> object:
+        if ids_form == "json":
+            return a.tolist()
+        return {"dtype": "int32", "shape": list(a.shape),
+                "data": base64.b64encode(np.ascontiguousarray(a, "<i4").tobytes()).decode()}
+
+    roles = dict(zip(("input_ids", "input_mask", "segment_ids"), req))
+    return json.dumps({**{r: form(a) for r, a in roles.items()}, "outputs": [OUTPUT],
+                       "encoding": encoding}).encode()
 
 
 def haproxy_preflight() -> None:
@@ -367,8 +395,9 @@ def serve_levels(args: argparse.Namespace, model: str, device: str, body: bytes,
                 calls = after["batches"] - before["batches"]
                 row["model_calls"] = calls
                 row["rows_per_call"] = round((after["rows"] - before["rows"]) / max(calls, 1), 1)
+                row["alone"] = after["alone"] - before["alone"]
                 # inside the replica (the last 1000): the rest of p50 is the ingress and HTTP
-                for key in ("request", "model_call", "body_wait"):
+                for key in STAGES:
                     row[f"{key.replace('request', 'replica')}_p50_ms"] = after[f"{key}_ms_p50"]
             log("  ", row)
             rows.append(row)
@@ -386,9 +415,9 @@ def replica_stats(served) -> dict | None:
     for url in served.urls:
         with urllib.request.urlopen(url + "stats", timeout=10) as r:
             each.append(json.loads(r.read()))
-    out = {k: sum(s[k] for s in each) for k in ("batches", "rows")}
-    for k in ("request", "model_call", "body_wait"):
-        got = [s[f"{k}_ms_p50"] for s in each if s[f"{k}_ms_p50"] is not None]
+    out = {k: sum(s.get(k, 0) for s in each) for k in ("batches", "rows", "alone")}
+    for k in STAGES:
+        got = [s[f"{k}_ms_p50"] for s in each if s.get(f"{k}_ms_p50") is not None]
         out[f"{k}_ms_p50"] = round(float(np.median(got)), 3) if got else None
     return out
 
@@ -405,11 +434,11 @@ def table(result: dict) -> None:
     direct = next(r for r in result["rows"] if r["path"] == "direct")
     pool = {r["concurrency"]: r for r in result["rows"] if r["path"] == "pool"}
     log("")
-    log(f"b{result['batch']} s{result['seq']} on {result['device']}, {result['encoding']} out; "
+    log(f"b{result['batch']} s{result['seq']} on {result['device']}, ids as "
+        f"{result.get('ids', 'json')} in, {result['encoding']} out; "
         f"direct Session.run p50 {direct['p50_ms']:.3f} ms, {direct['seq_per_s']:.0f} seq/s")
     log(f"{'path':<9} {'conc':>4} {'p50 ms':>8} {'p99 ms':>8} {'seq/s':>9} {'errors':>6} "
-        f"{'vs pool':>7} {'+p50 ms':>8} {'replica':>8} {'body':>7} {'call':>7} "
-        f"{'rows/call':>9} {'cli busy':>8}")
+        f"{'vs pool':>7} {'+p50 ms':>8}" + "".join(f" {h:>{w}}" for _, h, w in COLUMNS))
     for r in result["rows"]:
         if r["path"] == "direct":
             continue
@@ -417,16 +446,15 @@ def table(result: dict) -> None:
         share = f"{r['seq_per_s'] / ref['seq_per_s']:.0%}" if ref and r["path"] != "pool" \
             else ""
         extra = f"{r['p50_ms'] - direct['p50_ms']:+.3f}" if r["concurrency"] == 1 else ""
-        inside = "".join(f" {_num(r.get(k), w)}" for k, w in
-                         (("replica_p50_ms", 8), ("body_wait_p50_ms", 7),
-                          ("model_call_p50_ms", 7), ("rows_per_call", 9),
-                          ("client_cpu_busy", 8)))
+        inside = "".join(f" {_num(r.get(k), w)}" for k, _, w in COLUMNS)
         log(f"{r['path']:<9} {r['concurrency']:>4} {r['p50_ms']:>8.3f} {r['p99_ms']:>8.3f} "
             f"{r['seq_per_s']:>9.0f} {r['errors']:>6} {share:>7} {extra:>8}{inside}")
-    log("replica: p50 ms inside the replica, request in to response out; body: of which "
-        "fetching the body from Serve's proxy; call: p50 ms of its Session runs; +p50: over "
-        "the direct Session.run; cli busy: the client processes' CPU share while timed (near 1: "
-        "the clients are the limit, not the server)")
+    log("replica: p50 ms inside the replica, request in to response out, and p50 of its "
+        "stages: body: fetching the body (from Serve's proxy), parse: JSON and checks, queue: "
+        "joined a batch -> its Session.run starts (company, a busy session), call: Session.run, "
+        "resume: Session.run returned -> the request's coroutine runs (the event loop's wake-up"
+        "), encode: the response body; +p50: over the direct Session.run; cli busy: the client "
+        "processes' CPU share while timed (near 1: the clients are the limit, not the server)")
 
 
 def _num(value, width: int) -> str:

@@ -7,6 +7,7 @@ deployment here, and `bertfuse serve` stopped by SIGTERM in a subprocess)."""
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import os
@@ -28,7 +29,7 @@ import ray  # the `ray` extra, in CI's default extras: never skipped
 from bertfuse.converter.example_vocab import example_vocab
 from bertfuse.runtime import Session
 from bertfuse.runtime.requests import ConfigError
-from bertfuse.serve.requests import decode
+from bertfuse.serve.requests import decode, encode, encode_body
 from bertfuse.text import WordPiece
 from builders.onnx_graphs import bert
 
@@ -182,6 +183,63 @@ def test_ids_equal_a_direct_session_call(served, session):
     assert np.abs(decode(body)["pooled_output"] - want).max() <= TOL
 
 
+def tensor(values: object, dtype: str = "int32", shape: list | None = None, **extra) -> dict:
+    """An id role as a base64 tensor, the request form of a base64 response's outputs."""
+    arr = np.asarray(values)
+    return {"dtype": dtype, "shape": list(arr.shape) if shape is None else shape,
+            "data": base64.b64encode(arr.astype(np.dtype(dtype).newbyteorder("<"))
+                                     .tobytes()).decode(), **extra}
+
+
+def test_base64_ids_equal_lists_and_a_direct_session_call(served, session):
+    """Tensors in (int32 and int64, alone or beside lists) answer as the same ids sent as
+    lists do; each sequential request ran alone (no serve.batch) and was counted."""
+    rng = np.random.default_rng(2)
+    client = Client(served["main"].url)
+    _, before = client.request("GET", "stats")
+    ids = rng.integers(1, VOCAB, (3, 11))
+    mask = np.ones((3, 11), np.int64)
+    mask[1, 6:] = 0
+    segs = rng.integers(0, 2, (3, 11))
+    want = session.run(ids, mask, segs)
+    as_lists = {"input_ids": ids.tolist(), "input_mask": mask.tolist(),
+                "segment_ids": segs.tolist(), "encoding": "base64"}
+    status, listed = client.infer(as_lists)
+    assert status == 200, listed
+    forms = [{r: tensor(as_lists[r], dtype) for r in ("input_ids", "input_mask", "segment_ids")}
+             for dtype in ("int32", "int64")]
+    forms.append({**as_lists, "input_ids": tensor(ids)})  # one role as a tensor, two as lists
+    for form in forms:
+        status, body = client.infer({**as_lists, **form})
+        assert status == 200, body
+        assert body == listed  # the same JSON, byte for byte once parsed
+        got = decode(body)
+        for name in want:
+            assert np.abs(got[name] - want[name]).max() <= TOL, name
+    _, after = client.request("GET", "stats")
+    assert after["requests"] - before["requests"] == 4
+    assert after["alone"] - before["alone"] == 4  # nothing else in flight: the idle path
+    assert after["batches"] - before["batches"] == 4
+    assert after["rows"] - before["rows"] == 4 * 3
+    for stage in ("request", "parse", "queue", "model_call", "resume", "encode"):
+        assert after[f"{stage}_ms_p50"] > 0, stage
+    assert after["request_ms_p50"] >= after["model_call_ms_p50"]
+
+
+def test_encode_body_is_json_dumps_of_encode():
+    """The response built as bytes is the compact JSON of encode(), for both encodings."""
+    rng = np.random.default_rng(3)
+    result = {"pooled_output": rng.standard_normal((3, 5)).astype(np.float32),
+              "sequence_output": rng.standard_normal((3, 4, 2)).astype(np.float16),
+              'odd "name"\u00e9': np.arange(3, dtype=np.float32)}
+    for encoding in ("base64", "json"):
+        body = encode_body(result, encoding)
+        assert body == json.dumps(encode(result, encoding), separators=(",", ":")).encode()
+        got = decode(json.loads(body))
+        for name, arr in result.items():
+            assert got[name].dtype == np.float32 and np.array_equal(got[name], arr), name
+
+
 def test_text_equals_tokenize_then_session(served, session, tiny):
     client = Client(served["main"].url)
     texts, pairs = ["what is bert?", "The quick brown fox jumps."], ["a model", "a dog"]
@@ -237,7 +295,10 @@ def test_32_clients_x_50_requests_batched(served, session):
     assert requests == 32 * 50
     assert batches < requests, (batches, requests)
     assert after["max_batch_rows"] > 3  # some model call held several requests' rows
-    print(f"{requests} requests in {batches} model calls")
+    # requests alone in the replica skip serve.batch: the rest were batched
+    assert after["alone"] - before["alone"] < requests
+    print(f"{requests} requests in {batches} model calls, "
+          f"{after['alone'] - before['alone']} alone")
 
 
 MALFORMED = [
@@ -266,6 +327,30 @@ MALFORMED = [
     ({"input_ids": [[1]], "text": "a"}, 400, "not both"),
     ({"text": 7}, 400, "str"),
     ({"input_id": [[1]]}, 400, "unknown field 'input_id'"),
+    # ids as base64 tensors
+    ({"input_ids": tensor([[1.0, 2.0]], "float32")}, 400, "dtype must be 'int32' or 'int64'"),
+    ({"input_ids": tensor([[1, 2]], "uint8")}, 400, "dtype must be"),
+    ({"input_ids": tensor([1, 2])}, 400, "shape must be [rows, seq]"),
+    ({"input_ids": tensor([[[1, 2]]])}, 400, "shape must be [rows, seq]"),
+    ({"input_ids": tensor([[1, 2]], shape=[1, "2"])}, 400, "shape must be [rows, seq]"),
+    ({"input_ids": tensor([[1, 2]], shape=[1, True])}, 400, "shape must be [rows, seq]"),
+    ({"input_ids": tensor([[1, 2]], shape=None) | {"shape": "1,2"}}, 400, "shape must be"),
+    ({"input_ids": tensor(np.zeros((0, 2), int))}, 400, "empty"),
+    ({"input_ids": tensor([[1, 2]], shape=[1, 3])}, 400, "holds 8 bytes"),
+    ({"input_ids": tensor([[1, 2]], "int64", shape=[1, 3])}, 400, "holds 16 bytes"),
+    ({"input_ids": tensor([[1, 2]]) | {"data": "AQAAAAIAAA*="}}, 400, "not valid base64"),
+    ({"input_ids": tensor([[1, 2]]) | {"data": "AQAAAAIAAAA"}}, 400, "not valid base64"),
+    ({"input_ids": tensor([[1, 2]]) | {"data": "\u00e9"}}, 400, "not valid base64"),
+    ({"input_ids": tensor([[1, 2]]) | {"data": [1, 2]}}, 400, "base64 string"),
+    ({"input_ids": {"dtype": "int32", "shape": [1, 2]}}, 400, "no field 'data'"),
+    ({"input_ids": tensor([[1, 2]], order="C")}, 400, "unknown field 'order'"),
+    ({"input_ids": tensor([[1, 2 ** 40]], "int64")}, 400, f"[0, {VOCAB})"),
+    ({"input_ids": tensor([[1, -1]])}, 400, f"[0, {VOCAB})"),
+    ({"input_ids": tensor([[1, 2]]), "segment_ids": tensor([[0, 2]])}, 400,
+     "segment_ids values"),
+    ({"input_ids": tensor([[1, 2]]), "input_mask": [[1, 1, 1]]}, 400, "shape"),
+    ({"input_ids": tensor([[1]] * (MAX_BATCH + 1))}, 400, "--max-batch"),
+    ({"input_ids": tensor([[1] * (POSITIONS + 1)])}, 400, "over the server's limit of 64"),
 ]
 
 

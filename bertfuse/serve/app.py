@@ -5,9 +5,13 @@ the replica ready, and HTTP served straight from the replica (no extra hop).
     HTTP ─► Serve proxy ─► replica.__call__ ─► parse + check (requests.py; a 4xx here never
             reaches a batch) ─► serve.batch (rows up to max_batch, waiting up to
             max_wait_ms for company) ─► combine ─► Session.run on the pool's thread ─► split
+            ─► encode_body (JSON bytes)
+    A request alone in the replica (nothing queued or running) skips serve.batch: combine
+    ─► Session.run ─► split, as a batch of one would, without the batch queue's hops.
 
 Routes: POST /v1/infer; GET /healthz (the process answers), /readyz (this replica's
-session is warm and open), /stats (this replica's counters: requests, model calls, rows).
+session is warm and open), /stats (this replica's counters: requests, model calls, rows,
+and the p50 of each stage of a request's time in it).
 Imported by api.deploy() only, so `import bertfuse` never imports Ray.
 """
 
@@ -26,20 +30,21 @@ from ray.serve.metrics import Counter, Histogram
 from starlette.requests import Request
 from starlette.responses import Response
 
-from bertfuse.serve.requests import HTTPError, Limits, Parsed, body_limit, combine, encode, \
-    parse_body, split
+from bertfuse.serve.requests import HTTPError, Limits, Parsed, body_limit, combine, \
+    encode_body, parse_body, split
 
 BATCH_ROWS_BOUNDARIES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 TIMES_KEPT = 1000
+STAGES = ("request", "body_wait", "parse", "queue", "model_call", "resume", "encode")
 
 
 def _rows(items: list[Parsed]) -> int:
     return sum(p.rows for p in items)
 
 
-def _timed(fn: Any, **kwargs: Any) -> tuple[Any, float]:
-    start = time.perf_counter()
-    return fn(**kwargs), time.perf_counter() - start
+def _timed(fn: Any, **kwargs: Any) -> tuple[Any, tuple[float, float]]:
+    start = time.perf_counter()  # CLOCK_MONOTONIC: comparable with the event loop thread's
+    return fn(**kwargs), (start, time.perf_counter())
 
 
 def _p50_ms(times: deque) -> float | None:
@@ -49,6 +54,10 @@ def _p50_ms(times: deque) -> float | None:
 def json_response(status: int, data: Any) -> Response:
     return Response(json.dumps(data, separators=(",", ":")), status_code=status,
                     media_type="application/json")
+
+
+def body_response(body: bytes) -> Response:
+    return Response(body, media_type="application/json")
 
 
 @serve.deployment(name="BertfuseModel")
@@ -91,12 +100,16 @@ class BertfuseReplica:
         self.wait_s = spec["max_wait_ms"] / 1000
         self._batch.set_max_batch_size(spec["max_batch"])
         self._batch.set_batch_wait_timeout_s(self.wait_s)
-        self.inflight = 0
-        self.counts = {"requests": 0, "errors": 0, "batches": 0, "rows": 0, "max_batch_rows": 0}
-        # the last requests' times in this replica (body in to response out) and the last
-        # model calls' (Session.run on its thread): what Serve's proxy adds is the rest
-        # (body_wait: Serve's replica fetches the body from its proxy, one more actor call)
-        self.times = {k: deque(maxlen=TIMES_KEPT) for k in ("request", "body_wait", "model_call")}
+        self.inflight = 0  # requests between parse and answer: queued, batched or running
+        self.counts = {"requests": 0, "errors": 0, "batches": 0, "rows": 0, "max_batch_rows": 0,
+                       "alone": 0}
+        # The last requests' times in this replica, request in to response out, and its
+        # stages: body_wait (Serve's replica fetches the body from its proxy: one more actor
+        # call), parse, queue (joined a batch -> its Session.run starts on the session's
+        # thread: waiting for company and for the session), model_call (Session.run),
+        # resume (Session.run returned -> the request's coroutine runs again on the event
+        # loop), encode. What the client sees beyond `request` is Serve's and HTTP's.
+        self.times = {k: deque(maxlen=TIMES_KEPT) for k in STAGES}
         self.m_requests = Counter("bertfuse_requests", "HTTP inference requests answered",
                                   tag_keys=("status",))
         self.m_batches = Counter("bertfuse_model_calls", "Session runs (batches of requests)")
@@ -138,28 +151,41 @@ class BertfuseReplica:
             raise HTTPError(413, f"request body of {length} bytes is over the limit of "
                                  f"{self.limits.max_body}")
         body = await request.body()
-        self.times["body_wait"].append(time.perf_counter() - start)
+        got = time.perf_counter()
         try:
             parsed = parse_body(body, self.facts, self.limits, self.outputs, self.tokenizer)
         except HTTPError as exc:
             self.counts["errors"] += 1
             self.m_requests.inc(tags={"status": str(exc.status)})
             raise
-        # Alone in this replica, a request does not wait for company that is not coming.
+        joined = time.perf_counter()
+        # Alone in this replica, a request neither waits for company that is not coming nor
+        # goes through serve.batch's queue and tasks: straight to the session. With others in
+        # flight it joins a batch (a batch of one takes the same combine, run and split).
+        alone = self.inflight == 0
         self.inflight += 1
         try:
-            self._batch.set_batch_wait_timeout_s(self.wait_s if self.inflight > 1 else 0.0)
-            result = await self._batch(parsed)
+            if alone:
+                self.counts["alone"] += 1
+                result = (await self._run([parsed], parsed.outputs))[0]
+            else:
+                result = await self._batch(parsed)
         except Exception as exc:  # a bug or a device failure: one line, not a traceback
             self.m_requests.inc(tags={"status": "500"})
             why = (str(exc).strip().splitlines() or [""])[0][:200]
             return json_response(500, {"error": f"internal error: {type(exc).__name__}: {why}"})
         finally:
             self.inflight -= 1
+        back = time.perf_counter()
         self.counts["requests"] += 1
         self.m_requests.inc(tags={"status": "200"})
-        response = json_response(200, encode(result, parsed.encoding))
-        self.times["request"].append(time.perf_counter() - start)
+        response = body_response(encode_body(result, parsed.encoding))
+        end = time.perf_counter()
+        run_start, run_end = parsed.ran
+        for stage, took in (("body_wait", got - start), ("parse", joined - got),
+                            ("queue", run_start - joined), ("resume", back - run_end),
+                            ("encode", end - back), ("request", end - start)):
+            self.times[stage].append(took)
         return response
 
     def _readyz(self) -> Response:
@@ -197,19 +223,25 @@ class BertfuseReplica:
         names = list(dict.fromkeys(n for p in items for n in p.outputs))
         results: dict[int, dict[str, np.ndarray]] = {}
         for group in groups:
-            feeds = combine(group, self.facts.inputs)
-            outputs, took = await asyncio.wrap_future(self.pool.submit(
-                lambda s, f=feeds: _timed(s.run, **f, outputs=names)))
-            self.times["model_call"].append(took)
-            rows = int(feeds["input_ids"].shape[0])
-            self.counts["batches"] += 1
-            self.counts["rows"] += rows
-            self.counts["max_batch_rows"] = max(self.counts["max_batch_rows"], rows)
-            self.m_batches.inc()
-            self.m_rows.observe(rows)
-            for p, r in zip(group, split(outputs, group, self.seq_axis)):
+            for p, r in zip(group, await self._run(group, names)):
                 results[id(p)] = r
         return [results[id(p)] for p in items]
+
+    async def _run(self, group: list[Parsed], names: list[str]) -> list[dict[str, np.ndarray]]:
+        """One Session run of `group` (rows that may share one) on the session's thread."""
+        feeds = combine(group, self.facts.inputs)
+        outputs, ran = await asyncio.wrap_future(self.pool.submit(
+            lambda s: _timed(s.run, **feeds, outputs=names)))
+        self.times["model_call"].append(ran[1] - ran[0])
+        rows = int(feeds["input_ids"].shape[0])
+        self.counts["batches"] += 1
+        self.counts["rows"] += rows
+        self.counts["max_batch_rows"] = max(self.counts["max_batch_rows"], rows)
+        self.m_batches.inc()
+        self.m_rows.observe(rows)
+        for p in group:
+            p.ran = ran
+        return split(outputs, group, self.seq_axis)
 
     def check_health(self) -> None:
         """Serve's periodic health check: a closed session makes Serve replace the replica."""

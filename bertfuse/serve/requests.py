@@ -2,9 +2,16 @@
 and back. Everything here runs before a request joins a batch, so a bad request is answered
 alone (a 4xx and one message) and never fails the others' batch.
 
-    body ─► JSON object ─► ids (input_ids/input_mask/segment_ids lists) or text (/text_pair,
-            with a vocab) ─► runtime.requests.check_request ─► Parsed
+    body ─► JSON object ─► ids (input_ids/input_mask/segment_ids: lists, or base64 tensors)
+            or text (/text_pair, with a vocab) ─► runtime.requests.check_request ─► Parsed
     [Parsed, ...] ─► concatenated rows, padded to the longest (mask 0) ─► one run ─► split back
+    outputs ─► encode_body: JSON bytes (base64 tensors assembled as bytes, no escaping pass)
+
+An id role may come as a list (one row) or a list of rows, or as a base64 tensor, the form
+a base64 response uses: {"dtype": "int32"|"int64", "shape": [rows, seq], "data": base64 of
+the little-endian integers}. The tensor is read in place (np.frombuffer): no JSON numbers to
+parse, which is most of a list request's cost; its dtype, shape, byte count and values
+(check_request) are checked as strictly as a list's.
 
 No Ray here: the replica (app.py) calls it, and tests call it directly.
 """
@@ -12,6 +19,7 @@ No Ray here: the replica (app.py) calls it, and tests call it directly.
 from __future__ import annotations
 
 import base64
+import binascii
 import json
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -23,6 +31,8 @@ from bertfuse.runtime.requests import ROLES, ModelFacts, RequestError, check_req
 
 FIELDS = (*ROLES, "text", "text_pair", "outputs", "encoding")
 ENCODINGS = ("json", "base64")
+TENSOR_FIELDS = ("dtype", "shape", "data")
+ID_DTYPES = {"int32": np.dtype("<i4"), "int64": np.dtype("<i8")}
 
 
 class HTTPError(Exception):
@@ -52,6 +62,7 @@ class Parsed:
     arrays: dict[str, np.ndarray]
     outputs: list[str]
     encoding: str
+    ran: tuple[float, float] = (0.0, 0.0)  # its model call's start and end (perf_counter)
 
     @property
     def rows(self) -> int:
@@ -128,6 +139,8 @@ def _ids(value: Any, role: str, bools: bool = True) -> np.ndarray | None:
     as [1, 1]); anything else is looked at in Python, for the message."""
     if value is None:
         return None
+    if isinstance(value, dict):
+        return _tensor(value, role)
     if not bools and isinstance(value, list):
         try:
             arr = np.array(value)
@@ -140,8 +153,8 @@ def _ids(value: Any, role: str, bools: bool = True) -> np.ndarray | None:
 
 def _ids_checked(value: Any, role: str) -> np.ndarray:
     if not isinstance(value, list):
-        raise HTTPError(400, f"{role} must be a list of integer ids (one row) or a list of "
-                             f"rows, not {type(value).__name__}")
+        raise HTTPError(400, f"{role} must be a list of integer ids (one row), a list of "
+                             f"rows or a base64 tensor, not {type(value).__name__}")
     rows = value if value and isinstance(value[0], list) else [value]
     if not rows or not all(isinstance(r, list) and r for r in rows):
         what = "empty" if not rows or any(r == [] for r in rows) else "a mix of rows and ids"
@@ -160,6 +173,39 @@ def _ids_checked(value: Any, role: str) -> np.ndarray:
         return np.array(rows, dtype=np.int64)
     except OverflowError:
         raise HTTPError(400, f"{role}: an id does not fit in 64 bits") from None
+
+
+def _tensor(value: dict, role: str) -> np.ndarray:
+    """{"dtype", "shape": [rows, seq], "data": base64} as a read-only array over the decoded
+    bytes; the values are checked by check_request."""
+    if set(value) != set(TENSOR_FIELDS):
+        odd = sorted(set(value) ^ set(TENSOR_FIELDS))[0]
+        raise HTTPError(400, f"{role} as a tensor takes dtype, shape and data "
+                             f"({'no' if odd in TENSOR_FIELDS else 'unknown'} field {odd!r})")
+    dtype = ID_DTYPES.get(value["dtype"]) if isinstance(value["dtype"], str) else None
+    if dtype is None:
+        raise HTTPError(400, f"{role}: dtype must be 'int32' or 'int64', not "
+                             f"{json.dumps(value['dtype'])[:24]}")
+    shape = value["shape"]
+    if not isinstance(shape, list) or len(shape) != 2 \
+            or not all(type(n) is int for n in shape):
+        raise HTTPError(400, f"{role}: shape must be [rows, seq], not {json.dumps(shape)[:24]}")
+    if min(shape) < 1:
+        raise HTTPError(400, f"{role} is empty (shape {shape}): send at least one row of at "
+                             "least one id")
+    data = value["data"]
+    if not isinstance(data, str):
+        raise HTTPError(400, f"{role}: data must be a base64 string, not "
+                             f"{type(data).__name__}")
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):  # bad characters or padding; non-ASCII text
+        raise HTTPError(400, f"{role}: data is not valid base64") from None
+    need = shape[0] * shape[1] * dtype.itemsize
+    if len(raw) != need:
+        raise HTTPError(400, f"{role}: data holds {len(raw)} bytes, shape {shape} of "
+                             f"{value['dtype']} takes {need}")
+    return np.frombuffer(raw, dtype).reshape(shape)
 
 
 def _from_text(data: dict, tokenizer: Any) -> dict[str, Any]:
@@ -233,6 +279,23 @@ def encode(result: dict[str, np.ndarray], encoding: str) -> dict[str, Any]:
                                     np.ascontiguousarray(a, "<f4").tobytes()).decode()}
                             for n, a in result.items()}}
     return {"outputs": {n: a.tolist() for n, a in result.items()}}
+
+
+def encode_body(result: dict[str, np.ndarray], encoding: str) -> bytes:
+    """json.dumps(encode(result, encoding)), compact, as bytes. base64 is assembled from the
+    encoded bytes directly: its alphabet needs no escaping in JSON, so the (wide) data need
+    not pass through json.dumps's escaping scan and back."""
+    if encoding != "base64":
+        return json.dumps(encode(result, encoding), separators=(",", ":")).encode()
+    parts = [b'{"outputs":{']
+    for i, (name, a) in enumerate(result.items()):
+        shape = ",".join(str(n) for n in a.shape)
+        parts += [b"," if i else b"",
+                  f'{json.dumps(name)}:{{"dtype":"float32","shape":[{shape}],"data":"'.encode(),
+                  binascii.b2a_base64(np.ascontiguousarray(a, "<f4").data, newline=False),
+                  b'"}']
+    parts.append(b"}}")
+    return b"".join(parts)
 
 
 def decode(body: dict) -> dict[str, np.ndarray]:
