@@ -179,7 +179,7 @@ def _check_forms(model: onnx.ModelProto, kmodel: onnx.ModelProto, report, status
         ok = all(r.ok for r in rows)
         st.detail = "ok" if ok else "DRIFT"
     if refuse_drift and not ok:
-        from bertfuse.pipeline import parity_failure
+        from bertfuse.gate import parity_failure
 
         raise ParityError(f"not written: the bertfuse ops differ from the contrib form, "
                           f"{parity_failure(report.parity)}", report)

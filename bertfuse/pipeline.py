@@ -1,94 +1,29 @@
-"""convert / optimize / verify as stages, each timed and counted for the report."""
+"""convert / optimize / verify as stages, each timed and counted for the report.
+
+The stages' parts live beside it: the options and their checks before any slow work
+(pipeline_options.py), the report (run_report.py), the gate and the write (gate.py)."""
 
 from __future__ import annotations
 
-import math
-import time
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Callable
 
 import onnx
 
-from bertfuse.errors import BertfuseError, FusionIncomplete, ParityError, require
-from bertfuse.modelio import check_model, save_model
+from bertfuse.errors import BertfuseError, require
+from bertfuse.gate import parity_failure, write_gated
+from bertfuse.modelio import check_model
+from bertfuse.passes.manager import default_passes, run_passes
+from bertfuse.pipeline_options import (MAX_VERIFY_TOKENS, PRECISIONS, ConvertOptions,
+                                       check_gate, check_inputs_text, check_kernels,
+                                       check_precision, check_verify_size)
+from bertfuse.run_report import RunReport, Stage
 from bertfuse.safety import check_output, convert_inputs
-from bertfuse.passes.manager import PipelineReport, default_passes, run_passes
-from bertfuse.safety import pause_point
-from bertfuse.verify import DEFAULT_SEED, ParityReport, check_seed, tolerance_for, \
-    verify_against_tf
+from bertfuse.verify import DEFAULT_SEED, verify_against_tf
 
-
-@dataclass
-class Stage:
-    name: str
-    seconds: float = 0.0
-    nodes: int | None = None
-    detail: str = ""
-
-
-@dataclass
-class RunReport:
-    stages: list[Stage] = field(default_factory=list)
-    passes: PipelineReport | None = None
-    parity: ParityReport | None = None
-    original_names: dict[str, str] = field(default_factory=dict)
-    output: str | None = None
-    written: bool = False
-    command: str = ""  # convert | optimize | verify
-
-    @contextmanager
-    def stage(self, name: str, status: Callable[[str], None] | None = None) -> Iterator[Stage]:
-        if status:
-            status(name)
-        pause_point(name)  # a no-op outside tests (bertfuse/safety.py)
-        st = Stage(name)
-        start = time.perf_counter()
-        try:
-            yield st
-        finally:
-            st.seconds = round(time.perf_counter() - start, 3)
-            self.stages.append(st)
-
-    def to_json(self) -> dict:
-        """The documented JSON report (README, "JSON reports"); bump SCHEMA_VERSION in
-        report.py when a field changes meaning or goes away."""
-        from bertfuse.report import SCHEMA_VERSION, tool_versions
-
-        return {
-            "schema_version": SCHEMA_VERSION,
-            "command": self.command,
-            "tools": tool_versions(),
-            "output": self.output,
-            "written": self.written,
-            "stages": [s.__dict__ for s in self.stages],
-            "original_names": self.original_names,
-            "passes": self.passes.to_json() if self.passes else None,
-            "parity": self.parity.to_json() if self.parity else None,
-        }
-
-
-@dataclass
-class ConvertOptions:
-    opset: int = 17
-    signature: str = "serving_default"
-    kind: str = "auto"
-    inputs: str | dict[str, str] | None = None  # ROLE=NAME,... or {role: name}
-    outputs: list[str] | None = None
-    config: str | None = None
-    verify: bool = True
-    force: bool = False
-    precision: str = "fp32"
-    seed: int | None = DEFAULT_SEED  # None: a fresh random draw
-    atol: float | None = None  # None: the fp32/fp16 table in verify.py
-    rtol: float | None = None  # None: 0
-    batch: int = 4
-    seq: int = 32
-    strict: bool = False
-    fuse: bool = True
-    packed: bool = False
-    kernels: str = "ort"  # ort | bertfuse (kernels_form.py)
-    fp8: bool = False  # FP8 weights for the bertfuse dense ops (kernels_fp8.py)
+# Imported from here by the API, the CLI, tools and tests.
+__all__ = ["MAX_VERIFY_TOKENS", "PRECISIONS", "ConvertOptions", "RunReport", "Stage",
+           "check_precision", "check_verify_size", "convert", "convert_model", "optimize",
+           "optimize_model", "parity_failure", "verify"]
 
 
 def convert(src_path: str, out_path: str, opts: ConvertOptions,
@@ -106,7 +41,7 @@ def convert_model(src_path: str, out_path: str | None, opts: ConvertOptions,
     if opts.opset not in SUPPORTED_OPSETS:  # before the (slow) TF load
         raise BertfuseError(f"--opset {opts.opset} is not supported by tf2onnx 1.17 "
                             f"(choose {' or '.join(map(str, SUPPORTED_OPSETS))})")
-    _check_gate(opts)
+    check_gate(opts)
     require("tensorflow", "tf2onnx", "onnxruntime")
     # The Python API gets the CLI's guarantee too: the output is none of the source's files.
     if out_path is not None:
@@ -147,7 +82,7 @@ def convert_model(src_path: str, out_path: str | None, opts: ConvertOptions,
         source.close()
     if opts.packed:
         model = _pack(model, report, status)
-    _write(model, out_path, report, opts.force, status, opts.strict)
+    write_gated(model, out_path, report, opts.force, status, opts.strict)
     return model, report
 
 
@@ -185,99 +120,6 @@ def _optimize(raw: onnx.ModelProto, report: RunReport, status: Callable[[str], N
     return model
 
 
-def _write(model: onnx.ModelProto, out_path: str | None, report: RunReport, force: bool,
-           status: Callable[[str], None] | None, strict: bool = False) -> None:
-    """The gate (--strict, parity), then the file; out_path None: the gate alone."""
-    table = report.passes.table if report.passes else None
-    what, force_hint = (f"{out_path}: not written", "use --force to write anyway") \
-        if out_path is not None else ("refused", "force=True returns it anyway")
-    if strict and table is not None and not table.fully_fused:
-        raise FusionIncomplete(f"{what} (--strict): " + "; ".join(table.unfused()))
-    if report.parity is not None and not report.parity.ok and not force:
-        raise ParityError(f"{what}: parity check failed, {parity_failure(report.parity)} "
-                          f"({force_hint})", report)
-    if out_path is None:
-        return
-    with report.stage("write", status):
-        save_model(model, out_path)
-    report.written = True
-
-
-PRECISIONS = ("fp32", "fp16")
-MAX_VERIFY_TOKENS = 1 << 16  # random verification inputs past this only exhaust memory
-
-
-def check_precision(precision: str) -> None:
-    if precision not in PRECISIONS:
-        raise BertfuseError(f"precision {precision!r} is not supported (choose "
-                            f"{' or '.join(PRECISIONS)})")
-
-
-def check_verify_size(batch: int, seq: int) -> None:
-    tokens = batch * seq
-    if tokens > MAX_VERIFY_TOKENS:
-        raise BertfuseError(f"--batch {batch} x --seq {seq} is {tokens} tokens; the "
-                            f"comparison takes at most {MAX_VERIFY_TOKENS}")
-
-
-def _check_inputs_text(inputs: str | dict[str, str] | None) -> None:
-    """An empty --inputs is a mistake (the API's {} means "every input by name")."""
-    if isinstance(inputs, str) and not inputs.strip():
-        raise BertfuseError("--inputs: expected ROLE=NAME,... (roles: input_ids, input_mask, "
-                            "segment_ids)")
-
-
-def _check_gate(opts: ConvertOptions) -> None:
-    """Before the slow TF load: a NaN or negative tolerance or seed is bad input, and TF is
-    asked to start with oneDNN's rewrites off (see converter/reference.py)."""
-    from bertfuse.converter.reference import prefer_onednn_off
-
-    check_precision(opts.precision)
-    _check_kernels(opts.kernels, opts.precision, opts.packed, opts.fp8)
-    _check_inputs_text(opts.inputs)
-    check_seed(opts.seed)
-    check_verify_size(opts.batch, opts.seq)
-    tolerance_for(opts.precision, opts.atol, opts.rtol)
-    if not opts.fuse:  # these act on the fused graph: without it they would silently do nothing
-        asked = [flag for flag, on in (("--strict", opts.strict), ("--packed", opts.packed),
-                                       ("--precision fp16", opts.precision != "fp32"),
-                                       ("--kernels bertfuse", opts.kernels != "ort")) if on]
-        if asked:
-            raise BertfuseError(f"{asked[0]} needs the fusion passes; it cannot be combined "
-                                f"with --no-fuse")
-    if opts.verify:
-        prefer_onednn_off()
-
-
-def _check_kernels(kernels: str, precision: str, packed: bool, fp8: bool = False) -> None:
-    from bertfuse.kernels_form import check_kernels
-
-    check_kernels(kernels, precision, packed, fp8)
-
-
-def parity_failure(parity: ParityReport) -> str:
-    """The worst failing row, and a hint that fits it and the source kind."""
-    from bertfuse.verify_mask import tf_moved_on_segments
-
-    failed = [o for o in parity.outputs if not o.ok]
-    worst = max(failed, key=lambda o: (not math.isfinite(o.max_abs), o.nonfinite,
-                                       o.max_abs if math.isfinite(o.max_abs) else 0.0,
-                                       not o.name.startswith("mask invariance")))
-    what = worst.note if not math.isfinite(worst.max_abs) else \
-        f"max |diff| {worst.max_abs:.3g} exceeds tolerance {parity.tolerance.atol:g}"
-    hint = ""
-    if not math.isfinite(worst.max_abs):
-        pass  # NaN/Inf or a missing output: the note says it all
-    elif tf_moved_on_segments(worst):
-        hint = (" (padded tokens change TF's own outputs: bertfuse rebuilt this checkpoint's "
-                "graph wrongly, please report it)" if parity.source_kind == "checkpoint" else
-                " (padded tokens change TF's own outputs: is the --inputs mapping right?)")
-    elif worst.name.startswith("mask invariance"):
-        hint = (" (the ONNX model lets padded tokens change the outputs and TF does not: a "
-                "conversion bug, please report it; --no-fuse writes the unfused graph)")
-    return f"{worst.name} {what}{hint}"
-
-
 def optimize(in_path: str, out_path: str, status: Callable[[str], None] | None = None,
              strict: bool = False, precision: str = "fp32", packed: bool = False,
              in_place: bool = False, inputs: str | dict[str, str] | None = None,
@@ -300,8 +142,8 @@ def optimize_model(source: str | onnx.ModelProto, out_path: str | None,
     from bertfuse.modelio import check_input_model, load_model
 
     check_precision(precision)
-    _check_kernels(kernels, precision, packed, fp8)
-    _check_inputs_text(inputs)
+    check_kernels(kernels, precision, packed, fp8)
+    check_inputs_text(inputs)
     override = parse_override(inputs) if inputs is not None else None
     from_file = not isinstance(source, onnx.ModelProto)
     if out_path is not None and not in_place:
@@ -336,7 +178,7 @@ def optimize_model(source: str | onnx.ModelProto, out_path: str | None,
                      fp32_reference=lambda feeds: run_onnx(ort_session(raw), feeds))
     if packed:
         model = _pack(model, report, status)
-    _write(model, out_path, report, True, status, strict)
+    write_gated(model, out_path, report, True, status, strict)
     return model, report
 
 
@@ -347,7 +189,7 @@ def verify(model_path: str, src_path: str, opts: ConvertOptions,
     from bertfuse.converter.roles import parse_override
     from bertfuse.modelio import load_model
 
-    _check_gate(opts)
+    check_gate(opts)
     require("tensorflow", "onnxruntime")
     report = RunReport(command="verify")
     # The ONNX first: a missing/corrupt model fails before the slow TF load.
