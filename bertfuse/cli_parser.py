@@ -1,5 +1,5 @@
 """bertfuse's argument parser: subcommands, grouped options, and a worked example at the end
-of each subcommand's --help. The commands themselves are in cli.py."""
+of each subcommand's --help. cli.py runs the commands."""
 
 from __future__ import annotations
 
