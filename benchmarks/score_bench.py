@@ -82,13 +82,13 @@ def session_loop(job, device: str, path: Path, dest: Path) -> dict:
         session.warmup()
     preparer = RowPreparer(job.spec)
     t1 = time.perf_counter()
-    rows, writing = 0, 0.0
+    rows, writing, times = 0, 0.0, {}
     writer = None
     for rb in pq.ParquetFile(path).iter_batches(batch_size=job.batch_size * ROWS_PER_TASK,
                                                 columns=["id", "ids"]):
         table = pa.Table.from_batches([rb])
         cols = score_table(session, preparer, table, job.outputs, job.output_ranks,
-                           job.batch_size)
+                           job.batch_size, times)
         res = pa.table({"id": table.column("id"), **{n: cols[n] for n in job.outputs}})
         tw = time.perf_counter()
         if writer is None:
@@ -102,7 +102,11 @@ def session_loop(job, device: str, path: Path, dest: Path) -> dict:
     return {"rows": rows, "build_s": round(t1 - t0, 3), "seconds": round(t2 - t0, 3),
             "write_s": round(writing, 3), "rows_per_s": round(rows / (t2 - t0), 1),
             "steady_rows_per_s": round(rows / (t2 - t1), 1),
-            "no_write_rows_per_s": round(rows / (t2 - t1 - writing), 1)}
+            "no_write_rows_per_s": round(rows / (t2 - t1 - writing), 1),
+            "stages": {**{s: {"s": round(v, 3), "us_per_row": round(v / rows * 1e6, 2)}
+                          for s, v in times.items()},
+                       "write": {"s": round(writing, 3),
+                                 "us_per_row": round(writing / rows * 1e6, 2)}}}
 
 
 def ray_run(job_kwargs: dict, actors: int, dest: Path) -> dict:
@@ -111,7 +115,8 @@ def ray_run(job_kwargs: dict, actors: int, dest: Path) -> dict:
     s = score(output=dest, actors=actors, progress=False, **job_kwargs)
     return {"actors": s.actors, "device": s.device, "rows": s.scored, "rejected": s.rejected,
             "seconds": s.seconds, "rows_per_s": s.rows_per_s, "parts": s.parts,
-            "first_result_s": s.first_result_s, "steady_rows_per_s": s.steady_rows_per_s}
+            "first_result_s": s.first_result_s, "steady_rows_per_s": s.steady_rows_per_s,
+            "stages": s.stages}
 
 
 def embeddings(path: Path, name: str) -> tuple[np.ndarray, np.ndarray]:
@@ -224,7 +229,25 @@ def table(r: dict) -> str:
         ok = "ok" if c["ids_equal"] and c["unique"] else "ROWS DIFFER"
         lines.append(f"| Ray Data, {run['actors']} actor(s) | {run['rows_per_s']:.0f} | "
                      f"{steady or 0:.0f} | {ratio} | {ok}, max diff {c['max_abs_diff']} |")
-    return "\n".join(lines)
+    return "\n".join(lines + stage_table(r))
+
+
+def stage_table(r: dict) -> list[str]:
+    """us/row per stage: the loop's, and each Ray run's (actor stages in actor-seconds, commit
+    stages in writer-thread seconds, driver stages in the driver's wall time)."""
+    names = ["prepare", "model", "convert", "write", "driver_wait", "driver_split",
+             "driver_backpressure", "commit_gather", "commit_write"]
+    lines = ["\nus/row per stage (actor_*: summed over actors; commit_*: summed over the driver's"
+             " writer threads)",
+             "| run | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    runs = [("Session loop", r["loop"]["stages"])] + \
+        [(f"Ray Data, {x['actors']} actor(s)", {k.removeprefix("actor_"): v
+                                                for k, v in (x["stages"] or {}).items()})
+         for x in r["ray"]]
+    for name, st in runs:
+        lines.append(f"| {name} | " + " | ".join(f"{st[n]['us_per_row']:.2f}" if n in st
+                                                 else "-" for n in names) + " |")
+    return lines
 
 
 if __name__ == "__main__":

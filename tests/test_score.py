@@ -145,6 +145,65 @@ def test_ids_equal_a_direct_session(ids_run, tiny, corpus):
     assert not list(ids_run["out"].rglob("*.tmp"))
 
 
+def test_the_summary_says_where_the_time_went(ids_run):
+    """Every stage timed, the actors' times carried back with their rows (never written)."""
+    from bertfuse.score.stages import ACTOR
+
+    st = ids_run["summary"].stages
+    want = [f"actor_{s}" for s in ACTOR] + ["driver_wait", "driver_split",
+                                            "driver_backpressure", "commit_gather",
+                                            "commit_write"]
+    assert list(st) == want
+    rounding = 0.0005 / ROWS * 1e6 + 0.005  # seconds kept to 1 ms, us/row to 0.01
+    assert all(v["s"] >= 0 and v["us_per_row"] == pytest.approx(v["s"] / ROWS * 1e6,
+                                                                 abs=rounding)
+               for v in st.values())
+    assert st["actor_model"]["s"] > 0 and st["commit_write"]["s"] > 0
+    assert st["actor_model"]["s"] < ids_run["summary"].seconds * 2  # 2 actors' seconds at most
+    assert pq.read_schema(next((ids_run["out"] / "scores").glob("*.parquet"))).names == \
+        ["doc_id", "qid", "pooled_output"]
+
+
+def test_the_gpu_plan_is_one_ray_data_accepts(cluster, tiny, corpus, tmp_path):
+    """The Ray Data plan exactly as the job builds it for GPUs (an actor per GPU, num_gpus=1),
+    built on the CPU and never run: Ray Data checks map_batches' arguments when the plan is
+    built (GPUs need an integer batch_size), so a plan the GPU machines would refuse fails
+    here. The second half shows Ray still checks then: if it ever checks only when running,
+    this test says so instead of passing for nothing."""
+    from bertfuse.score.job import _dataset
+    from bertfuse.score.spec import build_job
+
+    job = build_job(tiny["model"], corpus["path"], tmp_path / "out", ids_column="ids",
+                    key_columns=["doc_id"], part_rows=1000)
+    ds = _dataset(job, job.parts, "cuda", 2)
+    op = ds._logical_plan.dag  # Ray Data's logical MapBatches for the Scorer actors
+    assert op.ray_remote_args.get("num_gpus") == 1 and isinstance(op.batch_size, int)
+    with pytest.raises(ValueError, match="batch_size"):
+        ray.data.range(4).map_batches(lambda b: b, batch_size=None, num_gpus=1)
+
+
+def test_float_outputs_are_written_exactly_and_cheaply(tmp_path):
+    """An fp16 model's outputs (float16 values as float32) get a dictionary, full float32 ones
+    none; neither gets statistics; both read back bit for bit, nulls (rejects) kept."""
+    from bertfuse.score.output import _write
+
+    rng = np.random.default_rng(11)
+    for kind in ("float16", "float32"):
+        values = np.tanh(rng.standard_normal((300, 48), dtype=np.float32))
+        values = values.astype(kind).astype(np.float32)
+        ok = rng.random(300) > 0.1
+        from bertfuse.score.actor import _arrow
+
+        col = _arrow(values[ok], 2, ok)
+        table = pa.table({"id": np.arange(300), "emb": col})
+        _write(tmp_path / f"{kind}.parquet", table, plain=["emb"])
+        back = pq.read_table(tmp_path / f"{kind}.parquet")
+        assert back.equals(table)
+        meta = pq.ParquetFile(tmp_path / f"{kind}.parquet").metadata.row_group(0).column(1)
+        assert meta.path_in_schema == "emb.list.element" and not meta.is_stats_set
+        assert ("RLE_DICTIONARY" in meta.encodings) == (kind == "float16")
+
+
 def test_text_pairs_equal_a_direct_session(cluster, tiny, corpus, tmp_path):
     s = score(tiny["model"], corpus["path"], tmp_path / "out", text_column="text",
               text_pair_column="pair", vocab=tiny["vocab"], actors=2, part_rows=2500,

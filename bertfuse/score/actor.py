@@ -6,6 +6,7 @@
                            built, warmed and run on the actor's own session thread;
                            a batch ─► rows.py (rejects) ─► sorted by length, runs of max_batch
                            ─► Session.run ─► outputs back in row order, Arrow list<float>
+                           (+ its stage times, stages.py)
 
 Neither imports Ray: Ray Data calls them. `score_table` is also the single-process loop the
 benchmark compares against.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from typing import Any
 
 import numpy as np
@@ -22,6 +24,7 @@ import pyarrow as pa
 
 from bertfuse.score.output import PART, REJECT, ROW
 from bertfuse.score.rows import InputSpec, Prepared, RowPreparer
+from bertfuse.score.stages import ACTOR, actor_columns
 
 CRASH_ENV = "BERTFUSE_TEST_SCORE_CRASH"  # tests: FLAGFILE:N, see Scorer._maybe_crash
 
@@ -68,17 +71,25 @@ def output_type(rank: int) -> pa.DataType:
 
 
 def score_table(session: Any, preparer: RowPreparer, table: pa.Table, outputs: list[str],
-                ranks: dict[str, int], max_batch: int) -> dict[str, pa.Array]:
-    """Each output for every row of `table` (null where rejected), and REJECT: the reason."""
+                ranks: dict[str, int], max_batch: int, times: dict[str, float] | None = None
+                ) -> dict[str, pa.Array]:
+    """Each output for every row of `table` (null where rejected), and REJECT: the reason.
+    `times` (stages.ACTOR) gets the seconds of each stage added."""
+    t0 = time.perf_counter()
     prep = preparer(table)
     n = table.num_rows
+    t1 = time.perf_counter()
     got = _run(session, prep, outputs, max_batch)
+    t2 = time.perf_counter()
     ok = np.zeros(n, bool)
     ok[prep.kept] = True
     cols: dict[str, pa.Array] = {}
     for name in outputs:
         cols[name] = _arrow(got[name], ranks[name], ok)
     cols[REJECT] = pa.array(prep.reasons, pa.string())
+    if times is not None:
+        for stage, seconds in zip(ACTOR, (t1 - t0, t2 - t1, time.perf_counter() - t2)):
+            times[stage] = times.get(stage, 0.0) + seconds
     return cols
 
 
@@ -160,10 +171,11 @@ class Scorer:
     def __call__(self, table: pa.Table) -> pa.Table:
         self.calls += 1
         self._maybe_crash()
+        times: dict[str, float] = {}
         cols = self.pool.call(lambda session: score_table(
-            session, self.preparer, table, self.outputs, self.ranks, self.max_batch))
+            session, self.preparer, table, self.outputs, self.ranks, self.max_batch, times))
         carried = {name: table.column(name) for name in (PART, ROW, *self.keys)}
-        return pa.table({**carried, **cols})
+        return pa.table({**carried, **cols, **actor_columns(times, table.num_rows)})
 
     def close(self) -> None:
         """Closes the Session on its own thread and ends that thread."""

@@ -14,6 +14,7 @@ so a retried batch is never seen twice (commit checks it anyway).
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections import defaultdict
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -28,9 +29,12 @@ from bertfuse.safety import pause_point
 from bertfuse.score.actor import CRASH_ENV, Scorer, read_parts
 from bertfuse.score.output import PART, OutputDir
 from bertfuse.score.spec import ScoreJob
+from bertfuse.score.stages import Stages
 
 ROWS_PER_TASK = 64  # a Ray Data batch is this many session batches: fewer, larger calls
-WRITERS = 4  # driver threads writing parts (Parquet encoding releases the GIL)
+# Driver threads writing parts (Parquet encoding releases the GIL): 4, up to 8 on a large
+# machine, where a part's fp16 floats take ~20 us/row to encode (stages: commit_write).
+WRITERS = max(4, min(8, (os.cpu_count() or 4) // 4))
 
 
 class ScoreFailed(BertfuseError):
@@ -55,6 +59,7 @@ class ScoreSummary:
     actors: int
     first_result_s: float | None = None  # start until the first scored rows (start-up)
     steady_rows_per_s: float | None = None  # the rows after those, over the time after
+    stages: dict[str, dict[str, float]] | None = None  # stages.py: seconds, us/row each
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -66,16 +71,19 @@ def run_job(job: ScoreJob, progress: bool = True) -> ScoreSummary:
         done = out.start()
         todo = [p for p in job.parts if p.index not in done]
         start = time.perf_counter()
-        device, actors, timing = job.device, job.actors or 0, _Timing(start)
+        device, actors, timing, stages = job.device, job.actors or 0, _Timing(start), Stages()
         if todo:
             with _ray(job.address, progress) as ray:
                 device, actors = _placement(job, ray)
                 try:
-                    _consume(_dataset(job, todo, device, actors), out, job, timing)
+                    ds = _dataset(job, todo, device, actors)
+                    gather(ds.iter_batches(batch_size=None, batch_format="pyarrow"), out, job,
+                           timing, stages)
                 except _cluster_errors() as exc:
                     raise _failed(exc, out, job) from None
         summary = _finish(job, out, done, todo, device, actors, time.perf_counter() - start)
         summary.first_result_s, summary.steady_rows_per_s = timing.result()
+        summary.stages = stages.result(summary.rows_this_run)
         out.write_manifest({"complete": True, "summary": summary.to_json()})
         return summary
 
@@ -203,7 +211,6 @@ def _placement(job: ScoreJob, ray: Any) -> tuple[str, int]:
 
 
 def _dataset(job: ScoreJob, todo: list, device: str, actors: int) -> Any:
-    import os
     import warnings
 
     import ray
@@ -231,17 +238,36 @@ def _dataset(job: ScoreJob, todo: list, device: str, actors: int) -> Any:
                                    "device": device, "crash": os.environ.get(CRASH_ENV)})
 
 
-def _consume(ds: Any, out: OutputDir, job: ScoreJob, timing: _Timing) -> None:
-    """Gathers the scored rows per part; a part is committed (on a writer thread, so that
-    writing overlaps fetching) once all its rows are in."""
+def gather(blocks: Iterator[Any], out: OutputDir, job: ScoreJob, timing: _Timing,
+           stages: Stages) -> None:
+    """Gathers the scored rows (Arrow blocks, any cut) per part; a part is committed (on a
+    writer thread, so that writing overlaps fetching) once all its rows are in. `blocks` is
+    closed on every exit: Ray Data's iterator must not outlive this (and Ray) in a traceback."""
+    blocks = iter(blocks)
+    try:
+        _gather(blocks, out, job, timing, stages)
+    finally:
+        close = getattr(blocks, "close", None)
+        if close is not None:
+            close()
+
+
+def _gather(blocks: Iterator[Any], out: OutputDir, job: ScoreJob, timing: _Timing,
+            stages: Stages) -> None:
     import pyarrow as pa
 
     pending: dict[int, list] = defaultdict(list)
     have: dict[int, int] = defaultdict(int)
     with ThreadPoolExecutor(max_workers=WRITERS, thread_name_prefix="bertfuse-commit") as pool:
         writing: list[Future] = []
-        for block in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
+        while True:
+            with stages.timed("driver_wait"):
+                block = next(blocks, None)
+            if block is None:
+                break
             timing.got(block.num_rows)
+            t0 = time.perf_counter()
+            stages.add_actor(block)
             parts = block.column(PART).to_numpy()
             for index in np.unique(parts):
                 index = int(index)
@@ -250,16 +276,17 @@ def _consume(ds: Any, out: OutputDir, job: ScoreJob, timing: _Timing) -> None:
                 pending[index].append(piece)
                 have[index] += piece.num_rows
                 if have[index] >= job.parts[index].rows:
-                    writing.append(pool.submit(out.commit, index, pending.pop(index)))
+                    writing.append(pool.submit(out.commit, index, pending.pop(index), stages))
+            stages.add("driver_split", time.perf_counter() - t0)
             writing = _reap(writing, wait=False)
-            while len(writing) > 2 * WRITERS:  # writers behind: wait, rather than hold rows
-                writing = _reap(writing[:1], wait=True) + writing[1:]
+            with stages.timed("driver_backpressure"):
+                while len(writing) > 2 * WRITERS:  # writers behind: wait, rather than hold rows
+                    writing = _reap(writing[:1], wait=True) + writing[1:]
         _reap(writing, wait=True)
     if pending:  # the dataset ended with parts short of rows: never committed half
         first = min(pending)
         raise RuntimeError(f"part {first}: {have[first]} of {job.parts[first].rows} rows "
                            "came back")
-
 
 def _reap(writing: list[Future], wait: bool) -> list[Future]:
     """The commits still running; a finished one's error is raised here."""

@@ -1,0 +1,75 @@
+"""Where a scoring job's time goes, per stage, for the summary (`stages`): what limits a run.
+
+    actor   prepare  rows.py: rejects, padding          (summed over actors: actor-seconds)
+            model    Session.run over the kept rows
+            convert  outputs -> Arrow columns
+    driver  wait     blocked on Ray Data for the next block (the pipeline behind the driver)
+            split    a block cut into its parts' pieces  (driver main thread)
+            backpressure  waiting for a free writer     (the writers behind)
+    commit  gather   a part's pieces joined, rows checked (writer threads: thread-seconds)
+            write    Parquet encoded and written, renamed into place
+
+The actors' times travel with their rows: each block carries one float64 column per actor
+stage, the stage's seconds spread evenly over the block's rows, so that whatever way Ray Data
+cuts or joins blocks, the sum over the rows the driver receives is the actors' time. The
+columns are never written (commit selects the key and output columns).
+No Ray here.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import contextmanager
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+ACTOR = ("prepare", "model", "convert")
+PREFIX = "_bf_t_"
+
+
+def actor_columns(times: dict[str, float], rows: int) -> dict[str, pa.Array]:
+    """The actor's stage times for a block of `rows` rows, as its per-row columns."""
+    return {PREFIX + s: pa.array(np.full(rows, times.get(s, 0.0) / max(rows, 1), np.float64))
+            for s in ACTOR}
+
+
+class Stages:
+    """Seconds per stage, added from any thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.seconds: dict[str, float] = {}
+
+    def add(self, stage: str, seconds: float) -> None:
+        with self._lock:
+            self.seconds[stage] = self.seconds.get(stage, 0.0) + seconds
+
+    @contextmanager
+    def timed(self, stage: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(stage, time.perf_counter() - t0)
+
+    def add_actor(self, block: pa.Table) -> None:
+        """The actors' times a block carries (absent columns: nothing)."""
+        for s in ACTOR:
+            if PREFIX + s in block.column_names:
+                self.add("actor_" + s, pc.sum(block.column(PREFIX + s)).as_py() or 0.0)
+
+    def result(self, rows: int) -> dict[str, dict[str, float]]:
+        """{stage: {"s": seconds, "us_per_row": ...}} over `rows` rows, in pipeline order."""
+        order = [f"actor_{s}" for s in ACTOR] + ["driver_wait", "driver_split",
+                                                 "driver_backpressure", "commit_gather",
+                                                 "commit_write"]
+        with self._lock:
+            got = dict(self.seconds)
+        names = [n for n in order if n in got] + sorted(set(got) - set(order))
+        return {n: {"s": round(got[n], 3),
+                    "us_per_row": round(got[n] / rows * 1e6, 2) if rows else 0.0}
+                for n in names}
