@@ -236,7 +236,7 @@ def stage_table(r: dict) -> list[str]:
     """us/row per stage: the loop's, and each Ray run's (actor stages in actor-seconds, commit
     stages in writer-thread seconds, driver stages in the driver's wall time)."""
     names = ["prepare", "model", "convert", "write", "driver_wait", "driver_split",
-             "driver_backpressure", "commit_gather", "commit_write"]
+             "driver_backpressure", "driver_cpu", "commit_gather", "commit_write"]
     lines = ["\nus/row per stage (actor_*: summed over actors; commit_*: summed over the driver's"
              " writer threads)",
              "| run | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]

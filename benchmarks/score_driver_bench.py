@@ -279,7 +279,8 @@ def table(r: dict) -> str:
     return "\n".join(lines)
 
 
-STAGES = ("driver_wait", "driver_split", "driver_backpressure", "commit_gather", "commit_write")
+STAGES = ("driver_wait", "driver_split", "driver_backpressure", "driver_cpu", "commit_gather",
+          "commit_write")
 
 if __name__ == "__main__":
     main()

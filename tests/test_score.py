@@ -151,8 +151,8 @@ def test_the_summary_says_where_the_time_went(ids_run):
 
     st = ids_run["summary"].stages
     want = [f"actor_{s}" for s in ACTOR] + ["driver_wait", "driver_split",
-                                            "driver_backpressure", "commit_gather",
-                                            "commit_write"]
+                                            "driver_backpressure", "driver_cpu",
+                                            "commit_gather", "commit_write"]
     assert list(st) == want
     rounding = 0.0005 / ROWS * 1e6 + 0.005  # seconds kept to 1 ms, us/row to 0.01
     assert all(v["s"] >= 0 and v["us_per_row"] == pytest.approx(v["s"] / ROWS * 1e6,

@@ -16,15 +16,17 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import numpy as np
 import pyarrow as pa
 
 from bertfuse.score.output import PART, REJECT, ROW
 from bertfuse.score.rows import InputSpec, Prepared, RowPreparer
-from bertfuse.score.stages import ACTOR, actor_columns
+from bertfuse.score.stages import actor_columns
 
 CRASH_ENV = "BERTFUSE_TEST_SCORE_CRASH"  # tests: FLAGFILE:N, see Scorer._maybe_crash
 
@@ -75,21 +77,30 @@ def score_table(session: Any, preparer: RowPreparer, table: pa.Table, outputs: l
                 ) -> dict[str, pa.Array]:
     """Each output for every row of `table` (null where rejected), and REJECT: the reason.
     `times` (stages.ACTOR) gets the seconds of each stage added."""
+    times = {} if times is None else times
+    with _timed(times, "prepare"):
+        prep = preparer(table)
+    with _timed(times, "model"):
+        got = _run(session, prep, outputs, max_batch)
+    with _timed(times, "convert"):
+        return _columns(prep, got, table.num_rows, outputs, ranks)
+
+
+@contextmanager
+def _timed(times: dict[str, float], stage: str) -> Iterator[None]:
     t0 = time.perf_counter()
-    prep = preparer(table)
-    n = table.num_rows
-    t1 = time.perf_counter()
-    got = _run(session, prep, outputs, max_batch)
-    t2 = time.perf_counter()
+    try:
+        yield
+    finally:
+        times[stage] = times.get(stage, 0.0) + time.perf_counter() - t0
+
+
+def _columns(prep: Prepared, got: dict[str, Any], n: int, outputs: list[str],
+             ranks: dict[str, int]) -> dict[str, pa.Array]:
     ok = np.zeros(n, bool)
     ok[prep.kept] = True
-    cols: dict[str, pa.Array] = {}
-    for name in outputs:
-        cols[name] = _arrow(got[name], ranks[name], ok)
+    cols = {name: _arrow(got[name], ranks[name], ok) for name in outputs}
     cols[REJECT] = pa.array(prep.reasons, pa.string())
-    if times is not None:
-        for stage, seconds in zip(ACTOR, (t1 - t0, t2 - t1, time.perf_counter() - t2)):
-            times[stage] = times.get(stage, 0.0) + seconds
     return cols
 
 
@@ -148,8 +159,10 @@ class Scorer:
 
     The Session lives on a thread of its own (a one-replica SessionPool): it is built, warmed
     and run there, and closed there. Ray Data builds the actor on one thread and calls it on
-    another (its single-thread executor, or the actor's threads with max_concurrency), while
-    ONNX Runtime's CUDA EP keeps the CUDA graphs a warmup captures per thread."""
+    others (CALLS_PER_ACTOR calls at once, job.py), while ONNX Runtime's CUDA EP keeps the
+    CUDA graphs a warmup captures per thread. Calls overlap: one batch's rows are prepared
+    (one call at a time: the tokenizer is not shared across threads) and another's outputs
+    converted on the calling threads while the session thread runs a third's."""
 
     def __init__(self, model: str, spec: InputSpec, keys: list[str], outputs: list[str],
                  ranks: dict[str, int], max_batch: int, device: str,
@@ -167,13 +180,23 @@ class Scorer:
         self.preparer = RowPreparer(spec)
         self.keys, self.outputs, self.ranks, self.max_batch = keys, outputs, ranks, max_batch
         self.crash, self.calls = crash, 0
+        self._lock, self._prepare_lock = threading.Lock(), threading.Lock()
 
     def __call__(self, table: pa.Table) -> pa.Table:
-        self.calls += 1
-        self._maybe_crash()
+        with self._lock:
+            self.calls += 1
+            call = self.calls
+        self._maybe_crash(call)
         times: dict[str, float] = {}
-        cols = self.pool.call(lambda session: score_table(
-            session, self.preparer, table, self.outputs, self.ranks, self.max_batch, times))
+        with self._prepare_lock, _timed(times, "prepare"):
+            prep = self.preparer(table)
+
+        def run(session: Any) -> dict[str, Any]:
+            with _timed(times, "model"):
+                return _run(session, prep, self.outputs, self.max_batch)
+        got = self.pool.call(run)
+        with _timed(times, "convert"):
+            cols = _columns(prep, got, table.num_rows, self.outputs, self.ranks)
         carried = {name: table.column(name) for name in (PART, ROW, *self.keys)}
         return pa.table({**carried, **cols, **actor_columns(times, table.num_rows)})
 
@@ -187,13 +210,13 @@ class Scorer:
         if not sys.is_finalizing():  # past that, the session thread may never run again
             self.close()
 
-    def _maybe_crash(self) -> None:
+    def _maybe_crash(self, call: int) -> None:
         """Tests: with crash='FLAGFILE:N' the first actor to reach its Nth batch while FLAGFILE
         does not exist creates it and dies at once (os._exit: no cleanup, like a lost node)."""
         if not self.crash:
             return
         flag, _, nth = self.crash.rpartition(":")
-        if self.calls != int(nth):
+        if call != int(nth):
             return
         try:
             fd = os.open(flag, os.O_CREAT | os.O_EXCL | os.O_WRONLY)

@@ -2,7 +2,8 @@
 part committed as soon as all its rows are back, and the summary.
 
     parts not yet done ─► from_items ─► map_batches(read_parts)   Ray tasks read the row groups
-                      ─► map_batches(Scorer, ActorPoolStrategy)   one Session per actor;
+                      ─► map_batches(Scorer, ActorPoolStrategy)   one Session per actor,
+                                                                  CALLS_PER_ACTOR calls at once;
                                                                   a dead actor is restarted and
                                                                   its batches retried
                       ─► driver: rows gathered per part ─► OutputDir.commit (atomic, exactly once)
@@ -32,6 +33,10 @@ from bertfuse.score.spec import ScoreJob
 from bertfuse.score.stages import Stages
 
 ROWS_PER_TASK = 64  # a Ray Data batch is this many session batches: fewer, larger calls
+# Calls at once per actor (actor.Scorer): Ray Data fetches and batches the next block and
+# stores the last one's output, and the Scorer prepares and converts rows, while the session
+# thread runs the model; the Session itself runs one batch at a time on its own thread.
+CALLS_PER_ACTOR = 2
 # Driver threads writing parts (Parquet encoding releases the GIL): 4, up to 8 on a large
 # machine, where a part's fp16 floats take ~20 us/row to encode (stages: commit_write).
 WRITERS = max(4, min(8, (os.cpu_count() or 4) // 4))
@@ -230,7 +235,10 @@ def _dataset(job: ScoreJob, todo: list, device: str, actors: int) -> Any:
         warnings.simplefilter("ignore")
         return ds.map_batches(
             Scorer, batch_size=job.batch_size * ROWS_PER_TASK, batch_format="pyarrow",
-            compute=ActorPoolStrategy(size=actors), num_gpus=1 if device == "cuda" else 0,
+            compute=ActorPoolStrategy(size=actors,
+                                      max_concurrent_calls_per_actor=CALLS_PER_ACTOR,
+                                      enable_true_multi_threading=True),
+            num_gpus=1 if device == "cuda" else 0,
             num_cpus=1, max_restarts=job.max_retries, max_task_retries=job.max_retries,
             fn_constructor_kwargs={"model": os.path.abspath(job.model), "spec": job.spec,
                                    "keys": job.key_columns, "outputs": job.outputs,
@@ -243,10 +251,11 @@ def gather(blocks: Iterator[Any], out: OutputDir, job: ScoreJob, timing: _Timing
     """Gathers the scored rows (Arrow blocks, any cut) per part; a part is committed (on a
     writer thread, so that writing overlaps fetching) once all its rows are in. `blocks` is
     closed on every exit: Ray Data's iterator must not outlive this (and Ray) in a traceback."""
-    blocks = iter(blocks)
+    blocks, cpu = iter(blocks), time.process_time()
     try:
         _gather(blocks, out, job, timing, stages)
     finally:
+        stages.add("driver_cpu", time.process_time() - cpu)  # every thread of the driver
         close = getattr(blocks, "close", None)
         if close is not None:
             close()

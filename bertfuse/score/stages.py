@@ -6,6 +6,7 @@
     driver  wait     blocked on Ray Data for the next block (the pipeline behind the driver)
             split    a block cut into its parts' pieces  (driver main thread)
             backpressure  waiting for a free writer     (the writers behind)
+            cpu      the driver process's CPU time, all its threads (Ray's own included)
     commit  gather   a part's pieces joined, rows checked (writer threads: thread-seconds)
             write    Parquet encoded and written, renamed into place
 
@@ -65,8 +66,8 @@ class Stages:
     def result(self, rows: int) -> dict[str, dict[str, float]]:
         """{stage: {"s": seconds, "us_per_row": ...}} over `rows` rows, in pipeline order."""
         order = [f"actor_{s}" for s in ACTOR] + ["driver_wait", "driver_split",
-                                                 "driver_backpressure", "commit_gather",
-                                                 "commit_write"]
+                                                 "driver_backpressure", "driver_cpu",
+                                                 "commit_gather", "commit_write"]
         with self._lock:
             got = dict(self.seconds)
         names = [n for n in order if n in got] + sorted(set(got) - set(order))
