@@ -191,7 +191,9 @@ def ray_blocks(args, n: int):
 
     ds = ray.data.range(args.rows, override_num_blocks=max(1, args.rows // args.block))
     ds = ds.map_batches(RayBlocks, batch_size=args.block, batch_format="numpy",
-                        compute=ActorPoolStrategy(size=n), num_cpus=1,
+                        compute=ActorPoolStrategy(
+                            size=n, max_concurrent_calls_per_actor=score_job.CALLS_PER_ACTOR,
+                            enable_true_multi_threading=True), num_cpus=1,
                         fn_constructor_kwargs={"width": args.width, "kind": args.values,
                                                "block": args.block,
                                                "part_rows": args.part_rows})
