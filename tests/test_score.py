@@ -166,11 +166,14 @@ def test_the_summary_says_where_the_time_went(ids_run):
 
 def test_the_gpu_plan_is_one_ray_data_accepts(cluster, tiny, corpus, tmp_path):
     """The Ray Data plan exactly as the job builds it for GPUs (an actor per GPU, num_gpus=1),
-    built on the CPU and never run: Ray Data checks map_batches' arguments when the plan is
-    built (GPUs need an integer batch_size), so a plan the GPU machines would refuse fails
-    here. The second half shows Ray still checks then: if it ever checks only when running,
-    this test says so instead of passing for nothing."""
-    from bertfuse.score.job import _dataset
+    built on the CPU down to its physical operators and never run (no actor starts): Ray Data
+    checks map_batches' arguments when the plan is built (GPUs need an integer batch_size),
+    and the actor pool's remote arguments when it is planned, so a plan the GPU machines
+    would refuse fails here. The last lines show Ray still checks at build time: if it ever
+    checks only when running, this test says so instead of passing for nothing."""
+    from ray.data._internal.logical.optimizers import get_execution_plan
+
+    from bertfuse.score.job import CALLS_PER_ACTOR, _dataset
     from bertfuse.score.spec import build_job
 
     job = build_job(tiny["model"], corpus["path"], tmp_path / "out", ids_column="ids",
@@ -178,6 +181,10 @@ def test_the_gpu_plan_is_one_ray_data_accepts(cluster, tiny, corpus, tmp_path):
     ds = _dataset(job, job.parts, "cuda", 2)
     op = ds._logical_plan.dag  # Ray Data's logical MapBatches for the Scorer actors
     assert op.ray_remote_args.get("num_gpus") == 1 and isinstance(op.batch_size, int)
+    pool = get_execution_plan(ds._logical_plan)[0].dag  # the physical actor pool, not started
+    assert type(pool).__name__ == "ActorPoolMapOperator"
+    assert pool._ray_remote_args["num_gpus"] == 1
+    assert pool._ray_remote_args["max_concurrency"] == CALLS_PER_ACTOR
     with pytest.raises(ValueError, match="batch_size"):
         ray.data.range(4).map_batches(lambda b: b, batch_size=None, num_gpus=1)
 
