@@ -11,7 +11,9 @@ runs a warmed Session and writes Parquet. Ray: a local Ray started here, `score(
 actors (a GPU each). Reported per run: end to end (Session build / Ray start-up included) and
 steady (the loop without its Session build; Ray: the rows after the first scored block over
 the time after it, the summary's steady_rows_per_s). Each Ray output is checked against the
-loop's: every id once, max |diff|. Logs and score_bench.json under --out; the table last.
+loop's: every id once, max |diff|. Logs and score_bench.json under --out; the table last,
+then us/row per stage (the loop's prepare/model/convert/write; each Ray run's summary
+`stages`: what limits it). benchmarks/score_driver_bench.py times the driver alone.
 """
 
 from __future__ import annotations
