@@ -236,21 +236,27 @@ def table(r: dict) -> str:
 
 def stage_table(r: dict) -> list[str]:
     """us/row per stage: the loop's, and each Ray run's (actor stages in actor-seconds, commit
-    stages in writer-thread seconds, driver stages in the driver's wall time)."""
+    stages in writer-thread seconds, driver stages in the driver's wall time); and how busy
+    each actor's session was while rows streamed (model seconds per actor over the steady
+    window, rows / steady rows/s): near 100%, the model is the limit; well below, what feeds
+    or drains the actors is."""
     names = ["prepare", "model", "convert", "write", "driver_wait", "driver_split",
              "driver_backpressure", "driver_cpu", "commit_gather", "commit_write"]
     lines = ["\nus/row per stage (actor_*: summed over actors; commit_*: summed over the driver's"
              " writer threads)",
-             "| run | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
-    runs = [("Session loop", r["loop"]["stages"])] + \
+             "| run | " + " | ".join(names) + " | session busy |",
+             "|---|" + "---|" * (len(names) + 1)]
+    loop = r["loop"]
+    runs = [("Session loop", loop["stages"], loop["rows"] / loop["steady_rows_per_s"], 1)] + \
         [(f"Ray Data, {x['actors']} actor(s)", {k.removeprefix("actor_"): v
-                                                for k, v in (x["stages"] or {}).items()})
+                                                for k, v in (x["stages"] or {}).items()},
+          r["rows"] / x["steady_rows_per_s"] if x["steady_rows_per_s"] else None, x["actors"])
          for x in r["ray"]]
-    for name, st in runs:
+    for name, st, window, actors in runs:
+        busy = f"{st['model']['s'] / actors / window:.0%}" if window and "model" in st else "-"
         lines.append(f"| {name} | " + " | ".join(f"{st[n]['us_per_row']:.2f}" if n in st
-                                                 else "-" for n in names) + " |")
+                                                 else "-" for n in names) + f" | {busy} |")
     return lines
-
 
 if __name__ == "__main__":
     main()
