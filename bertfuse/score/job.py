@@ -297,6 +297,7 @@ def _gather(blocks: Iterator[Any], out: OutputDir, job: ScoreJob, timing: _Timin
         raise RuntimeError(f"part {first}: {have[first]} of {job.parts[first].rows} rows "
                            "came back")
 
+
 def _reap(writing: list[Future], wait: bool) -> list[Future]:
     """The commits still running; a finished one's error is raised here."""
     left = []
