@@ -75,6 +75,7 @@ def session_loop(job, device: str, path: Path, dest: Path) -> dict:
     from bertfuse.runtime import Session
     from bertfuse.score.actor import score_table
     from bertfuse.score.job import ROWS_PER_TASK
+    from bertfuse.score.output import write_options
     from bertfuse.score.rows import RowPreparer
 
     t0 = time.perf_counter()
@@ -94,7 +95,8 @@ def session_loop(job, device: str, path: Path, dest: Path) -> dict:
         res = pa.table({"id": table.column("id"), **{n: cols[n] for n in job.outputs}})
         tw = time.perf_counter()
         if writer is None:
-            writer = pq.ParquetWriter(dest, res.schema, use_dictionary=["id"])
+            writer = pq.ParquetWriter(dest, res.schema,  # encoded as the job's parts are
+                                      **write_options(res, job.outputs))
         writer.write_table(res)
         writing += time.perf_counter() - tw
         rows += table.num_rows
