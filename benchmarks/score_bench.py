@@ -153,6 +153,10 @@ def main() -> None:
     ap.add_argument("--part-rows", type=int, default=16384)
     ap.add_argument("--rows-per-task", type=int, help="Ray batch = batch x this (default "
                                                       "bertfuse.score.job.ROWS_PER_TASK)")
+    ap.add_argument("--calls-per-actor", type=int, help="calls at once per actor (default "
+                                                        "bertfuse.score.job.CALLS_PER_ACTOR)")
+    ap.add_argument("--writers", type=int, help="driver threads writing parts (default "
+                                                "bertfuse.score.job.WRITERS)")
     ap.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     ap.add_argument("--actors", help="actor counts to run, e.g. 1,2 (default: 1, and 2 with "
                                      "two GPUs)")
@@ -168,6 +172,10 @@ def main() -> None:
 
     if args.rows_per_task:
         score_job.ROWS_PER_TASK = args.rows_per_task
+    if args.calls_per_actor:
+        score_job.CALLS_PER_ACTOR = args.calls_per_actor
+    if args.writers:
+        score_job.WRITERS = args.writers
     try:
         model = model_path(args, work)
         data = work / "input.parquet"
@@ -193,7 +201,9 @@ def main() -> None:
         job = build_job(output=work / "unused", **kwargs)
         result = {"rows": args.rows, "seq": args.seq, "min_len": args.min_len,
                   "batch_size": args.batch_size, "part_rows": args.part_rows,
-                  "rows_per_task": score_job.ROWS_PER_TASK, "device": device, "gpus": gpus,
+                  "rows_per_task": score_job.ROWS_PER_TASK,
+                  "calls_per_actor": score_job.CALLS_PER_ACTOR, "writers": score_job.WRITERS,
+                  "device": device, "gpus": gpus,
                   "model": model}
         loop_out = work / "loop.parquet"
         result["loop"] = session_loop(job, device, data, loop_out)
@@ -219,7 +229,8 @@ def main() -> None:
 def table(r: dict) -> str:
     loop = r["loop"]
     lines = [f"\nscoring {r['rows']} rows (seq {r['min_len']}..{r['seq']}, batch "
-             f"{r['batch_size']}) on {r['device']}",
+             f"{r['batch_size']} x {r['rows_per_task']} a call, {r['calls_per_actor']} calls "
+             f"at once per actor, {r['writers']} writers) on {r['device']}",
              "| run | rows/s end to end | rows/s steady | vs loop (steady) | check |",
              "|---|---|---|---|---|",
              f"| Session loop, 1 process | {loop['rows_per_s']:.0f} | "
