@@ -395,7 +395,8 @@ def serve_levels(args: argparse.Namespace, model: str, device: str, body: bytes,
                 calls = after["batches"] - before["batches"]
                 row["model_calls"] = calls
                 row["rows_per_call"] = round((after["rows"] - before["rows"]) / max(calls, 1), 1)
-                row["alone"] = after["alone"] - before["alone"]
+                row["alone"] = after["alone"] - before["alone"]  # skipped serve.batch
+                row["switch_interval_ms"] = after["switch_interval_ms"]
                 # inside the replica (the last 1000): the rest of p50 is the ingress and HTTP
                 for key in STAGES:
                     row[f"{key.replace('request', 'replica')}_p50_ms"] = after[f"{key}_ms_p50"]
@@ -416,6 +417,7 @@ def replica_stats(served) -> dict | None:
         with urllib.request.urlopen(url + "stats", timeout=10) as r:
             each.append(json.loads(r.read()))
     out = {k: sum(s.get(k, 0) for s in each) for k in ("batches", "rows", "alone")}
+    out["switch_interval_ms"] = each[0].get("switch_interval_ms")
     for k in STAGES:
         got = [s[f"{k}_ms_p50"] for s in each if s.get(f"{k}_ms_p50") is not None]
         out[f"{k}_ms_p50"] = round(float(np.median(got)), 3) if got else None

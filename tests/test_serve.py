@@ -445,15 +445,19 @@ def test_ingress_is_checked_before_ray(served, tiny):
     assert out.returncode == 2 and "--ingress" in out.stderr, out.stderr
 
 
-def test_cli_serve_until_sigterm_leaves_nothing(tiny, tmp_path):
+@pytest.mark.parametrize("ingress", ["proxy", "direct"])
+def test_cli_serve_until_sigterm_leaves_nothing(tiny, tmp_path, ingress):
     """`bertfuse serve --json` in its own process: the URL on stdout once ready, a request
-    answered, SIGTERM: exit 0, every process it started gone, the port closed."""
+    answered, SIGTERM: exit 0, every process it started gone, the port closed. With
+    --ingress haproxy (HAProxy in front of replicas serving HTTP themselves, Serve's
+    throughput profile: user code on the replica's main loop), ids as a base64 tensor, and
+    the replica's /stats through HAProxy."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get(
         "PYTHONPATH", "")]), "RAY_ADDRESS": ""}
     proc = subprocess.Popen(
         [sys.executable, "-m", "bertfuse", "serve", tiny["model"], "--port", str(port),
-         "--max-batch", "4", "--outputs", "pooled_output", "--json"],
+         "--max-batch", "4", "--outputs", "pooled_output", "--ingress", ingress, "--json"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
@@ -465,8 +469,16 @@ def test_cli_serve_until_sigterm_leaves_nothing(tiny, tmp_path):
         assert lines, f"no URL printed (exit {proc.poll()}): {proc.stderr.read()[-2000:]}"
         info = json.loads(lines[0])
         assert info["url"] == f"http://127.0.0.1:{port}/" and info["device"] == "cpu"
-        status, body = Client(info["url"]).infer({"input_ids": [[5, 6]]})
+        client = Client(info["urls"][0])
+        status, body = client.infer({"input_ids": [[5, 6]]})
         assert status == 200 and np.asarray(body["outputs"]["pooled_output"]).shape == (1, 32)
+        if ingress == "direct":
+            status, again = client.infer({"input_ids": tensor([[5, 6]]), "encoding": "base64"})
+            assert status == 200 and np.array_equal(
+                decode(again)["pooled_output"], np.asarray(body["outputs"]["pooled_output"],
+                                                           np.float32)), again
+            status, stats = client.request("GET", "stats")
+            assert status == 200 and stats["requests"] == 2 and stats["alone"] == 2, stats
         started = descendants(proc.pid)
         assert started
         proc.send_signal(signal.SIGTERM)
