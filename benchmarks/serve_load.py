@@ -409,11 +409,17 @@ def serve_levels(args: argparse.Namespace, model: str, device: str, body: bytes,
 
 def replica_stats(served) -> dict | None:
     """Counters summed over the replicas, and the median of their p50s; None where /stats
-    reaches one replica of several (behind Serve's proxy or HAProxy)."""
-    if served.config.ingress != "direct" and served.replicas > 1:
+    reaches one replica of several (behind Serve's proxy). Behind HAProxy each replica also
+    serves HTTP on its own port: asked there."""
+    urls = served.urls
+    if served.config.ingress == "haproxy":
+        from bertfuse.serve.ingress import replica_urls
+
+        urls = replica_urls(served.config.name, "127.0.0.1")
+    elif served.config.ingress != "direct" and served.replicas > 1:
         return None
     each = []
-    for url in served.urls:
+    for url in urls:
         with urllib.request.urlopen(url + "stats", timeout=10) as r:
             each.append(json.loads(r.read()))
     out = {k: sum(s.get(k, 0) for s in each) for k in ("batches", "rows", "alone")}
