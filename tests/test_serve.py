@@ -134,8 +134,9 @@ def session(tiny) -> Session:
 @pytest.fixture(scope="module")
 def served(tiny):
     """One local Ray (2 CPUs, no dashboard) with two applications on one Serve: 'bertfuse'
-    at / (text in, its vocab) and 'ids' at /ids (no vocab, pooled_output only). Teardown
-    checks that shutting down leaves none of the Ray processes it started, nor the port."""
+    at / (text in, its vocab) and 'ids' at /ids (no vocab, pooled_output only; its ingress
+    left to auto, which is proxy in a process that runs Ray). Teardown checks that shutting
+    down leaves none of the Ray processes it started, nor the port."""
     from bertfuse.serve import deploy
 
     before = descendants(os.getpid())
@@ -143,7 +144,7 @@ def served(tiny):
     port = free_port()
     try:
         main = deploy(tiny["model"], port=port, vocab=tiny["vocab"], max_batch=MAX_BATCH,
-                      max_wait_ms=5, cpus_per_replica=0.5)
+                      max_wait_ms=5, cpus_per_replica=0.5, ingress="proxy")
         ids = deploy(tiny["model"], name="ids", outputs=["pooled_output"], max_batch=4,
                      batch_buckets="2,4", cpus_per_replica=0.5)
     except BaseException:
@@ -390,6 +391,10 @@ def test_health_readiness_and_stats(served):
     assert ready["warm_buckets"] >= 1  # warmed before it took traffic
     stats = served["main"].stats()
     assert stats["max_batch"] == MAX_BATCH and stats["max_seq"] == POSITIONS
+    assert stats["ingress"] == "proxy" and served["main"].ingress_why is None  # as asked
+    ids = served["ids"]  # ingress left to auto: Ray already ran here, so Serve's proxy
+    assert ids.config.ingress == "proxy" and ids.config.gpus_per_replica == 1.0
+    assert ids.ingress_why == "this process already runs Ray"
     assert served["main"].url == f"http://127.0.0.1:{served['port']}/"
     assert served["ids"].url == f"http://127.0.0.1:{served['port']}/ids/"
     (metrics,) = served["main"].metrics_urls()  # Ray's Prometheus endpoint of the one node
@@ -427,15 +432,22 @@ def test_deploy_checks_its_arguments_before_ray(tiny, tmp_path):
 
 
 def test_ingress_is_checked_before_ray(served, tiny):
-    """--ingress: one of proxy/direct/haproxy; the experimental ones are switched on when Ray
-    starts, so not with --address, nor in a process whose Ray is already up (this one)."""
+    """--ingress: one of auto/proxy/direct/haproxy; the experimental ones are switched on when
+    Ray starts, so not with --address, nor in a process whose Ray is already up (this one);
+    auto goes with an address (it is proxy there)."""
     from bertfuse.errors import BertfuseError
     from bertfuse.serve import deploy
+    from bertfuse.serve.config import check_config
 
-    with pytest.raises(ConfigError, match="ingress must be one of proxy, direct, haproxy"):
+    with pytest.raises(ConfigError, match="ingress must be one of auto, proxy, direct, haproxy"):
         deploy(tiny["model"], ingress="nginx")
-    with pytest.raises(ConfigError, match="leave out address"):
-        deploy(tiny["model"], ingress="direct", address="auto")
+    for ingress in ("direct", "haproxy"):
+        with pytest.raises(ConfigError, match="leave out address"):
+            deploy(tiny["model"], ingress=ingress, address="auto")
+    assert check_config(tiny["model"], address="auto").ingress == "auto"  # decided in deploy
+    assert check_config(tiny["model"]).gpus_per_replica is None
+    with pytest.raises(ConfigError, match="gpus_per_replica must be a number 0..1"):
+        deploy(tiny["model"], gpus_per_replica="all")
     with pytest.raises(BertfuseError, match="already runs Ray"):
         deploy(tiny["model"], ingress="haproxy", name="hx")
     assert Client(served["main"].url).infer({"input_ids": [[1, 2]]})[0] == 200  # still up
@@ -445,19 +457,67 @@ def test_ingress_is_checked_before_ray(served, tiny):
     assert out.returncode == 2 and "--ingress" in out.stderr, out.stderr
 
 
-@pytest.mark.parametrize("ingress", ["proxy", "direct"])
-def test_cli_serve_until_sigterm_leaves_nothing(tiny, tmp_path, ingress):
+def test_auto_ingress_decides_as_serve_finds_haproxy(tiny, tmp_path, monkeypatch):
+    """ingress 'auto' is proxy with an address or a Ray already running here; for a local Ray
+    it is haproxy exactly where this Linux's Ray is >= 2.55 and the HAProxy binary that Ray
+    Serve's own lookup finds runs; RAY_SERVE_HAPROXY_BINARY_PATH, Serve's override, counts
+    too. gpus_per_replica left out: 0.25 behind HAProxy, else 1; an explicit one stays."""
+    from ray.serve._private.haproxy import _resolve_haproxy_binary
+
+    from bertfuse.serve.config import check_config, resolve
+    from bertfuse.serve.ingress import auto_ingress, haproxy_binary
+
+    assert auto_ingress("auto", False)[0] == auto_ingress("10.0.0.1:6379", False)[0] == "proxy"
+    assert auto_ingress(None, True) == ("proxy", "this process already runs Ray")
+    monkeypatch.delenv("RAY_SERVE_HAPROXY_BINARY_PATH", raising=False)
+    try:
+        serves = _resolve_haproxy_binary()
+    except FileNotFoundError:
+        serves = None
+    runs = serves is not None and subprocess.run([serves, "-v"], capture_output=True,
+                                                 timeout=30).returncode == 0
+    assert haproxy_binary() == (serves if runs else None)
+    release = tuple(int(p) for p in ray.__version__.split(".")[:2])
+    want = "haproxy" if sys.platform.startswith("linux") and release >= (2, 55) and runs \
+        else "proxy"
+    assert auto_ingress(None, False)[0] == want, auto_ingress(None, False)
+    not_run = tmp_path / "haproxy"
+    not_run.write_text("#!/bin/sh\nexit 1\n")
+    monkeypatch.setenv("RAY_SERVE_HAPROXY_BINARY_PATH", str(not_run))  # not executable
+    assert haproxy_binary() is None
+    not_run.chmod(0o755)  # executable, but `haproxy -v` fails
+    assert haproxy_binary() is None
+    assert auto_ingress(None, False)[0] == "proxy"
+    if runs:
+        monkeypatch.setenv("RAY_SERVE_HAPROXY_BINARY_PATH", serves)
+        assert haproxy_binary() == serves
+    cfg = check_config(tiny["model"])
+    assert (resolve(cfg, "haproxy").ingress, resolve(cfg, "haproxy").gpus_per_replica) \
+        == ("haproxy", 0.25)
+    assert (resolve(cfg, "proxy").ingress, resolve(cfg, "proxy").gpus_per_replica) \
+        == ("proxy", 1.0)
+    assert resolve(check_config(tiny["model"], gpus_per_replica=0.5), "haproxy") \
+        .gpus_per_replica == 0.5
+    direct = resolve(check_config(tiny["model"], ingress="direct"), "haproxy")
+    assert (direct.ingress, direct.gpus_per_replica) == ("direct", 1.0)
+
+
+@pytest.mark.parametrize("ingress", ["default", "proxy", "direct"])
+def test_cli_serve_until_sigterm_leaves_nothing(tiny, session, tmp_path, ingress):
     """`bertfuse serve --json` in its own process: the URL on stdout once ready, a request
-    answered, SIGTERM: exit 0, every process it started gone, the port closed. With
-    --ingress haproxy (HAProxy in front of replicas serving HTTP themselves, Serve's
-    throughput profile: user code on the replica's main loop), ids as a base64 tensor, and
-    the replica's /stats through HAProxy."""
+    answered as a direct Session call answers it, SIGTERM: exit 0, every process it started
+    gone (HAProxy too), the port closed. 'default': no --ingress, so auto (haproxy here
+    where auto_ingress finds it, this CPU's one replica behind HAProxy), shown in --json and
+    /stats. With --ingress direct, ids as a base64 tensor and the replica's /stats."""
+    from bertfuse.serve.ingress import auto_ingress
+
     port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get(
         "PYTHONPATH", "")]), "RAY_ADDRESS": ""}
+    flags = [] if ingress == "default" else ["--ingress", ingress]
     proc = subprocess.Popen(
         [sys.executable, "-m", "bertfuse", "serve", tiny["model"], "--port", str(port),
-         "--max-batch", "4", "--outputs", "pooled_output", "--ingress", ingress, "--json"],
+         "--max-batch", "4", "--outputs", "pooled_output", *flags, "--json"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
@@ -469,9 +529,15 @@ def test_cli_serve_until_sigterm_leaves_nothing(tiny, tmp_path, ingress):
         assert lines, f"no URL printed (exit {proc.poll()}): {proc.stderr.read()[-2000:]}"
         info = json.loads(lines[0])
         assert info["url"] == f"http://127.0.0.1:{port}/" and info["device"] == "cpu"
+        chosen, why = auto_ingress(None, False) if ingress == "default" else (ingress, None)
+        assert (info["ingress"], info["ingress_why"]) == (chosen, why), info
         client = Client(info["urls"][0])
         status, body = client.infer({"input_ids": [[5, 6]]})
-        assert status == 200 and np.asarray(body["outputs"]["pooled_output"]).shape == (1, 32)
+        assert status == 200, body
+        got = np.asarray(body["outputs"]["pooled_output"])
+        want = session.run(np.array([[5, 6]]), outputs=["pooled_output"])["pooled_output"]
+        assert got.shape == (1, 32) and np.abs(got - want).max() <= TOL
+        assert client.request("GET", "stats")[1]["ingress"] == chosen
         if ingress == "direct":
             status, again = client.infer({"input_ids": tensor([[5, 6]]), "encoding": "base64"})
             assert status == 200 and np.array_equal(

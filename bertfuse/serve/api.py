@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from bertfuse.errors import BertfuseError
-from bertfuse.serve.config import ServeConfig, check_config
-from bertfuse.serve.ingress import ingress_environment, remove, replica_urls, wait_routed
+from bertfuse.serve.config import ServeConfig, check_config, resolve
+from bertfuse.serve.ingress import (auto_ingress, ingress_environment, remove, replica_urls,
+                                    wait_routed)
 
 _SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
 
@@ -26,7 +27,9 @@ _SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if 
 @dataclass
 class Served:
     """A running deployment. `url` is its base (POST url + 'v1/infer'); `urls` where clients
-    post: [url], or with ingress 'direct' each replica's own base URL."""
+    post: [url], or with ingress 'direct' each replica's own base URL. config holds the
+    ingress and gpus_per_replica in use (never 'auto' nor None); ingress_why says why when
+    the ingress was left to 'auto'."""
 
     url: str
     config: ServeConfig
@@ -39,6 +42,7 @@ class Served:
     closed: bool = False
     urls: list[str] = dataclasses.field(default_factory=list)
     scratch: str | None = None  # HAProxy's files (ingress 'haproxy'): removed on shutdown
+    ingress_why: str | None = None
 
     def metrics_urls(self) -> list[str]:
         """Each Ray node's Prometheus endpoint (Ray's and Serve's metrics, and bertfuse_*)."""
@@ -146,22 +150,28 @@ def _serve_running() -> bool:
 
 
 def _placement(cfg: ServeConfig) -> tuple[str, int, dict[str, float]]:
-    """(device, replicas, each replica's Ray resources): a GPU each (or gpus_per_replica of
-    one) where the cluster has GPUs (device 'auto' or 'cuda'), else CPU replicas."""
+    """(device, replicas, each replica's Ray resources): gpus_per_replica of a GPU each where
+    the cluster has GPUs (device 'auto' or 'cuda'), as many as its GPUs and CPUs hold unless
+    replicas says; else CPU replicas."""
     import ray
 
-    gpus = int(ray.cluster_resources().get("GPU", 0))
+    resources = ray.cluster_resources()
+    gpus = int(resources.get("GPU", 0))
     device = cfg.device if cfg.device != "auto" else ("cuda" if gpus else "cpu")
     if device == "cuda" and not gpus:
         raise BertfuseError("device cuda, but the Ray cluster has no GPU (ray status shows "
                             "its resources)")
     if device == "cuda":
-        share = cfg.gpus_per_replica
+        share, cpu = cfg.gpus_per_replica, cfg.cpus_per_replica
         fit = int(gpus / share + 1e-9)  # replicas the cluster's GPUs hold
-        replicas = cfg.replicas or fit
+        cpus = resources.get("CPU", 0)
+        if cpu > 0:  # and its CPUs: a replica that cannot be placed would wait forever
+            fit = min(fit, int(cpus / cpu + 1e-9))
+        replicas = cfg.replicas or max(fit, 1)
         if replicas > fit:
-            raise BertfuseError(f"{replicas} replicas of {share:g} GPU each need "
-                                f"{replicas * share:g} GPUs; the Ray cluster has {gpus}")
+            raise BertfuseError(f"{replicas} replicas of {share:g} GPU and {cpu:g} CPU each "
+                                f"need {replicas * share:g} GPUs and {replicas * cpu:g} CPUs; "
+                                f"the Ray cluster has {gpus} GPUs and {cpus:g} CPUs")
         return device, replicas, {"num_gpus": share, "num_cpus": cfg.cpus_per_replica}
     return device, cfg.replicas or 1, {"num_cpus": cfg.cpus_per_replica}
 
@@ -176,6 +186,9 @@ def deploy(model: Any = None, **kwargs: Any) -> Served:
 
     from bertfuse.serve.app import BertfuseReplica
 
+    ingress, why = auto_ingress(cfg.address, ray.is_initialized()) if cfg.ingress == "auto" \
+        else (cfg.ingress, None)
+    cfg = resolve(cfg, ingress)  # before Ray starts: the ingress's flags go to its processes
     connected = started_ray = started_serve = deployed = False
     scratch = None
     if cfg.ingress != "proxy" and ray.is_initialized():
@@ -227,7 +240,7 @@ def deploy(model: Any = None, **kwargs: Any) -> Served:
             pass
         raise
     return Served(url, cfg, device, replicas, started_ray, connected, started_serve,
-                  urls=urls, scratch=scratch)
+                  urls=urls, scratch=scratch, ingress_why=why)
 
 
 def _logging(cfg: ServeConfig) -> dict[str, Any]:

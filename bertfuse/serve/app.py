@@ -224,6 +224,7 @@ class BertfuseReplica:
                 "pid": os.getpid(), "device": self.spec["device"],
                 "max_batch": self.spec["max_batch"], "max_seq": self.spec["max_seq"],
                 "max_wait_ms": self.spec["max_wait_ms"], "warm_buckets": len(self.warm),
+                "ingress": self.spec["ingress"],
                 "switch_interval_ms": round(sys.getswitchinterval() * 1e3, 3),
                 **{f"{k}_ms_p50": _p50_ms(v) for k, v in self.times.items()}}
 

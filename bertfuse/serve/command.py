@@ -16,9 +16,10 @@ def add_arguments(p: argparse.ArgumentParser, int_at_least) -> None:
     p.add_argument("model", help="a bertfuse-converted .onnx")
     g = p.add_argument_group("replicas and batching")
     g.add_argument("--replicas", type=int_at_least(1),
-                   help="replicas (default: one per GPU of the cluster, else 1 on the CPU)")
+                   help="replicas (default: as many as the cluster's GPUs hold at "
+                        "--gpus-per-replica each, else 1 on the CPU)")
     g.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
-                   help="auto: cuda (one GPU per replica) where the Ray cluster has GPUs")
+                   help="auto: cuda where the Ray cluster has GPUs")
     g.add_argument("--max-batch", type=int_at_least(1), default=32,
                    help="rows per model call, and per request (default 32)")
     g.add_argument("--max-wait-ms", type=float, default=2.0, metavar="T",
@@ -31,9 +32,9 @@ def add_arguments(p: argparse.ArgumentParser, int_at_least) -> None:
                    help="longest request in tokens (default: the model's positions)")
     g.add_argument("--cpus-per-replica", type=float, default=1.0, metavar="N",
                    help="Ray CPUs each replica reserves (default 1)")
-    g.add_argument("--gpus-per-replica", type=float, default=1.0, metavar="F",
-                   help="the share of a GPU each replica reserves (default 1; 0.5: two "
-                        "replicas, two streams of work, on each GPU)")
+    g.add_argument("--gpus-per-replica", type=float, metavar="F",
+                   help="the share of a GPU each replica reserves (default 0.25, four "
+                        "replicas per GPU, with the haproxy ingress; else 1)")
     g.add_argument("--no-warmup", dest="warmup", action="store_false",
                    help="skip warming every bucket before a replica takes traffic")
     g = p.add_argument_group("requests")
@@ -50,11 +51,14 @@ def add_arguments(p: argparse.ArgumentParser, int_at_least) -> None:
                    help="HTTP host (default 127.0.0.1; 0.0.0.0 for other machines)")
     g.add_argument("--port", type=int_at_least(1), default=8000, help="HTTP port (default 8000)")
     g.add_argument("--name", default="bertfuse", help="Serve application name")
-    g.add_argument("--ingress", choices=("proxy", "direct", "haproxy"), default="proxy",
-                   help="proxy: Serve's HTTP proxy on --port (default); direct: clients post "
-                        "to each replica's own port (URLs printed); haproxy: HAProxy on "
-                        "--port forwards to the replicas' ports. direct and haproxy are Ray "
-                        "Serve experimental features and need the local Ray (no --address)")
+    g.add_argument("--ingress", choices=("auto", "proxy", "direct", "haproxy"),
+                   default="auto",
+                   help="auto (default): haproxy where bertfuse starts the local Ray on Linux "
+                        "with Ray >= 2.55 and its HAProxy binary, else proxy; proxy: Serve's "
+                        "HTTP proxy on --port; direct: clients post to each replica's own "
+                        "port (URLs printed); haproxy: HAProxy on --port forwards to the "
+                        "replicas' ports. direct and haproxy are Ray Serve experimental "
+                        "features and need the local Ray (no --address)")
     g.add_argument("--access-log", action="store_true",
                    help="Serve's per-request log lines (off: each costs a file write)")
 
@@ -94,9 +98,15 @@ def _serve(args: argparse.Namespace, out) -> int:
                 "replicas": served.replicas, "max_batch": served.config.max_batch,
                 "max_seq": served.config.max_seq, "outputs": list(served.config.outputs),
                 "text": served.config.vocab is not None, "metrics": served.metrics_urls(),
-                "ingress": served.config.ingress, "urls": served.urls}
-        say(info, f"serving {args.model} on {served.replicas} {served.device} replica(s) at "
-                  f"{describe(served)} ({served.config.ingress} ingress; Ctrl-C stops)")
+                "ingress": served.config.ingress, "ingress_why": served.ingress_why,
+                "urls": served.urls}
+        share = ""
+        if served.device == "cuda":
+            info["gpus_per_replica"] = served.config.gpus_per_replica
+            share = f" ({served.config.gpus_per_replica:g} GPU each)"
+        why = f": auto, {served.ingress_why}" if served.ingress_why else ""
+        say(info, f"serving {args.model} on {served.replicas} {served.device} replica(s){share} "
+                  f"at {describe(served)} ({served.config.ingress} ingress{why}; Ctrl-C stops)")
         while True:  # until a signal raises here
             time.sleep(3600)
     except KeyboardInterrupt:

