@@ -32,7 +32,10 @@ from bertfuse.score.output import PART, OutputDir
 from bertfuse.score.spec import ScoreJob
 from bertfuse.score.stages import Stages
 
-ROWS_PER_TASK = 64  # a Ray Data batch is this many session batches: fewer, larger calls
+# A Ray Data batch is this many session batches: fewer, larger calls. On two H200s (shenma-3l
+# fp16, 1M rows) 4,096-row calls kept each GPU's session 98% busy: 2 actors 1.98x one, where
+# 2,048-row calls gave 1.77x (docs/benchmarks.md section 10).
+ROWS_PER_TASK = 128
 # Calls at once per actor (actor.Scorer): Ray Data fetches and batches the next block and
 # stores the last one's output, and the Scorer prepares and converts rows, while the session
 # thread runs the model; the Session itself runs one batch at a time on its own thread.
