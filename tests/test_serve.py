@@ -582,3 +582,26 @@ def test_import_bertfuse_does_not_load_ray():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=ROOT, timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_a_ray_failure_while_starting_is_one_line_and_leaves_nothing(served, tiny, monkeypatch,
+                                                                    capsys):
+    """A Ray process dying while the service starts (here: the placement step raising Ray's
+    own ActorDiedError, as when a worker is killed for memory) is a ServeFailed, exit 1 in the
+    CLI with one line, not an internal error; the Serve already running keeps serving."""
+    from ray.exceptions import ActorDiedError
+
+    import bertfuse.serve.api as api
+    from bertfuse import cli
+
+    def died(cfg):
+        raise ActorDiedError()
+
+    monkeypatch.setattr(api, "_placement", died)
+    with pytest.raises(api.ServeFailed, match="Ray failed while the service was starting "
+                                              r"\(ActorDiedError"):
+        api.deploy(tiny["model"], name="dies", ingress="proxy")
+    assert cli.main(["serve", tiny["model"], "--name", "dies", "--ingress", "proxy"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "ActorDiedError" in err[0], err
+    assert Client(served["main"].url).infer({"input_ids": [[1, 2]]})[0] == 200

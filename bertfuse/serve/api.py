@@ -176,6 +176,12 @@ def _placement(cfg: ServeConfig) -> tuple[str, int, dict[str, float]]:
     return device, cfg.replicas or 1, {"num_cpus": cfg.cpus_per_replica}
 
 
+class ServeFailed(BertfuseError):
+    """The Ray cluster failed under the service while it started (not the user's input)."""
+
+    exit_code = 1
+
+
 def deploy(model: Any = None, **kwargs: Any) -> Served:
     """Serves `model` (a bertfuse-converted .onnx) on Ray Serve; keywords are ServeConfig's
     fields (bertfuse/serve/config.py), checked before Ray starts. Returns when every replica
@@ -183,6 +189,7 @@ def deploy(model: Any = None, **kwargs: Any) -> Served:
     cfg = check_config(model, **kwargs)
     import ray
     from ray import serve
+    from ray.exceptions import RayError
 
     from bertfuse.serve.app import BertfuseReplica
 
@@ -232,12 +239,16 @@ def deploy(model: Any = None, **kwargs: Any) -> Served:
         urls = replica_urls(cfg.name, _url_host(url_host)) if cfg.ingress == "direct" else [url]
         if cfg.ingress == "haproxy":
             wait_routed(url)
-    except BaseException:
+    except BaseException as exc:
         try:
             Served("", cfg, "", 0, started_ray, connected, started_serve, deployed,
                    scratch=scratch).shutdown()
         except Exception:  # noqa: S110  (the first error is the one to report)
             pass
+        if isinstance(exc, RayError):  # e.g. a Ray process killed for memory
+            raise ServeFailed(f"Ray failed while the service was starting "
+                              f"({type(exc).__name__}: {_first_line(exc)[:300]}); nothing was "
+                              "left running; Ray's logs say why") from None
         raise
     return Served(url, cfg, device, replicas, started_ray, connected, started_serve,
                   urls=urls, scratch=scratch, ingress_why=why)
