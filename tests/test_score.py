@@ -344,7 +344,7 @@ def test_sigterm_stops_the_job_one_line_no_temp(cluster, tiny, corpus, tmp_path)
                       "1", "--part-rows", "1000")
     try:
         proc.send_signal(signal.SIGTERM)
-        err = proc.communicate(timeout=60)[1].decode()
+        err = proc.communicate(timeout=180)[1].decode()  # unwinding: writers, Ray Data, Ray
     finally:
         proc.kill()
         proc.wait()
