@@ -605,3 +605,18 @@ def test_a_ray_failure_while_starting_is_one_line_and_leaves_nothing(served, tin
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "ActorDiedError" in err[0], err
     assert Client(served["main"].url).infer({"input_ids": [[1, 2]]})[0] == 200
+
+
+def test_switch_interval_variable_is_checked_before_ray(tiny, monkeypatch):
+    """BERTFUSE_SERVE_SWITCH_MS (every replica reads it) is checked with the arguments: a bad
+    value is one ConfigError before any Ray process starts, a good one is taken."""
+    from bertfuse.serve.config import check_config, switch_interval_s
+
+    for bad in ("fast", "0", "-1", "5000"):
+        monkeypatch.setenv("BERTFUSE_SERVE_SWITCH_MS", bad)
+        with pytest.raises(ConfigError, match="BERTFUSE_SERVE_SWITCH_MS"):
+            check_config(tiny["model"])
+    monkeypatch.setenv("BERTFUSE_SERVE_SWITCH_MS", "2")
+    assert switch_interval_s() == 0.002 and check_config(tiny["model"]).model == tiny["model"]
+    monkeypatch.delenv("BERTFUSE_SERVE_SWITCH_MS")
+    assert switch_interval_s() == 0.0005

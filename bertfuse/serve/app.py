@@ -31,32 +31,13 @@ from ray.serve.metrics import Counter, Histogram
 from starlette.requests import Request
 from starlette.responses import Response
 
+from bertfuse.serve.config import switch_interval_s
 from bertfuse.serve.requests import HTTPError, Limits, Parsed, body_limit, combine, \
     encode_body, parse_body, split
 
 BATCH_ROWS_BOUNDARIES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 TIMES_KEPT = 1000
 STAGES = ("request", "body_wait", "parse", "queue", "model_call", "resume", "encode")
-# The session's thread needs the GIL around each model call (staging inputs, outputs to
-# NumPy, the future's result). Under load the event loop thread holds it (parsing, encoding)
-# and, while it has work, lets go only every switch interval (CPython's default 5 ms): a
-# finished call, and the next one queued behind it, could wait that long, the device idle.
-# 0.5 ms bounds that wait. On a 2-core CPU (model call ~1.2 ms) it measured neutral at 1, 8
-# and 32 clients; it matters where the model call is short next to the Python around it (a
-# GPU). BERTFUSE_SERVE_SWITCH_MS (set when Ray starts) picks another value, for A/B runs.
-SWITCH_MS = "0.5"
-
-
-def _switch_interval_s() -> float:
-    text = os.environ.get("BERTFUSE_SERVE_SWITCH_MS", SWITCH_MS)
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not 0 < value <= 1000:
-        raise ValueError(f"BERTFUSE_SERVE_SWITCH_MS must be a number of ms in (0, 1000], "
-                         f"not {text!r}")
-    return value / 1000
 
 
 def _rows(items: list[Parsed]) -> int:
@@ -90,7 +71,7 @@ class BertfuseReplica:
         from bertfuse.runtime.requests import declared_output_dims, load_model, model_facts
 
         self.spec = spec
-        sys.setswitchinterval(_switch_interval_s())
+        sys.setswitchinterval(switch_interval_s())
         proto = load_model(spec["model"])
         self.facts = model_facts(proto)
         dims = declared_output_dims(proto) or {}
