@@ -34,15 +34,12 @@ def _elsewhere(target: str) -> Command:
 
 def _cmd_example(args, console) -> int:
     from bertfuse.converter.example import write_example
+    from bertfuse.report import emit
 
     out = write_example(args.config, args.output, seed=args.seed, head=args.head,
                         hidden_act=args.hidden_act)
-    if args.json:
-        print(json.dumps({"output": str(out), "config": args.config}))
-    else:
-        console.print(f"wrote {args.config} example to {out}", markup=False, highlight=False,
-                      soft_wrap=True)
-    return 0
+    return emit(args.json, console, {"output": str(out), "config": args.config},
+                f"wrote {args.config} example to {out}")
 
 
 def _cmd_tokenize(args, console) -> int:
@@ -66,17 +63,14 @@ def _cmd_tokenize(args, console) -> int:
 
 
 def _cmd_export_triton(args, console) -> int:
+    from bertfuse.report import emit
     from bertfuse.triton import export_triton
 
     out = export_triton(args.model, args.output, args.name, args.max_batch, args.instances,
                         args.kind, args.dynamic_batching_delay_us, args.force,
                         args.cuda_graphs, args.intra_op_threads)
-    if args.json:
-        print(json.dumps(out.to_json(), indent=2))
-    else:
-        console.print(f"wrote {out.name} ({out.precision}) to {out.config} and {out.model}",
-                      markup=False, highlight=False, soft_wrap=True)
-    return 0
+    return emit(args.json, console, out.to_json(),
+                f"wrote {out.name} ({out.precision}) to {out.config} and {out.model}", indent=2)
 
 
 def _cmd_bench(args, console) -> int:

@@ -10,6 +10,7 @@ import os
 from typing import Callable
 
 from bertfuse.errors import BertfuseError, ParityError
+from bertfuse.report import emit
 
 
 def cmd_convert(args: argparse.Namespace, console) -> int:
@@ -51,12 +52,8 @@ def cmd_strip(args: argparse.Namespace, console) -> int:
     else:
         count, verb = strip_weights(model), "stripped"
     save_model(model, target)
-    if args.json:
-        print(json.dumps({"output": target, verb: count}))
-    else:
-        console.print(f"{verb} {count} initializers -> {target}", markup=False, highlight=False,
-                      soft_wrap=True)
-    return 0
+    return emit(args.json, console, {"output": target, verb: count},
+                f"{verb} {count} initializers -> {target}")
 
 
 def _status_printer(args: argparse.Namespace, console) -> tuple[Callable[[str], None] | None, object]:

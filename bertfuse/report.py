@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from importlib import metadata
@@ -13,6 +14,16 @@ from rich.table import Table
 
 if TYPE_CHECKING:
     from bertfuse.pipeline import RunReport
+
+def emit(as_json: bool, console: Console, data: dict, line: str, indent: int | None = None) -> int:
+    """A command's result: `data` as one JSON document on stdout with --json, else `line` as
+    plain text (no Rich markup or highlighting: paths print as they are). Returns exit 0."""
+    if as_json:
+        print(json.dumps(data, indent=indent))
+    else:
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+    return 0
+
 
 # The JSON run report's layout (README, "JSON reports"): bumped when a field changes meaning
 # or goes away; new fields may appear without a bump.

@@ -10,6 +10,7 @@ import os
 import sys
 
 from bertfuse.errors import BertfuseError
+from bertfuse.report import emit
 
 
 def cmd_inspect(args: argparse.Namespace, console) -> int:
@@ -36,12 +37,7 @@ def cmd_summarize(args: argparse.Namespace, console) -> int:
         sys.stdout.write(text)
         return 0
     write_text(args.output, text)
-    if args.json:
-        print(json.dumps({"output": args.output}))
-    else:
-        console.print(f"wrote summary to {args.output}", markup=False, highlight=False,
-                      soft_wrap=True)
-    return 0
+    return emit(args.json, console, {"output": args.output}, f"wrote summary to {args.output}")
 
 
 def cmd_diff(args: argparse.Namespace, console) -> int:
@@ -86,9 +82,5 @@ def cmd_draw(args: argparse.Namespace, console) -> int:
     dot = to_dot(model, args.layer, before, name=os.path.basename(args.model),
                  before_name=os.path.basename(args.before) if args.before else "raw")
     out = render(dot, args.output)
-    if args.json:
-        print(json.dumps({"output": str(out), "layer": args.layer}))
-    else:
-        console.print(f"drew layer {args.layer} to {out}", markup=False, highlight=False,
-                      soft_wrap=True)
-    return 0
+    return emit(args.json, console, {"output": str(out), "layer": args.layer},
+                f"drew layer {args.layer} to {out}")
