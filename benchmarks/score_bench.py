@@ -77,6 +77,7 @@ def session_loop(job, device: str, path: Path, dest: Path) -> dict:
     from bertfuse.score.job import ROWS_PER_TASK
     from bertfuse.score.output import write_options
     from bertfuse.score.rows import RowPreparer
+    from bertfuse.score.stages import Stages
 
     t0 = time.perf_counter()
     session = Session(job.model, max_batch=job.batch_size, max_seq=job.spec.max_seq,
@@ -85,7 +86,7 @@ def session_loop(job, device: str, path: Path, dest: Path) -> dict:
         session.warmup()
     preparer = RowPreparer(job.spec)
     t1 = time.perf_counter()
-    rows, writing, times = 0, 0.0, {}
+    rows, writing, times = 0, 0.0, Stages()
     writer = None
     for rb in pq.ParquetFile(path).iter_batches(batch_size=job.batch_size * ROWS_PER_TASK,
                                                 columns=["id", "ids"]):
@@ -103,14 +104,12 @@ def session_loop(job, device: str, path: Path, dest: Path) -> dict:
     writer.close()
     t2 = time.perf_counter()
     session.close()
+    times.add("write", writing)
     return {"rows": rows, "build_s": round(t1 - t0, 3), "seconds": round(t2 - t0, 3),
             "write_s": round(writing, 3), "rows_per_s": round(rows / (t2 - t0), 1),
             "steady_rows_per_s": round(rows / (t2 - t1), 1),
             "no_write_rows_per_s": round(rows / (t2 - t1 - writing), 1),
-            "stages": {**{s: {"s": round(v, 3), "us_per_row": round(v / rows * 1e6, 2)}
-                          for s, v in times.items()},
-                       "write": {"s": round(writing, 3),
-                                 "us_per_row": round(writing / rows * 1e6, 2)}}}
+            "stages": times.result(rows)}
 
 
 def ray_run(job_kwargs: dict, actors: int, dest: Path) -> dict:

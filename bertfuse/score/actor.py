@@ -17,16 +17,15 @@ from __future__ import annotations
 import os
 import sys
 import threading
-import time
-from contextlib import contextmanager
-from typing import Any, Iterator
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
 
 from bertfuse.score.output import PART, REJECT, ROW
 from bertfuse.score.rows import InputSpec, Prepared, RowPreparer
-from bertfuse.score.stages import actor_columns
+from bertfuse.score.stages import Stages, actor_columns
 
 CRASH_ENV = "BERTFUSE_TEST_SCORE_CRASH"  # tests: FLAGFILE:N, see Scorer._maybe_crash
 
@@ -73,26 +72,23 @@ def output_type(rank: int) -> pa.DataType:
 
 
 def score_table(session: Any, preparer: RowPreparer, table: pa.Table, outputs: list[str],
-                ranks: dict[str, int], max_batch: int, times: dict[str, float] | None = None
-                ) -> dict[str, pa.Array]:
+                ranks: dict[str, int], max_batch: int, times: Stages | None = None,
+                on_session: Callable[[Callable[[Any], Any]], Any] | None = None,
+                prepare_lock: AbstractContextManager = nullcontext()) -> dict[str, pa.Array]:
     """Each output for every row of `table` (null where rejected), and REJECT: the reason.
-    `times` (stages.ACTOR) gets the seconds of each stage added."""
-    times = {} if times is None else times
-    with _timed(times, "prepare"):
+    `times` gets the seconds of each stage (stages.ACTOR) added. The model runs as
+    on_session(fn) calls fn(session) (default: here, on `session`; the Scorer: on its session
+    thread), rows are prepared under `prepare_lock`, outputs converted on the calling thread."""
+    times = Stages() if times is None else times
+    with prepare_lock, times.timed("prepare"):
         prep = preparer(table)
-    with _timed(times, "model"):
-        got = _run(session, prep, outputs, max_batch)
-    with _timed(times, "convert"):
+
+    def run(s: Any) -> dict[str, Any]:
+        with times.timed("model"):
+            return _run(s, prep, outputs, max_batch)
+    got = on_session(run) if on_session is not None else run(session)
+    with times.timed("convert"):
         return _columns(prep, got, table.num_rows, outputs, ranks)
-
-
-@contextmanager
-def _timed(times: dict[str, float], stage: str) -> Iterator[None]:
-    t0 = time.perf_counter()
-    try:
-        yield
-    finally:
-        times[stage] = times.get(stage, 0.0) + time.perf_counter() - t0
 
 
 def _columns(prep: Prepared, got: dict[str, Any], n: int, outputs: list[str],
@@ -187,18 +183,11 @@ class Scorer:
             self.calls += 1
             call = self.calls
         self._maybe_crash(call)
-        times: dict[str, float] = {}
-        with self._prepare_lock, _timed(times, "prepare"):
-            prep = self.preparer(table)
-
-        def run(session: Any) -> dict[str, Any]:
-            with _timed(times, "model"):
-                return _run(session, prep, self.outputs, self.max_batch)
-        got = self.pool.call(run)
-        with _timed(times, "convert"):
-            cols = _columns(prep, got, table.num_rows, self.outputs, self.ranks)
+        times = Stages()
+        cols = score_table(None, self.preparer, table, self.outputs, self.ranks, self.max_batch,
+                           times, on_session=self.pool.call, prepare_lock=self._prepare_lock)
         carried = {name: table.column(name) for name in (PART, ROW, *self.keys)}
-        return pa.table({**carried, **cols, **actor_columns(times, table.num_rows)})
+        return pa.table({**carried, **cols, **actor_columns(times.seconds, table.num_rows)})
 
     def close(self) -> None:
         """Closes the Session on its own thread and ends that thread."""
