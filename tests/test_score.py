@@ -312,7 +312,7 @@ def test_a_killed_job_rerun_writes_each_part_once(cluster, tiny, corpus, ids_run
     proc = paused_cli(cluster, tmp_path / "paused", "--model", tiny["model"], "--input",
                       corpus["path"], "--output", str(out), "--ids-column", "ids",
                       "--segment-column", "segs", "--key-columns", "doc_id,qid", "--actors",
-                      "2", "--part-rows", "1000")
+                      "2", "--part-rows", "1000", "--batch-size", "8")  # calls of ~1 part
     proc.kill()  # SIGKILL: no cleanup of any kind
     proc.wait()
     done = sorted((out / "scores").glob("part-*.parquet"))
