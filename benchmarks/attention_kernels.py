@@ -19,7 +19,7 @@ import onnx
 from bertfuse.bench.models import prepare_models
 from bertfuse.bench.timing import kernel_profile, time_calls
 from bertfuse.bench.workloads import PADDED_WORKLOADS as WORKLOADS
-from bertfuse.inputs import padded_request as request
+from bertfuse.io.inputs import padded_request as request
 from bertfuse.runtime import Session
 from bertfuse.runtime.requests import model_facts
 

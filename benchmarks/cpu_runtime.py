@@ -20,7 +20,7 @@ import time
 import onnxruntime as ort
 
 from bertfuse.bench.timing import time_interleaved
-from bertfuse.inputs import padded_request
+from bertfuse.io.inputs import padded_request
 from bertfuse.runtime import Session
 from bertfuse.runtime.requests import model_facts
 

@@ -27,10 +27,10 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 try:
-    from bertfuse.safety import handle_signals, temp_dir, write_text
+    from bertfuse.io.safety import handle_signals, temp_dir, write_text
 except ImportError:  # run from a checkout without bertfuse installed
     sys.path.insert(0, str(ROOT))
-    from bertfuse.safety import handle_signals, temp_dir, write_text
+    from bertfuse.io.safety import handle_signals, temp_dir, write_text
 
 SOURCE = ROOT / "bertfuse" / "custom_ops" / "csrc" / "attention.cu"
 MASK_FILTER = -10000.0

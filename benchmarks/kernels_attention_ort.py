@@ -22,7 +22,7 @@ import numpy as np
 from kernels_attention import (  # importing it puts bertfuse on sys.path
     GATE_MAX, GATE_MEAN, Unavailable, check_paths, make_case, reference)
 
-from bertfuse.safety import handle_signals, write_text
+from bertfuse.io.safety import handle_signals, write_text
 
 
 def session(ort, lib: Path, model, graph: bool):
@@ -108,7 +108,7 @@ def main() -> int:
     try:
         import onnxruntime as ort
 
-        from bertfuse.custom_ops.bert_attention import make_model
+        from bertfuse.ops.bertfuse.bert_attention import make_model
     except ImportError as exc:
         raise Unavailable(f"onnxruntime-gpu and onnx are needed: {exc}") from None
     if hasattr(ort, "preload_dlls"):

@@ -1,5 +1,5 @@
 """Packed-path kernels on the GPU (PackTokens, UnpackTokens, PackedBertAttention): parity against
-the float64/NumPy references in bertfuse/custom_ops/packed_ops.py, then timing against the padded
+the float64/NumPy references in bertfuse/ops/bertfuse/packed_ops.py, then timing against the padded
 BertAttention kernel on the same real tokens, torch SDPA (padded, key mask) and torch's varlen
 flash attention, and device packing against the host's NumPy packing. No ONNX Runtime needed.
 
@@ -33,9 +33,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 from bertfuse.bench.workloads import PACKED_WORKLOADS  # noqa: E402
-from bertfuse.custom_ops import packed_ops  # noqa: E402
-from bertfuse.packing_layout import choose_shape, pack_into, packed_shapes  # noqa: E402
-from bertfuse.safety import handle_signals, temp_dir, write_text  # noqa: E402
+from bertfuse.ops.bertfuse import packed_ops  # noqa: E402
+from bertfuse.ops.packing_layout import choose_shape, pack_into, packed_shapes  # noqa: E402
+from bertfuse.io.safety import handle_signals, temp_dir, write_text  # noqa: E402
 
 CSRC = ROOT / "bertfuse" / "custom_ops" / "csrc"
 SOURCES = [CSRC / "packed_attention.cu", CSRC / "pack.cu", CSRC / "attention.cu"]

@@ -29,7 +29,7 @@ import numpy as np
 from kernels_attention import GATE_MAX, GATE_MEAN, Unavailable, check_paths  # puts bertfuse on sys.path
 from kernels_attention_ort import session
 
-from bertfuse.safety import handle_signals, write_text
+from bertfuse.io.safety import handle_signals, write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -79,7 +79,7 @@ def feeds_for(rng, mask: np.ndarray) -> dict[str, np.ndarray]:
 
 
 def bucket_tokens(mask: np.ndarray) -> int:
-    from bertfuse.packing_layout import choose_shape, packed_shapes
+    from bertfuse.ops.packing_layout import choose_shape, packed_shapes
 
     b, s = mask.shape
     return choose_shape(packed_shapes(b, s), b, int(np.count_nonzero(mask))).tokens

@@ -14,8 +14,8 @@ import onnx
 
 from bertfuse.bench.models import packed_form, prepare_models
 from bertfuse.bench.timing import kernel_profile, time_calls
-from bertfuse.inputs import lengths_request as request
-from bertfuse.packing_layout import choose_shape, pack_into
+from bertfuse.io.inputs import lengths_request as request
+from bertfuse.ops.packing_layout import choose_shape, pack_into
 from bertfuse.runtime import PackedSession, Session
 
 

@@ -44,7 +44,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bertfuse.inputs import lengths_request  # noqa: E402
+from bertfuse.io.inputs import lengths_request  # noqa: E402
 from bertfuse.runtime import Session, SessionPool  # noqa: E402
 from bertfuse.runtime.requests import load_model, model_facts  # noqa: E402
 

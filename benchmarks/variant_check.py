@@ -17,7 +17,7 @@ import onnx
 
 from bertfuse.bench.models import prepare_models
 from bertfuse.bench.timing import compare
-from bertfuse.inputs import lengths_request as request
+from bertfuse.io.inputs import lengths_request as request
 from bertfuse.runtime import Session
 from bertfuse.runtime.requests import model_facts
 

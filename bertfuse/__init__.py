@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from bertfuse.errors import BertfuseError, FusionIncomplete, MissingDependency, ParityError
 
-__version__ = "0.1.0"
+from bertfuse._version import __version__
 
 # name -> module that defines it, imported on first access (PEP 562).
 _LAZY = {
@@ -29,7 +29,7 @@ _LAZY = {
     "Session": "bertfuse.runtime",
     "SessionOptions": "bertfuse.runtime",
     "SessionPool": "bertfuse.runtime",
-    "RunReport": "bertfuse.pipeline",
+    "RunReport": "bertfuse.pipeline.stages",
 }
 
 __all__ = ["BertfuseError", "FusionIncomplete", "MissingDependency", "ParityError",
@@ -37,7 +37,7 @@ __all__ = ["BertfuseError", "FusionIncomplete", "MissingDependency", "ParityErro
 
 if TYPE_CHECKING:
     from bertfuse.api import convert, optimize
-    from bertfuse.pipeline import RunReport
+    from bertfuse.pipeline.stages import RunReport
     from bertfuse.runtime import Session, SessionOptions, SessionPool
 
 

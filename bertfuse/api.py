@@ -15,8 +15,8 @@ from typing import Callable, Mapping, NamedTuple, Sequence
 import onnx
 
 from bertfuse.errors import BertfuseError
-from bertfuse.kernels_form import KERNELS
-from bertfuse.pipeline import (PRECISIONS, ConvertOptions, RunReport, check_precision,
+from bertfuse.pipeline.lowering import KERNELS
+from bertfuse.pipeline.stages import (PRECISIONS, ConvertOptions, RunReport, check_precision,
                                convert_model, optimize_model)
 
 Progress = Callable[[str], None]

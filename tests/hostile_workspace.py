@@ -71,7 +71,7 @@ def _toy_model(path: Path) -> None:
 def derive_models(fused: Path, lib: dict[str, Path]) -> None:
     """The inputs made from the fused model: summary, skeleton, NaN/Inf weights, a toy."""
     from bertfuse.inspect.summary import dumps, summarize
-    from bertfuse.modelio import load_model, save_model
+    from bertfuse.io.model import load_model, save_model
     from bertfuse.runtime.weights import strip_weights
 
     lib["summary"].write_text(dumps(summarize(str(fused))))

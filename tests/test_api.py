@@ -168,7 +168,7 @@ def test_json_report_has_schema_and_tool_versions(tiny):
 
     import tensorflow as tf
 
-    from bertfuse.report import SCHEMA_VERSION
+    from bertfuse.pipeline.report import SCHEMA_VERSION
 
     _, report = bertfuse.convert(tiny, verify=False)
     data = json.loads(json.dumps(report.to_json(), default=str))
@@ -294,7 +294,7 @@ def test_api_missing_tensorflow_raises_missing_dependency(tiny):
 def test_console_is_not_wrapped_when_not_a_terminal(monkeypatch):
     from rich.table import Table
 
-    from bertfuse.report import make_console
+    from bertfuse.cli.render import make_console
 
     monkeypatch.delenv("COLUMNS", raising=False)
     buf = io.StringIO()

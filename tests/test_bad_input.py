@@ -323,12 +323,12 @@ def test_internal_error_is_one_line_exit_3(bad, out_dir, capsys, monkeypatch):
 
 
 def test_failed_write_leaves_no_temp_file(bad, out_dir, capsys, monkeypatch):
-    import bertfuse.modelio
+    import bertfuse.io.model
 
     def full_disk(src, dst):
         raise OSError(28, "No space left on device", str(dst))
 
-    monkeypatch.setattr(bertfuse.modelio.os, "replace", full_disk)
+    monkeypatch.setattr(bertfuse.io.model.os, "replace", full_disk)
     line = _expect_failure(capsys, ["optimize", bad["toy_onnx"], "-o", out_dir / "m.onnx"])
     assert "No space left" in line
     _assert_nothing_written(out_dir)
@@ -364,7 +364,7 @@ def test_frozen_inputs_override_succeeds(bad, out_dir, capsys):
 @pytest.fixture
 def drifting_export(monkeypatch):
     """Corrupts the largest weight after the passes, so the ONNX drifts from TF."""
-    import bertfuse.pipeline as pipeline
+    import bertfuse.pipeline.stages as pipeline
 
     original = pipeline._optimize
 

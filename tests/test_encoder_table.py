@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bertfuse.encoder_table import encoder_table
+from bertfuse.inspect.encoder_table import encoder_table
 from bertfuse.passes.base import Diagnostic
 
 FUSED_LAYER = ["Attention", "SkipLayerNormalization", "BiasGelu", "SkipLayerNormalization"]

@@ -34,7 +34,7 @@ import pytest
 from onnx import TensorProto, numpy_helper
 
 from bertfuse import cli
-from bertfuse.verify import ort_session, run_onnx
+from bertfuse.pipeline.parity import ort_session, run_onnx
 from builders.tf_models import SOURCE_FIXTURES, TFModel
 
 L = 2  # EXAMPLE_CONFIGS['tiny'].num_hidden_layers

@@ -151,7 +151,7 @@ def test_convert_with_onednn_requested_is_exact_and_quiet(contrib_pb, tmp_path):
 _IN_PROCESS = textwrap.dedent("""
     import json, sys
     import tensorflow  # first, with TF_ENABLE_ONEDNN_OPTS=1: what a notebook has
-    from bertfuse import pipeline
+    from bertfuse.pipeline import stages as pipeline
     from bertfuse.converter.reference import onednn_on
     report = pipeline.convert(sys.argv[1], sys.argv[2], pipeline.ConvertOptions(batch=3))
     print(json.dumps({"onednn_on": onednn_on(), "parity": report.parity.to_json()}))
@@ -250,8 +250,8 @@ def test_swapped_mask_and_segments_are_refused(neighbour_pb, tmp_path):
 
 
 def test_mask_check_fails_on_nan():
-    from bertfuse.verify import OutputParity, tolerance_for
-    from bertfuse.verify_mask import IDS, mask_rows
+    from bertfuse.pipeline.parity import OutputParity, tolerance_for
+    from bertfuse.pipeline.mask import IDS, mask_rows
 
     mask = np.array([[1, 1, 0, 0]], np.int32)
     base = np.zeros((1, 4, 2), np.float32)
@@ -268,7 +268,7 @@ def test_mask_check_fails_on_nan():
 
 
 def test_compare_fails_closed():
-    from bertfuse.verify import compare, tolerance_for
+    from bertfuse.pipeline.parity import compare, tolerance_for
 
     ref = {"a": np.ones((2, 3), np.float32), "b": np.ones(3, np.float32),
            "c": np.ones(3, np.float32)}
@@ -361,7 +361,7 @@ def test_bad_tolerance_or_seed_is_one_line_exit_2(tmp_path, argv):
 @pytest.mark.parametrize("field,value", [("atol", float("nan")), ("rtol", -1.0),
                                          ("seed", -1), ("atol", float("inf"))])
 def test_python_api_checks_tolerances_and_seed(field, value, tmp_path):
-    from bertfuse import pipeline
+    from bertfuse.pipeline import stages as pipeline
 
     opts = pipeline.ConvertOptions(**{field: value})
     with pytest.raises(BertfuseError, match=f"--{field}"):
@@ -386,9 +386,9 @@ def test_gate_uses_atol_rtol_and_a_fixed_seed(ckpt_erf, convert_cached):
 
 
 def test_hint_fits_the_source_kind():
-    from bertfuse.pipeline import parity_failure
-    from bertfuse.verify import OutputParity, ParityReport
-    from bertfuse.verify_mask import SEGMENTS
+    from bertfuse.pipeline.stages import parity_failure
+    from bertfuse.pipeline.parity import OutputParity, ParityReport
+    from bertfuse.pipeline.mask import SEGMENTS
 
     row = OutputParity(SEGMENTS, 0.5, 0.1, False,
                        note="TF's own outputs move: input_mask does not act as the attention "

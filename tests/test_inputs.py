@@ -1,10 +1,10 @@
-"""bertfuse/inputs.py: every random or probe input, checked against what its callers rely on."""
+"""bertfuse/io/inputs.py: every random or probe input, checked against what its callers rely on."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from bertfuse import inputs
+from bertfuse.io import inputs
 
 
 def test_random_inputs_padding_kinds():

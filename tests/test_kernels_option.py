@@ -14,7 +14,7 @@ import pytest
 
 import bertfuse
 from bertfuse.cli import main
-from bertfuse.custom_ops.evaluator import evaluate
+from bertfuse.ops.evaluator import evaluate
 from bertfuse.errors import BertfuseError
 
 BF = "ai.bertfuse"

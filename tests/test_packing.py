@@ -10,8 +10,9 @@ import onnx
 import pytest
 
 from bertfuse.cli import main
-from bertfuse.custom_ops import attention, packed_attention
-from bertfuse.packing_layout import PACKED_INPUTS, choose_shape, pack_into, packed_shapes
+from bertfuse.ops.contrib import attention
+from bertfuse.ops.contrib import packed_attention
+from bertfuse.ops.packing_layout import PACKED_INPUTS, choose_shape, pack_into, packed_shapes
 
 
 def _mask(rng: np.random.Generator, batch: int, seq: int, kind: str) -> np.ndarray:
@@ -129,7 +130,7 @@ def test_packed_shapes_of_one_token_rows_return(batch):
 
 def test_device_shapes_step_up_to_the_bucket():
     """The device-packed form's token buckets: no filler rows, T up to batch x seq."""
-    from bertfuse.packing_layout import choose_device_shape, device_shapes
+    from bertfuse.ops.packing_layout import choose_device_shape, device_shapes
 
     shapes = device_shapes(20, 64)
     assert [s.tokens for s in shapes] == [160 * k for k in range(1, 9)]

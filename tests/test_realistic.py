@@ -49,7 +49,7 @@ def test_large_models_are_written_with_external_data(ckpt_erf, tmp_path, monkeyp
     import numpy as np
     import onnxruntime as ort
 
-    from bertfuse import modelio
+    from bertfuse.io import model as modelio
     from bertfuse.converter.export import random_inputs
 
     monkeypatch.setattr(modelio, "EXTERNAL_DATA_THRESHOLD", 1_000_000)

@@ -449,7 +449,7 @@ def test_external_data_write_is_atomic_pair(work, capsys, monkeypatch):
     """Past protobuf's 2 GB (here: a lowered threshold) the model and its .data file are
     written in a private directory beside the target and renamed into place; a .data name
     that is not a regular file is refused."""
-    import bertfuse.modelio as modelio
+    import bertfuse.io.model as modelio
 
     plain = work["root"] / "plain.onnx"
     assert main(["optimize", str(work["raw"]), "-o", str(plain)]) == 0
@@ -473,7 +473,7 @@ def test_external_data_write_is_atomic_pair(work, capsys, monkeypatch):
 def test_a_signal_waits_for_a_held_block_and_temps_go():
     """A signal inside held() (temp creation, rename pairs) is raised when the block ends;
     the registered temporaries are gone when handle_signals() ends."""
-    from bertfuse import safety
+    from bertfuse.io import safety
 
     done, made = [], []
     with pytest.raises(safety.Terminated) as info:
@@ -493,7 +493,7 @@ def test_a_signal_waits_for_a_held_block_and_temps_go():
 @pytest.mark.parametrize("api", ["convert", "optimize"])
 def test_python_api_refuses_an_output_that_is_an_input(work, api):
     """The guarantee is the pipeline's, not only the CLI's."""
-    from bertfuse import pipeline
+    from bertfuse.pipeline import stages as pipeline
     from bertfuse.errors import BertfuseError
 
     root = work["root"]

@@ -20,7 +20,7 @@ from conftest import ROLES, SOURCE_FIXTURES, TFModel
 from onnx import TensorProto
 
 from bertfuse import cli
-from bertfuse.verify import ort_session, run_onnx
+from bertfuse.pipeline.parity import ort_session, run_onnx
 
 TOL = 1e-4
 

@@ -48,7 +48,7 @@ def _cases() -> list:
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
-    from bertfuse.pipeline import ConvertOptions, convert
+    from bertfuse.pipeline.stages import ConvertOptions, convert
 
     out_dir = tmp_path_factory.mktemp("thirdparty")
     cache: dict[tuple[str, str], tuple[str, object]] = {}
@@ -120,7 +120,7 @@ def test_thirdparty_fused_and_exact(name, rel, converted):
 
     if rel.endswith(".keras"):
         return  # the same graph as the SavedModel row: fp16 is checked there
-    from bertfuse.modelio import load_model
+    from bertfuse.io.model import load_model
     from bertfuse.passes.cleanup import Cleanup
     from bertfuse.passes.fp16 import Fp16Pass
     from bertfuse.passes.manager import run_passes
@@ -151,7 +151,7 @@ def test_shared_layer_weights_stay_shared(converted):
 def test_head_with_mask_and_segments_swapped_is_refused(tmp_path):
     """A classifier has no sequence_output: its logits carry the mask check."""
     from bertfuse.errors import ParityError
-    from bertfuse.pipeline import ConvertOptions, convert
+    from bertfuse.pipeline.stages import ConvertOptions, convert
 
     out = tmp_path / "swapped.onnx"
     opts = ConvertOptions(inputs="input_ids=input_ids,input_mask=token_type_ids,"

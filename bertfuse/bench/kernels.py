@@ -49,7 +49,7 @@ def find_library(sm: int | None = None, root: str | None = None) -> KernelsSetup
     to read its build info; else the one-line reason (no GPU, not built, cannot load)."""
     from pathlib import Path
 
-    from bertfuse.custom_ops import library as lib
+    from bertfuse.kernels import library as lib
 
     try:
         path = lib.locate(sm=sm, root=Path(root) if root else None)
@@ -63,7 +63,7 @@ def kernels_model(fused16: str, workdir: str) -> tuple[str | None, str]:
     with the op census and what stayed in contrib ops), or (None, why not)."""
     import onnx
 
-    from bertfuse.kernels_form import to_bertfuse_kernels
+    from bertfuse.pipeline.lowering import to_bertfuse_kernels
 
     return _rewrite(lambda report: to_bertfuse_kernels(onnx.load(fused16), report),
                     os.path.join(workdir, "kernels16.onnx"), "the bertfuse kernels pass")
@@ -76,13 +76,13 @@ def fp8_model(fused16: str, kernels16: str, workdir: str) -> tuple[str | None, s
     import onnx
 
     try:
-        from bertfuse.kernels_fp8 import calibrate, dense_inputs, to_fp8
+        from bertfuse.pipeline.fp8 import calibrate, dense_inputs, to_fp8
     except ImportError as exc:
-        if exc.name == "bertfuse.kernels_fp8":
+        if exc.name == "bertfuse.pipeline.fp8":
             return None, "this bertfuse has no FP8 option"
         return None, f"the FP8 option cannot be imported ({exc})"
-    from bertfuse.kernels_form import model_feeds
-    from bertfuse.pipeline import ConvertOptions
+    from bertfuse.pipeline.lowering import model_feeds
+    from bertfuse.pipeline.stages import ConvertOptions
 
     def rewrite(report) -> onnx.ModelProto:
         contrib, kmodel = onnx.load(fused16), onnx.load(kernels16)
@@ -99,8 +99,8 @@ def _rewrite(make, path: str, what: str, counted=lambda op: True) -> tuple[str |
     misses]'), or (None, why) when it fails or converts nothing it counts."""
     import onnx
 
-    from bertfuse.custom_ops import BERTFUSE_DOMAIN
-    from bertfuse.kernels_form import kernels_misses
+    from bertfuse.ops import BERTFUSE_DOMAIN
+    from bertfuse.pipeline.lowering import kernels_misses
     from bertfuse.passes.manager import PipelineReport
 
     report = PipelineReport()

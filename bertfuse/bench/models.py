@@ -27,7 +27,7 @@ def bound_session(path: str, feeds: dict[str, np.ndarray], graph: bool = False,
     if strict_gpu:
         so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
     opts = {"enable_cuda_graph": "1" if graph else "0", **(extra or {})}
-    from bertfuse.custom_ops.library import prepare
+    from bertfuse.kernels.library import prepare
 
     prepare(so, path, "cuda")  # a model with ai.bertfuse ops: bertfuse's op library
     sess = ort.InferenceSession(path, so, providers=[("CUDAExecutionProvider", opts)])
@@ -116,7 +116,7 @@ def memcpy_nodes(path: str) -> int:
         so = ort.SessionOptions()
         so.log_severity_level = 3
         so.optimized_model_filepath = out
-        from bertfuse.custom_ops.library import prepare
+        from bertfuse.kernels.library import prepare
 
         prepare(so, path, "cuda")
         ort.InferenceSession(path, so, providers=["CUDAExecutionProvider"])

@@ -28,8 +28,8 @@ from bertfuse.bench.models import packed_form, prepare_models
 from bertfuse.bench.timing import time_interleaved
 from bertfuse.bench.workloads import PACKED_WORKLOADS as WORKLOADS
 from bertfuse.bench.workloads import Lengths
-from bertfuse.inputs import lengths_request as request
-from bertfuse.packing_layout import choose_shape
+from bertfuse.io.inputs import lengths_request as request
+from bertfuse.ops.packing_layout import choose_shape
 
 def _mixes(lengths: Lengths, rng: np.random.Generator, batch: int,
            seq: int) -> dict[str, np.ndarray]:

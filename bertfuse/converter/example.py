@@ -14,7 +14,7 @@ from bertfuse.converter.config import EXAMPLE_CONFIGS, BertConfig
 from bertfuse.converter.example_vocab import example_vocab
 from bertfuse.converter.modeling import random_weights
 from bertfuse.errors import BertfuseError
-from bertfuse.safety import pause_point, swap_dir_in, temp_dir
+from bertfuse.io.safety import pause_point, swap_dir_in, temp_dir
 
 # Marks a directory as written by `bertfuse example`, which may then replace it as a whole.
 MARKER = ".bertfuse-example"

@@ -15,10 +15,10 @@ import os
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from bertfuse import __version__
+from bertfuse._version import __version__
 from bertfuse.converter.source import ROLES, TFSource
 from bertfuse.errors import BertfuseError
-from bertfuse.inputs import random_inputs  # noqa: F401  (its old home: callers import it here)
+from bertfuse.io.inputs import random_inputs  # noqa: F401  (its old home: callers import it here)
 
 SUPPORTED_OPSETS = (17, 18)
 # Ops tf2onnx emits when it cannot map a TF op: they load in no runtime.

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import onnx
 
-from bertfuse.encoder_table import ATTENTION_OPS, GELU_OPS, RAW_LN_OPS, SKIP_LN_OPS
+from bertfuse.inspect.encoder_table import ATTENTION_OPS, GELU_OPS, RAW_LN_OPS, SKIP_LN_OPS
 from bertfuse.errors import BertfuseError
-from bertfuse.safety import mode_of, replace_file, temp_file
+from bertfuse.io.safety import mode_of, replace_file, temp_file
 
 CORE_OPS = ATTENTION_OPS + ("Softmax",)
 FUSED = {  # op -> (fill, legend label); --kernels bertfuse's ops as the ones they replace

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from bertfuse.encoder_table import EncoderTable, encoder_table
+from bertfuse.inspect.encoder_table import EncoderTable, encoder_table
 from bertfuse.errors import BertfuseError
 
 SUMMARY_FORMAT = "bertfuse-summary/1"
@@ -271,7 +271,7 @@ def _shape(shape) -> str:
 
 
 def _encoder_object(enc: dict) -> EncoderTable:
-    from bertfuse.encoder_table import LayerStatus
+    from bertfuse.inspect.encoder_table import LayerStatus
 
     layers = [LayerStatus(l["layer"], l["attention"], l["skip_layernorm"], l["gelu"],
                           dict(l.get("leftovers", {})), list(l.get("reasons", [])))
@@ -283,7 +283,7 @@ def print_summary(s: dict, console, path: str = "") -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from bertfuse.report import print_encoder_table
+    from bertfuse.inspect.encoder_table import print_encoder_table
 
     opsets = ", ".join(f"{d} {v}" for d, v in sorted(s["opsets"].items()))
     console.print(f"[bold]{escape(path)}[/bold]  producer {escape(s['producer']['name'])} "

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from bertfuse.custom_ops.attention import CONTRACT as ATTENTION
+from bertfuse.ops.contrib.attention import CONTRACT as ATTENTION
 from bertfuse.passes.attention_mask import MaskTerm, check_mask, split_mask
 from bertfuse.passes.attention_match import MASK_FLOOR, AttentionMatch, Projection, \
     _scalar_factor, match_numeric

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable, Protocol
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from bertfuse.custom_ops.contract import MS_DOMAIN  # noqa: F401  (the one domain constant)
+from bertfuse.ops.contract import MS_DOMAIN  # noqa: F401  (the one domain constant)
 
 
 @dataclass

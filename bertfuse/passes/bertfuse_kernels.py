@@ -29,10 +29,10 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from bertfuse.custom_ops.bert_attention import CONTRACT as BERT_ATTENTION
-from bertfuse.custom_ops.bert_attention import MASK_FILTER_VALUE
-from bertfuse.custom_ops.dense import DENSE_BIAS, DENSE_BIAS_GELU, DENSE_BIAS_SKIP_LAYERNORM
-from bertfuse.custom_ops.skip_layernorm import DEFAULT_EPSILON
+from bertfuse.ops.bertfuse.bert_attention import CONTRACT as BERT_ATTENTION
+from bertfuse.ops.bertfuse.bert_attention import MASK_FILTER_VALUE
+from bertfuse.ops.bertfuse.dense import DENSE_BIAS, DENSE_BIAS_GELU, DENSE_BIAS_SKIP_LAYERNORM
+from bertfuse.ops.contrib.skip_layernorm import DEFAULT_EPSILON
 from bertfuse.passes.base import MS_DOMAIN, Layers, MatchResult, PassResult, const, const_value, \
     detach, is_graph_output, producer
 from bertfuse.passes.evaluate import eval_with_ort, rank_of

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from bertfuse.custom_ops.embed_layernorm import CONTRACT as EMBED_LN
+from bertfuse.ops.contrib.embed_layernorm import CONTRACT as EMBED_LN
 from bertfuse.passes.base import MatchResult, PassResult, cast_int32, const, const_value, \
     producer, replace_tensor
 from bertfuse.passes.evaluate import ancestors, eval_with_ort

@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from bertfuse.custom_ops.contract import MS_DOMAIN, MS_OPSET
+from bertfuse.ops.contract import MS_DOMAIN, MS_OPSET
 from bertfuse.passes.base import const_value, producer
 
 ELEMENTWISE = {"Add", "Sub", "Mul", "Div", "Neg", "Sqrt", "Reciprocal", "Pow", "Erf", "Tanh",

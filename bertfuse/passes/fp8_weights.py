@@ -19,9 +19,9 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from bertfuse.custom_ops.contract import BERTFUSE_DOMAIN
-from bertfuse.custom_ops.dense_fp8 import CONTRACTS as FP8_CONTRACTS
-from bertfuse.custom_ops.dense_fp8 import FP8_OF, quantize_weight, x_scale_for
+from bertfuse.ops.contract import BERTFUSE_DOMAIN
+from bertfuse.ops.bertfuse.dense_fp8 import CONTRACTS as FP8_CONTRACTS
+from bertfuse.ops.bertfuse.dense_fp8 import FP8_OF, quantize_weight, x_scale_for
 from bertfuse.passes.base import Layers, MatchResult, PassResult, const, const_value, detach
 
 K_MULTIPLE = 16  # cuBLASLt's FP8 GEMMs need K % 16 == 0

@@ -25,7 +25,7 @@ from math import erf
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from bertfuse.custom_ops.gelu import CONTRACTS as GELU_CONTRACTS
+from bertfuse.ops.contrib.gelu import CONTRACTS as GELU_CONTRACTS
 from bertfuse.passes.base import (Layers, MatchResult, PassResult, const_value, detach,
                                   is_graph_output, producer, replace_tensor)
 from bertfuse.passes.evaluate import closed_region, eval_elementwise, region_outputs

@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from bertfuse.custom_ops.layernorm import CONTRACT as LAYER_NORM
+from bertfuse.ops.contrib.layernorm import CONTRACT as LAYER_NORM
 from bertfuse.passes.base import Layers, MatchResult, PassResult, const, detach, replace_tensor, \
     scalar_value
 from bertfuse.passes.evaluate import closed_region, eval_elementwise, region_outputs

@@ -11,8 +11,8 @@ from typing import Callable, Sequence
 import onnx
 import onnx_graphsurgeon as gs
 
-from bertfuse.custom_ops.contract import MS_DOMAIN, MS_OPSET
-from bertfuse.encoder_table import EncoderTable, encoder_table
+from bertfuse.ops.contract import MS_DOMAIN, MS_OPSET
+from bertfuse.inspect.encoder_table import EncoderTable, encoder_table
 from bertfuse.passes.base import Diagnostic, Pass, census
 from bertfuse.passes.cleanup import Cleanup
 
@@ -109,7 +109,7 @@ def run_passes(model: onnx.ModelProto, passes: Sequence[Pass] | None = None,
     out.ir_version = model.ir_version
     del out.metadata_props[:]
     out.metadata_props.extend(model.metadata_props)
-    from bertfuse import __version__
+    from bertfuse._version import __version__
 
     out.producer_name, out.producer_version = "bertfuse", __version__
     _ensure_opsets(out, model)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from bertfuse.custom_ops.packed_ops import PACK_TOKENS, PACKED_BERT_ATTENTION, UNPACK_TOKENS
+from bertfuse.ops.bertfuse.packed_ops import PACK_TOKENS, PACKED_BERT_ATTENTION, UNPACK_TOKENS
 from bertfuse.passes.base import MS_DOMAIN, Layers, PassResult, cast_int32, replace_tensor
 from bertfuse.passes.packing import gather_tokens
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from bertfuse.custom_ops.skip_layernorm import CONTRACT as SKIP_LN
+from bertfuse.ops.contrib.skip_layernorm import CONTRACT as SKIP_LN
 from bertfuse.passes.base import Layers, MatchResult, PassResult, const_value, producer, \
     reaches_op, replace_tensor
 

@@ -144,7 +144,7 @@ class SessionMaker:
     def open(self, model: bytes | str):
         """An InferenceSession of `model` (serialized bytes or a path)."""
         if not self.kernels:  # ai.bertfuse ops: the library (CUDA only), else a clear error
-            from bertfuse.custom_ops.library import prepare
+            from bertfuse.kernels.library import prepare
 
             self.kernels = prepare(self.opts, model, self.device)
         with GATE.capturing():  # ORT allocates weights on the device: not during a capture

@@ -31,7 +31,7 @@ import numpy as np
 import onnx
 
 from bertfuse.errors import BertfuseError
-from bertfuse.packing_layout import (PACKED_INPUTS, PackedShape, capture_mask,
+from bertfuse.ops.packing_layout import (PACKED_INPUTS, PackedShape, capture_mask,
                                      choose_device_shape, choose_shape, device_shapes,
                                      pack_into, packed_shapes)
 from bertfuse.runtime.device import GATE, SessionMaker, claim_thread, fetch, staging, upload

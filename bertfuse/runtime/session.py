@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import onnx
 
-from bertfuse.inputs import shape_probe
+from bertfuse.io.inputs import shape_probe
 from bertfuse.runtime.device import (GATE, SessionMaker, claim_thread, device_copy,
                                      device_memory_used, fetch, staging, upload)
 from bertfuse.runtime.options import SessionOptions, session_options

@@ -27,7 +27,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from bertfuse.inputs import variant_probe
+from bertfuse.io.inputs import variant_probe
 
 MASK = "input_mask"
 # right_padded='auto': [3B+2] below this bucket length, [B] from it.

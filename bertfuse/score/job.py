@@ -26,7 +26,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from bertfuse.errors import BertfuseError
-from bertfuse.safety import pause_point
+from bertfuse.io.safety import pause_point
 from bertfuse.score.actor import CRASH_ENV, Scorer, read_parts
 from bertfuse.score.output import PART, OutputDir
 from bertfuse.score.spec import ScoreJob

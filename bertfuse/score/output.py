@@ -26,7 +26,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from bertfuse.errors import BertfuseError
-from bertfuse.safety import replace_file, temp_file, write_text
+from bertfuse.io.safety import replace_file, temp_file, write_text
 
 MANIFEST = "_bertfuse_score.json"
 LOCK = "_bertfuse_score.lock"

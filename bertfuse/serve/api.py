@@ -85,7 +85,7 @@ class Served:
 
 @contextmanager
 def _keep_signal_handlers() -> Iterator[None]:
-    """ray.init sets its own SIGTERM handler (sys.exit) in the driver; the CLI's (bertfuse.safety)
+    """ray.init sets its own SIGTERM handler (sys.exit) in the driver; the CLI's (bertfuse.io.safety)
     must stay, so that SIGTERM shuts Serve down cleanly."""
     import threading
 

@@ -12,7 +12,7 @@ ort = pytest.importorskip("onnxruntime")
 from bertfuse import cli  # noqa: E402
 from bertfuse.bench import padded as bench  # noqa: E402
 from bertfuse.bench.timing import compare, time_interleaved  # noqa: E402
-from bertfuse.inputs import padded_request  # noqa: E402
+from bertfuse.io.inputs import padded_request  # noqa: E402
 from bertfuse.runtime.variants import mask_mode  # noqa: E402
 from runtime.common import VOCAB, padded_mask  # noqa: E402
 

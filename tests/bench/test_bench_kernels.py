@@ -19,8 +19,8 @@ from bertfuse.bench.kernels import CONTRIB_DEFAULT, CONTRIB_RAW_ONLY, FIRST_ROW,
     find_library, format_comparison, plan_rows, runtime_rows  # noqa: E402
 from bertfuse.bench.models import prepare_models  # noqa: E402
 from bertfuse.bench.padded import Result  # noqa: E402
-from bertfuse.custom_ops import BERTFUSE_DOMAIN  # noqa: E402
-from bertfuse.custom_ops.library import LIB_NAME, cache_key  # noqa: E402
+from bertfuse.ops import BERTFUSE_DOMAIN  # noqa: E402
+from bertfuse.kernels.library import LIB_NAME, cache_key  # noqa: E402
 
 
 def test_runtime_rows_add_the_kernels_form_to_the_contrib_rows():
@@ -89,7 +89,7 @@ def test_kernels_model_rewrites_the_fused_fp16_model(tiny_onnx, tmp_path):
     fused.unlink()
     assert plan_rows(KernelsSetup(library="/some/libbertfuse_ops.so"), paths) == \
         (rows, notes, skipped)
-    if importlib.util.find_spec("bertfuse.kernels_fp8") is None:  # no FP8 option: said so
+    if importlib.util.find_spec("bertfuse.pipeline.fp8") is None:  # no FP8 option: said so
         assert rows == runtime_rows(True)[:-1] and "kernels_fp8" not in paths
         assert skipped == [(KERNELS_ROWS[2][0], "not run: this bertfuse has no FP8 option")]
         return

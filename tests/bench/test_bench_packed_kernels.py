@@ -16,7 +16,7 @@ pytest.importorskip("onnx_graphsurgeon")
 from bertfuse.bench import packed_kernels  # noqa: E402
 from bertfuse.bench.kernels import KernelsSetup  # noqa: E402
 from bertfuse.bench.packed import format_tables  # noqa: E402
-from bertfuse.custom_ops import BERTFUSE_DOMAIN  # noqa: E402
+from bertfuse.ops import BERTFUSE_DOMAIN  # noqa: E402
 
 WORKLOAD = "uniform [8,64] b20 s64"
 

@@ -1,1 +1,1 @@
-"""Tests of bertfuse.custom_ops: one file per op module (test_<module>.py), ORT CPU vs reference."""
+"""Tests of bertfuse.ops: one file per op module (test_<module>.py), ORT CPU vs reference."""

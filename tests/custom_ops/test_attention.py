@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bertfuse.custom_ops import attention
+from bertfuse.ops.contrib import attention
 from custom_ops.common import ATTENTION_ATOL, FP32_ATOL, B, H, N, S, assert_close, attention_inputs, \
     max_diff, random_key_mask, run
 

@@ -8,7 +8,9 @@ import numpy as np
 import onnx
 import pytest
 
-from bertfuse.custom_ops import BERTFUSE_DOMAIN, attention, bert_attention
+from bertfuse.ops import BERTFUSE_DOMAIN
+from bertfuse.ops.contrib import attention
+from bertfuse.ops.bertfuse import bert_attention
 from custom_ops.common import ATTENTION_ATOL, B, H, N, S, attention_inputs, random_key_mask, run, \
     session
 

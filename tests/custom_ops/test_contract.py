@@ -10,7 +10,10 @@ import numpy as np
 import onnx
 import pytest
 
-from bertfuse.custom_ops import CONTRACTS, attention, layernorm, skip_layernorm
+from bertfuse.ops import CONTRACTS
+from bertfuse.ops.contrib import attention
+from bertfuse.ops.contrib import layernorm
+from bertfuse.ops.contrib import skip_layernorm
 from custom_ops.common import ATTENTION_ATOL, B, H, N, S, attention_inputs, ort_cpu_float_types, run
 
 README = Path(__file__).resolve().parents[2] / "bertfuse" / "custom_ops" / "README.md"

@@ -10,9 +10,11 @@ import numpy as np
 import onnx
 import pytest
 
-from bertfuse.custom_ops import BERTFUSE_CONTRACTS, BERTFUSE_DOMAIN, CONTRACTS, dense, gelu
-from bertfuse.custom_ops import skip_layernorm
-from bertfuse.custom_ops.contract import MS_DOMAIN, one_node_model
+from bertfuse.ops import BERTFUSE_CONTRACTS, BERTFUSE_DOMAIN, CONTRACTS
+from bertfuse.ops.bertfuse import dense
+from bertfuse.ops.contrib import gelu
+from bertfuse.ops.contrib import skip_layernorm
+from bertfuse.ops.contract import MS_DOMAIN, one_node_model
 from custom_ops.common import assert_fp16_within_ulp, run, session
 
 K, N = 24, 40

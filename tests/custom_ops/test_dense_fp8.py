@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from bertfuse.custom_ops import BERTFUSE_CONTRACTS, BERTFUSE_DOMAIN, dense_fp8
+from bertfuse.ops import BERTFUSE_CONTRACTS, BERTFUSE_DOMAIN
+from bertfuse.ops.bertfuse import dense_fp8
 from custom_ops.common import assert_fp16_within_ulp, run
 
 K, N = 32, 24

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bertfuse.custom_ops import embed_layernorm
-from bertfuse.custom_ops.contract import one_node_model
+from bertfuse.ops.contrib import embed_layernorm
+from bertfuse.ops.contract import one_node_model
 from custom_ops.common import FP32_ATOL, B, H, S, assert_close, random_key_mask, run, session
 
 VOCAB, MAXPOS, TYPES = 50, 16, 2

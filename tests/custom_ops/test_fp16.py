@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bertfuse.custom_ops import CONTRACTS
+from bertfuse.ops import CONTRACTS
 from custom_ops.test_layernorm import fp16_layernorm
 from custom_ops.test_skip_layernorm import fp16_skip_layernorm
 

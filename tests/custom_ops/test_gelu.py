@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bertfuse.custom_ops import gelu
-from bertfuse.custom_ops.contract import one_node_model
+from bertfuse.ops.contrib import gelu
+from bertfuse.ops.contract import one_node_model
 from custom_ops.common import FP32_ATOL, B, H, S, assert_close, max_diff, run, session
 
 

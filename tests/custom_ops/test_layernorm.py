@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bertfuse.custom_ops import layernorm
+from bertfuse.ops.contrib import layernorm
 from custom_ops.common import FP32_ATOL, B, H, S, assert_close, assert_fp16_within_ulp, run
 
 

@@ -20,11 +20,11 @@ import pytest
 from onnx import TensorProto, helper
 
 from bertfuse.cli import main
-from bertfuse.custom_ops import dense
-from bertfuse.custom_ops import library as lib
-from bertfuse.custom_ops.build import find_ort_include, header_api_version
+from bertfuse.ops.bertfuse import dense
+from bertfuse.kernels import library as lib
+from bertfuse.kernels.build import find_ort_include, header_api_version
 from bertfuse.errors import BertfuseError
-from bertfuse.kernels_command import _arch
+from bertfuse.cli.kernels import _arch
 
 SCRIPT = Path(lib.__file__).with_name("fetch_ort_headers.sh")
 
@@ -192,9 +192,9 @@ def test_runtime_session_refuses_ai_bertfuse_model_on_cpu(tmp_path):
 
 def test_session_maker_verify_and_check_refuse_on_cpu():
     ort = pytest.importorskip("onnxruntime")
-    from bertfuse.modelio import check_model
+    from bertfuse.io.model import check_model
     from bertfuse.runtime.device import SessionMaker
-    from bertfuse.verify import ort_session
+    from bertfuse.pipeline.parity import ort_session
 
     model = _dense_model()
     with pytest.raises(lib.KernelLibraryError, match="only on a CUDA GPU"):
@@ -339,7 +339,7 @@ def test_check_binding_run_rolls_inputs_in_place():
     row-wise like every ai.bertfuse op): new inputs written into the bound buffers give the
     rolled output."""
     ort = pytest.importorskip("onnxruntime")
-    from bertfuse.custom_ops.check import Case, _run_graph
+    from bertfuse.kernels.check import Case, _run_graph
 
     rng = np.random.default_rng(1)
     w = rng.standard_normal((8, 5)).astype(np.float32)
@@ -360,7 +360,7 @@ def test_check_binding_run_rolls_inputs_in_place():
 
 
 def test_check_cases_are_valid_models_with_consistent_references():
-    from bertfuse.custom_ops.check import all_cases
+    from bertfuse.kernels.check import all_cases
 
     cases = all_cases(seed=3)
     assert {c.op for c in cases} >= {"DenseBias", "DenseBiasGelu", "DenseBiasSkipLayerNorm", "BertAttention",
@@ -377,8 +377,8 @@ def test_check_cases_are_valid_models_with_consistent_references():
 def test_packed_references_agree_with_bert_attention():
     """The check's own packed references: pack, attend per sequence, unpack == BertAttention's
     reference with key lengths, at kept positions (zeros elsewhere)."""
-    from bertfuse.custom_ops import bert_attention
-    from bertfuse.custom_ops.check_packed import (packed_attention_reference, pack_reference,
+    from bertfuse.ops.bertfuse import bert_attention
+    from bertfuse.kernels.check_packed import (packed_attention_reference, pack_reference,
                                                   unpack_reference)
 
     rng = np.random.default_rng(5)
@@ -398,7 +398,7 @@ def test_packed_references_agree_with_bert_attention():
 
 
 def test_check_gate():
-    from bertfuse.custom_ops.check import gate
+    from bertfuse.kernels.check import gate
 
     f = np.zeros((40, 25), np.float16)
 

@@ -13,7 +13,7 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
-from bertfuse.custom_ops.evaluator import evaluate
+from bertfuse.ops.evaluator import evaluate
 from bertfuse.passes.bertfuse_kernels import BertfuseKernels
 from bertfuse.passes.manager import default_passes, run_passes
 from bertfuse.runtime.variants import attention_mask_variant
@@ -259,9 +259,9 @@ def test_absent_optional_inputs_become_zeros(rng, seed):
 
 def test_emit_strict_refuses_a_partial_conversion_else_checks_it(rng):
     from bertfuse.errors import FusionIncomplete
-    from bertfuse.kernels_form import emit
+    from bertfuse.pipeline.lowering import emit
     from bertfuse.passes.manager import PipelineReport
-    from bertfuse.pipeline import RunReport
+    from bertfuse.pipeline.stages import RunReport
 
     model = _edit_attention(contrib_fp16(rng), 0, lambda m, n: [
         a.CopyFrom(helper.make_attribute("mask_filter_value", -5000.0))

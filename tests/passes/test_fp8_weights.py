@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from bertfuse.custom_ops.dense_fp8 import E4M3_MAX
-from bertfuse.custom_ops.evaluator import evaluate
-from bertfuse.kernels_fp8 import calibrate, dense_inputs, to_fp8
+from bertfuse.ops.bertfuse.dense_fp8 import E4M3_MAX
+from bertfuse.ops.evaluator import evaluate
+from bertfuse.pipeline.fp8 import calibrate, dense_inputs, to_fp8
 from bertfuse.passes.bertfuse_kernels import BertfuseKernels
 from bertfuse.passes.fp8_weights import Fp8Weights
 from bertfuse.passes.manager import default_passes, run_passes

@@ -12,9 +12,11 @@ import numpy as np
 import onnx
 import pytest
 
-from bertfuse.custom_ops import BERTFUSE_CONTRACTS, bert_attention, packed_ops
-from bertfuse.custom_ops.evaluator import evaluate
-from bertfuse.packing_layout import choose_shape, pack_into, packed_shapes
+from bertfuse.ops import BERTFUSE_CONTRACTS
+from bertfuse.ops.bertfuse import bert_attention
+from bertfuse.ops.bertfuse import packed_ops
+from bertfuse.ops.evaluator import evaluate
+from bertfuse.ops.packing_layout import choose_shape, pack_into, packed_shapes
 from bertfuse.passes.manager import default_passes, run_passes
 from bertfuse.passes.packing_kernels import PackingKernelsPass
 from builders.onnx_graphs import bert

@@ -8,7 +8,7 @@ import pytest
 
 ort = pytest.importorskip("onnxruntime")
 
-from bertfuse.packing_layout import choose_shape, pack_into, packed_shapes  # noqa: E402
+from bertfuse.ops.packing_layout import choose_shape, pack_into, packed_shapes  # noqa: E402
 from bertfuse.runtime.requests import ConfigError  # noqa: E402
 from runtime.common import POSITIONS  # noqa: E402
 from test_packing import _mask  # noqa: E402
@@ -32,7 +32,7 @@ def test_packed_session_arguments_are_checked_before_cuda(ckpt_erf, convert_cach
 def test_packed_session_stages_a_request_into_its_bucket(rng):
     """PackedSession's host side (CUDA is needed only to run): a smaller request lands in
     the bucket's staging views zero-padded, with the packing of its mask."""
-    from bertfuse.packing_layout import capture_mask as _capture_mask
+    from bertfuse.ops.packing_layout import capture_mask as _capture_mask
     from bertfuse.runtime.packed import PackedSession
 
     mask = _mask(rng, 3, 12, "mixed")
@@ -61,7 +61,7 @@ def test_packed_session_stages_a_request_into_its_bucket(rng):
 def test_device_packed_staging_copies_the_padded_request(rng):
     """The device-packed form (token_bucket input): ids, segments and mask go zero-padded into
     one buffer; nothing is packed on the host and token_bucket has no place in the buffer."""
-    from bertfuse.packing_layout import choose_device_shape, device_shapes
+    from bertfuse.ops.packing_layout import choose_device_shape, device_shapes
     from bertfuse.runtime.packed import PackedSession, input_layout, is_device_packed
 
     inputs = ["input_ids", "segment_ids", "input_mask", "token_bucket"]

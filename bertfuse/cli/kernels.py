@@ -1,0 +1,165 @@
+"""`bertfuse kernels build|check|info`: the ai.bertfuse op library (bertfuse/custom_ops).
+
+Kept outside bertfuse.ops so that building the CLI parser imports nothing heavy; the
+commands import the library modules when they run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any, Callable
+
+
+def _arch(text: str) -> int:
+    """--arch 90, sm_90 or 9.0 -> 90."""
+    t = text.strip().lower().removeprefix("sm_").removeprefix("sm")
+    try:
+        value = int(round(float(t) * 10)) if "." in t else int(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an SM like 90, sm_90 or 9.0, got {text!r}") from None
+    if not 30 <= value <= 199:
+        raise argparse.ArgumentTypeError(f"not a CUDA SM: {text!r}")
+    return value
+
+
+def add_parser(sub, add_output_args: Callable[[argparse.ArgumentParser], None]) -> None:
+    p = sub.add_parser("kernels", help="bertfuse's own CUDA op library (ai.bertfuse): build, "
+                                       "check on the GPU, info")
+    ks = p.add_subparsers(dest="kernels_command", required=True, metavar="ACTION")
+
+    b = ks.add_parser("build", help="build the library for the local GPU into the cache")
+    g = b.add_argument_group("build")
+    g.add_argument("--ort-include", metavar="DIR",
+                   help="ONNX Runtime's C/C++ API headers (default: $ORT_INCLUDE_DIR, else "
+                        "fetched from Debian's libonnxruntime-dev)")
+    g.add_argument("--arch", type=_arch, help="CUDA SM to build for, e.g. 90 (default: the local GPU's)")
+    g.add_argument("--force", action="store_true", help="rebuild even if the cache has it")
+    g.add_argument("--builder", choices=("auto", "cmake", "nvcc"), default="auto",
+                   help="auto: cmake where installed, else nvcc directly")
+    add_output_args(b)
+
+    c = ks.add_parser("check", help="run every op on the GPU (ONNX Runtime CUDA EP) against "
+                                    "its NumPy reference (exit 1 on a mismatch)")
+    g = c.add_argument_group("check")
+    g.add_argument("--op", action="append", metavar="NAME", help="only this op (repeatable)")
+    g.add_argument("--library", metavar="PATH", help="this .so instead of the cached one")
+    g.add_argument("--seed", type=int, default=0, help="seed for the random inputs (default 0)")
+    g.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_false",
+                   help="skip the CUDA-graph capture/replay run of each case")
+    g.add_argument("--no-fp8", dest="fp8", action="store_false", help="skip the FP8 forms")
+    add_output_args(c)
+
+    i = ks.add_parser("info", help="cache dir, ONNX Runtime API version, GPU SM, whether built")
+    i.add_argument("--arch", type=_arch, help="report for this SM instead of the local GPU's")
+    add_output_args(i)
+    EXAMPLE = ("  bertfuse kernels build --ort-include /opt/onnxruntime/include\n"
+               "  bertfuse kernels check --json\n"
+               "  bertfuse kernels info")
+    for q in (p, b, c, i):
+        q.epilog = "example:\n" + EXAMPLE
+        q.formatter_class = argparse.RawDescriptionHelpFormatter
+
+
+def run(args: argparse.Namespace, console: Any) -> int:
+    return {"build": _build, "check": _check, "info": _info}[args.kernels_command](args, console)
+
+
+def _say(args, console) -> Callable[[str], None]:
+    if args.json:
+        return lambda msg: None
+    return lambda msg: console.print(msg, markup=False, highlight=False, soft_wrap=True)
+
+
+def _build(args, console) -> int:
+    from bertfuse.kernels.build import build
+    from bertfuse.kernels.library import library_info
+
+    path = build(args.ort_include, args.arch, args.force, builder=args.builder, say=_say(args, console))
+    if args.json:
+        print(json.dumps({"library": str(path), "info": library_info(path)}, indent=2))
+    return 0
+
+
+def _info(args, console) -> int:
+    from bertfuse.kernels import library as lib
+
+    sm = args.arch if args.arch is not None else lib.detect_sm()
+    ort_api = lib.installed_ort_api()
+    built = [{"ort_api": a, "sm": s, "path": str(p)} for a, s, p in lib.built_libraries()]
+    try:
+        current: str | None = str(lib.locate(sm=sm))
+    except lib.KernelLibraryError:
+        current = None
+    ops = None
+    if current is not None and ort_api is not None:
+        try:
+            ops = lib.op_names(current)
+        except lib.KernelLibraryError:
+            pass  # not loadable here (no CUDA runtime): the rest still answers
+    report = {"cache_dir": str(lib.cache_root()), "sm": sm, "onnxruntime_api": ort_api,
+              "library": current, "built": current is not None, "ops": ops, "all_built": built}
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    say = _say(args, console)
+    say(f"cache dir      {report['cache_dir']}")
+    say(f"GPU SM         {sm}")
+    say(f"onnxruntime    API {ort_api if ort_api is not None else '(not installed)'}")
+    say(f"library        {current or 'not built: bertfuse kernels build'}")
+    if ops:
+        say(f"ops            {', '.join(ops)}")
+    for b in built:
+        say(f"  cached       ort-api{b['ort_api']}-sm{b['sm']}  {b['path']}")
+    return 0
+
+
+def _check(args, console) -> int:
+    from pathlib import Path
+
+    from bertfuse.kernels import library as lib
+
+    sm = lib.detect_sm()  # no GPU: one line, exit 2, before anything else
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        raise lib.KernelLibraryError("kernels check needs onnxruntime-gpu (pip install 'bertfuse[gpu]')") from None
+    if hasattr(ort, "preload_dlls"):  # as the runtime does (bertfuse.runtime.device)
+        ort.preload_dlls()
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        raise lib.KernelLibraryError(f"kernels check needs onnxruntime-gpu's CUDA EP; this onnxruntime has "
+                                     f"{ort.get_available_providers()}")
+    path = Path(args.library) if args.library else lib.locate(sm=sm)
+    info = lib.library_info(path)
+    from bertfuse.kernels import check
+
+    cases = check.all_cases(args.seed, args.op, args.fp8)
+    say = _say(args, console)
+    say(f"library {path} ({info.get('cuda_archs')}, ORT API {info.get('ort_api_version')}); GPU sm{sm}; "
+        f"onnxruntime {ort.__version__}; gate max <= {check.MAX_ABS}, mean <= {check.MEAN_ABS}")
+
+    def line(r) -> None:
+        if r.error:
+            say(f"FAIL {r.op:26s} {r.label}: {r.error}")
+            return
+        graph = f" graph {r.graph_max_abs:.2e}" if r.graph_max_abs is not None else ""
+        fp8 = (f" (vs unquantized: max {r.fp8_vs_exact_max:.2e} mean {r.fp8_vs_exact_mean:.2e})"
+               if r.fp8_vs_exact_max is not None else "")
+        say(f"{'ok  ' if r.ok else 'FAIL'} {r.op:26s} {r.label}: max {r.max_abs:.2e} mean {r.mean_abs:.2e}"
+            f"{graph}{fp8}")
+
+    results = check.run_checks(path, cases, args.cuda_graph, line)
+    ok = all(r.ok for r in results)
+    # Ops the library has but no check case covers: listed, not failed (a new op needs a case).
+    names = lib.op_names(path)
+    unchecked = [] if args.op else sorted(set(names or ()) - {c.op for c in cases})
+    if unchecked:
+        say(f"no check case for: {', '.join(unchecked)}")
+    if args.json:
+        print(json.dumps({"library": str(path), "info": info, "sm": sm, "onnxruntime": ort.__version__,
+                          "tolerance": {"max_abs": check.MAX_ABS, "mean_abs": check.MEAN_ABS},
+                          "cuda_graph": args.cuda_graph, "ok": ok, "library_ops": names,
+                          "unchecked_ops": unchecked,
+                          "cases": [r.to_json() for r in results]}, indent=2))
+    else:
+        say(f"{sum(r.ok for r in results)}/{len(results)} cases pass")
+    return 0 if ok else 1

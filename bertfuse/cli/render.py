@@ -1,0 +1,93 @@
+"""Rich rendering of run reports (stage table, per-layer fusion table, parity)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import TYPE_CHECKING, TextIO
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+if TYPE_CHECKING:
+    from bertfuse.pipeline.report import RunReport
+
+def emit(as_json: bool, console: Console, data: dict, line: str, indent: int | None = None) -> int:
+    """A command's result: `data` as one JSON document on stdout with --json, else `line` as
+    plain text (no Rich markup or highlighting: paths print as they are). Returns exit 0."""
+    if as_json:
+        print(json.dumps(data, indent=indent))
+    else:
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+    return 0
+
+
+def make_console(stderr: bool = False, file: TextIO | None = None) -> Console:
+    """A rich Console that wraps at the terminal's width, and not at all (no 80-column
+    tables) when the output is a file or a pipe, as in CI logs; COLUMNS still wins."""
+    stream = file or (sys.stderr if stderr else sys.stdout)
+    tty = hasattr(stream, "isatty") and stream.isatty()
+    width = None if tty or os.environ.get("COLUMNS") else 10_000
+    return Console(stderr=stderr, file=file, width=width)
+
+
+def print_report(report: RunReport, console: Console) -> None:
+    if report.original_names:
+        names = ", ".join(f"{k} <- {v}" for k, v in report.original_names.items() if k != v)
+        if names:
+            console.print(f"[dim]original names:[/dim] {escape(names)}")
+    stages = Table(title="bertfuse", show_lines=False)
+    stages.add_column("stage")
+    stages.add_column("time (s)", justify="right")
+    stages.add_column("nodes", justify="right")
+    stages.add_column("detail")
+    for st in report.stages:
+        stages.add_row(st.name, f"{st.seconds:.2f}", "" if st.nodes is None else str(st.nodes),
+                       st.detail)
+    console.print(stages)
+    if report.passes is not None:
+        _print_passes(report, console)
+        if report.passes.table is not None:
+            from bertfuse.inspect.encoder_table import print_encoder_table
+
+            print_encoder_table(report.passes.table, console)
+    if report.parity is not None:
+        p = report.parity
+        tol = f"max {p.tolerance.atol:g}" + (f" + {p.tolerance.rtol:g}·|TF|" if p.tolerance.rtol
+                                             else "") + \
+            (f", mean {p.tolerance.mean:g}" if p.tolerance.mean is not None else "")
+        par = Table(title=f"parity vs TensorFlow ({p.precision}, batch {p.batch}, seq {p.seq}, "
+                          f"padded, seed {p.seed})")
+        par.add_column("output")
+        par.add_column("max |diff|", justify="right")
+        par.add_column("mean |diff|", justify="right")
+        par.add_column("")
+        notes = any(o.note for o in p.outputs)
+        if notes:
+            par.add_column("note")
+        for o in p.outputs:
+            par.add_row(escape(o.name), f"{o.max_abs:.3g}", f"{o.mean_abs:.3g}",
+                        "[green]ok[/green]" if o.ok else "[red]FAIL[/red]",
+                        *([escape(o.note)] if notes else []))
+        console.print(par)
+        # A line of its own: a caption would wrap at the table's width.
+        console.print(f"[dim]reference: {escape(p.reference or 'TensorFlow')}; tolerance "
+                      f"{tol}[/dim]", highlight=False)
+    if report.written:
+        console.print(f"wrote [bold]{escape(str(report.output))}[/bold]")  # a path: literal
+
+
+def _print_passes(report: RunReport, console: Console) -> None:
+    passes = Table(title="passes")
+    passes.add_column("pass")
+    passes.add_column("rewrites", justify="right")
+    passes.add_column("nodes", justify="right")
+    passes.add_column("op changes")
+    for r in report.passes.records:
+        added = [f"+{d} {op.split('.')[-1]}" for op, d in r.delta.items() if d > 0]
+        removed = -sum(d for d in r.delta.values() if d < 0)
+        summary = ", ".join(added + ([f"-{removed} other"] if removed else []))
+        passes.add_row(r.name, str(r.rewrites), f"{r.nodes_before} -> {r.nodes_after}", summary)
+    console.print(passes)

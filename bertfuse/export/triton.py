@@ -1,0 +1,214 @@
+"""`bertfuse export-triton`: a model repository for Triton Inference Server's stock
+onnxruntime backend (what NVIDIA's Triton container runs).
+
+    REPO/NAME/config.pbtxt      platform "onnxruntime_onnx", max_batch_size, dynamic batching,
+                                instance group, every input and output of the model
+    REPO/NAME/1/model.onnx      a copy of the model (and of its external weight files)
+
+Batching is Triton's: each tensor's first (batch) dimension is left out of `dims`, and
+max_batch_size bounds it; the sequence dimension is -1. The repository entry is built in a
+temporary directory beside REPO/NAME and renamed into place.
+
+Only options the onnxruntime backend documents are written. It has no CUDA-graph option for
+the CUDA execution provider (`optimization { cuda { graphs } }` is read by the TensorRT
+backend only), so --cuda-graphs is refused with the reason rather than written and ignored.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import onnx
+
+from bertfuse.errors import BertfuseError
+
+PLATFORM = "onnxruntime_onnx"
+# ONNX element type -> Triton data type (the ones a BERT model's I/O can have).
+_TYPES = {onnx.TensorProto.INT32: "TYPE_INT32", onnx.TensorProto.INT64: "TYPE_INT64",
+          onnx.TensorProto.FLOAT: "TYPE_FP32", onnx.TensorProto.FLOAT16: "TYPE_FP16",
+          onnx.TensorProto.BFLOAT16: "TYPE_BF16", onnx.TensorProto.BOOL: "TYPE_BOOL"}
+CUDA_GRAPHS_REFUSED = (
+    "--cuda-graphs: Triton's onnxruntime backend has no CUDA-graph option for the CUDA "
+    "execution provider (optimization.cuda.graphs is read by the TensorRT backend only), and "
+    "ONNX Runtime replays a captured graph on the addresses it was captured with, which "
+    "Triton's per-request buffers do not keep; serve with bertfuse's Session for CUDA graphs")
+
+
+_RESHAPE = " reshape: { shape: [ ] }"
+
+
+@dataclass
+class Tensor:
+    name: str
+    data_type: str
+    dims: list[int]  # without the batch dimension; -1 where the size varies
+    scalar: bool = False  # [batch] in the model: dims [1], reshaped to [] for the backend
+
+
+@dataclass
+class TritonExport:
+    """What export_triton wrote."""
+
+    repo: str
+    name: str
+    config: str  # the config.pbtxt path
+    model: str  # the copied model.onnx
+    precision: str
+    inputs: list[Tensor] = field(default_factory=list)
+    outputs: list[Tensor] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        io = lambda ts: [t.__dict__ for t in ts]  # noqa: E731
+        return {"repo": self.repo, "name": self.name, "config": self.config, "model": self.model,
+                "precision": self.precision, "inputs": io(self.inputs),
+                "outputs": io(self.outputs)}
+
+
+def _tensors(values, what: str) -> list[Tensor]:
+    out = []
+    for v in values:
+        t = v.type.tensor_type
+        if not v.type.HasField("tensor_type") or t.elem_type not in _TYPES:
+            kind = onnx.TensorProto.DataType.Name(t.elem_type) if t.elem_type else "no tensor"
+            raise BertfuseError(f"{what} {v.name!r}: type {kind} has no Triton equivalent here")
+        dims = [d.dim_value if d.HasField("dim_value") else -1 for d in t.shape.dim]
+        if not t.HasField("shape") or not dims or dims[0] > 0:
+            raise BertfuseError(f"{what} {v.name!r}: no variable batch dimension first "
+                                f"(shape {dims}); Triton's batching needs one")
+        out.append(Tensor(v.name, _TYPES[t.elem_type], dims[1:] or [1], scalar=len(dims) == 1))
+    return out
+
+
+def describe(model: onnx.ModelProto) -> tuple[list[Tensor], list[Tensor]]:
+    """The model's inputs (initializers excluded) and outputs, as Triton sees them."""
+    inits = {i.name for i in model.graph.initializer}
+    return (_tensors([i for i in model.graph.input if i.name not in inits], "input"),
+            _tensors(model.graph.output, "output"))
+
+
+def precision_of(model: onnx.ModelProto) -> str:
+    """fp16 when the weights are half precision (bertfuse --precision fp16), else fp32."""
+    half = any(i.data_type == onnx.TensorProto.FLOAT16 for i in model.graph.initializer)
+    return "fp16" if half else "fp32"
+
+
+def config_text(model: onnx.ModelProto, name: str, max_batch: int = 32, instances: int = 1,
+                kind: str = "gpu", delay_us: int = 100, threads: int | None = None) -> str:
+    """config.pbtxt for `model` (Triton's ModelConfig in protobuf text format)."""
+    inputs, outputs = describe(model)
+    lines = [
+        "# Written by bertfuse export-triton for Triton's onnxruntime backend.",
+        f"# Model precision: {precision_of(model)} weights and activations; outputs "
+        f"{', '.join(sorted({t.data_type for t in outputs}))}.",
+        f'name: "{name}"',
+        f'platform: "{PLATFORM}"',
+        f"max_batch_size: {max_batch}",
+    ]
+    for key, tensors in (("input", inputs), ("output", outputs)):
+        lines.append(f"{key} [")
+        body = [f'  {{ name: "{t.name}" data_type: {t.data_type} dims: '
+                f'[ {", ".join(map(str, t.dims))} ]{_RESHAPE if t.scalar else ""} }}'
+                for t in tensors]
+        lines.append(",\n".join(body))
+        lines.append("]")
+    lines += [
+        f"instance_group [ {{ kind: {'KIND_GPU' if kind == 'gpu' else 'KIND_CPU'} "
+        f"count: {instances} }} ]",
+        f"dynamic_batching {{ max_queue_delay_microseconds: {delay_us} }}",
+    ]
+    if threads is not None:  # ORT's threads per instance: instances x threads <= cores
+        lines.append(f'parameters {{ key: "intra_op_thread_count" value: '
+                     f'{{ string_value: "{threads}" }} }}')
+    return "\n".join(lines) + "\n"
+
+
+def _check_name(name: str) -> None:
+    if not name or name in (".", "..") or name.startswith(".") or \
+            not re.fullmatch(r"[A-Za-z0-9_.\-]+", name):
+        raise BertfuseError(f"--name {name!r}: a model name is letters, digits, '_', '-' and "
+                            f"'.', not starting with '.'")
+
+
+def _external_files(model: onnx.ModelProto, model_path: Path) -> list[str]:
+    """The external weight files the model names, relative to its directory."""
+    files = []
+    for init in model.graph.initializer:
+        if init.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        loc = next((e.value for e in init.external_data if e.key == "location"), "")
+        norm = os.path.normpath(loc)
+        if not loc or os.path.isabs(loc) or norm.startswith(".."):
+            raise BertfuseError(f"{model_path}: external data location {loc!r} is not a file "
+                                f"beside the model")
+        if not (model_path.parent / norm).is_file():
+            raise BertfuseError(f"{model_path}: its external data {loc} is missing")
+        if norm not in files:
+            files.append(norm)
+    return files
+
+
+def _check_target(model_path: Path, data: list[str], repo: Path, target: Path,
+                  force: bool) -> None:
+    """REPO/NAME may replace nothing the command reads, and nothing it did not ask to."""
+    if repo.exists() and not repo.is_dir():
+        raise BertfuseError(f"{repo}: exists and is not a directory")
+    if target.is_symlink():
+        raise BertfuseError(f"{target}: is a symbolic link; not replacing it")
+    if target.exists() and not target.is_dir():
+        raise BertfuseError(f"{target}: exists and is not a directory")
+    real_target = os.path.realpath(target)
+    for f in [model_path, *(model_path.parent / d for d in data)]:
+        real = os.path.realpath(f)
+        if real == real_target or real.startswith(real_target + os.sep):
+            raise BertfuseError(f"{target}: holds the input {f}; refusing to replace it "
+                                f"(export to another repository or --name)")
+    cwd = os.path.realpath(os.getcwd())
+    if target.is_dir() and (real_target == cwd or cwd.startswith(real_target + os.sep)):
+        raise BertfuseError(f"{target}: is the current directory (or holds it); not "
+                            f"replacing it")
+    if target.is_dir() and any(target.iterdir()) and not force:
+        raise BertfuseError(f"{target}: exists and is not empty; pass --force to replace it")
+
+
+def export_triton(model_path: str, repo: str, name: str | None = None, max_batch: int = 32,
+                  instances: int = 1, kind: str = "gpu", delay_us: int = 100,
+                  force: bool = False, cuda_graphs: bool = False,
+                  threads: int | None = None) -> TritonExport:
+    """Writes REPO/NAME/config.pbtxt and REPO/NAME/1/model.onnx (plus external data)."""
+    from bertfuse.runtime.requests import load_model
+    from bertfuse.io.safety import swap_dir_in, temp_dir
+
+    if cuda_graphs:
+        raise BertfuseError(CUDA_GRAPHS_REFUSED)
+    if kind not in ("gpu", "cpu"):
+        raise BertfuseError(f"--kind must be gpu or cpu, not {kind!r}")
+    for what, value, low in (("--max-batch", max_batch, 1), ("--instances", instances, 1),
+                             ("--dynamic-batching-delay-us", delay_us, 0),
+                             ("--intra-op-threads", 1 if threads is None else threads, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise BertfuseError(f"{what} must be an integer >= {low}, got {value!r}")
+    src = Path(model_path)
+    model = load_model(str(src))  # weights stay where they are; a skeleton is refused
+    name = name if name is not None else src.name.removesuffix(".onnx")
+    _check_name(name)
+    data = _external_files(model, src)
+    text = config_text(model, name, max_batch, instances, kind, delay_us, threads)
+    repo_dir, target = Path(os.path.abspath(repo)), Path(os.path.abspath(repo)) / name
+    _check_target(src, data, repo_dir, target, force)
+    repo_dir.mkdir(parents=True, exist_ok=True)
+    with temp_dir(repo_dir, prefix=f".{name}.") as tmp:
+        os.chmod(tmp, 0o755)
+        (tmp / "1").mkdir()
+        shutil.copyfile(src, tmp / "1" / "model.onnx")
+        for rel in data:
+            (tmp / "1" / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src.parent / rel, tmp / "1" / rel)
+        (tmp / "config.pbtxt").write_text(text)
+        swap_dir_in(tmp, target)
+    return TritonExport(str(Path(repo)), name, str(Path(repo) / name / "config.pbtxt"),
+                        str(Path(repo) / name / "1" / "model.onnx"), precision_of(model),
+                        *describe(model))

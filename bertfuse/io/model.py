@@ -1,0 +1,130 @@
+"""Loading and writing ONNX models: validated, atomic, external data past 2 GB."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import onnx
+
+from bertfuse.errors import BertfuseError
+from bertfuse.io.safety import (check_replaceable, held, mode_of, pause_point, replace_file,
+                             temp_dir, temp_file)
+
+# Protobuf cannot serialise a message over 2 GB; keep a margin.
+EXTERNAL_DATA_THRESHOLD = 1_800_000_000
+
+
+def model_bytes(model: onnx.ModelProto) -> int:
+    return sum(t.ByteSize() for t in model.graph.initializer) + sum(
+        n.ByteSize() for n in model.graph.node)
+
+
+def load_model(path: str | Path, load_weights: bool = True) -> onnx.ModelProto:
+    path = Path(path)
+    if not path.exists():
+        raise BertfuseError(f"{path}: no such file")
+    if path.is_dir():
+        raise BertfuseError(f"{path}: is a directory, expected an .onnx file")
+    try:
+        model = onnx.load(str(path), load_external_data=load_weights)
+    except Exception as exc:
+        raise BertfuseError(f"{path}: not a readable ONNX model ({type(exc).__name__})") from None
+    # Protobuf parses some non-ONNX bytes (an empty file, say) into an empty message.
+    if not model.opset_import or not model.graph.node:
+        raise BertfuseError(f"{path}: not an ONNX model (no graph or no opset)")
+    return model
+
+
+def check_input_model(model: onnx.ModelProto, path: str | Path) -> None:
+    """A model to be rewritten must be sound first: a cycle, or an initializer whose bytes do
+    not fill its dims, is bad input (the passes would fail on it as if bertfuse had a bug)."""
+    for t in model.graph.initializer:
+        if t.data_location == onnx.TensorProto.EXTERNAL or not t.HasField("raw_data"):
+            continue
+        itemsize = onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+        need = math.prod(t.dims) * itemsize
+        if len(t.raw_data) != need:
+            raise BertfuseError(f"{path}: initializer {t.name!r} has {len(t.raw_data)} bytes, "
+                                f"its dims {list(t.dims)} need {need}")
+    try:
+        onnx.checker.check_model(str(path))
+    except Exception as exc:
+        raise BertfuseError(f"{path}: fails onnx's checker: "
+                            f"{str(exc).splitlines()[0][:300]}") from None
+
+
+def check_model(model: onnx.ModelProto, providers: list[str] | None = None,
+                load: bool = True) -> None:
+    """onnx's checker, then an ORT session: a model that fails either is never written.
+    load=False skips the session (packed models: their kernels exist on CUDA only)."""
+    import onnxruntime as ort
+
+    with temp_dir(prefix="bertfuse-check-") as tmp:
+        path = tmp / "model.onnx"
+        if _save(model, path):
+            # Saving with external data moved the weights out of `model`: take them back
+            # before the temporary directory goes.
+            from onnx.external_data_helper import load_external_data_for_model
+
+            load_external_data_for_model(model, str(tmp))
+        pause_point("check-tmp")
+        try:
+            onnx.checker.check_model(str(path))
+        except Exception as exc:
+            raise BertfuseError(f"the ONNX model fails onnx's checker: "
+                                f"{str(exc).splitlines()[0][:300]}") from None
+        if not load:
+            return
+        from bertfuse.kernels.library import device_of, prepare
+
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        prepare(opts, model, device_of(providers))  # ai.bertfuse ops: CUDA + the op library
+        try:
+            ort.InferenceSession(str(path), opts, providers=providers or ["CPUExecutionProvider"])
+        except Exception as exc:
+            raise BertfuseError(f"ONNX Runtime cannot load the model: "
+                                f"{str(exc).splitlines()[0][:300]}") from None
+
+
+def _save(model: onnx.ModelProto, path: Path) -> bool:
+    """Saves; returns True when the weights went to an external data file."""
+    if model_bytes(model) > EXTERNAL_DATA_THRESHOLD:
+        onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=path.name + ".data", size_threshold=1024)
+        return True
+    onnx.save_model(model, str(path))
+    return False
+
+
+def save_model(model: onnx.ModelProto, path: str | Path) -> Path:
+    """Writes to temporaries beside the target, then renames: never a half-written file, and
+    never over anything but a regular file. A replaced file keeps its permission bits."""
+    path = Path(path)
+    if path.parent and not path.parent.exists():
+        raise BertfuseError(f"{path.parent}: output directory does not exist")
+    check_replaceable(path)
+    mode = mode_of(path)
+    if model_bytes(model) <= EXTERNAL_DATA_THRESHOLD:
+        with temp_file(path) as tmp:
+            onnx.save_model(model, str(tmp))
+            os.chmod(tmp, mode)
+            pause_point("save-tmp")
+            replace_file(tmp, path)
+        return path
+    # The data file's name is recorded inside the model: write both under their final names
+    # in a private directory beside the target, then rename the data file, then the model.
+    data = path.with_name(path.name + ".data")
+    check_replaceable(data)
+    with temp_dir(path.parent, prefix=f".{path.name}.") as tmp:
+        onnx.save_model(model, str(tmp / path.name), save_as_external_data=True,
+                        all_tensors_to_one_file=True, location=data.name, size_threshold=1024)
+        for p in (tmp / path.name, tmp / data.name):
+            os.chmod(p, mode)
+        pause_point("save-tmp")
+        with held():
+            replace_file(tmp / data.name, data)
+            replace_file(tmp / path.name, path)
+    return path

@@ -1,0 +1,178 @@
+"""Build libbertfuse_ops.so for the local GPU into the kernel cache (`bertfuse kernels build`).
+
+CMake (CMakeLists.txt beside this file) when cmake is on PATH, else one nvcc command with the
+same flags. The build runs in a temporary directory removed on every exit path; the finished
+library is renamed into the cache, so a failed or interrupted build leaves the cache as it was.
+The build log goes to <cache>/<key>/build.log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Callable
+
+from bertfuse.kernels.library import (LIB_NAME, KernelLibraryError, cache_key, cache_root,
+                                         detect_sm, library_info, library_path)
+from bertfuse.io.safety import replace_file, temp_dir, temp_file, write_text
+
+SOURCE_DIR = Path(__file__).resolve().parent
+FETCH_SCRIPT = SOURCE_DIR / "fetch_ort_headers.sh"
+ORT_ENV = "ORT_INCLUDE_DIR"
+
+
+def header_dir(path: str | Path) -> Path | None:
+    """The dir holding onnxruntime_cxx_api.h: `path` itself or its onnxruntime/ subdir, made
+    absolute (cmake runs in the build dir, where a relative path would mean something else)."""
+    base = Path(path).expanduser().resolve()
+    for d in (base, base / "onnxruntime"):
+        if (d / "onnxruntime_cxx_api.h").is_file() and (d / "onnxruntime_c_api.h").is_file():
+            return d
+    return None
+
+
+def header_api_version(include: Path) -> int:
+    m = re.search(r"^#define ORT_API_VERSION (\d+)", (include / "onnxruntime_c_api.h").read_text(),
+                  re.MULTILINE)
+    if not m:
+        raise KernelLibraryError(f"{include}/onnxruntime_c_api.h has no ORT_API_VERSION")
+    return int(m.group(1))
+
+
+def find_ort_include(explicit: str | Path | None = None, fetch: bool = True) -> Path:
+    """--ort-include, else $ORT_INCLUDE_DIR, else the headers fetch_ort_headers.sh caches."""
+    given = explicit or os.environ.get(ORT_ENV)
+    if given:
+        found = header_dir(given)
+        if found is None:
+            what = "--ort-include" if explicit else f"${ORT_ENV}"
+            raise KernelLibraryError(f"{what} {given} holds no onnxruntime_cxx_api.h and onnxruntime_c_api.h")
+        return found
+    if not fetch:
+        raise KernelLibraryError(f"no ONNX Runtime headers: pass --ort-include DIR or set {ORT_ENV}")
+    try:
+        out = subprocess.run(["bash", str(FETCH_SCRIPT)], capture_output=True, text=True, timeout=600)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        out = None
+        why = str(exc)
+    if out is not None:
+        lines = out.stdout.strip().splitlines()
+        found = header_dir(lines[-1]) if out.returncode == 0 and lines else None
+        if found is not None:
+            return found
+        why = (out.stderr.strip().splitlines() or ["no output"])[-1]
+    raise KernelLibraryError(f"could not fetch ONNX Runtime's headers ({why[:200]}): pass --ort-include "
+                             f"DIR (an ONNX Runtime release's include/) or set {ORT_ENV}")
+
+
+def find_nvcc() -> str:
+    for cand in (shutil.which("nvcc"),
+                 *(str(Path(h) / "bin" / "nvcc") for h in (os.environ.get("CUDA_HOME"),
+                                                           os.environ.get("CUDA_PATH"),
+                                                           "/usr/local/cuda") if h)):
+        if cand and os.access(cand, os.X_OK):
+            return cand
+    raise KernelLibraryError("nvcc not found (PATH, $CUDA_HOME/bin, /usr/local/cuda/bin): building the "
+                             "bertfuse op library needs the CUDA toolkit")
+
+
+def _cublas_root() -> Path | None:
+    root = os.environ.get("CUBLAS_ROOT")
+    return Path(root) if root else None
+
+
+def _run(cmd: list[str], log: Path, cwd: Path | None = None) -> None:
+    with open(log, "a") as f:
+        f.write("$ " + " ".join(cmd) + "\n")
+        f.flush()
+        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=cwd)
+    if proc.returncode != 0:
+        tail = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+        err = next((ln for ln in reversed(tail) if "error" in ln.lower()), tail[-1] if tail else "")
+        raise KernelLibraryError(f"building the bertfuse op library failed ({Path(cmd[0]).name}): "
+                                 f"{err.strip()[:300]}; full log: {log}")
+
+
+def _cmake_build(build: Path, include: Path, sm: int, nvcc: str, log: Path) -> Path:
+    cmake = shutil.which("cmake") or "cmake"  # build() checked it is there
+    gen = ["-G", "Ninja"] if shutil.which("ninja") else []
+    from bertfuse._version import __version__
+
+    cfg = [cmake, "-S", str(SOURCE_DIR), "-B", str(build), *gen, "-DCMAKE_BUILD_TYPE=Release",
+           f"-DBF_VERSION={__version__}",
+           f"-DORT_INCLUDE_DIR={include}", f"-DCMAKE_CUDA_ARCHITECTURES={sm}",
+           f"-DCMAKE_CUDA_COMPILER={nvcc}", f"-DCUDAToolkit_ROOT={Path(nvcc).parent.parent}"]
+    if _cublas_root():
+        cfg.append(f"-DCUBLAS_ROOT={_cublas_root()}")
+    _run(cfg, log)
+    _run([cmake, "--build", str(build), "-j", str(max(1, os.cpu_count() or 1))], log)
+    return build / LIB_NAME
+
+
+def _nvcc_build(build: Path, include: Path, sm: int, nvcc: str, log: Path) -> Path:
+    """The same library as CMakeLists.txt, for hosts without cmake."""
+    from bertfuse._version import __version__
+
+    cuda = Path(nvcc).parent.parent
+    sources = sorted(str(p) for p in (SOURCE_DIR / "csrc").iterdir() if p.suffix in (".cc", ".cu"))
+    cmd = [nvcc, "-std=c++17", "-O3", "-shared", f"-gencode=arch=compute_{sm},code=[compute_{sm},sm_{sm}]",
+           "-cudart=shared", "--expt-relaxed-constexpr",
+           "-Xcompiler=-fPIC,-fvisibility=hidden,-fvisibility-inlines-hidden",
+           "-Xlinker=--no-undefined", f"-I{SOURCE_DIR / 'csrc'}", f"-I{include}",
+           f'-DBF_VERSION="{__version__}"', f'-DBF_CUDA_ARCHS="{sm}"', "-DNDEBUG"]
+    libdirs = [cuda / "lib64", cuda / "lib"]
+    root = _cublas_root()
+    if root:
+        cmd.append(f"-I{root / 'include'}")
+        libdirs[:0] = [root / "lib", root / "lib64"]
+    lt = next((d / n for d in libdirs for n in ("libcublasLt.so", "libcublasLt.so.13", "libcublasLt.so.12")
+               if (d / n).exists()), None)
+    if lt is None:
+        raise KernelLibraryError(f"libcublasLt not found in {', '.join(map(str, libdirs))}: set CUBLAS_ROOT")
+    out = build / LIB_NAME
+    cmd += [*sources, "-o", str(out), f"-L{cuda / 'lib64'}", f"-L{lt.parent}", f"-l:{lt.name}",
+            f"-Xlinker=-rpath,{lt.parent}:{cuda / 'lib64'}"]
+    _run(cmd, log)
+    return out
+
+
+def build(ort_include: str | Path | None = None, arch: int | None = None, force: bool = False,
+          root: Path | None = None, builder: str = "auto",
+          say: Callable[[str], None] = lambda msg: None) -> Path:
+    """Builds (unless cached and not `force`) and returns the cached library's path."""
+    sm = arch if arch is not None else detect_sm()
+    include = find_ort_include(ort_include)
+    api = header_api_version(include)
+    target = library_path(api, sm, root)
+    if target.is_file() and not force:
+        say(f"cached: {target}")
+        return target
+    nvcc = find_nvcc()
+    if builder == "auto":
+        builder = "cmake" if shutil.which("cmake") else "nvcc"
+    elif builder == "cmake" and not shutil.which("cmake"):
+        raise KernelLibraryError("cmake not found on PATH (use --builder nvcc)")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    log = target.parent / "build.log"
+    write_text(log, f"# bertfuse op library {cache_key(api, sm)}: {builder}, headers {include}\n")
+    say(f"building {cache_key(api, sm)} with {builder} (headers {include}, ORT API {api}); log {log}")
+    with temp_dir(prefix="bertfuse-kernels-") as tmp:
+        if builder == "cmake":
+            made = _cmake_build(tmp / "build", include, sm, nvcc, log)
+        else:
+            made = _nvcc_build(tmp, include, sm, nvcc, log)
+        if not made.is_file():
+            raise KernelLibraryError(f"the build made no {LIB_NAME}; full log: {log}")
+        with temp_file(target) as staged:
+            shutil.copyfile(made, staged)
+            os.chmod(staged, 0o755)
+            info = library_info(staged)
+            replace_file(staged, target)
+    write_text(target.parent / "info.json", json.dumps({**info, "builder": builder,
+                                                        "ort_include": str(include)}, indent=2) + "\n")
+    say(f"built: {target}")
+    return target

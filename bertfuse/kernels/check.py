@@ -1,0 +1,295 @@
+"""`bertfuse kernels check`: every ai.bertfuse op on the GPU, through ONNX Runtime's CUDA EP,
+against its float64 NumPy reference.
+
+Each case is a one-node model (domain ai.bertfuse opset 1, ai.onnx 17, IR 8; IR 9 for the FP8
+forms, whose float8 weights IR 8 cannot hold) run in two sessions: a plain session.run, and one
+with CUDA graphs on and IO binding (plain run, capture, replay; then new inputs written into the
+bound buffers and replayed), which fails if a kernel allocates or synchronises inside Compute or
+reads stale inputs. fp16 gate: max |diff| <= 4e-2 and mean <= 2e-3 against the float64
+reference, no NaN; integer outputs (the packing ops') must be exact. FP8 forms are gated the
+same way against the reference computed on the e4m3-quantized operands (what the kernel
+multiplies), and their drift from the unquantized reference is reported beside it, not gated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from bertfuse.ops.bertfuse import bert_attention
+from bertfuse.ops.bertfuse import dense
+from bertfuse.kernels.library import DOMAIN, KernelLibraryError, register
+
+MAX_ABS, MEAN_ABS = 4e-2, 2e-3
+E4M3_MAX = 448.0
+
+Feeds = dict[str, np.ndarray]
+
+
+@dataclass
+class Case:
+    op: str
+    label: str
+    model: onnx.ModelProto
+    feeds: Feeds
+    reference: Callable[[Feeds], list[np.ndarray]]  # the expected outputs for given feeds
+    feeds2: Feeds | None = None  # the replay's new inputs (default: every feed rolled by one row)
+    exact: Callable[[Feeds], np.ndarray] | None = None  # FP8: unquantized reference, reported only
+
+    def replay_feeds(self) -> Feeds:
+        if self.feeds2 is not None:
+            return self.feeds2
+        return {k: np.ascontiguousarray(np.roll(v, 1, axis=0)) for k, v in self.feeds.items()}
+
+
+@dataclass
+class CaseResult:
+    op: str
+    label: str
+    ok: bool
+    max_abs: float | None = None
+    mean_abs: float | None = None
+    graph_max_abs: float | None = None
+    fp8_vs_exact_max: float | None = None
+    fp8_vs_exact_mean: float | None = None
+    error: str = ""
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+# ------------------------------------------------------------------------------ cases
+
+
+def normal16(rng: np.random.Generator, shape, std: float = 1.0, mean: float = 0.0) -> np.ndarray:
+    return (rng.standard_normal(shape) * std + mean).astype(np.float16)
+
+
+def _dense_inputs(rng, lead: tuple[int, ...], k: int, n: int, skip: bool) -> Feeds:
+    feeds = {"X": normal16(rng, (*lead, k)), "W": normal16(rng, (k, n), k ** -0.5),
+             "bias": normal16(rng, (n,), 0.1)}
+    if skip:
+        feeds.update(skip=normal16(rng, (*lead, n)), gamma=normal16(rng, (n,), 0.1, 1.0),
+                     beta=normal16(rng, (n,), 0.1))
+    return feeds
+
+
+def _attrs_label(attrs: dict[str, Any]) -> str:
+    return "".join(f" {a}={v}" for a, v in attrs.items())
+
+
+# (op, attrs, leading dims, K, N): the four BERT-base GEMMs, plus an [M, K] input and an M that
+# is no multiple of 8.
+_DENSE = [
+    ("DenseBias", {}, (4, 64), 768, 2304),
+    ("DenseBias", {}, (300, ), 768, 768),
+    ("DenseBiasGelu", {"approximate": 0}, (4, 64), 768, 3072),
+    ("DenseBiasGelu", {"approximate": 1}, (4, 64), 768, 3072),
+    ("DenseBiasGelu", {"approximate": 0}, (3, 37), 768, 3072),
+    ("DenseBiasSkipLayerNorm", {"epsilon": 1e-12}, (4, 64), 3072, 768),
+    ("DenseBiasSkipLayerNorm", {"epsilon": 1e-12}, (3, 37), 768, 768),
+]
+
+
+def dense_cases(rng: np.random.Generator) -> list[Case]:
+    cases = []
+    for op, attrs, lead, k, n in _DENSE:
+        feeds = _dense_inputs(rng, lead, k, n, op == "DenseBiasSkipLayerNorm")
+        model = dense.make_model(op, (*lead, k), n, **attrs)
+        label = f"X{list(feeds['X'].shape)} W[{k},{n}]{_attrs_label(attrs)}"
+        cases.append(Case(op, label, model, feeds,
+                          lambda f, op=op, attrs=attrs: [dense.reference(op, *f.values(), **attrs)]))
+    return cases
+
+
+def attention_cases(rng: np.random.Generator) -> list[Case]:
+    cases = []
+    specs = [  # (B, S, H, heads, mask form, scale)
+        (4, 64, 768, 12, None, None),
+        (4, 64, 768, 12, "raw", None),
+        (4, 64, 768, 12, "lengths", None),
+        (2, 128, 768, 12, "raw", None),
+        (3, 37, 768, 12, "lengths", 0.2),
+        (2, 16, 256, 4, "raw", None),
+    ]
+    for b, s, h, heads, form, scale in specs:
+        feeds = {"qkv": normal16(rng, (b, s, 3 * h))}
+        if form == "lengths":  # a full row, a short one, one key only, and none (attends as if unmasked)
+            feeds["mask"] = np.asarray(([s, s // 2 + 1, 1, 0] * b)[:b], np.int32)
+        elif form == "raw":  # arbitrary holes, and a row that keeps nothing
+            feeds["mask"] = (rng.random((b, s)) > 0.3).astype(np.int32)
+            feeds["mask"][-1, :] = 0
+        model = bert_attention.make_model(b, s, h, heads, scale=scale,
+                                          mask_shape=feeds["mask"].shape if "mask" in feeds else None)
+        label = f"qkv[{b},{s},{3 * h}] heads={heads} mask={form or 'none'}" + (f" scale={scale}" if scale else "")
+        cases.append(Case("BertAttention", label, model, feeds, lambda f, heads=heads, scale=scale: [
+            bert_attention.reference(f["qkv"], f.get("mask"), num_heads=heads, scale=scale)]))
+    return cases
+
+
+def _e4m3(x: np.ndarray) -> np.ndarray:
+    """Round to float8 e4m3fn (nearest even), saturating at +-448; returned as the fp8 array."""
+    import ml_dtypes
+
+    return np.clip(x.astype(np.float32), -E4M3_MAX, E4M3_MAX).astype(ml_dtypes.float8_e4m3fn)
+
+
+def _fp8_model(op: str, feeds: Feeds, wt: np.ndarray, w_scale: np.float32, attrs: dict[str, Any],
+               y_shape: tuple[int, ...]) -> onnx.ModelProto:
+    names = ["X", "Wt", *[n for n in feeds if n != "X"], "w_scale"]  # X Wt bias [skip gamma beta] w_scale
+    node = helper.make_node(op, names, ["Y"], domain=DOMAIN, **attrs)
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT16, list(v.shape)) for n, v in feeds.items()]
+    inits = [helper.make_tensor("Wt", TensorProto.FLOAT8E4M3FN, list(wt.shape), wt.view(np.uint8).tobytes(),
+                                raw=True),
+             helper.make_tensor("w_scale", TensorProto.FLOAT, [1], [float(w_scale)])]
+    graph = helper.make_graph([node], f"{op}_single", inputs,
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT16, list(y_shape))],
+                              initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(DOMAIN, 1)],
+                              producer_name="bertfuse.kernels.check")
+    model.ir_version = 9  # float8 tensors need IR 9
+    return model
+
+
+def _fp8_reference(op: str, attrs: dict[str, Any], x_scale: np.float32, wt: np.ndarray,
+                   w_scale: np.float32) -> Callable[[Feeds], list[np.ndarray]]:
+    """The fp16 op's float64 reference on what the kernel multiplies: X quantized with x_scale
+    (an fp32 divide, then e4m3) and the e4m3 weight, both dequantized exactly."""
+    w_deq = wt.astype(np.float64).T * float(w_scale)
+
+    def ref(f: Feeds) -> list[np.ndarray]:
+        x_deq = _e4m3(f["X"].astype(np.float32) / x_scale).astype(np.float64) * float(x_scale)
+        rest = [v.astype(np.float64) for k, v in f.items() if k != "X"]  # bias[, skip, gamma, beta]
+        return [dense.reference(op, x_deq, w_deq, *rest, **attrs).astype(np.float16)]
+    return ref
+
+
+def fp8_cases(rng: np.random.Generator) -> list[Case]:
+    cases = []
+    for op, attrs, lead, k, n in _DENSE[:1] + _DENSE[2:4] + _DENSE[5:6]:
+        feeds = _dense_inputs(rng, lead, k, n, op == "DenseBiasSkipLayerNorm")
+        w = feeds.pop("W")
+        x_scale = np.float32(np.abs(feeds["X"].astype(np.float32)).max() / E4M3_MAX)
+        w_scale = np.float32(np.abs(w.astype(np.float32)).max() / E4M3_MAX)
+        wt = _e4m3(w.T.astype(np.float32) / w_scale)
+        model = _fp8_model(op + "Fp8", feeds, wt, w_scale, {**attrs, "x_scale": float(x_scale)}, (*lead, n))
+        label = f"X{list(feeds['X'].shape)} Wt[{n},{k}] e4m3{_attrs_label(attrs)}"
+        exact = lambda f, op=op, w=w, attrs=attrs: dense.reference(  # noqa: E731
+            op, f["X"], w, *[v for k, v in f.items() if k != "X"], **attrs)
+        cases.append(Case(op + "Fp8", label, model, feeds, _fp8_reference(op, attrs, x_scale, wt, w_scale),
+                          exact=exact))
+    return cases
+
+
+def all_cases(seed: int = 0, ops: list[str] | None = None, fp8: bool = True) -> list[Case]:
+    from bertfuse.kernels.check_packed import packed_cases
+
+    rng = np.random.default_rng(seed)
+    cases = dense_cases(rng) + attention_cases(rng) + (fp8_cases(rng) if fp8 else []) + packed_cases(rng)
+    if ops:
+        unknown = set(ops) - {c.op for c in cases}
+        if unknown:
+            raise KernelLibraryError(f"no check for op(s) {', '.join(sorted(unknown))}; known: "
+                                     f"{', '.join(sorted({c.op for c in cases}))}")
+        cases = [c for c in cases if c.op in ops]
+    return cases
+
+
+# ------------------------------------------------------------------------------ running
+
+
+def _session(ort: Any, lib: Path, model: onnx.ModelProto, cuda_graph: bool):
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    register(so, lib)
+    opts = {"enable_cuda_graph": "1"} if cuda_graph else {}
+    return ort.InferenceSession(model.SerializeToString(), so, providers=[("CUDAExecutionProvider", opts)])
+
+
+def _run_graph(ort: Any, sess: Any, case: Case, want: list[np.ndarray], device: str = "cuda"
+               ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """IO binding on device buffers: a plain run, the capture run and a replay must agree; then
+    the replay's new inputs are written into the bound buffers and replayed, so a captured
+    kernel must read its inputs, not stale copies. Returns (first run, new-input replay)."""
+    binding = sess.io_binding()
+    values = {}
+    for name, arr in case.feeds.items():
+        values[name] = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(arr), device, 0)
+        binding.bind_ortvalue_input(name, values[name])
+    outs = [ort.OrtValue.ortvalue_from_shape_and_type(list(w.shape), w.dtype, device, 0) for w in want]
+    for meta, out in zip(sess.get_outputs(), outs):
+        binding.bind_ortvalue_output(meta.name, out)
+    runs = []
+    for _ in range(3):  # ORT: regular run(s) first, then capture, then replay
+        sess.run_with_iobinding(binding)
+        runs.append([o.numpy().copy() for o in outs])
+    if not all(np.array_equal(a, b, equal_nan=True) for r in runs[1:] for a, b in zip(runs[0], r)):
+        raise RuntimeError("CUDA graph capture/replay output differs from the plain run")
+    for name, arr in case.replay_feeds().items():
+        values[name].update_inplace(np.ascontiguousarray(arr))
+    sess.run_with_iobinding(binding)
+    return runs[0], [o.numpy().copy() for o in outs]
+
+
+def _diff(got: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
+    if not np.all(np.isfinite(got.astype(np.float64))):
+        return float("nan"), float("nan")
+    d = np.abs(got.astype(np.float64) - ref.astype(np.float64))
+    return (float(d.max()), float(d.mean())) if d.size else (0.0, 0.0)
+
+
+def gate(got: list[np.ndarray], want: list[np.ndarray]) -> tuple[float, float, bool]:
+    """(max, mean, ok) over all outputs: float outputs within the fp16 gate, integer ones exact,
+    never a NaN."""
+    if [g.shape for g in got] != [w.shape for w in want]:
+        return float("nan"), float("nan"), False
+    mx = mean = 0.0
+    ok = True
+    for g, w in zip(got, want):
+        m, a = _diff(g, w)
+        if not np.isfinite(m):
+            return float("nan"), float("nan"), False
+        mx, mean = max(mx, m), max(mean, a)
+        ok = ok and (m == 0 if np.issubdtype(w.dtype, np.integer) else m <= MAX_ABS and a <= MEAN_ABS)
+    return mx, mean, bool(ok)
+
+
+def run_case(ort: Any, lib: Path, case: Case, cuda_graph: bool = True) -> CaseResult:
+    res = CaseResult(case.op, case.label, ok=False)
+    try:
+        want = case.reference(case.feeds)
+        got = _session(ort, lib, case.model, False).run(None, case.feeds)
+        if [g.shape for g in got] != [w.shape for w in want]:
+            res.error = f"output shapes {[list(g.shape) for g in got]}, expected {[list(w.shape) for w in want]}"
+            return res
+        res.max_abs, res.mean_abs, ok = gate(got, want)
+        if case.exact is not None:
+            res.fp8_vs_exact_max, res.fp8_vs_exact_mean = _diff(got[0], case.exact(case.feeds))
+        if cuda_graph:
+            first, replay = _run_graph(ort, _session(ort, lib, case.model, True), case, want)
+            g1, _, ok1 = gate(first, want)
+            g2, _, ok2 = gate(replay, case.reference(case.replay_feeds()))
+            res.graph_max_abs = max(g1, g2) if np.isfinite(g1) and np.isfinite(g2) else float("nan")
+            ok = ok and ok1 and ok2
+        res.ok = ok
+    except KernelLibraryError:
+        raise
+    except Exception as exc:  # an ORT error status from the kernel: that case fails, the rest run
+        res.error = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+    return res
+
+
+def run_checks(lib: Path, cases: list[Case], cuda_graph: bool = True,
+               say: Callable[[CaseResult], None] = lambda r: None) -> list[CaseResult]:
+    import onnxruntime as ort
+
+    results = []
+    for case in cases:
+        results.append(run_case(ort, lib, case, cuda_graph))
+        say(results[-1])
+    return results

@@ -1,0 +1,206 @@
+"""`--kernels bertfuse`: the verified ORT-contrib model rewritten into ai.bertfuse ops, and the
+check that the rewrite changed nothing.
+
+ONNX Runtime's CPU EP has no kernel for the ai.bertfuse ops (they are CUDA-only), so a CPU
+host cannot run the emitted model. The gate is therefore two links of one chain:
+
+1. the contrib form (the same math, op for op) is checked against TensorFlow as always
+   (ORT CPU, convert's parity gate);
+2. the bertfuse form is checked equal to the contrib form: both run in onnx's
+   ReferenceEvaluator, every custom node (com.microsoft and ai.bertfuse alike) through its
+   NumPy reference (custom_ops/evaluator.py), on random padded inputs (padding at the end,
+   in the middle and at the start of rows), within the fp16 tolerances.
+
+The CUDA kernels themselves are checked against the same references on the GPU
+(`bertfuse kernels check`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+import onnx
+
+from bertfuse.errors import BertfuseError, FusionIncomplete, ParityError
+
+if TYPE_CHECKING:
+    from bertfuse.pipeline.fp8 import Fp32Reference
+    from bertfuse.passes.manager import PipelineReport
+    from bertfuse.pipeline.parity import OutputParity, Tolerance
+
+KERNELS = ("ort", "bertfuse")
+DEFAULT_KERNELS = "ort"  # until the H200 measurements decide
+ROW_PREFIX = "bertfuse ops vs contrib form: "
+
+
+def check_kernels(kernels: str, precision: str, packed: bool = False, fp8: bool = False) -> None:
+    """Bad combinations, before any slow work (one line, exit 2). `--packed --kernels bertfuse`
+    is the device-packed form (passes/packing_kernels.py)."""
+    if fp8 and kernels != "bertfuse":
+        raise BertfuseError("--fp8 needs --kernels bertfuse (FP8 weights exist only as bertfuse "
+                            "ops)")
+    if kernels not in KERNELS:
+        raise BertfuseError(f"kernels {kernels!r} is not supported (choose "
+                            f"{' or '.join(KERNELS)})")
+    if kernels == "bertfuse" and precision != "fp16":
+        raise BertfuseError(f"--kernels bertfuse needs --precision fp16 (the bertfuse ops "
+                            f"are fp16 only; got {precision})")
+
+
+def to_bertfuse_kernels(contrib: onnx.ModelProto, report: PipelineReport | None = None
+                        ) -> onnx.ModelProto:
+    """The contrib model with its encoder in ai.bertfuse ops; the pass's records join
+    `report` (census, encoder table and diagnostics then describe the emitted model)."""
+    from bertfuse.passes.bertfuse_kernels import BertfuseKernels
+    from bertfuse.passes.cleanup import Cleanup
+    from bertfuse.passes.manager import run_passes
+
+    model, kreport = run_passes(contrib, [BertfuseKernels(), Cleanup()])
+    join_report(report, kreport, model)
+    return model
+
+
+def join_report(report: PipelineReport | None, more: PipelineReport,
+                model: onnx.ModelProto) -> None:
+    """Appends a later run_passes' records to the pipeline's report, which then describes
+    `model` (census, encoder table)."""
+    from bertfuse.inspect.encoder_table import encoder_table
+
+    if report is None:
+        return
+    report.records.extend(more.records)
+    report.diagnostics.extend(more.diagnostics)
+    report.census_after = more.census_after
+    report.table = encoder_table([n.op_type for n in model.graph.node], report.diagnostics)
+
+
+def kernels_misses(report: PipelineReport | None) -> list[str]:
+    """What the bertfuse kernels pass left in contrib ops, one line each."""
+    if report is None:
+        return []
+    return [str(d) for d in report.diagnostics
+            if not d.fused and (d.component.startswith("kernels_") or
+                                d.component == "fp8_weights")]
+
+
+def model_feeds(model: onnx.ModelProto, batch: int, seq: int, seed: int | None
+                ) -> dict[str, np.ndarray]:
+    """Random padded inputs for a BERT model's graph inputs, by role (mask, segment/type,
+    else ids), in their dtypes; vocab, positions and token types read off the embedding
+    tables of EmbedLayerNormalization (ids stay in range)."""
+    from bertfuse.io.inputs import random_inputs
+
+    vocab, types, positions = 100, 2, seq
+    inits = {t.name: list(t.dims) for t in model.graph.initializer}
+    for n in model.graph.node:
+        if n.op_type == "EmbedLayerNormalization":
+            dims = [inits.get(name, [0])[0] if name else 0 for name in list(n.input)[2:5]]
+            vocab, positions = dims[0] or vocab, dims[1] or positions
+            types = dims[2] if len(dims) > 2 and dims[2] else 1
+            break
+    base = random_inputs(batch, min(seq, positions), vocab, types, seed=seed, pad_anywhere=True)
+    feeds = {}
+    for i in model.graph.input:
+        low = i.name.lower()
+        role = ("input_mask" if "mask" in low else
+                "segment_ids" if "segment" in low or "type" in low else "input_ids")
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type)
+        feeds[i.name] = base[role].astype(dtype)
+    return feeds
+
+
+def compare_forms(contrib: onnx.ModelProto, kernels_model: onnx.ModelProto,
+                  feeds: dict[str, np.ndarray], tolerance: Tolerance) -> list[OutputParity]:
+    """Both forms in the ReferenceEvaluator on the same feeds; one row per output."""
+    from bertfuse.ops.evaluator import evaluate
+    from bertfuse.pipeline.parity import OutputParity, compare_output
+
+    try:
+        want, got = evaluate(contrib, feeds), evaluate(kernels_model, feeds)
+    except Exception as exc:  # an op without a NumPy reference: the check cannot vouch
+        first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        return [OutputParity(ROW_PREFIX + "all outputs", float("nan"), float("nan"), False,
+                             note=f"cannot evaluate the models with the NumPy references "
+                                  f"({first})")]
+    return [compare_output(ROW_PREFIX + name, want[name], got.get(name), tolerance)
+            for name in want]
+
+
+def emit(model: onnx.ModelProto, report, status: Callable[[str], None] | None,
+         batch: int, seq: int, seed: int | None, check: bool, refuse_drift: bool,
+         strict: bool = False, fp8: bool = False, fp32_reference: Fp32Reference | None = None
+         ) -> onnx.ModelProto:
+    """The bertfuse form of a checked contrib model, as pipeline stages on `report` (a
+    pipeline.RunReport). check: compare it with the contrib form (rows join the parity
+    report); refuse_drift: raise ParityError on a failed comparison (optimize has no --force);
+    strict: a contrib op left over is FusionIncomplete. fp8: FP8 weights calibrated on the
+    parity inputs (kernels_fp8.py), measured against fp32_reference when given."""
+    from bertfuse.ops import BERTFUSE_DOMAIN
+    from bertfuse.io.model import check_model
+
+    with report.stage("bertfuse kernels", status) as st:
+        kmodel = to_bertfuse_kernels(model, report.passes)
+        check_model(kmodel, load=False)  # onnx's checker; ORT's CPU EP has no bertfuse kernels
+        ops = sum(n.domain == BERTFUSE_DOMAIN for n in kmodel.graph.node)
+        st.nodes = len(kmodel.graph.node)
+        st.detail = f"{ops} ai.bertfuse ops (CUDA EP with the bertfuse library)"
+    _refuse_misses(report, strict)
+    if report.parity is not None:  # the very inputs of the parity gate
+        batch, seq = report.parity.batch, report.parity.seq
+    feeds = model_feeds(model, batch, seq, seed)
+    if check:
+        _check_forms(model, kmodel, report, status, feeds, batch, seq, seed, refuse_drift)
+    if fp8:
+        kmodel = _fp8(model, kmodel, report, status, feeds, fp32_reference)
+        _refuse_misses(report, strict)
+    return kmodel
+
+
+def _refuse_misses(report, strict: bool) -> None:
+    misses = kernels_misses(report.passes)
+    if strict and misses:
+        raise FusionIncomplete(f"not written (--strict): {'; '.join(misses)}")
+
+
+def _check_forms(model: onnx.ModelProto, kmodel: onnx.ModelProto, report, status,
+                 feeds: dict[str, np.ndarray], batch: int, seq: int, seed: int | None,
+                 refuse_drift: bool) -> None:
+    from bertfuse.pipeline.parity import ParityReport, tolerance_for
+
+    with report.stage("check bertfuse ops vs contrib form (NumPy references)", status) as st:
+        tol = tolerance_for("fp16")
+        rows = compare_forms(model, kmodel, feeds, tol)
+        if report.parity is None:
+            report.parity = ParityReport("fp16", batch, seq, rows, tol, seed,
+                                         reference="contrib form, NumPy references")
+        else:
+            report.parity.outputs.extend(rows)
+        ok = all(r.ok for r in rows)
+        st.detail = "ok" if ok else "DRIFT"
+    if refuse_drift and not ok:
+        from bertfuse.pipeline.gate import parity_failure
+
+        raise ParityError(f"not written: the bertfuse ops differ from the contrib form, "
+                          f"{parity_failure(report.parity)}", report)
+
+
+def _fp8(model: onnx.ModelProto, kmodel: onnx.ModelProto, report, status,
+         feeds: dict[str, np.ndarray], fp32_reference: Fp32Reference | None) -> onnx.ModelProto:
+    from bertfuse.ops.bertfuse.dense_fp8 import CONTRACTS as FP8_CONTRACTS
+    from bertfuse.pipeline.fp8 import accuracy_rows, calibrate, dense_inputs, to_fp8
+    from bertfuse.io.model import check_model
+
+    with report.stage("fp8 weights (calibrated on the parity inputs)", status) as st:
+        amax = calibrate(model, dense_inputs(kmodel), feeds)
+        kmodel = to_fp8(kmodel, amax, report.passes)
+        check_model(kmodel, load=False)
+        st.nodes = len(kmodel.graph.node)
+        st.detail = f"{sum(n.op_type in FP8_CONTRACTS for n in kmodel.graph.node)} FP8 dense ops"
+    if fp32_reference is not None and report.parity is not None:
+        with report.stage("fp8 accuracy vs fp32 (NumPy references)", status) as st:
+            rows = accuracy_rows(kmodel, feeds, fp32_reference)
+            report.parity.outputs.extend(rows)
+            st.detail = ", ".join(f"{r.name[len('fp8 vs fp32: '):]} max {r.max_abs:.3g} "
+                                  f"mean {r.mean_abs:.3g}" for r in rows)
+    return kmodel
