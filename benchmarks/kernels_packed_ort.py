@@ -1,5 +1,5 @@
 """The device-packed encoder end to end inside ONNX Runtime's CUDA EP (GPU host): a BERT of
-random weights (tests/builders) fused to fp16, rewritten to bertfuse ops (the padded model), then
+random weights (tests/support/builders) fused to fp16, rewritten to bertfuse ops (the padded model), then
 to the device-packed form (passes/packing_kernels.py: PackTokens, PackedBertAttention,
 UnpackTokens); both run through libbertfuse_ops.so.
 

@@ -9,7 +9,7 @@ TFBertModel-style SavedModel, int64 inputs), ckpt_finetune (ckpt_head plus adam 
 global_step; not in SOURCE_FIXTURES).
 `tf_model` takes a fixture name by indirect parametrisation; `convert_cached` converts once
 per session. Test files import ROLES, SEED, SOURCE_FIXTURES, TFModel and tiny_config from here or from
-builders.tf_models.
+support.builders.tf_models.
 """
 
 from __future__ import annotations
@@ -24,13 +24,13 @@ from typing import Callable
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 # The parity reference needs oneDNN's rewrites off (bertfuse/converter/reference.py). Set
 # before TensorFlow loads, the test process computes it in-process; otherwise every convert
-# would start a reference worker. tests/test_gate.py runs real processes with it on.
+# would start a reference worker. tests/unit/pipeline/test_gate.py runs real processes with it on.
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from builders.tf_models import (ROLES, SEED, SOURCE_FIXTURES, TFModel,  # noqa: E402,F401
+from support.builders.tf_models import (ROLES, SEED, SOURCE_FIXTURES, TFModel,  # noqa: E402,F401
                                 build_checkpoint, build_finetune_checkpoint, build_frozen,
                                 build_hf_style, build_keras_functional, build_keras_hub,
                                 build_savedmodel, tiny_config)

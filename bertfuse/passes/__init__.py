@@ -21,7 +21,7 @@ How to add a fusion:
    op is new (with its NumPy reference and a test against ORT's kernel).
 5. Put the pass in ``manager.default_passes`` where its inputs exist (later fusions match on
    earlier ones' output).
-6. Add ``tests/passes/test_<module>.py``: a tiny graph in the TF shape, the operand-swapped
+6. Add ``tests/unit/passes/test_<module>.py``: a tiny graph in the TF shape, the operand-swapped
    form, an intermediate read outside (must not fuse), a wrong constant (must not fuse), each
    run with ORT before and after and its ops counted.
 """

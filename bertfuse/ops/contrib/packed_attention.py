@@ -2,7 +2,7 @@
 references.
 
 Both have CUDA kernels only: ORT's CPU EP cannot run them, so the references are what CI
-checks bertfuse's packing arithmetic against (tests/test_packing.py), and the GPU benchmark
+checks bertfuse's packing arithmetic against (tests/unit/passes/test_packing.py), and the GPU benchmark
 checks ORT's kernels against the padded model.
 """
 

@@ -1,0 +1,162 @@
+"""Third-party TF BERT-family models, built by the libraries themselves, through `convert`.
+
+The fixtures (tests/fixtures/thirdparty/, rebuilt by the build_*.py scripts there) are tiny
+random models from transformers (TF classes), keras-hub and TF Model Garden, with every bias
+and LayerNorm parameter perturbed so a dropped bias or a wrong gamma shows. Each carries its
+library's own eager outputs on padded inputs (reference.npz, computed with oneDNN's rewrites
+off). For every fixture, with default flags:
+
+* `convert` writes the model: the parity gate against TensorFlow passes;
+* the graph is fused: Attention L, SkipLayerNormalization 2L, one GELU op per layer,
+  EmbedLayerNormalization 1, no Softmax and no LayerNormalization left, about 7L + 4 nodes
+  plus the head (MobileBERT: converts, fusion optional);
+* the written model reproduces the library's eager outputs: fp32 max |diff| <= 1e-4, and its
+  fp16 form max <= 4e-2, mean <= 2e-3.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from support import paths
+
+ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("tensorflow")
+
+FIXTURES = paths.FIXTURES / "thirdparty"
+GELU_OPS = ("FastGelu", "BiasGelu", "Gelu")
+# Nodes a fused model may have beyond 7 per layer + 4: the pooler (Gather, Gemm, Tanh), a
+# classifier Gemm, ALBERT/ELECTRA's embedding projection (MatMul, Add), RoBERTa's position
+# index subgraph (Equal, Not, Cast, CumSum, Mul, Add).
+EXTRA_NODES = 3 + 1 + 2 + 6
+
+
+def _cases() -> list:
+    cases = []
+    for meta_path in sorted(FIXTURES.glob("*/meta.json")):
+        meta = json.loads(meta_path.read_text())
+        name = meta_path.parent.name
+        cases.append(pytest.param(name, meta["path"], id=name))
+        if meta.get("keras_path"):
+            cases.append(pytest.param(name, meta["keras_path"], id=f"{name}.keras"))
+    return cases
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    from bertfuse.pipeline.stages import ConvertOptions, convert
+
+    out_dir = tmp_path_factory.mktemp("thirdparty")
+    cache: dict[tuple[str, str], tuple[str, object]] = {}
+
+    def get(name: str, rel: str):
+        if (name, rel) not in cache:
+            out = out_dir / f"{name}_{Path(rel).name}.onnx"
+            report = convert(str(FIXTURES / name / rel), str(out), ConvertOptions())
+            cache[(name, rel)] = (str(out), report)
+        return cache[(name, rel)]
+
+    return get
+
+
+def _feeds_and_expected(name: str, model: onnx.ModelProto):
+    """The fixture's padded inputs under bertfuse's input names, and the library's outputs
+    under bertfuse's output names (the model's metadata maps them)."""
+    meta = json.loads((FIXTURES / name / "meta.json").read_text())
+    ref = np.load(FIXTURES / name / "reference.npz")
+    original = json.loads({p.key: p.value for p in model.metadata_props}["original_names"])
+    ids = ref[f"in/{meta['inputs']['input_ids']}"]
+    feeds = {}
+    for inp in model.graph.input:
+        source_name = meta["inputs"].get(inp.name)
+        feeds[inp.name] = (ref[f"in/{source_name}"] if source_name else np.zeros_like(ids)
+                           ).astype(np.int32)
+    expected = {}
+    for out in model.graph.output:
+        key = f"out/{original.get(out.name, out.name)}"
+        if key not in ref.files:  # a .keras source names its single output `output`
+            outs = [k for k in ref.files if k.startswith("out/")]
+            assert len(outs) == 1 == len(model.graph.output), (out.name, ref.files)
+            key = outs[0]
+        expected[out.name] = ref[key]
+    return feeds, expected, meta
+
+
+def _run(model: onnx.ModelProto, feeds: dict) -> dict[str, np.ndarray]:
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+
+
+@pytest.mark.parametrize("name,rel", _cases())
+def test_thirdparty_fused_and_exact(name, rel, converted):
+    path, report = converted(name, rel)
+    assert report.written and report.parity is not None and report.parity.ok, \
+        report.parity.to_json() if report.parity else None
+    # The mask checks run on every model, heads included (a classifier's logits).
+    model = onnx.load(path)
+    feeds, expected, meta = _feeds_and_expected(name, model)
+    checks = [o.name for o in report.parity.outputs if o.name.startswith("mask invariance")]
+    assert len(checks) == (2 if meta["has_segment_ids"] else 1), checks
+    ops = Counter(n.op_type for n in model.graph.node)
+    layers = meta["layers"]
+    if "mobilebert" not in name:  # MobileBERT: fusion optional
+        assert ops["Attention"] == layers, ops
+        assert ops["SkipLayerNormalization"] == 2 * layers, ops
+        assert sum(ops[g] for g in GELU_OPS) == layers, ops
+        assert ops["EmbedLayerNormalization"] == 1, ops
+        assert ops["Softmax"] == 0 and ops["LayerNormalization"] == 0, ops
+        assert sum(ops.values()) <= 7 * layers + 4 + EXTRA_NODES, ops
+    # One interface for every model: a model without token types ignores segment_ids.
+    assert [i.name for i in model.graph.input] == ["input_ids", "input_mask", "segment_ids"]
+
+    got = _run(model, feeds)
+    for out, want in expected.items():
+        diff = np.abs(got[out].astype(np.float64) - want)
+        assert np.isfinite(got[out]).all() and diff.max() <= 1e-4, (out, diff.max())
+
+    if rel.endswith(".keras"):
+        return  # the same graph as the SavedModel row: fp16 is checked there
+    from bertfuse.io.model import load_model
+    from bertfuse.passes.cleanup import Cleanup
+    from bertfuse.passes.fp16 import Fp16Pass
+    from bertfuse.passes.manager import run_passes
+    from bertfuse.passes.shared_weights import SharedWeights
+
+    # The fp16 pipeline is the fp32 one followed by these passes (passes.manager).
+    half, _ = run_passes(load_model(path), [Fp16Pass(), Cleanup(), SharedWeights()])
+    got16 = _run(half, feeds)
+    for out, want in expected.items():
+        diff = np.abs(got16[out].astype(np.float64) - want)
+        assert np.isfinite(got16[out]).all(), out
+        assert diff.max() <= 4e-2 and diff.mean() <= 2e-3, (out, diff.max(), diff.mean())
+
+
+def test_shared_layer_weights_stay_shared(converted):
+    """ALBERT runs one layer L times: one set of initializers feeds every fused layer."""
+    path, _ = converted("hf_albert", "model")
+    model = onnx.load(path)
+    attention = [n for n in model.graph.node if n.op_type == "Attention"]
+    assert len(attention) == 2
+    assert attention[0].input[1:3] == attention[1].input[1:3]  # one packed QKV weight and bias
+    big = [i for i in model.graph.initializer if np.prod(i.dims) >= 32 * 32]
+    assert len({i.name for i in big}) == len(big)
+    names = [i.name for i in model.graph.initializer]
+    assert len(names) == len(set(names))
+
+
+def test_head_with_mask_and_segments_swapped_is_refused(tmp_path):
+    """A classifier has no sequence_output: its logits carry the mask check."""
+    from bertfuse.errors import ParityError
+    from bertfuse.pipeline.stages import ConvertOptions, convert
+
+    out = tmp_path / "swapped.onnx"
+    opts = ConvertOptions(inputs="input_ids=input_ids,input_mask=token_type_ids,"
+                                 "segment_ids=attention_mask")
+    with pytest.raises(ParityError, match="mask invariance"):
+        convert(str(FIXTURES / "hf_bert_cls" / "model"), str(out), opts)
+    assert not out.exists()
