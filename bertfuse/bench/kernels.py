@@ -1,10 +1,10 @@
 """bertfuse's own CUDA ops (domain ai.bertfuse) in `bertfuse bench`, beside the ORT-contrib form.
 
     bertfuse16.onnx (contrib ops) --bertfuse_kernels pass--> kernels16.onnx (ai.bertfuse ops)
-    op library: `bertfuse kernels build` -> cache (custom_ops/library.py) -> found by the
+    op library: `bertfuse kernels build` -> cache (kernels/library.py) -> found by the
     runtime, which registers it on its sessions
 
-The rewrite is the one `--kernels bertfuse` makes (kernels_form.to_bertfuse_kernels), applied
+The rewrite is the one `--kernels bertfuse` makes (pipeline.lowering.to_bertfuse_kernels), applied
 to the same fused fp16 model the contrib rows run, so both forms see the same weights and
 inputs and are compared against the same ORT raw fp32 outputs. The library is looked up once,
 before any workload; where it or the rewrite is missing, the rows say why and the rest runs.
@@ -71,24 +71,25 @@ def kernels_model(fused16: str, workdir: str) -> tuple[str | None, str]:
 
 def fp8_model(fused16: str, kernels16: str, workdir: str) -> tuple[str | None, str]:
     """The bertfuse-kernels model with FP8 weights, as `convert --kernels bertfuse --fp8`
-    makes it: activation scales calibrated on convert's parity inputs (its default batch,
-    seq and seed), not on the benchmark's request. (path, note) or (None, why not)."""
+    makes it (pipeline.fp8.fp8_form): activation scales calibrated on convert's parity inputs
+    (its default batch, seq and seed), not on the benchmark's request. (path, note) or (None,
+    why not)."""
     import onnx
 
     try:
-        from bertfuse.pipeline.fp8 import calibrate, dense_inputs, to_fp8
+        from bertfuse.pipeline.fp8 import fp8_form
     except ImportError as exc:
         if exc.name == "bertfuse.pipeline.fp8":
             return None, "this bertfuse has no FP8 option"
         return None, f"the FP8 option cannot be imported ({exc})"
     from bertfuse.pipeline.lowering import model_feeds
-    from bertfuse.pipeline.stages import ConvertOptions
+    from bertfuse.pipeline.options import ConvertOptions
 
     def rewrite(report) -> onnx.ModelProto:
-        contrib, kmodel = onnx.load(fused16), onnx.load(kernels16)
+        contrib = onnx.load(fused16)
         opts = ConvertOptions()
         feeds = model_feeds(contrib, opts.batch, opts.seq, opts.seed)
-        return to_fp8(kmodel, calibrate(contrib, dense_inputs(kmodel), feeds), report)
+        return fp8_form(contrib, onnx.load(kernels16), feeds, report)
 
     return _rewrite(rewrite, os.path.join(workdir, "kernels_fp8.onnx"), "the FP8 rewrite",
                     lambda op: op.endswith("Fp8"))

@@ -11,9 +11,8 @@ import tempfile
 import numpy as np
 import onnx
 
-from bertfuse.passes.cleanup import Cleanup
-from bertfuse.passes.manager import default_passes, run_passes
-from bertfuse.passes.packing import PackingPass
+from bertfuse.passes.manager import run_passes
+from bertfuse.passes.plans import fusion_plan, packing_plan
 from bertfuse.runtime.weights import fill_weights, is_stripped
 
 
@@ -22,15 +21,11 @@ def bound_session(path: str, feeds: dict[str, np.ndarray], graph: bool = False,
     """A CUDA session with inputs on the device and outputs bound to device buffers."""
     import onnxruntime as ort
 
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    if strict_gpu:
-        so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
-    opts = {"enable_cuda_graph": "1" if graph else "0", **(extra or {})}
-    from bertfuse.kernels.library import prepare
+    from bertfuse.io.ort import make_session
 
-    prepare(so, path, "cuda")  # a model with ai.bertfuse ops: bertfuse's op library
-    sess = ort.InferenceSession(path, so, providers=[("CUDAExecutionProvider", opts)])
+    sess = make_session(path, device="cuda",
+                        cuda_options={"enable_cuda_graph": "1" if graph else "0", **(extra or {})},
+                        config={"session.disable_cpu_ep_fallback": "1"} if strict_gpu else None)
     io = sess.io_binding()
     keep = []
     names = {i.name for i in sess.get_inputs()}
@@ -89,10 +84,10 @@ def _ort_models(raw: onnx.ModelProto, raw32: str, workdir: str) -> dict[str, str
 
 
 def _bertfuse_models(raw: onnx.ModelProto, workdir: str, paths: dict[str, str]) -> dict[str, str]:
-    fused32, _ = run_passes(raw, default_passes("fp32"))
+    fused32, _ = run_passes(raw, fusion_plan("fp32"))
     paths["bertfuse32"] = os.path.join(workdir, "bertfuse32.onnx")
     onnx.save(fused32, paths["bertfuse32"])
-    fused, report = run_passes(raw, default_passes("fp16"))
+    fused, report = run_passes(raw, fusion_plan("fp16"))
     paths["bertfuse16"] = os.path.join(workdir, "bertfuse16.onnx")
     onnx.save(fused, paths["bertfuse16"])
     paths["bertfuse_ops"] = json.dumps(dict(report.census_after))
@@ -109,23 +104,18 @@ def _heads_hidden(raw: onnx.ModelProto) -> tuple[int, int]:
 
 def memcpy_nodes(path: str) -> int:
     """Memcpy nodes ORT inserts when it places the model on the CUDA EP."""
-    import onnxruntime as ort
+    from bertfuse.io.ort import make_session
 
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "placed.onnx")
-        so = ort.SessionOptions()
-        so.log_severity_level = 3
-        so.optimized_model_filepath = out
-        from bertfuse.kernels.library import prepare
-
-        prepare(so, path, "cuda")
-        ort.InferenceSession(path, so, providers=["CUDAExecutionProvider"])
+        make_session(path, device="cuda", optimized_model_path=out)
         model = onnx.load(out, load_external_data=False)
         return sum(1 for n in model.graph.node if n.op_type.startswith("Memcpy"))
 
 
 def packed_form(fused: onnx.ModelProto) -> onnx.ModelProto:
-    model, _ = run_passes(fused, [PackingPass(), Cleanup()])
+    """The contrib form's packed model (PackedAttention; the runtime packs the requests)."""
+    model, _ = run_passes(fused, packing_plan(on_kernels=False))
     return model
 
 
@@ -143,11 +133,10 @@ def no_cuda() -> str | None:
     probe = helper.make_model(helper.make_graph([helper.make_node("Identity", ["x"], ["y"])],
                                                 "probe", io[:1], io[1:]),
                               opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 4
+    from bertfuse.io.ort import make_session
+
     try:
-        sess = ort.InferenceSession(probe.SerializeToString(), opts,
-                                    providers=["CUDAExecutionProvider"])
+        sess = make_session(probe, device="cuda", log_severity=4, register_kernels=False)
     except Exception as exc:
         return str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
     if "CUDAExecutionProvider" not in sess.get_providers():

@@ -26,6 +26,7 @@ import onnx
 from bertfuse.bench import packed_kernels
 from bertfuse.bench.models import packed_form, prepare_models
 from bertfuse.bench.timing import time_interleaved
+from bertfuse.pipeline.options import PRECISIONS
 from bertfuse.bench.workloads import PACKED_WORKLOADS as WORKLOADS
 from bertfuse.bench.workloads import Lengths
 from bertfuse.io.inputs import lengths_request as request
@@ -84,7 +85,7 @@ def run(paths_for: Callable[[str], dict[str, str]], iters: int,
     for name in workloads or list(WORKLOADS):
         config, batch, seq, lengths_fn = WORKLOADS[name]
         paths = paths_for(config)
-        for precision in ("fp32", "fp16"):
+        for precision in PRECISIONS:
             fused = onnx.load(paths["bertfuse32" if precision == "fp32" else "bertfuse16"])
             packed_model = packed_form(fused)
             vocab = model_facts(fused).vocab_size or 1000

@@ -26,9 +26,8 @@ def kernels_forms(kernels: Any, paths: dict[str, str]) -> tuple[dict[str, Any], 
     for `--kernels ort` (kernels None: no kernels rows at all). `kernels` is the run's
     bench.kernels.KernelsSetup; kernels16 is made once per model and kept in `paths`."""
     from bertfuse.bench.kernels import kernels_model
-    from bertfuse.passes.cleanup import Cleanup
     from bertfuse.passes.manager import run_passes
-    from bertfuse.passes.packing_kernels import PackingKernelsPass
+    from bertfuse.passes.plans import packing_plan
 
     if kernels is None:
         return {}, ""
@@ -43,8 +42,7 @@ def kernels_forms(kernels: Any, paths: dict[str, str]) -> tuple[dict[str, Any], 
         if "kernels16" not in paths:
             return {}, f"not run: {paths['kernels16_note']}"
     try:
-        packed, report = run_passes(onnx.load(paths["kernels16"]),
-                                    [PackingKernelsPass(), Cleanup()])
+        packed, report = run_passes(onnx.load(paths["kernels16"]), packing_plan(on_kernels=True))
     except Exception as exc:  # noqa: BLE001 (a failed rewrite is a row note, not the run's end)
         return {}, f"not run: the packing_kernels pass failed ({str(exc).splitlines()[0][:160]})"
     misses = [d for d in report.diagnostics if not d.fused]

@@ -21,7 +21,6 @@ import onnx
 from bertfuse.bench.kernels import FIRST_ROW, KernelsSetup, plan_rows
 from bertfuse.bench.models import bound_session, memcpy_nodes, packed_form, prepare_models
 from bertfuse.bench.timing import compare, time_calls, time_interleaved
-from bertfuse.bench.workloads import PADDED_WORKLOADS as WORKLOADS  # noqa: F401
 from bertfuse.io.inputs import padded_request as request
 from bertfuse.runtime.requests import model_facts
 

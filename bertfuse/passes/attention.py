@@ -23,52 +23,55 @@ import onnx_graphsurgeon as gs
 
 from bertfuse.ops.contrib.attention import CONTRACT as ATTENTION
 from bertfuse.passes.attention_mask import MaskTerm, check_mask, split_mask
-from bertfuse.passes.attention_match import MASK_FLOOR, AttentionMatch, Projection, \
-    _scalar_factor, match_numeric
-from bertfuse.passes.base import MatchResult, PassResult, cast_int32, const, const_value, \
-    is_graph_output, producer, replace_tensor
+from bertfuse.passes.attention_match import MASK_FLOOR, AttentionMatch, Projection, match_numeric
+from bertfuse.passes.base import CandidatePass, Layers, cast_int32, const, const_value, \
+    is_graph_output, producer, replace_tensor, scalar_factor
 from bertfuse.passes.evaluate import bs_input, eval_with_ort, rank_of
-from bertfuse.passes.probe import probe_feeds
+from bertfuse.passes.match import MatchFailure, expect, fail, prefixed
+from bertfuse.io.inputs import probe_feeds
 
 
-class AttentionFusion:
+class AttentionFusion(CandidatePass):
+    """Candidates: every Softmax, numbered as the layers (its index among them); each ends
+    fused or missed with the structural match's reason and the numeric one's."""
+
     name = "attention"
 
     def __init__(self) -> None:
-        self._mask_cache: dict[int, object] = {}
+        self._mask_cache: dict[int, tuple[gs.Variable, float] | MatchFailure] = {}
         self._mask_int32: dict[int, gs.Tensor] = {}
+        self._order: dict[int, int] = {}
 
-    def __call__(self, graph: gs.Graph) -> PassResult:
-        result = PassResult()
+    def candidates(self, graph: gs.Graph) -> list[gs.Node]:
         softmaxes = [n for n in graph.nodes if n.op == "Softmax"]
-        for layer, softmax in enumerate(softmaxes):
-            match = self._match_any(graph, softmax)
-            if not result.record(self.name, match, layer):
-                continue
-            self._rewrite(graph, match.found, layer)
-            result.fused(self.name, layer)
-        return result
+        self._order = {id(n): i for i, n in enumerate(softmaxes)}
+        return softmaxes
 
-    def _match_any(self, graph: gs.Graph, softmax: gs.Node) -> MatchResult:
+    def layer(self, layers: Layers, softmax: gs.Node) -> int:
+        return self._order[id(softmax)]
+
+    def match(self, graph: gs.Graph, softmax: gs.Node) -> AttentionMatch:
         """The structural match, else the numeric one (attention_match.py)."""
-        m = MatchResult()
-        if is_graph_output(graph, softmax.outputs[0]):
-            # Fusing would keep the whole unfused block alive for that output.
-            return m.fail("attention probabilities are a model output")
-        found = self.match(graph, softmax)
-        if isinstance(found, str):
+        # Fusing would keep the whole unfused block alive for that output.
+        expect(not is_graph_output(graph, softmax.outputs[0]),
+               "attention probabilities are a model output")
+        try:
+            return self.match_structure(graph, softmax)
+        except MatchFailure as structural:
             # Not the modeling.py arrangement: find the same math numerically.
-            numeric = match_numeric(graph, softmax)
-            if isinstance(numeric, str):
-                return m.fail(f"{found}; by evaluation: {numeric}")
-            found = numeric
-        return m.ok(found)
+            try:
+                return match_numeric(graph, softmax)
+            except MatchFailure as numeric:
+                fail(f"{structural.reason}; by evaluation: {numeric.reason}")
+
+    def rewrite(self, graph: gs.Graph, softmax: gs.Node, found: AttentionMatch) -> None:
+        self._rewrite(graph, found, self._order[id(softmax)])
 
     # -- matching ---------------------------------------------------------------------------
 
-    def match(self, graph: gs.Graph, softmax: gs.Node) -> AttentionMatch | str:
-        if softmax.attrs.get("axis", -1) not in (-1, 3):
-            return "softmax is not over the key axis"
+    def match_structure(self, graph: gs.Graph, softmax: gs.Node) -> AttentionMatch:
+        """The modeling.py arrangement drawn above; raises MatchFailure."""
+        expect(softmax.attrs.get("axis", -1) in (-1, 3), "softmax is not over the key axis")
         scores, mask_term = split_mask(softmax.inputs[0])
         scale = 1.0
         qk = None
@@ -80,72 +83,65 @@ class AttentionFusion:
             if node.op == "MatMul":
                 qk = node
                 break
-            factor = _scalar_factor(node)
+            factor = scalar_factor(node)
             if factor is None:
-                return f"score path has an unexpected {node.op}"
+                fail(f"score path has an unexpected {node.op}")
             scale *= factor[1]
             t = factor[0]
-        if qk is None:
-            return "no Q·Kᵀ MatMul before the softmax"
-        q, q_scale = _walk_head_split(qk.inputs[0], key=False)
-        if isinstance(q, str):
-            return f"query path: {q}"
-        k, k_scale = _walk_head_split(qk.inputs[1], key=True)
-        if isinstance(k, str):
-            return f"key path: {k}"
+        expect(qk is not None, "no Q·Kᵀ MatMul before the softmax")
+        with prefixed("query path: "):
+            q, q_scale = _walk_head_split(qk.inputs[0], key=False)
+        with prefixed("key path: "):
+            k, k_scale = _walk_head_split(qk.inputs[1], key=True)
         pv = [c for c in softmax.outputs[0].outputs]
-        if len(pv) != 1 or pv[0].op != "MatMul" or pv[0].inputs[0] is not softmax.outputs[0]:
-            return "probabilities are not consumed by exactly one MatMul with V"
-        v, v_scale = _walk_head_split(pv[0].inputs[1], key=False)
-        if isinstance(v, str):
-            return f"value path: {v}"
-        if v_scale != 1.0:
-            return "value path is scaled"
-        if not (q.x is k.x is v.x):
-            return "Q, K and V do not project the same input"
-        if not (q.weight.shape == k.weight.shape == v.weight.shape) or q.weight.ndim != 2:
-            return "Q, K, V weights differ in shape"
-        out = _walk_context(pv[0])
-        if isinstance(out, str):
-            return f"output path: {out}"
-        heads = self._heads(graph, q.reshape, q.weight.shape[1])
-        if isinstance(heads, str):
-            return heads
-        num_heads, head_size = heads
+        expect(len(pv) == 1 and pv[0].op == "MatMul" and pv[0].inputs[0] is softmax.outputs[0],
+               "probabilities are not consumed by exactly one MatMul with V")
+        with prefixed("value path: "):
+            v, v_scale = _walk_head_split(pv[0].inputs[1], key=False)
+        expect(v_scale == 1.0, "value path is scaled")
+        expect(q.x is k.x is v.x, "Q, K and V do not project the same input")
+        expect(q.weight.shape == k.weight.shape == v.weight.shape and q.weight.ndim == 2,
+               "Q, K, V weights differ in shape")
+        with prefixed("output path: "):
+            out = _walk_context(pv[0])
+        num_heads, head_size = self._heads(graph, q.reshape, q.weight.shape[1])
         mask_input, mask_value = None, 0.0
         if mask_term is not None:
-            mask = self._mask(graph, mask_term)
-            if isinstance(mask, str):
-                return f"mask path: {mask}"
-            mask_input, mask_value = mask
+            with prefixed("mask path: "):
+                mask_input, mask_value = self._mask(graph, mask_term)
         return AttentionMatch(q, k, v, scale * q_scale * k_scale, mask_input, mask_value, out,
                               num_heads, head_size)
 
     @staticmethod
-    def _heads(graph: gs.Graph, reshape: gs.Node, hidden: int) -> tuple[int, int] | str:
+    def _heads(graph: gs.Graph, reshape: gs.Node, hidden: int) -> tuple[int, int]:
         shape = const_value(reshape.inputs[1])
         if shape is None:
             try:
                 (shape,) = eval_with_ort(graph, [reshape.inputs[1]], probe_feeds(graph))
             except Exception as exc:
-                return f"cannot evaluate the head-split shape ({type(exc).__name__})"
+                fail(f"cannot evaluate the head-split shape ({type(exc).__name__})")
         shape = [int(s) for s in np.ravel(shape)]
-        if len(shape) != 4:
-            return f"head split reshapes to rank {len(shape)}, expected 4"
+        expect(len(shape) == 4, f"head split reshapes to rank {len(shape)}, expected 4")
         n, d = shape[2], shape[3]
         if n <= 0 and d > 0:
             n = hidden // d
         if d <= 0 and n > 0:
             d = hidden // n
-        if n * d != hidden:
-            return f"head split {shape} does not divide hidden size {hidden}"
+        expect(n * d == hidden, f"head split {shape} does not divide hidden size {hidden}")
         return n, d
 
-    def _mask(self, graph: gs.Graph, term: MaskTerm):
+    def _mask(self, graph: gs.Graph, term: MaskTerm) -> tuple[gs.Variable, float]:
+        """check_mask, once per mask tensor (every layer reads the same one)."""
         key = id(term.tensor)
         if key not in self._mask_cache:
-            self._mask_cache[key] = check_mask(graph, term)
-        return self._mask_cache[key]
+            try:
+                self._mask_cache[key] = check_mask(graph, term)
+            except MatchFailure as failure:
+                self._mask_cache[key] = failure
+        found = self._mask_cache[key]
+        if isinstance(found, MatchFailure):
+            fail(found.reason)
+        return found
 
     # -- rewriting --------------------------------------------------------------------------
 
@@ -212,36 +208,32 @@ def _perm(node: gs.Node) -> list[int]:
     return list(node.attrs.get("perm", []))
 
 
-def _walk_head_split(t: gs.Tensor, key: bool) -> tuple[Projection | str, float]:
-    """Back from a score/context MatMul operand to the projection MatMul."""
+def _walk_head_split(t: gs.Tensor, key: bool) -> tuple[Projection, float]:
+    """Back from a score/context MatMul operand to the projection MatMul: (it, the scalar
+    factors met on the way)."""
     scale = 1.0
     node = producer(t)
-    while node is not None and (factor := _scalar_factor(node)) is not None:
+    while node is not None and (factor := scalar_factor(node)) is not None:
         scale *= factor[1]
         t = factor[0]
         node = producer(t)
     if node is None or node.op != "Transpose":
-        return f"expected a Transpose, found {node.op if node else 'an input'}", scale
+        fail(f"expected a Transpose, found {node.op if node else 'an input'}")
     perm = _perm(node)
     if key and perm == [0, 1, 3, 2]:
         inner = producer(node.inputs[0])
         if inner is None or inner.op != "Transpose" or _perm(inner) != [0, 2, 1, 3]:
-            return "Kᵀ is not a transposed head split", scale
+            fail("Kᵀ is not a transposed head split")
         node, perm = inner, [0, 2, 3, 1]
     want = [0, 2, 3, 1] if key else [0, 2, 1, 3]
-    if perm != want:
-        return f"head transpose has perm {perm}, expected {want}", scale
+    expect(perm == want, f"head transpose has perm {perm}, expected {want}")
     reshape = producer(node.inputs[0])
-    if reshape is None or reshape.op != "Reshape":
-        return "no head-split Reshape", scale
-    proj = _projection(reshape.inputs[0])
-    if isinstance(proj, str):
-        return proj, scale
-    x, w, b = proj
+    expect(reshape is not None and reshape.op == "Reshape", "no head-split Reshape")
+    x, w, b = _projection(reshape.inputs[0])
     return Projection(x, w, b, reshape), scale
 
 
-def _projection(t: gs.Tensor) -> tuple[gs.Tensor, np.ndarray, np.ndarray | None] | str:
+def _projection(t: gs.Tensor) -> tuple[gs.Tensor, np.ndarray, np.ndarray | None]:
     node = producer(t)
     bias = None
     if node is not None and node.op == "Add":
@@ -252,22 +244,20 @@ def _projection(t: gs.Tensor) -> tuple[gs.Tensor, np.ndarray, np.ndarray | None]
         elif va is not None and va.ndim == 1:
             bias, t = va, b
         else:
-            return "projection bias is not a 1-D constant"
+            fail("projection bias is not a 1-D constant")
         node = producer(t)
-    if node is None or node.op != "MatMul":
-        return "projection is not a MatMul"
+    expect(node is not None and node.op == "MatMul", "projection is not a MatMul")
     w = const_value(node.inputs[1])
-    if w is None or w.ndim != 2:
-        return "projection weight is not a constant matrix"
+    expect(w is not None and w.ndim == 2, "projection weight is not a constant matrix")
     return node.inputs[0], w, bias
 
 
-def _walk_context(pv: gs.Node) -> gs.Tensor | str:
+def _walk_context(pv: gs.Node) -> gs.Tensor:
     t = pv.outputs[0]
-    if len(t.outputs) != 1 or t.outputs[0].op != "Transpose" or \
-            _perm(t.outputs[0]) != [0, 2, 1, 3]:
-        return "context is not transposed back with perm [0,2,1,3]"
+    expect(len(t.outputs) == 1 and t.outputs[0].op == "Transpose" and
+           _perm(t.outputs[0]) == [0, 2, 1, 3],
+           "context is not transposed back with perm [0,2,1,3]")
     t = t.outputs[0].outputs[0]
-    if len(t.outputs) != 1 or t.outputs[0].op != "Reshape":
-        return "context heads are not merged by a Reshape"
+    expect(len(t.outputs) == 1 and t.outputs[0].op == "Reshape",
+           "context heads are not merged by a Reshape")
     return t.outputs[0].outputs[0]

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from bertfuse.passes.attention_match import _scalar_factor
-from bertfuse.passes.base import producer, reaches_op, scalar_value
+from bertfuse.passes.base import producer, reaches_op, scalar_factor, scalar_value
 from bertfuse.passes.evaluate import ancestors, eval_with_ort
-from bertfuse.passes.probe import probe_feeds, probe_mask
+from bertfuse.passes.match import MatchFailure, expect, fail
+from bertfuse.io.inputs import probe_feeds, probe_mask
 
 
 @dataclass
@@ -56,19 +56,19 @@ def split_mask(t: gs.Tensor) -> tuple[gs.Tensor, MaskTerm | None]:
 
 def _leads_to_matmul(t: gs.Tensor) -> bool:
     """A MatMul's output, possibly through scalar scalings (the 1/sqrt(d) of Q or K)."""
-    return reaches_op(t, "MatMul", lambda n: (_scalar_factor(n) or (None,))[0], nodes=4)
+    return reaches_op(t, "MatMul", lambda n: (scalar_factor(n) or (None,))[0], nodes=4)
 
 
-def check_mask(graph: gs.Graph, term: MaskTerm):
-    """Finds the model input the mask term is a function of, and the additive constant."""
+def check_mask(graph: gs.Graph, term: MaskTerm) -> tuple[gs.Variable, float]:
+    """The model input the mask term is a function of, and the additive constant; raises
+    MatchFailure (the reason for the last input tried)."""
     _, sources = ancestors([term.tensor])
-    if not sources:
-        return "mask does not depend on any model input"
+    expect(sources, "mask does not depend on any model input")
     last_reason = "no model input acts as the mask"
     for cand in sources:
         if cand.dtype is not None and np.dtype(cand.dtype).kind not in "iub":
             continue
-        value: float | str = last_reason
+        value: float | None = None
         for seed in (7, 11):
             feeds = probe_feeds(graph)
             mask = probe_mask(seed=seed)
@@ -76,34 +76,35 @@ def check_mask(graph: gs.Graph, term: MaskTerm):
             try:
                 (got,) = eval_with_ort(graph, [term.tensor], feeds)
             except Exception as exc:
-                return f"cannot evaluate the mask subgraph ({type(exc).__name__})"
-            value = _mask_constant(np.asarray(got), mask, term)
-            if isinstance(value, str):
-                last_reason = value
+                fail(f"cannot evaluate the mask subgraph ({type(exc).__name__})")
+            try:
+                value = _mask_constant(np.asarray(got), mask, term)
+            except MatchFailure as failure:  # not this input: try the next
+                last_reason, value = failure.reason, None
                 break
-        if not isinstance(value, str):
+        if value is not None:
             return cand, value
-    return last_reason
+    fail(last_reason)
 
 
-def _mask_constant(got: np.ndarray, mask: np.ndarray, term: MaskTerm) -> float | str:
-    """c such that the term is (1 - mask[b, j]) * c at every query row, else a reason."""
+def _mask_constant(got: np.ndarray, mask: np.ndarray, term: MaskTerm) -> float:
+    """c such that the term is (1 - mask[b, j]) * c at every query row; raises MatchFailure."""
     b, s = mask.shape
-    if got.ndim != 4 or got.shape[0] not in (1, b) or got.shape[-1] != s:
-        return f"mask term has shape {list(got.shape)}, expected [B, 1|N, 1|S, S]"
+    expect(got.ndim == 4 and got.shape[0] in (1, b) and got.shape[-1] == s,
+           f"mask term has shape {list(got.shape)}, expected [B, 1|N, 1|S, S]")
     full = np.broadcast_to(got, (b, got.shape[1], got.shape[2], s))
     keep = np.broadcast_to(mask[:, None, None, :].astype(bool), full.shape)
     if term.fill is not None:  # Where form: the condition must select exactly the kept keys
         cond = full.astype(bool)
-        if not np.array_equal(cond, keep if term.keep_when_true else ~keep):
-            return "Where condition does not follow the mask"
-        return term.fill if term.fill < -1.0 else f"Where fills padded keys with {term.fill:.3g}"
+        expect(np.array_equal(cond, keep if term.keep_when_true else ~keep),
+               "Where condition does not follow the mask")
+        expect(term.fill < -1.0, f"Where fills padded keys with {term.fill:.3g}")
+        return term.fill
     if np.abs(full[keep]).max(initial=0.0) > 1e-6:
-        return "mask term is not 0 at kept positions"
+        fail("mask term is not 0 at kept positions")
     masked = full[~keep]
-    if masked.size == 0:
-        return "probe has no padding"
+    expect(masked.size, "probe has no padding")
     c = float(masked.flat[0])
     if not np.allclose(masked, c, rtol=1e-6) or c > -1.0:
-        return f"padded positions get {c:.3g}, not one large negative constant"
+        fail(f"padded positions get {c:.3g}, not one large negative constant")
     return c

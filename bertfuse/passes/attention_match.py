@@ -17,9 +17,10 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from bertfuse.passes.base import const_value, producer, scalar_value
+from bertfuse.passes.base import const_value, producer, scalar_factor
 from bertfuse.passes.evaluate import ancestors, bs_input, eval_with_ort, rank_of
-from bertfuse.passes.probe import probe_feeds, probe_mask
+from bertfuse.passes.match import MatchFailure, expect, fail
+from bertfuse.io.inputs import probe_feeds, probe_mask
 
 MASK_FLOOR = -10000.0  # exp underflows to 0 already; finite in fp16
 
@@ -43,20 +44,6 @@ class AttentionMatch:
     output: gs.Tensor
     num_heads: int
     head_size: int
-
-
-def _scalar_factor(node: gs.Node) -> tuple[gs.Tensor, float] | None:
-    """Mul/Div by a scalar constant: (the other operand, the factor it applies)."""
-    if node.op not in ("Mul", "Div") or len(node.inputs) != 2:
-        return None
-    a, b = node.inputs
-    vb = scalar_value(b)
-    if vb is not None and const_value(a) is None:
-        return (a, vb) if node.op == "Mul" else (a, 1.0 / vb)
-    va = scalar_value(a)
-    if node.op == "Mul" and va is not None and const_value(b) is None:
-        return b, va
-    return None
 
 
 _SHAPE_OPS = ("Reshape", "Unsqueeze", "Squeeze", "Transpose", "Flatten", "Identity", "Cast")
@@ -97,7 +84,7 @@ def _find_projections(start: gs.Tensor, limit: int = 40) -> tuple[list[gs.Node],
         if _dense_weight(node) is not None:
             found.append(node)
             continue
-        factor = _scalar_factor(node)
+        factor = scalar_factor(node)
         if factor is not None:
             scales.append(factor[1])
         # Data inputs only: a Reshape's target shape (Shape of some earlier tensor) is not
@@ -154,8 +141,9 @@ def _reference_attention(x: np.ndarray, w: np.ndarray, b: np.ndarray, mask: np.n
     return (p @ v).transpose(0, 2, 1, 3).reshape(bsz, seq, hidden)
 
 
-def match_numeric(graph: gs.Graph, softmax: gs.Node) -> AttentionMatch | str:
-    """Finds Q, K, V projections, heads, scale and mask by evaluating the layer on probes."""
+def match_numeric(graph: gs.Graph, softmax: gs.Node) -> AttentionMatch:
+    """Finds Q, K, V projections, heads, scale and mask by evaluating the layer on probes;
+    raises MatchFailure."""
     # The context MatMul: where the probabilities (possibly re-masked) meet V.
     t, ctx = softmax.outputs[0], None
     for _ in range(4):
@@ -169,8 +157,7 @@ def match_numeric(graph: gs.Graph, softmax: gs.Node) -> AttentionMatch | str:
         if c.op not in ("Mul", "Add", "Where", "Cast") + _SHAPE_OPS:
             break
         t = c.outputs[0]
-    if ctx is None:
-        return "no MatMul of the probabilities with V"
+    expect(ctx is not None, "no MatMul of the probabilities with V")
     # The output: through shape-only ops to the tensor the output dense layer reads
     # (Shape consumers only size the reshapes on the way).
     out = ctx.outputs[0]
@@ -178,30 +165,29 @@ def match_numeric(graph: gs.Graph, softmax: gs.Node) -> AttentionMatch | str:
         if any(_dense_weight(c) is not None for c in out.outputs):
             break
         onward = [c for c in out.outputs if c.op != "Shape"]
-        if len(onward) != 1 or onward[0].op not in _SHAPE_OPS:
-            return "context is not followed by the output dense layer"
+        expect(len(onward) == 1 and onward[0].op in _SHAPE_OPS,
+               "context is not followed by the output dense layer")
         out = onward[0].outputs[0]
     else:
-        return "context is not followed by the output dense layer"
+        fail("context is not followed by the output dense layer")
     qk, scales = _find_projections(softmax.inputs[0])
     v_side = ctx.inputs[1] if ctx.inputs[0] is t else ctx.inputs[0]
     vv, v_scales = _find_projections(v_side)
-    if len(qk) != 2 or len(vv) != 1:
-        return f"found {len(qk)} Q/K and {len(vv)} V projections, expected 2 and 1"
+    expect(len(qk) == 2 and len(vv) == 1,
+           f"found {len(qk)} Q/K and {len(vv)} V projections, expected 2 and 1")
     xs = {id(_projection_input(n)) for n in qk + vv}
-    if len(xs) != 1:
-        return "Q, K and V do not project the same hidden states"
+    expect(len(xs) == 1, "Q, K and V do not project the same hidden states")
     x = _projection_input(vv[0])
     weights = [_dense_weight(n) for n in qk + vv]
     hidden_in, hidden = weights[0].shape
-    if any(w.shape != (hidden_in, hidden) for w in weights):
-        return "Q, K, V weights differ in shape"
+    expect(all(w.shape == (hidden_in, hidden) for w in weights), "Q, K, V weights differ in shape")
     biases = [_projection_bias(n, hidden) for n in qk + vv]
     biases = [b if b is not None else np.zeros(hidden, weights[0].dtype) for b in biases]
     return _solve(graph, softmax, x, out, weights, biases, scales, hidden_in, hidden)
 
 
-def _solve(graph, softmax, x, out, weights, biases, scales, hidden_in, hidden):
+def _solve(graph, softmax, x, out, weights, biases, scales, hidden_in, hidden) -> AttentionMatch:
+    """The first mask input (or none) under which the layer is reproduced."""
     feeds = probe_feeds(graph)
     _, sources = ancestors([softmax.inputs[0]], [x])
     candidates = [src for src in sources if src is not x and src.dtype is not None and
@@ -209,16 +195,16 @@ def _solve(graph, softmax, x, out, weights, biases, scales, hidden_in, hidden):
                   len(src.shape) == 2]
     last = "no mask input reproduces the layer"
     for mask_input in candidates + [None]:
-        found = _solve_with_mask(graph, x, out, weights, biases, scales, hidden_in, hidden,
-                                 mask_input, feeds)
-        if not isinstance(found, str):
-            return found
-        last = found
-    return last
+        try:
+            return _solve_with_mask(graph, x, out, weights, biases, scales, hidden_in, hidden,
+                                    mask_input, feeds)
+        except MatchFailure as failure:
+            last = failure.reason
+    fail(last)
 
 
 def _solve_with_mask(graph, x, out, weights, biases, scales, hidden_in, hidden, mask_input,
-                     feeds):
+                     feeds) -> AttentionMatch:
     rng = np.random.default_rng(11)
     feeds = dict(feeds)
     # B and S of the probes: a [batch, seq] input's (the first input may be another tensor)
@@ -233,10 +219,9 @@ def _solve_with_mask(graph, x, out, weights, biases, scales, hidden_in, hidden, 
     try:
         (got,) = eval_with_ort(graph, [out], feeds, cut={x.name: x})
     except Exception as exc:
-        return f"cannot evaluate the layer ({type(exc).__name__}: {str(exc)[:80]})"
+        fail(f"cannot evaluate the layer ({type(exc).__name__}: {str(exc)[:80]})")
     got = np.asarray(got, np.float64)
-    if got.size != b * s * hidden:
-        return f"attention output has {got.size} values, expected B*S*H"
+    expect(got.size == b * s * hidden, f"attention output has {got.size} values, expected B*S*H")
     got = got.reshape(b, s, hidden)
     extra = float(np.prod(scales)) if scales else 1.0
     x64 = probe.astype(np.float64)
@@ -256,4 +241,4 @@ def _solve_with_mask(graph, x, out, weights, biases, scales, hidden_in, hidden, 
                         Projection(x, weights[2], biases[2], None),
                         float(scale), mask_input, MASK_FLOOR if mask_input is not None else 0.0,
                         out, heads, d)
-    return "no head count, scale and Q/K order reproduce the layer on probe inputs"
+    fail("no head count, scale and Q/K order reproduce the layer on probe inputs")

@@ -1,10 +1,11 @@
-"""What every pass shares: its result type, diagnostics, and small graph helpers.
+"""What every pass shares: the candidate loop, its result type, diagnostics, graph helpers.
 
 The pass protocol: a pass looks at candidates (the anchors of its pattern: every LayerNorm
 for skip_layernorm, every Erf/Tanh for gelu, every Identity for cleanup, ...), tries a match
-on each (a `MatchResult`, failed with a reason where a check does not hold) and ends every
-candidate in its `PassResult` as fused or missed, with the encoder layer where one is known
-(`Layers`). Nothing a pass looks at is skipped silently.
+on each, which raises `MatchFailure` (match.py) with a reason where a check does not hold, and
+ends every candidate in its `PassResult` as fused or missed, with the encoder layer where one
+is known (`Layers`). `CandidatePass` runs that loop: a pass says which nodes are its
+candidates and how to match and rewrite one. Nothing a pass looks at is skipped silently.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any, Callable, Iterable, Protocol
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from bertfuse.ops.contract import MS_DOMAIN  # noqa: F401  (the one domain constant)
+from bertfuse.passes.match import MatchFailure, NotACandidate
 
 
 @dataclass
@@ -34,37 +35,6 @@ class Diagnostic:
         return f"{where}{self.component}: {state}"
 
 
-class MatchResult:
-    """One match attempt (onnxscript's MatchResult): it carries what the match found until a
-    check calls `.fail(reason)`; false once failed.
-
-        m = MatchResult()
-        if node.op != "Add":
-            return m.fail("input is not an Add")
-        return m.ok((dense, bias, residual))
-    """
-
-    __slots__ = ("reason", "found")
-
-    def __init__(self) -> None:
-        self.reason = ""
-        self.found: Any = None
-
-    def ok(self, found: Any) -> "MatchResult":
-        self.found = found
-        return self
-
-    def fail(self, reason: str) -> "MatchResult":
-        self.reason, self.found = reason or "no reason given", None
-        return self
-
-    def __bool__(self) -> bool:
-        return not self.reason
-
-    def __repr__(self) -> str:
-        return f"MatchResult(failed: {self.reason})" if self.reason else "MatchResult(ok)"
-
-
 @dataclass
 class PassResult:
     """What a pass changed: how many rewrites, and per candidate whether it fused and why not."""
@@ -78,13 +48,6 @@ class PassResult:
 
     def missed(self, component: str, reason: str, layer: int | None = None) -> None:
         self.diagnostics.append(Diagnostic(component, False, layer, reason))
-
-    def record(self, component: str, match: MatchResult, layer: int | None = None) -> bool:
-        """Ends a candidate as missed (a failed match, with its reason) or not; returns whether
-        it matched. The pass calls `fused` once it has rewritten the match."""
-        if not match:
-            self.missed(component, match.reason, layer)
-        return bool(match)
 
     def missed_reasons(self, component: str | None = None) -> list[str]:
         return [d.reason for d in self.diagnostics
@@ -110,9 +73,75 @@ class Layers:
 
 
 class Pass(Protocol):
+    """What the manager runs: a named callable on a graph. A pass that decides the whole graph
+    at once (fp16, hidden_3d, packing) implements this directly; a pass with candidates
+    subclasses CandidatePass."""
+
     name: str
 
     def __call__(self, graph: gs.Graph) -> PassResult: ...
+
+
+class CandidatePass:
+    """The candidate loop and its bookkeeping: every candidate ends fused (rewritten) or
+    missed (the MatchFailure's reason), in its layer.
+
+    A subclass sets `name` and defines:
+
+    * `candidates(graph)`: the anchors, in order; a generator is read as the loop reaches
+      each, so it sees the rewrites before it (and can pass over a node one of them detached);
+    * `match(graph, node)`: what the rewrite needs; raises MatchFailure with the reason, or
+      NotACandidate for a node that turns out not to be one (nothing recorded);
+    * `rewrite(graph, node, found)`.
+
+    Hooks, with defaults: `prepare` (graph-wide work before layers are numbered), `component`
+    and `layer` (where a diagnostic is recorded), `finish` (after the loop), `once` (stop
+    after the first rewrite).
+    """
+
+    name: str = ""
+    once: bool = False
+
+    def __call__(self, graph: gs.Graph) -> PassResult:
+        self.prepare(graph)
+        result = PassResult()
+        layers = Layers(graph)
+        for node in self.candidates(graph):
+            component, layer = self.component(node), self.layer(layers, node)
+            try:
+                found = self.match(graph, node)
+            except NotACandidate:
+                continue
+            except MatchFailure as failure:
+                result.missed(component, failure.reason, layer)
+                continue
+            self.rewrite(graph, node, found)
+            result.fused(component, layer)
+            if self.once:
+                break
+        self.finish(graph, result)
+        return result
+
+    def candidates(self, graph: gs.Graph) -> Iterable[gs.Node]:
+        raise NotImplementedError
+
+    def match(self, graph: gs.Graph, node: gs.Node) -> Any:
+        raise NotImplementedError
+
+    def rewrite(self, graph: gs.Graph, node: gs.Node, found: Any) -> None:
+        raise NotImplementedError
+
+    def prepare(self, graph: gs.Graph) -> None:
+        pass
+
+    def component(self, node: gs.Node) -> str:
+        return self.name
+
+    def layer(self, layers: Layers, node: gs.Node) -> int | None:
+        return layers.of(node)
+
+    def finish(self, graph: gs.Graph, result: PassResult) -> None:
+        pass
 
 
 def census(graph: gs.Graph) -> Counter:
@@ -181,6 +210,20 @@ def split_const(node: gs.Node) -> tuple[gs.Tensor, np.ndarray] | None:
     if vb is not None and va is None:
         return a, vb
     if va is not None and vb is None:
+        return b, va
+    return None
+
+
+def scalar_factor(node: gs.Node) -> tuple[gs.Tensor, float] | None:
+    """Mul/Div by a scalar constant: (the other operand, the factor it applies)."""
+    if node.op not in ("Mul", "Div") or len(node.inputs) != 2:
+        return None
+    a, b = node.inputs
+    vb = scalar_value(b)
+    if vb is not None and const_value(a) is None:
+        return (a, vb) if node.op == "Mul" else (a, 1.0 / vb)
+    va = scalar_value(a)
+    if node.op == "Mul" and va is not None and const_value(b) is None:
         return b, va
     return None
 

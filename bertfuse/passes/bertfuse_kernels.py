@@ -1,5 +1,5 @@
 """bertfuse kernels: the fused fp16 ORT-contrib encoder rewritten into ai.bertfuse ops, each
-one GEMM with its epilogue (bertfuse/custom_ops: dense.py, bert_attention.py).
+one GEMM with its epilogue (bertfuse/ops/bertfuse: dense.py, bert_attention.py).
 
     X ─► Attention(W_qkv, b_qkv, mask) ─► ctx
     ==>  X ─► DenseBias(W_qkv, b_qkv) ─► qkv ─► BertAttention(mask) ─► ctx
@@ -26,6 +26,8 @@ Gelu; each ends converted or missed, in its encoder layer.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import onnx_graphsurgeon as gs
 
@@ -33,38 +35,42 @@ from bertfuse.ops.bertfuse.bert_attention import CONTRACT as BERT_ATTENTION
 from bertfuse.ops.bertfuse.bert_attention import MASK_FILTER_VALUE
 from bertfuse.ops.bertfuse.dense import DENSE_BIAS, DENSE_BIAS_GELU, DENSE_BIAS_SKIP_LAYERNORM
 from bertfuse.ops.contrib.skip_layernorm import DEFAULT_EPSILON
-from bertfuse.passes.base import MS_DOMAIN, Layers, MatchResult, PassResult, const, const_value, \
-    detach, is_graph_output, producer
+from bertfuse.ops.contract import MS_DOMAIN
+from bertfuse.passes.base import CandidatePass, const, const_value, detach, \
+    is_graph_output, producer
 from bertfuse.passes.evaluate import eval_with_ort, rank_of
-from bertfuse.passes.probe import probe_feeds
+from bertfuse.passes.match import MatchFailure, expect, fail
+from bertfuse.io.inputs import probe_feeds
 
 GELU_APPROXIMATE = {"BiasGelu": 0, "Gelu": 0, "FastGelu": 1}  # 0 erf, 1 tanh
 COMPONENTS = {"Attention": "kernels_attention", "SkipLayerNormalization": "kernels_skip_layernorm",
               **{op: "kernels_gelu" for op in GELU_APPROXIMATE}}
 _ATTENTION_EXTRAS = ("past", "attention_bias", "past_sequence_length")
+Rewrite = Callable[[gs.Graph], None]  # what a match prepares: the rewrite of its node
 
 
-class BertfuseKernels:
+class BertfuseKernels(CandidatePass):
     name = "bertfuse_kernels"
+    _shapes: _ProbeShapes  # of this run's candidates, taken by candidates()
 
-    def __call__(self, graph: gs.Graph) -> PassResult:
-        result = PassResult()
-        layers = Layers(graph)
-        candidates = [n for n in graph.nodes if n.domain == MS_DOMAIN and n.op in COMPONENTS]
-        shapes = _ProbeShapes(graph, candidates)
-        for node in candidates:
-            component, layer = COMPONENTS[node.op], layers.of(node)
-            if node.op == "Attention":
-                match = _match_attention(graph, node, shapes)
-            elif node.op == "SkipLayerNormalization":
-                match = _match_skip_layernorm(graph, node, shapes)
-            else:
-                match = _match_gelu(graph, node)
-            if not result.record(component, match, layer):
-                continue
-            match.found(graph)  # the rewrite the match prepared
-            result.fused(component, layer)
-        return result
+    def candidates(self, graph: gs.Graph) -> list[gs.Node]:
+        nodes = [n for n in graph.nodes if n.domain == MS_DOMAIN and n.op in COMPONENTS]
+        self._shapes = _ProbeShapes(graph, nodes)  # before anything is rewritten
+        return nodes
+
+    def component(self, node: gs.Node) -> str:
+        return COMPONENTS[node.op]
+
+    def match(self, graph: gs.Graph, node: gs.Node) -> Rewrite:
+        """The rewrite of the node, prepared; raises MatchFailure."""
+        if node.op == "Attention":
+            return _match_attention(graph, node, self._shapes)
+        if node.op == "SkipLayerNormalization":
+            return _match_skip_layernorm(graph, node, self._shapes)
+        return _match_gelu(graph, node)
+
+    def rewrite(self, graph: gs.Graph, node: gs.Node, found: Rewrite) -> None:
+        found(graph)
 
 
 class _ProbeShapes:
@@ -80,7 +86,8 @@ class _ProbeShapes:
                 wanted.update({id(t): t for t in n.inputs[:1] + n.inputs[3:4] if t.name})
             elif n.op == "SkipLayerNormalization":
                 wanted.update({id(t): t for t in n.inputs[:2]})
-        self._shapes: dict[int, tuple[int, ...] | str] = {}
+        self._shapes: dict[int, tuple[int, ...]] = {}
+        self._missing: dict[int, str] = {}
         tensors = list(wanted.values())
         if not tensors:
             return
@@ -93,25 +100,24 @@ class _ProbeShapes:
                 try:
                     self._store([t], eval_with_ort(graph, [t], probe_feeds(graph)))
                 except Exception as exc:  # noqa: BLE001 (any ORT failure is a reason to miss)
-                    self._shapes[id(t)] = (f"cannot evaluate {t.name} on probe inputs "
-                                           f"({type(exc).__name__})")
+                    self._missing[id(t)] = (f"cannot evaluate {t.name} on probe inputs "
+                                            f"({type(exc).__name__})")
 
     def _store(self, tensors: list[gs.Tensor], values: list[np.ndarray]) -> None:
         self._shapes.update({id(t): tuple(np.shape(v)) for t, v in zip(tensors, values)})
 
-    def of(self, t: gs.Tensor) -> tuple[int, ...] | str:
-        """The tensor's probe shape, or why there is none."""
-        return self._shapes.get(id(t), f"no probe shape for {t.name}")
+    def of(self, t: gs.Tensor) -> tuple[int, ...]:
+        """The tensor's probe shape; raises MatchFailure with why there is none."""
+        if id(t) not in self._shapes:
+            fail(self._missing.get(id(t), f"no probe shape for {t.name}"))
+        return self._shapes[id(t)]
 
 
-def _fp16_const(t: gs.Tensor, what: str, ndim: int) -> np.ndarray | str:
+def _fp16_const(t: gs.Tensor, what: str, ndim: int) -> np.ndarray:
     value = const_value(t)
-    if value is None:
-        return f"{what} is not a constant"
-    if value.ndim != ndim:
-        return f"{what} has rank {value.ndim}, expected {ndim}"
-    if value.dtype != np.float16:
-        return f"{what} is {value.dtype}: the bertfuse ops are fp16 only"
+    expect(value is not None, f"{what} is not a constant")
+    expect(value.ndim == ndim, f"{what} has rank {value.ndim}, expected {ndim}")
+    expect(value.dtype == np.float16, f"{what} is {value.dtype}: the bertfuse ops are fp16 only")
     return value
 
 
@@ -127,54 +133,42 @@ def _reuse_output(node: gs.Node) -> gs.Tensor:
     return out
 
 
-def _dense(graph: gs.Graph, t: gs.Tensor, what: str) -> MatchResult:
-    """t = MatMul(X, W) with a constant fp16 W [K, N], read only by the candidate."""
-    m = MatchResult()
+def _dense(graph: gs.Graph, t: gs.Tensor, what: str) -> tuple[gs.Node, gs.Tensor, gs.Tensor, int]:
+    """t = MatMul(X, W) with a constant fp16 W [K, N], read only by the candidate:
+    (the MatMul, X, W, N)."""
     mm = producer(t)
-    if mm is None or mm.op != "MatMul":
-        return m.fail(f"{what} is not a MatMul's output")
+    expect(mm is not None and mm.op == "MatMul", f"{what} is not a MatMul's output")
     w = _fp16_const(mm.inputs[1], f"the weight of {mm.name}", 2)
-    if isinstance(w, str):
-        return m.fail(w)
-    if const_value(mm.inputs[0]) is not None:
-        return m.fail(f"{mm.name} multiplies two constants")
-    if len(t.outputs) != 1 or is_graph_output(graph, t):
-        return m.fail(f"the output of {mm.name} is also read elsewhere")
-    return m.ok((mm, mm.inputs[0], mm.inputs[1], w.shape[1]))
+    expect(const_value(mm.inputs[0]) is None, f"{mm.name} multiplies two constants")
+    expect(len(t.outputs) == 1 and not is_graph_output(graph, t),
+           f"the output of {mm.name} is also read elsewhere")
+    return mm, mm.inputs[0], mm.inputs[1], w.shape[1]
 
 
-def _match_attention(graph: gs.Graph, node: gs.Node, shapes: _ProbeShapes) -> MatchResult:
-    m = MatchResult()
+def _match_attention(graph: gs.Graph, node: gs.Node, shapes: _ProbeShapes) -> Rewrite:
     for i, slot in enumerate(_ATTENTION_EXTRAS, start=4):
-        if len(node.inputs) > i and node.inputs[i].name:
-            return m.fail(f"{node.name} has a {slot} input (BertAttention has none)")
-    if len(node.outputs) > 1 and any(t.name for t in node.outputs[1:]):
-        return m.fail(f"{node.name} has a present (KV cache) output")
+        expect(not (len(node.inputs) > i and node.inputs[i].name),
+               f"{node.name} has a {slot} input (BertAttention has none)")
+    expect(not (len(node.outputs) > 1 and any(t.name for t in node.outputs[1:])),
+           f"{node.name} has a present (KV cache) output")
     for attr in ("unidirectional", "do_rotary", "past_present_share_buffer"):
         if node.attrs.get(attr, 0):
-            return m.fail(f"{node.name} has {attr}={node.attrs[attr]}")
-    if node.attrs.get("qkv_hidden_sizes"):
-        return m.fail(f"{node.name} sets qkv_hidden_sizes (Q, K, V of different widths)")
+            fail(f"{node.name} has {attr}={node.attrs[attr]}")
+    expect(not node.attrs.get("qkv_hidden_sizes"),
+           f"{node.name} sets qkv_hidden_sizes (Q, K, V of different widths)")
     w = _fp16_const(node.inputs[1], f"the QKV weight of {node.name}", 2)
-    if isinstance(w, str):
-        return m.fail(w)
     width = w.shape[1]
     heads = int(node.attrs["num_heads"])
-    if width % 3 or (width // 3) % heads:
-        return m.fail(f"QKV width {width} is not 3 x num_heads {heads} x head size")
+    expect(not (width % 3 or (width // 3) % heads),
+           f"QKV width {width} is not 3 x num_heads {heads} x head size")
     bias = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2].name else None
     if bias is not None:
-        b = _fp16_const(bias, f"the QKV bias of {node.name}", 1)
-        if isinstance(b, str):
-            return m.fail(b)
+        _fp16_const(bias, f"the QKV bias of {node.name}", 1)
     x, weight = node.inputs[0], node.inputs[1]
-    if rank_of(x) not in (3, None):
-        return m.fail(f"the input of {node.name} is not [B, S, H]")
+    expect(rank_of(x) in (3, None), f"the input of {node.name} is not [B, S, H]")
     mask = node.inputs[3] if len(node.inputs) > 3 and node.inputs[3].name else None
     if mask is not None:
-        form = _mask_form(node, x, mask, shapes)
-        if form:
-            return m.fail(form)
+        _check_mask_form(node, x, mask, shapes)
     scale = node.attrs.get("scale")
 
     def rewrite(graph: gs.Graph) -> None:
@@ -187,45 +181,39 @@ def _match_attention(graph: gs.Graph, node: gs.Node, shapes: _ProbeShapes) -> Ma
         graph.nodes.append(BERT_ATTENTION.node(f"{node.name}_BertAttention", [qkv, mask], [ctx],
                                                num_heads=heads, scale=scale))
 
-    return m.ok(rewrite)
+    return rewrite
 
 
-def _mask_form(node: gs.Node, x: gs.Tensor, mask: gs.Tensor, shapes: _ProbeShapes) -> str:
-    """'' when the mask is raw [B, S] or key lengths [B] int32, else why not."""
+def _check_mask_form(node: gs.Node, x: gs.Tensor, mask: gs.Tensor, shapes: _ProbeShapes) -> None:
+    """Passes for a raw [B, S] or key-length [B] int32 mask; else raises MatchFailure."""
     if mask.dtype is not None and np.dtype(mask.dtype) != np.int32:
-        return f"the mask of {node.name} is {np.dtype(mask.dtype)}, not int32"
+        fail(f"the mask of {node.name} is {np.dtype(mask.dtype)}, not int32")
     if node.attrs.get("mask_filter_value", MASK_FILTER_VALUE) != MASK_FILTER_VALUE:
-        return (f"{node.name} masks with {node.attrs['mask_filter_value']:g}; BertAttention "
-                f"adds {MASK_FILTER_VALUE:g}")
+        fail(f"{node.name} masks with {node.attrs['mask_filter_value']:g}; BertAttention "
+             f"adds {MASK_FILTER_VALUE:g}")
     got, xs = shapes.of(mask), shapes.of(x)
-    for s in (got, xs):
-        if isinstance(s, str):
-            return s
     b, s = xs[:2]
-    if got == (b, s) or got == (b,):
-        return ""
-    return (f"the mask of {node.name} has shape {list(got)} at B={b}, S={s}: BertAttention "
-            f"reads the raw [B, S] or key-length [B] form only")
+    expect(got == (b, s) or got == (b,),
+           f"the mask of {node.name} has shape {list(got)} at B={b}, S={s}: BertAttention "
+           f"reads the raw [B, S] or key-length [B] form only")
 
 
-def _match_skip_layernorm(graph: gs.Graph, node: gs.Node, shapes: _ProbeShapes) -> MatchResult:
-    m = MatchResult()
-    if any(t.name and (t.outputs or is_graph_output(graph, t)) for t in node.outputs[1:]):
-        return m.fail(f"{node.name}'s mean, inv_std_var or input_skip_bias_sum is read")
-    dense = _dense(graph, node.inputs[0], f"the input of {node.name}")
+def _match_skip_layernorm(graph: gs.Graph, node: gs.Node, shapes: _ProbeShapes) -> Rewrite:
+    expect(not any(t.name and (t.outputs or is_graph_output(graph, t)) for t in node.outputs[1:]),
+           f"{node.name}'s mean, inv_std_var or input_skip_bias_sum is read")
     skip_slot = 1
-    if not dense:  # input + skip is symmetric: the dense layer may be the 'skip'
-        other = _dense(graph, node.inputs[1], f"the skip of {node.name}")
-        if not other:
-            return dense
-        dense, skip_slot = other, 0
-    mm, x, w, n = dense.found
+    try:
+        mm, x, w, n = _dense(graph, node.inputs[0], f"the input of {node.name}")
+    except MatchFailure as first:  # input + skip is symmetric: the dense layer may be the 'skip'
+        try:
+            mm, x, w, n = _dense(graph, node.inputs[1], f"the skip of {node.name}")
+        except MatchFailure:
+            raise first from None
+        skip_slot = 0
     skip = node.inputs[skip_slot]
     got, want = shapes.of(skip), shapes.of(node.inputs[1 - skip_slot])
-    if isinstance(got, str) or isinstance(want, str) or got != want:
-        return m.fail(got if isinstance(got, str) else want if isinstance(want, str) else
-                      f"the residual of {node.name} has shape {list(got)}, the dense output "
-                      f"{list(want)} (a broadcast skip is not taken)")
+    expect(got == want, f"the residual of {node.name} has shape {list(got)}, the dense output "
+                        f"{list(want)} (a broadcast skip is not taken)")
     ins = list(node.inputs) + [None] * (5 - len(node.inputs))
     gamma, beta, bias = ins[2], ins[3], ins[4]
     eps = float(node.attrs.get("epsilon", DEFAULT_EPSILON))
@@ -239,14 +227,11 @@ def _match_skip_layernorm(graph: gs.Graph, node: gs.Node, shapes: _ProbeShapes) 
                 skip, gamma, beta if beta is not None and beta.name else _zeros(f"{node.name}_beta", n)],
             [y], epsilon=eps))
 
-    return m.ok(rewrite)
+    return rewrite
 
 
-def _match_gelu(graph: gs.Graph, node: gs.Node) -> MatchResult:
-    dense = _dense(graph, node.inputs[0], f"the input of {node.name}")
-    if not dense:
-        return dense
-    mm, x, w, n = dense.found
+def _match_gelu(graph: gs.Graph, node: gs.Node) -> Rewrite:
+    mm, x, w, n = _dense(graph, node.inputs[0], f"the input of {node.name}")
     bias = node.inputs[1] if len(node.inputs) > 1 and node.inputs[1].name else None
     approximate = GELU_APPROXIMATE[node.op]
 
@@ -257,4 +242,4 @@ def _match_gelu(graph: gs.Graph, node: gs.Node) -> MatchResult:
             f"{node.name}_Dense", [x, w, bias if bias is not None else _zeros(f"{node.name}_bias", n)],
             [y], approximate=approximate))
 
-    return MatchResult().ok(rewrite)
+    return rewrite

@@ -12,64 +12,71 @@ a Reshape that copies dims from its input). Folding is onnx-graphsurgeon's and n
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import numpy as np
 import onnx_graphsurgeon as gs
 from onnx import helper
 
-from bertfuse.passes.base import Layers, MatchResult, PassResult, const_value, is_graph_output, \
+from bertfuse.passes.base import CandidatePass, PassResult, const_value, is_graph_output, \
     producer, replace_tensor
+from bertfuse.passes.match import fail
 
 
-def _bypass(graph: gs.Graph, node: gs.Node, src: gs.Tensor) -> MatchResult:
-    m = MatchResult()
-    out = node.outputs[0]
-    if is_graph_output(graph, out) and (is_graph_output(graph, src) or src in graph.inputs):
-        # an input/output must keep its name: leave the node
-        return m.fail(f"{node.op} {node.name} links model inputs/outputs: kept for their names")
-    replace_tensor(graph, out, src)
-    node.outputs.clear()
-    node.inputs.clear()
-    return m.ok(node)
-
-
-class Cleanup:
+class Cleanup(CandidatePass):
     name = "cleanup"
 
-    def __call__(self, graph: gs.Graph) -> PassResult:
-        result = PassResult()
+    def prepare(self, graph: gs.Graph) -> None:
         graph.cleanup().toposort()
         try:
             graph.fold_constants(fold_shapes=True, error_ok=True)
         except Exception:  # folding is an optimisation: a model it cannot fold still runs
             pass
         graph.cleanup()
-        layers = Layers(graph)
+
+    def candidates(self, graph: gs.Graph) -> Iterator[gs.Node]:
         for node in list(graph.nodes):
+            # Read as the loop reaches it: an earlier bypass may have changed its input.
             if not node.inputs or not node.outputs:
                 continue
-            src = node.inputs[0]
-            layer = layers.of(node)
-            if node.op == "Identity" or _no_op_cast(node, src):
-                match = _bypass(graph, node, src)
-            elif node.op == "Reshape":
-                prev = producer(src)
-                chained = prev is not None and prev.op == "Reshape" and len(src.outputs) == 1
-                if chained and _no_copied_dims(node):
-                    node.inputs[0] = prev.inputs[0]
-                    match = MatchResult().ok(node)
-                elif _same_static_shape(src, node):
-                    match = _bypass(graph, node, src)
-                elif chained:
-                    match = MatchResult().fail(f"Reshape {node.name} copies dims (0) from the "
-                                               f"Reshape {prev.name} before it: both kept")
-                else:
-                    continue  # a Reshape that changes the shape: nothing to clean
-            else:
-                continue
-            if result.record(self.name, match, layer):
-                result.fused(self.name, layer)
+            if node.op == "Identity" or _no_op_cast(node, node.inputs[0]) or \
+                    (node.op == "Reshape" and (_chained(node) or
+                                               _same_static_shape(node.inputs[0], node))):
+                yield node  # a Reshape that changes the shape has nothing to clean
+
+    def match(self, graph: gs.Graph, node: gs.Node) -> tuple[str, gs.Tensor]:
+        """('chain', the input of the Reshape before) or ('bypass', the node's input)."""
+        src = node.inputs[0]
+        if node.op == "Reshape":
+            prev = producer(src)
+            if _chained(node) and _no_copied_dims(node):
+                return "chain", prev.inputs[0]
+            if not _same_static_shape(src, node):
+                fail(f"Reshape {node.name} copies dims (0) from the Reshape {prev.name} before "
+                     "it: both kept")
+        if is_graph_output(graph, node.outputs[0]) and \
+                (is_graph_output(graph, src) or src in graph.inputs):
+            # an input/output must keep its name: leave the node
+            fail(f"{node.op} {node.name} links model inputs/outputs: kept for their names")
+        return "bypass", src
+
+    def rewrite(self, graph: gs.Graph, node: gs.Node, found: tuple[str, gs.Tensor]) -> None:
+        kind, src = found
+        if kind == "chain":
+            node.inputs[0] = src
+            return
+        replace_tensor(graph, node.outputs[0], src)
+        node.outputs.clear()
+        node.inputs.clear()
+
+    def finish(self, graph: gs.Graph, result: PassResult) -> None:
         graph.cleanup().toposort()
-        return result
+
+
+def _chained(node: gs.Node) -> bool:
+    """A Reshape whose input is a Reshape's output read by it alone."""
+    prev = producer(node.inputs[0])
+    return prev is not None and prev.op == "Reshape" and len(node.inputs[0].outputs) == 1
 
 
 def _no_op_cast(node: gs.Node, src: gs.Tensor) -> bool:

@@ -18,76 +18,97 @@ Candidates: every Einsum; each ends lowered (fused) or missed with the equation 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from bertfuse.passes.base import Layers, PassResult, const, const_value, replace_tensor
+from bertfuse.passes.base import CandidatePass, PassResult, const, const_value, replace_tensor
 from bertfuse.passes.evaluate import rank_of
+from bertfuse.passes.match import expect, prefixed
 
 
-class EinsumToMatMul:
+@dataclass
+class _Plan:
+    """How one einsum becomes a MatMul: its index groups and what the operands need."""
+
+    a: str
+    b: str
+    out: str
+    batch: list[str]
+    contr: list[str]
+    lfree: list[str]
+    rfree: list[str]
+    yv: np.ndarray | None  # the right operand's value, when constant
+    sizes: dict[str, int]
+    prefix: int  # dims behind a leading ellipsis
+
+
+class EinsumToMatMul(CandidatePass):
     name = "einsum_matmul"
 
-    def __call__(self, graph: gs.Graph) -> PassResult:
-        result = PassResult()
-        layers = Layers(graph)
-        for node in [n for n in graph.nodes if n.op == "Einsum"]:
-            layer = layers.of(node)
-            why = _lower(graph, node)
-            if why:
-                result.missed("einsum", f"{node.attrs.get('equation', '?')}: {why}", layer)
-            else:
-                result.fused("einsum", layer)
+    def candidates(self, graph: gs.Graph) -> list[gs.Node]:
+        return [n for n in graph.nodes if n.op == "Einsum"]
+
+    def component(self, node: gs.Node) -> str:
+        return "einsum"
+
+    def match(self, graph: gs.Graph, node: gs.Node) -> _Plan:
+        with prefixed(f"{node.attrs.get('equation', '?')}: "):
+            return _plan(node)
+
+    def rewrite(self, graph: gs.Graph, node: gs.Node, plan: _Plan) -> None:
+        _lower(graph, node, plan)
+
+    def finish(self, graph: gs.Graph, result: PassResult) -> None:
         if result.rewrites:
             graph.cleanup().toposort()
-        return result
 
 
-def _parse(equation: str) -> tuple[str, str, str, bool] | str:
+def _parse(equation: str) -> tuple[str, str, str, bool]:
     eq = equation.replace(" ", "")
-    if "->" not in eq or eq.count(",") != 1:
-        return "not a two-operand einsum with an explicit output"
+    expect("->" in eq and eq.count(",") == 1, "not a two-operand einsum with an explicit output")
     lhs, out = eq.split("->")
     a, b = lhs.split(",")
     lead = a.startswith("...") and out.startswith("...")
     if lead:
         a, out = a[3:], out[3:]
-    if "." in a + b + out:
-        return "ellipsis other than leading in the first operand and the output"
-    if any(len(set(s)) != len(s) for s in (a, b, out)):
-        return "a repeated index (a trace or diagonal)"
+    expect("." not in a + b + out,
+           "ellipsis other than leading in the first operand and the output")
+    expect(all(len(set(s)) == len(s) for s in (a, b, out)),
+           "a repeated index (a trace or diagonal)")
     return a, b, out, lead
 
 
-def _lower(graph: gs.Graph, node: gs.Node) -> str:
-    parsed = _parse(str(node.attrs.get("equation", "")))
-    if isinstance(parsed, str):
-        return parsed
-    a, b, out, lead = parsed
+def _plan(node: gs.Node) -> _Plan:
+    a, b, out, lead = _parse(str(node.attrs.get("equation", "")))
     batch = [c for c in out if c in a and c in b]
     contr = [c for c in a if c in b and c not in out]
     lfree = [c for c in out if c in a and c not in b]
     rfree = [c for c in out if c in b and c not in a]
-    if set(a) != set(batch + contr + lfree) or set(b) != set(batch + contr + rfree) or \
-            set(out) != set(batch + lfree + rfree):
-        return "an index is summed within one operand"
-    if not contr or not rfree or not (lfree or lead):
-        return "not a matrix product"
+    expect(set(a) == set(batch + contr + lfree) and set(b) == set(batch + contr + rfree) and
+           set(out) == set(batch + lfree + rfree), "an index is summed within one operand")
+    expect(contr and rfree and (lfree or lead), "not a matrix product")
     x, y = node.inputs
     yv = const_value(y)
     sizes = dict(zip(b, yv.shape)) if yv is not None else {}
-    if yv is None and (len(contr) > 1 or len(rfree) > 1):
-        return "several contracted or free indices on a non-constant right operand"
-    if batch and (len(lfree) > 1 or lead):
-        return "several left free indices beside batch indices"
+    expect(not (yv is None and (len(contr) > 1 or len(rfree) > 1)),
+           "several contracted or free indices on a non-constant right operand")
+    expect(not (batch and (len(lfree) > 1 or lead)),
+           "several left free indices beside batch indices")
     prefix = 0
     if lead:
-        if batch:
-            return "an ellipsis beside batch indices"
+        expect(not batch, "an ellipsis beside batch indices")
         rank = rank_of(x)
-        if rank is None:
-            return "the rank behind the ellipsis is unknown"
+        expect(rank is not None, "the rank behind the ellipsis is unknown")
         prefix = rank - len(a)
+    return _Plan(a, b, out, batch, contr, lfree, rfree, yv, sizes, prefix)
+
+
+def _lower(graph: gs.Graph, node: gs.Node, p: _Plan) -> None:
+    x, y = node.inputs
+    a, b, out, batch, contr, lfree, rfree = p.a, p.b, p.out, p.batch, p.contr, p.lfree, p.rfree
+    sizes, prefix, yv = p.sizes, p.prefix, p.yv
     name = node.name or "einsum"
     # Left operand: [prefix.., batch.., left free.., contracted(merged)].
     order = batch + lfree + contr
@@ -119,7 +140,6 @@ def _lower(graph: gs.Graph, node: gs.Node) -> str:
     replace_tensor(graph, old, t)
     node.inputs.clear()
     node.outputs.clear()
-    return ""
 
 
 def _transpose(graph: gs.Graph, t: gs.Tensor, perm: list[int], name: str) -> gs.Tensor:

@@ -17,42 +17,50 @@ and feeds the fused node's `position_ids` input.
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import numpy as np
 import onnx_graphsurgeon as gs
 
 from bertfuse.ops.contrib.embed_layernorm import CONTRACT as EMBED_LN
-from bertfuse.passes.base import MatchResult, PassResult, cast_int32, const, const_value, \
-    producer, replace_tensor
+from bertfuse.passes.base import CandidatePass, Layers, PassResult, cast_int32, const, \
+    const_value, producer, replace_tensor
 from bertfuse.passes.evaluate import ancestors, eval_with_ort
-from bertfuse.passes.probe import PROBE_SEQ, probe_feeds
+from bertfuse.passes.match import NotACandidate, expect, fail
+from bertfuse.io.inputs import PROBE_SEQ, probe_feeds
 
 _WRAPPERS = ("Reshape", "Unsqueeze", "Squeeze", "Cast", "Flatten", "Identity", "Expand")
 
 
-class EmbedLayerNormFusion:
-    name = "embed_layernorm"
+class EmbedLayerNormFusion(CandidatePass):
+    """Candidates: every LayerNormalization that reads a sum of embedding lookups; the first
+    that fuses ends the pass (one embedding per model)."""
 
-    def __call__(self, graph: gs.Graph) -> PassResult:
-        result = PassResult()
+    name = "embed_layernorm"
+    once = True
+
+    def candidates(self, graph: gs.Graph) -> Iterator[gs.Node]:
         for ln in [n for n in graph.nodes if n.op == "LayerNormalization"]:
-            leaves = _add_leaves(ln.inputs[0])
-            if len(leaves) < 2:
-                continue
-            found = _match(graph, leaves)
-            if found is None:
-                continue  # not an embedding sum (e.g. a residual add): not a candidate
-            if not result.record(self.name, _checked(graph, ln, found)):
-                continue
-            word, (position, pos_ids), segment, ids, segs = found
-            self._rewrite(graph, ln, word, position, segment, ids, segs, pos_ids)
-            result.fused(self.name)
-            break  # one embedding per model
+            if len(_add_leaves(ln.inputs[0])) >= 2:
+                yield ln
+
+    def layer(self, layers: Layers, node: gs.Node) -> int | None:
+        return None  # the embeddings come before every layer
+
+    def match(self, graph: gs.Graph, ln: gs.Node) -> tuple:
+        """The structural match, confirmed numerically: (word, (position, position ids),
+        segment, ids, segments)."""
+        found = _match(graph, _add_leaves(ln.inputs[0]))
+        word, (position, pos_ids), segment, ids, segs = found
+        _check_numerically(graph, ln.inputs[0], word, position, segment, ids, segs, pos_ids)
+        return found
+
+    def finish(self, graph: gs.Graph, result: PassResult) -> None:
         if not result.diagnostics:  # say why, rather than nothing (MobileBERT has no LayerNorm)
             result.missed(self.name, "no LayerNormalization reads a sum of embedding lookups")
-        return result
 
-    @staticmethod
-    def _rewrite(graph, ln, word, position, segment, ids, segs, pos_ids) -> None:
+    def rewrite(self, graph: gs.Graph, ln: gs.Node, found: tuple) -> None:
+        word, (position, pos_ids), segment, ids, segs = found
         y = ln.outputs[0]
         hidden = word.shape[1]
         # EmbedLayerNormalization requires beta; LayerNormalization's B is optional (zeros).
@@ -159,7 +167,10 @@ def _position_table(t: gs.Tensor) -> np.ndarray | None:
     return None
 
 
-def _match(graph: gs.Graph, leaves: list[gs.Tensor]):
+def _match(graph: gs.Graph, leaves: list[gs.Tensor]) -> tuple:
+    """(word, (position, position ids), segment, ids, segments) from the sum's terms; raises
+    NotACandidate for a sum with no token lookup (a residual add), MatchFailure for an
+    embedding sum that does not have BERT's terms."""
     lookups, positions = [], []
     for leaf in leaves:
         core = _unwrap(leaf)
@@ -173,33 +184,24 @@ def _match(graph: gs.Graph, leaves: list[gs.Tensor]):
             continue
         table = _position_table(core)
         if table is None:
-            return None if not lookups else "an embedding term is neither a lookup nor positions"
+            if not lookups:
+                raise NotACandidate
+            fail("an embedding term is neither a lookup nor positions")
         positions.append((table, None))
     if not lookups:
-        return None
-    if len(positions) != 1:
-        return f"expected one position table, found {len(positions)}"
+        raise NotACandidate
+    expect(len(positions) == 1, f"expected one position table, found {len(positions)}")
     lookups.sort(key=lambda h: -h[0].shape[0])  # the word table has the most rows
     word, ids = lookups[0]
     segment, segs = (lookups[1] if len(lookups) > 1 else (None, None))
-    if len(lookups) > 2:
-        return f"{len(lookups)} lookups: more than words and token types"
-    if ids is segs:
-        return "word and token-type lookups read the same input"
+    expect(len(lookups) <= 2, f"{len(lookups)} lookups: more than words and token types")
+    expect(ids is not segs, "word and token-type lookups read the same input")
     return word, positions[0], segment, ids, segs
 
 
-def _checked(graph: gs.Graph, ln: gs.Node, found) -> MatchResult:
-    """The structural match `found` (or its reason), confirmed numerically."""
-    m = MatchResult()
-    if isinstance(found, str):
-        return m.fail(found)
-    word, (position, pos_ids), segment, ids, segs = found
-    check = _check_numerically(graph, ln.inputs[0], word, position, segment, ids, segs, pos_ids)
-    return m.fail(check) if check else m.ok(found)
-
-
-def _check_numerically(graph, total, word, position, segment, ids, segs, pos_ids=None) -> str:
+def _check_numerically(graph, total, word, position, segment, ids, segs, pos_ids=None) -> None:
+    """Raises MatchFailure unless `total` is word[ids] + type[segments] + position[0:S] on
+    probe ids."""
     rng = np.random.default_rng(5)
     feeds = probe_feeds(graph)
     id_vals = rng.integers(0, min(word.shape[0], 97), size=feeds[ids.name].shape)
@@ -210,10 +212,10 @@ def _check_numerically(graph, total, word, position, segment, ids, segs, pos_ids
         try:
             (pos_vals,) = eval_with_ort(graph, [pos_ids], feeds)
         except Exception as exc:
-            return f"cannot evaluate the position indices ({type(exc).__name__})"
+            fail(f"cannot evaluate the position indices ({type(exc).__name__})")
         pos_vals = np.broadcast_to(np.reshape(pos_vals, (-1, id_vals.shape[1])), id_vals.shape)
-        if pos_vals.min() < 0 or pos_vals.max() >= position.shape[0]:
-            return "computed position indices fall outside the position table"
+        expect(pos_vals.min() >= 0 and pos_vals.max() < position.shape[0],
+               "computed position indices fall outside the position table")
         expected = word[id_vals] + position[pos_vals]
     if segs is not None:
         seg_vals = rng.integers(0, segment.shape[0], size=feeds[segs.name].shape)
@@ -222,11 +224,10 @@ def _check_numerically(graph, total, word, position, segment, ids, segs, pos_ids
     try:
         (got,) = eval_with_ort(graph, [total], feeds)
     except Exception as exc:
-        return f"cannot evaluate the embedding sum ({type(exc).__name__})"
+        fail(f"cannot evaluate the embedding sum ({type(exc).__name__})")
     got = np.asarray(got).reshape(expected.shape) if np.size(got) == expected.size else got
     if np.shape(got) != expected.shape or np.abs(got - expected).max() > 1e-5:
-        return "sum is not word[ids] + type[segments] + position[0:S]"
-    return ""
+        fail("sum is not word[ids] + type[segments] + position[0:S]")
 
 
 def _float_dtype(gamma: gs.Tensor, table: np.ndarray) -> np.dtype:

@@ -200,7 +200,7 @@ def eval_with_ort(graph: gs.Graph, outputs: list[gs.Tensor],
                   cut: dict[str, gs.Tensor] | None = None) -> list[np.ndarray]:
     """Evaluates `outputs` from the graph inputs with ONNX Runtime (CPU, no optimisation).
     `cut` names inner tensors to feed directly (their producers are not evaluated)."""
-    import onnxruntime as ort
+    from bertfuse.io.ort import make_session
 
     nodes, sources = ancestors(outputs, (cut or {}).values())
     missing = [s.name for s in sources if s.name not in feeds]
@@ -222,11 +222,7 @@ def eval_with_ort(graph: gs.Graph, outputs: list[gs.Tensor],
     del model.opset_import[:]
     model.opset_import.extend([onnx.helper.make_opsetid("", graph.opset),
                                onnx.helper.make_opsetid(MS_DOMAIN, MS_OPSET)])
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 4
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    sess = ort.InferenceSession(model.SerializeToString(), opts,
-                                providers=["CPUExecutionProvider"])
+    sess = make_session(model, optimize=False, log_severity=4, register_kernels=False)
     return sess.run([o.name for o in sub.outputs], {s.name: feeds[s.name] for s in sub.inputs})
 
 

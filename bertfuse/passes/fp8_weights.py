@@ -6,8 +6,8 @@
 
 w_scale = max|W| / 448 from the weight itself; x_scale = max|X| / 448 from a calibration (the
 activations X reach on the parity inputs, measured by running the fp16 model:
-kernels_form.calibrate), passed in by tensor name. The same quantisation math as the
-kernels' contract (custom_ops/dense_fp8.py).
+pipeline/fp8.py: calibrate), passed in by tensor name. The same quantisation math as the
+kernels' contract (ops/bertfuse/dense_fp8.py).
 
 Candidates: every DenseBias, DenseBiasGelu and DenseBiasSkipLayerNorm; each ends converted or
 missed (weight not a constant, K not a multiple of 16, no calibration for its input, an
@@ -22,58 +22,50 @@ import onnx_graphsurgeon as gs
 from bertfuse.ops.contract import BERTFUSE_DOMAIN
 from bertfuse.ops.bertfuse.dense_fp8 import CONTRACTS as FP8_CONTRACTS
 from bertfuse.ops.bertfuse.dense_fp8 import FP8_OF, quantize_weight, x_scale_for
-from bertfuse.passes.base import Layers, MatchResult, PassResult, const, const_value, detach
+from bertfuse.passes.base import CandidatePass, Layers, const, const_value, detach
+from bertfuse.passes.match import expect, fail
 
 K_MULTIPLE = 16  # cuBLASLt's FP8 GEMMs need K % 16 == 0
 
 
-class Fp8Weights:
+class Fp8Weights(CandidatePass):
     name = "fp8_weights"
 
     def __init__(self, x_amax: dict[str, float]) -> None:
         self.x_amax = dict(x_amax)
 
-    def __call__(self, graph: gs.Graph) -> PassResult:
-        result = PassResult()
-        layers = Layers(graph)
-        for node in [n for n in graph.nodes if n.domain == BERTFUSE_DOMAIN and n.op in FP8_OF]:
-            layer = _layer(layers, node)
-            match = self._match(node)
-            if not result.record(self.name, match, layer):
-                continue
-            wt, w_scale, x_scale = match.found
-            prefix = f"{node.name}_fp8"
-            ins = [node.inputs[0], const(f"{prefix}_wt", wt), *node.inputs[2:],
-                   const(f"{prefix}_w_scale", w_scale)]
-            attrs = {**node.attrs, "x_scale": x_scale, "fast_accum": 0}
-            out = node.outputs[0]
-            detach([node])
-            graph.nodes.append(FP8_CONTRACTS[FP8_OF[node.op]].node(f"{prefix}", ins, [out], **attrs))
-            result.fused(self.name, layer)
-        return result
+    def candidates(self, graph: gs.Graph) -> list[gs.Node]:
+        return [n for n in graph.nodes if n.domain == BERTFUSE_DOMAIN and n.op in FP8_OF]
 
-    def _match(self, node: gs.Node) -> MatchResult:
-        m = MatchResult()
+    def layer(self, layers: Layers, node: gs.Node) -> int | None:
+        """A layer starts at its BertAttention: the QKV DenseBias feeding it belongs to it too."""
+        readers = node.outputs[0].outputs
+        if node.op == "DenseBias" and len(readers) == 1 and readers[0].op == "BertAttention":
+            return layers.of(readers[0])
+        return layers.of(node)
+
+    def match(self, graph: gs.Graph, node: gs.Node) -> tuple[np.ndarray, np.ndarray, float]:
+        """(e4m3 W^T, w_scale, x_scale)."""
         w = const_value(node.inputs[1])
-        if w is None or w.ndim != 2 or w.dtype != np.float16:
-            return m.fail(f"the weight of {node.name} is not a constant fp16 matrix")
-        if w.shape[0] % K_MULTIPLE:
-            return m.fail(f"{node.name}: K = {w.shape[0]} is not a multiple of {K_MULTIPLE} "
-                          f"(cuBLASLt FP8)")
+        expect(w is not None and w.ndim == 2 and w.dtype == np.float16,
+               f"the weight of {node.name} is not a constant fp16 matrix")
+        expect(w.shape[0] % K_MULTIPLE == 0,
+               f"{node.name}: K = {w.shape[0]} is not a multiple of {K_MULTIPLE} (cuBLASLt FP8)")
         x = node.inputs[0]
-        if x.name not in self.x_amax:
-            return m.fail(f"no calibration for {x.name}, the input of {node.name}")
+        expect(x.name in self.x_amax, f"no calibration for {x.name}, the input of {node.name}")
         try:
             wt, w_scale = quantize_weight(w)
             x_scale = x_scale_for(float(self.x_amax[x.name]))
         except ValueError as exc:
-            return m.fail(f"{node.name}: {exc}")
-        return m.ok((wt, w_scale, x_scale))
+            fail(f"{node.name}: {exc}")
+        return wt, w_scale, x_scale
 
-
-def _layer(layers: Layers, node: gs.Node) -> int | None:
-    """A layer starts at its BertAttention: the QKV DenseBias feeding it belongs to it too."""
-    readers = node.outputs[0].outputs
-    if node.op == "DenseBias" and len(readers) == 1 and readers[0].op == "BertAttention":
-        return layers.of(readers[0])
-    return layers.of(node)
+    def rewrite(self, graph: gs.Graph, node: gs.Node, found: tuple) -> None:
+        wt, w_scale, x_scale = found
+        prefix = f"{node.name}_fp8"
+        ins = [node.inputs[0], const(f"{prefix}_wt", wt), *node.inputs[2:],
+               const(f"{prefix}_w_scale", w_scale)]
+        attrs = {**node.attrs, "x_scale": x_scale, "fast_accum": 0}
+        out = node.outputs[0]
+        detach([node])
+        graph.nodes.append(FP8_CONTRACTS[FP8_OF[node.op]].node(f"{prefix}", ins, [out], **attrs))

@@ -21,14 +21,16 @@ pooler's Tanh is not one); each ends fused or missed, in its encoder layer.
 from __future__ import annotations
 
 from math import erf
+from typing import Iterator
 
 import numpy as np
 import onnx_graphsurgeon as gs
 
 from bertfuse.ops.contrib.gelu import CONTRACTS as GELU_CONTRACTS
-from bertfuse.passes.base import (Layers, MatchResult, PassResult, const_value, detach,
-                                  is_graph_output, producer, replace_tensor)
+from bertfuse.passes.base import (CandidatePass, const_value, detach, is_graph_output, producer,
+                                  replace_tensor)
 from bertfuse.passes.evaluate import closed_region, eval_elementwise, region_outputs
+from bertfuse.passes.match import NotACandidate, fail
 
 _erf = np.vectorize(erf)
 
@@ -41,29 +43,18 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
 
 
-class GeluFusion:
+class GeluFusion(CandidatePass):
     name = "gelu"
 
-    def __call__(self, graph: gs.Graph) -> PassResult:
-        result = PassResult()
-        layers = Layers(graph)
+    def candidates(self, graph: gs.Graph) -> Iterator[gs.Node]:
         for anchor in [n for n in graph.nodes if n.op in ("Erf", "Tanh")]:
-            if not anchor.outputs or not anchor.inputs:
-                continue  # inside a region an earlier match fused
-            match = self._match(graph, anchor)
-            if not match and anchor.op == "Tanh" and not _near_cubic(anchor):
-                continue  # a Tanh activation (the pooler's), not a GELU candidate
-            if not result.record(self.name, match, layers.of(anchor)):
-                continue
-            self._rewrite(graph, *match.found)
-            result.fused(self.name, layers.of(anchor))
-        return result
+            if anchor.outputs and anchor.inputs:  # else inside a region an earlier match fused
+                yield anchor
 
-    @staticmethod
-    def _match(graph: gs.Graph, anchor: gs.Node) -> MatchResult:
+    def match(self, graph: gs.Graph, anchor: gs.Node) -> tuple:
+        """(x, y, region, 'exact' | 'tanh')."""
         # x is a tensor upstream of the Erf/Tanh that both its branch and the final Mul
         # read. Try the anchor's elementwise ancestors, nearest first, as x.
-        m = MatchResult()
         for t in _upstream(anchor, steps=8):
             region = closed_region([t])
             if anchor not in region:
@@ -72,12 +63,13 @@ class GeluFusion:
             if len(outs) == 1:
                 kind = _classify(region, t, outs[0])
                 if kind:
-                    return m.ok((t, outs[0], region, kind))
-        return m.fail(f"{anchor.op} is not part of x·Φ(x) (no region computes GELU)")
+                    return t, outs[0], region, kind
+        if anchor.op == "Tanh" and not _near_cubic(anchor):
+            raise NotACandidate  # a Tanh activation (the pooler's), not a GELU candidate
+        fail(f"{anchor.op} is not part of x·Φ(x) (no region computes GELU)")
 
-    @staticmethod
-    def _rewrite(graph: gs.Graph, x: gs.Tensor, y: gs.Tensor, region: list[gs.Node],
-                 kind: str) -> None:
+    def rewrite(self, graph: gs.Graph, anchor: gs.Node, found: tuple) -> None:
+        x, y, region, kind = found
         bias = None
         src = x
         adder = producer(x)

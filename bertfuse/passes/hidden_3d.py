@@ -21,7 +21,8 @@ import onnx_graphsurgeon as gs
 
 from bertfuse.passes.base import Layers, PassResult, const_value, is_graph_output, replace_tensor
 from bertfuse.passes.evaluate import eval_with_ort, rank_of
-from bertfuse.passes.probe import PROBE_BATCH, PROBE_SEQ, probe_feeds
+from bertfuse.passes.match import MatchFailure, expect, fail
+from bertfuse.io.inputs import PROBE_BATCH, PROBE_SEQ, probe_feeds
 
 ROWWISE = {"MatMul", "Add", "Sub", "Mul", "Div", "SkipLayerNormalization",
            "LayerNormalization", "BiasGelu", "FastGelu", "Gelu", "Relu", "Tanh", "Erf", "Cast",
@@ -37,17 +38,14 @@ class Hidden3DPass:
         flattens = [n for n in graph.nodes if _is_flatten(n)]
         if not flattens:
             return result
-        for f in flattens:
-            if is_graph_output(graph, f.outputs[0]):
-                result.missed("hidden_3d", f"2-D tensor {f.outputs[0].name} is a model output")
-                return result
-        region, terminals, reason = _region(graph, flattens)
-        if reason:
-            result.missed("hidden_3d", reason)
-            return result
-        reason, unflattened = _check_terminals(graph, terminals)
-        if reason:
-            result.missed("hidden_3d", reason)
+        try:  # the whole encoder at once: every Reshape goes, or none, with one reason
+            for f in flattens:
+                expect(not is_graph_output(graph, f.outputs[0]),
+                       f"2-D tensor {f.outputs[0].name} is a model output")
+            region, terminals = _region(graph, flattens)
+            unflattened = _check_terminals(graph, terminals)
+        except MatchFailure as failure:
+            result.missed("hidden_3d", failure.reason)
             return result
         for node in region:
             for t in node.outputs:
@@ -69,7 +67,9 @@ def _is_flatten(node: gs.Node) -> bool:
         rank_of(node.inputs[0]) == 3
 
 
-def _region(graph: gs.Graph, flattens: list[gs.Node]):
+def _region(graph: gs.Graph, flattens: list[gs.Node]) -> tuple[list[gs.Node], list[gs.Node]]:
+    """The row-wise nodes the flattened hidden states reach, and the Reshapes back (terminals);
+    raises MatchFailure."""
     known = {id(f.outputs[0]) for f in flattens}
     graph_outputs = {id(t) for t in graph.outputs}
     region: list[gs.Node] = []
@@ -83,7 +83,7 @@ def _region(graph: gs.Graph, flattens: list[gs.Node]):
             ready = [n for n in pending if _inputs_ready(n, known)]
             if not ready:
                 n = pending[0]
-                return [], [], f"{n.op} {n.name} mixes 2-D hidden states with other tensors"
+                fail(f"{n.op} {n.name} mixes 2-D hidden states with other tensors")
             pending = [n for n in pending if n not in ready]
             stack.extend(ready)
             continue
@@ -96,15 +96,15 @@ def _region(graph: gs.Graph, flattens: list[gs.Node]):
                 seen.add(id(node))
                 terminals.append(node)
                 continue
-            return [], [], f"Reshape {node.name} of 2-D hidden states is not back to [B,S,H]"
+            fail(f"Reshape {node.name} of 2-D hidden states is not back to [B,S,H]")
         if node.op not in ROWWISE:
-            return [], [], f"{node.op} {node.name} reads 2-D hidden states"
+            fail(f"{node.op} {node.name} reads 2-D hidden states")
         if node.op == "MatMul":
             w = const_value(node.inputs[1])
             if w is None or w.ndim != 2 or id(node.inputs[0]) not in known:
-                return [], [], f"MatMul {node.name} is not a dense layer on hidden states"
+                fail(f"MatMul {node.name} is not a dense layer on hidden states")
         if node.op == "LayerNormalization" and node.attrs.get("axis", -1) != -1:
-            return [], [], f"LayerNormalization {node.name} is not over the last axis"
+            fail(f"LayerNormalization {node.name} is not over the last axis")
         if not _inputs_ready(node, known):
             if node not in pending:
                 pending.append(node)
@@ -112,15 +112,15 @@ def _region(graph: gs.Graph, flattens: list[gs.Node]):
         for t in node.inputs[:1] if node.op == "MatMul" else node.inputs:
             value = const_value(t)
             if value is not None and value.ndim > 1:
-                return [], [], f"{node.op} {node.name} has a {value.ndim}-D constant operand"
+                fail(f"{node.op} {node.name} has a {value.ndim}-D constant operand")
         seen.add(id(node))
         region.append(node)
         for t in node.outputs:
             if id(t) in graph_outputs:
-                return [], [], f"2-D tensor {t.name} is a model output"
+                fail(f"2-D tensor {t.name} is a model output")
             known.add(id(t))
             stack.extend(t.outputs)
-    return region, terminals, ""
+    return region, terminals
 
 
 def _inputs_ready(node: gs.Node, known: set[int]) -> bool:
@@ -128,20 +128,20 @@ def _inputs_ready(node: gs.Node, known: set[int]) -> bool:
                for t in node.inputs)
 
 
-def _check_terminals(graph: gs.Graph, terminals: list[gs.Node]) -> tuple[str, list[gs.Tensor]]:
+def _check_terminals(graph: gs.Graph, terminals: list[gs.Node]) -> list[gs.Tensor]:
     """Each unflatten must give [B, S, H] (Keras' einsum: [B, S, H, 1, ..] then a Squeeze of
-    the trailing ones). Returns a reason, and per terminal the tensor that becomes 3-D."""
+    the trailing ones). Per terminal the tensor that becomes 3-D; raises MatchFailure."""
     pending = [t.inputs[1] for t in terminals if const_value(t.inputs[1]) is None]
     try:
         evaluated = iter(eval_with_ort(graph, pending, probe_feeds(graph)) if pending else [])
     except Exception as exc:
-        return f"cannot evaluate the unflatten shapes ({type(exc).__name__})", []
+        fail(f"cannot evaluate the unflatten shapes ({type(exc).__name__})")
     outs = []
     for term in terminals:
         value = const_value(term.inputs[1])
         v = [int(x) for x in np.ravel(value if value is not None else next(evaluated))]
         if v[:2] != [PROBE_BATCH, PROBE_SEQ] and v[:2] != [PROBE_BATCH, -1] or len(v) < 3:
-            return f"an unflatten Reshape targets {v}, not [B, S, H]", []
+            fail(f"an unflatten Reshape targets {v}, not [B, S, H]")
         if len(v) == 3:
             outs.append(term.outputs[0])
             continue
@@ -154,6 +154,6 @@ def _check_terminals(graph: gs.Graph, terminals: list[gs.Node]) -> tuple[str, li
         trailing = list(range(3, len(v)))
         if any(d != 1 for d in v[3:]) or axes is None or \
                 sorted(int(a) % len(v) for a in np.ravel(axes)) != trailing:
-            return f"an unflatten Reshape targets {v}, not [B, S, H]", []
+            fail(f"an unflatten Reshape targets {v}, not [B, S, H]")
         outs.append(squeeze.outputs[0])
-    return "", outs
+    return outs

@@ -20,52 +20,49 @@ not one); each ends fused or missed, in its encoder layer.
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import numpy as np
 import onnx_graphsurgeon as gs
 
 from bertfuse.ops.contrib.layernorm import CONTRACT as LAYER_NORM
-from bertfuse.passes.base import Layers, MatchResult, PassResult, const, detach, replace_tensor, \
-    scalar_value
+from bertfuse.passes.base import CandidatePass, const, detach, replace_tensor, scalar_value
 from bertfuse.passes.evaluate import closed_region, eval_elementwise, region_outputs
+from bertfuse.passes.match import MatchFailure, expect, fail
 
 REDUCE = ("ReduceMean", "GlobalAveragePool")
 
 
-class LayerNormFusion:
+class LayerNormFusion(CandidatePass):
     name = "layernorm"
 
-    def __call__(self, graph: gs.Graph) -> PassResult:
-        result = PassResult()
-        layers = Layers(graph)
-        claimed: set[int] = set()
+    def candidates(self, graph: gs.Graph) -> Iterator[gs.Node]:
         for node in list(graph.nodes):
-            if node.op not in REDUCE or id(node) in claimed or not node.inputs:
+            # A fused region is detached (its reduces have no inputs left): not looked at again.
+            if node.op not in REDUCE or not node.inputs:
                 continue
-            x = node.inputs[0]
-            if not any(c.op == "Sub" for c in node.outputs[0].outputs):
-                continue  # a plain mean (pooling), not the start of a normalisation
-            match = match_layernorm(graph, x)
-            if not result.record(self.name, match, layers.of(node)):
-                continue
-            region, y, gamma, beta, eps = match.found
-            claimed.update(id(n) for n in region)
-            ln_out = gs.Variable(f"{y.name}_ln", dtype=y.dtype, shape=y.shape)
-            ln = LAYER_NORM.node(f"{region[-1].name}_LayerNorm",
-                                 [x, const(f"{y.name}_gamma", gamma), const(f"{y.name}_beta", beta)],
-                                 [ln_out], axis=-1, epsilon=eps)
-            graph.nodes.append(ln)
-            replace_tensor(graph, y, ln_out)
-            detach(region)
-            result.fused(self.name, layers.of(node))
-        return result
+            if any(c.op == "Sub" for c in node.outputs[0].outputs):
+                yield node  # else a plain mean (pooling), not the start of a normalisation
+
+    def match(self, graph: gs.Graph, node: gs.Node) -> tuple:
+        return match_layernorm(graph, node.inputs[0])
+
+    def rewrite(self, graph: gs.Graph, node: gs.Node, found: tuple) -> None:
+        region, y, gamma, beta, eps = found
+        x = node.inputs[0]
+        ln_out = gs.Variable(f"{y.name}_ln", dtype=y.dtype, shape=y.shape)
+        ln = LAYER_NORM.node(f"{region[-1].name}_LayerNorm",
+                             [x, const(f"{y.name}_gamma", gamma), const(f"{y.name}_beta", beta)],
+                             [ln_out], axis=-1, epsilon=eps)
+        graph.nodes.append(ln)
+        replace_tensor(graph, y, ln_out)
+        detach(region)
 
 
-def match_layernorm(graph: gs.Graph, x: gs.Tensor) -> MatchResult:
-    """Found: (region, y, gamma, beta, eps)."""
-    m = MatchResult()
+def match_layernorm(graph: gs.Graph, x: gs.Tensor) -> tuple:
+    """(region, y, gamma, beta, eps) of the LayerNorm that x feeds; raises MatchFailure."""
     full = closed_region([x])
-    if not region_outputs(graph, full):
-        return m.fail("normalisation output not found")
+    expect(region_outputs(graph, full), "normalisation output not found")
     # Constant-only ops after the LN output (a mean pooling, a Tanh, ...) also land in the
     # closed region, so its last output need not be the LN's. Every tensor made in the region
     # is a candidate y, latest first (so γ and β are taken in, and an op after them that keeps
@@ -77,30 +74,27 @@ def match_layernorm(graph: gs.Graph, x: gs.Tensor) -> MatchResult:
         region = _ancestors_within(full, y)
         if sum(n.op in REDUCE for n in region) != 2:
             continue
-        found = _fit(graph, x, region, y)
-        if not isinstance(found, str):
-            return m.ok(found)
-        reason = reason or found  # the reason for the latest candidate
+        try:
+            return _fit(graph, x, region, y)
+        except MatchFailure as failure:
+            reason = reason or failure.reason  # the reason for the latest candidate
     if reason:
-        return m.fail(reason)
+        fail(reason)
     reduces = [n for n in full if n.op in REDUCE]
-    return m.fail(f"expected 2 reductions (mean, variance), found {len(reduces)}")
+    fail(f"expected 2 reductions (mean, variance), found {len(reduces)}")
 
 
-def _fit(graph: gs.Graph, x: gs.Tensor, region: list[gs.Node], y: gs.Tensor):
+def _fit(graph: gs.Graph, x: gs.Tensor, region: list[gs.Node], y: gs.Tensor) -> tuple:
     """(region, y, gamma, beta, eps) when `region` is closed with output y and computes
-    normalize(x) * γ + β, else a reason string."""
-    if region_outputs(graph, region) != [y]:
-        return "an intermediate of the normalisation is read outside it"
+    normalize(x) * γ + β; raises MatchFailure otherwise."""
+    expect(region_outputs(graph, region) == [y],
+           "an intermediate of the normalisation is read outside it")
     reduces = [n for n in region if n.op in REDUCE]
-    if len(reduces) != 2:
-        return f"expected 2 reductions (mean, variance), found {len(reduces)}"
+    expect(len(reduces) == 2, f"expected 2 reductions (mean, variance), found {len(reduces)}")
     eps = _epsilon(reduces[1])
-    if eps is None:
-        return "variance is not followed by Add(epsilon)"
+    expect(eps is not None, "variance is not followed by Add(epsilon)")
     hidden = _hidden_size(x, region)
-    if hidden is None:
-        return "hidden size unknown"
+    expect(hidden is not None, "hidden size unknown")
     rank = len(x.shape) if x.shape is not None else 2
     rng = np.random.default_rng(1234)
     probes = [rng.standard_normal((2,) * (max(rank, 2) - 1) + (hidden,)) * s + o
@@ -108,11 +102,10 @@ def _fit(graph: gs.Graph, x: gs.Tensor, region: list[gs.Node], y: gs.Tensor):
     try:
         ys = [eval_elementwise(region, {id(x): p})[id(y)] for p in probes]
     except (KeyError, ValueError, FloatingPointError) as exc:
-        return f"cannot evaluate the pattern ({exc})"
+        fail(f"cannot evaluate the pattern ({exc})")
     ns = [_normalize(p, eps) for p in probes]
-    if any(yv.shape != p.shape for yv, p in zip(ys, probes)):
-        return "output shape differs from input: not a last-axis normalisation"
-    axes = tuple(range(ys[0].ndim - 1))
+    expect(all(yv.shape == p.shape for yv, p in zip(ys, probes)),
+           "output shape differs from input: not a last-axis normalisation")
     dn = (ns[0] - ns[1]).reshape(-1, hidden)
     dy = (ys[0] - ys[1]).reshape(-1, hidden)
     gamma = (dn * dy).sum(0) / (dn * dn).sum(0)
@@ -120,8 +113,7 @@ def _fit(graph: gs.Graph, x: gs.Tensor, region: list[gs.Node], y: gs.Tensor):
     check = ns[2] * gamma + beta
     err = np.abs(check - ys[2]).max() / (1.0 + np.abs(ys[2]).max())
     if not np.isfinite(err) or err > 1e-6:
-        return f"does not compute a last-axis LayerNorm (rel. error {err:.2g})"
-    del axes
+        fail(f"does not compute a last-axis LayerNorm (rel. error {err:.2g})")
     return region, y, gamma.astype(np.float32), beta.astype(np.float32), float(eps)
 
 

@@ -1,4 +1,5 @@
-"""The pass manager: orders passes, cleans up, toposorts, checks the graph, keeps a census."""
+"""The pass manager: runs a plan (plans.py), cleans up and toposorts after every pass, keeps a
+census, and the report a pipeline's plans add up to (PipelineReport.join)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import onnx_graphsurgeon as gs
 from bertfuse.ops.contract import MS_DOMAIN, MS_OPSET
 from bertfuse.inspect.encoder_table import EncoderTable, encoder_table
 from bertfuse.passes.base import Diagnostic, Pass, census
-from bertfuse.passes.cleanup import Cleanup
+from bertfuse.passes.plans import fusion_plan
 
 # gs logs every folded tensor at INFO.
 gs.logger.G_LOGGER.severity = gs.logger.G_LOGGER.ERROR
@@ -47,6 +48,14 @@ class PipelineReport:
     def nodes_after(self) -> int:
         return sum(self.census_after.values())
 
+    def join(self, more: PipelineReport, model: onnx.ModelProto) -> None:
+        """Appends a later plan's run (`more`) to this report, which then describes `model`,
+        that run's output (census, encoder table over every diagnostic)."""
+        self.records.extend(more.records)
+        self.diagnostics.extend(more.diagnostics)
+        self.census_after = more.census_after
+        self.table = encoder_table([n.op_type for n in model.graph.node], self.diagnostics)
+
     def to_json(self) -> dict:
         return {
             "passes": [r.__dict__ for r in self.records],
@@ -57,34 +66,11 @@ class PipelineReport:
         }
 
 
-def default_passes(precision: str = "fp32") -> list[Pass]:
-    """Passes in the order they must run (later fusions match on earlier ones' output)."""
-    from bertfuse.passes.attention import AttentionFusion
-    from bertfuse.passes.dense_gemm import DenseGemmFusion, GemmToMatMul
-    from bertfuse.passes.einsum_matmul import EinsumToMatMul
-    from bertfuse.passes.embed_layernorm import EmbedLayerNormFusion
-    from bertfuse.passes.gelu import GeluFusion
-    from bertfuse.passes.hidden_3d import Hidden3DPass
-    from bertfuse.passes.layernorm import LayerNormFusion
-    from bertfuse.passes.shared_weights import SharedWeights
-    from bertfuse.passes.shape_from_inputs import ShapeFromInputs
-    from bertfuse.passes.skip_layernorm import SkipLayerNormFusion
-
-    passes: list[Pass] = [Cleanup(), EinsumToMatMul(), GemmToMatMul(), LayerNormFusion(), EmbedLayerNormFusion(), GeluFusion(),
-                          AttentionFusion(), SkipLayerNormFusion(), Cleanup(), ShapeFromInputs(),
-                          Cleanup(), Hidden3DPass(),
-                          DenseGemmFusion(), Cleanup(), SharedWeights()]
-    if precision == "fp16":
-        from bertfuse.passes.fp16 import Fp16Pass
-
-        passes += [Fp16Pass(), Cleanup(), SharedWeights()]
-    return passes
-
-
 def run_passes(model: onnx.ModelProto, passes: Sequence[Pass] | None = None,
                progress: Callable[[str], None] | None = None) -> tuple[onnx.ModelProto, PipelineReport]:
-    """Runs the passes over a model; returns the rewritten model and what each pass did."""
-    passes = list(passes) if passes is not None else default_passes()
+    """Runs the passes (a plan; the fusion plan when None) over a model; returns the rewritten
+    model and what each pass did."""
+    passes = list(passes) if passes is not None else fusion_plan("fp32")
     model = _with_shapes(model)
     graph = gs.import_onnx(model)
     report = PipelineReport(census_before=census(graph))

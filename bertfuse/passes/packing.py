@@ -20,10 +20,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-# The request layout, shared with the runtime, lives below both (bertfuse/ops/packing_layout.py).
-from bertfuse.ops.packing_layout import (PACKED_INPUTS, PackedShape, choose_shape,  # noqa: F401
-                                     pack_into, packed_shapes)
-from bertfuse.passes.base import MS_DOMAIN, PassResult, const, replace_tensor
+from bertfuse.ops.contract import MS_DOMAIN
+from bertfuse.passes.base import PassResult, const, replace_tensor
 
 
 class PackingPass:

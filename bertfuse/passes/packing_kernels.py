@@ -22,11 +22,12 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from bertfuse.ops.contract import BERTFUSE_DOMAIN, MS_DOMAIN
 from bertfuse.ops.bertfuse.packed_ops import PACK_TOKENS, PACKED_BERT_ATTENTION, UNPACK_TOKENS
-from bertfuse.passes.base import MS_DOMAIN, Layers, PassResult, cast_int32, replace_tensor
+from bertfuse.passes.base import Layers, PassResult, cast_int32, replace_tensor
+from bertfuse.passes.match import MatchFailure, expect, fail
 from bertfuse.passes.packing import gather_tokens
 
-BERTFUSE_DOMAIN = "ai.bertfuse"
 DEVICE_PACKED_INPUTS = ("input_ids", "segment_ids", "input_mask", "token_bucket")
 COMPONENT = "packing_kernels"
 
@@ -37,9 +38,10 @@ class PackingKernelsPass:
     def __call__(self, graph: gs.Graph) -> PassResult:
         result = PassResult()
         layers = Layers(graph)
-        reason = _unpackable(graph)
-        if reason:
-            result.missed(COMPONENT, reason)
+        try:
+            _check_packable(graph)
+        except MatchFailure as failure:
+            result.missed(COMPONENT, failure.reason)
             return result
         embed = next(n for n in graph.nodes if n.op == "EmbedLayerNormalization")
         attentions = [n for n in graph.nodes
@@ -69,25 +71,22 @@ class PackingKernelsPass:
         return result
 
 
-def _unpackable(graph: gs.Graph) -> str | None:
-    """Why the graph cannot take the device-packed form, or None."""
-    if sum(n.op == "EmbedLayerNormalization" for n in graph.nodes) != 1:
-        return "needs one EmbedLayerNormalization (a fused model)"
-    if not any(n.op == "BertAttention" and n.domain == BERTFUSE_DOMAIN for n in graph.nodes):
-        return "needs BertAttention nodes (run the bertfuse_kernels pass first)"
+def _check_packable(graph: gs.Graph) -> None:
+    """Raises MatchFailure with why the graph cannot take the device-packed form."""
+    expect(sum(n.op == "EmbedLayerNormalization" for n in graph.nodes) == 1,
+           "needs one EmbedLayerNormalization (a fused model)")
+    expect(any(n.op == "BertAttention" and n.domain == BERTFUSE_DOMAIN for n in graph.nodes),
+           "needs BertAttention nodes (run the bertfuse_kernels pass first)")
     left = [n.name for n in graph.nodes
             if (n.op == "Attention" and n.domain == MS_DOMAIN) or n.op == "Softmax"]
     if left:  # an unfused or contrib attention reshapes by [B, S]: it cannot run on [T, H]
-        return (f"{len(left)} attention node(s) not on bertfuse kernels ({left[0]}, ...): "
-                "every layer must run BertAttention to be packed on the device")
-    if not any(t.name == "input_mask" for t in graph.inputs):
-        return "no input_mask input to pack by"
+        fail(f"{len(left)} attention node(s) not on bertfuse kernels ({left[0]}, ...): "
+             "every layer must run BertAttention to be packed on the device")
+    expect(any(t.name == "input_mask" for t in graph.inputs), "no input_mask input to pack by")
     final = _hidden_output(graph)
-    if final is None:
-        return "no sequence_output to unpack into"
+    expect(final is not None, "no sequence_output to unpack into")
     if final.dtype is None or np.dtype(final.dtype) != np.float16:
-        return f"the hidden states are {final.dtype}, UnpackTokens is float16 only"
-    return None
+        fail(f"the hidden states are {final.dtype}, UnpackTokens is float16 only")
 
 
 def _hidden_output(graph: gs.Graph) -> gs.Tensor | None:

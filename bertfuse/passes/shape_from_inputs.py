@@ -18,7 +18,7 @@ import onnx_graphsurgeon as gs
 
 from bertfuse.passes.base import Layers, PassResult, const, replace_tensor
 from bertfuse.passes.evaluate import bs_input, eval_with_ort
-from bertfuse.passes.probe import probe_feeds
+from bertfuse.io.inputs import probe_feeds
 
 _SIZES = ((3, 7), (2, 5))
 

@@ -18,50 +18,41 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from bertfuse.ops.contrib.skip_layernorm import CONTRACT as SKIP_LN
-from bertfuse.passes.base import Layers, MatchResult, PassResult, const_value, producer, \
-    reaches_op, replace_tensor
+from bertfuse.passes.base import CandidatePass, const_value, producer, reaches_op, replace_tensor
+from bertfuse.passes.match import expect, fail
 
 
-class SkipLayerNormFusion:
+class SkipLayerNormFusion(CandidatePass):
     name = "skip_layernorm"
 
-    def __call__(self, graph: gs.Graph) -> PassResult:
-        result = PassResult()
-        layers = Layers(graph)
-        for ln in [n for n in graph.nodes if n.op == "LayerNormalization"]:
-            layer = layers.of(ln)
-            match = _match(ln)
-            if not result.record(self.name, match, layer):
-                continue
-            dense, bias, residual = match.found
-            # LayerNormalization's B (beta) is optional, and so is SkipLayerNormalization's:
-            # without it leave beta's slot empty (or off entirely when there is no bias).
-            beta = ln.inputs[2] if len(ln.inputs) > 2 else None
-            y = ln.outputs[0]
-            out = gs.Variable(f"{y.name}_skipln", dtype=y.dtype, shape=y.shape)
-            graph.nodes.append(SKIP_LN.node(f"{ln.name}_Skip",
-                                            [dense, residual, ln.inputs[1], beta, bias], [out],
-                                            epsilon=float(ln.attrs.get("epsilon", 1e-5))))
-            replace_tensor(graph, y, out)
-            result.fused(self.name, layer)
-        return result
+    def candidates(self, graph: gs.Graph) -> list[gs.Node]:
+        return [n for n in graph.nodes if n.op == "LayerNormalization"]
 
+    def match(self, graph: gs.Graph, ln: gs.Node) -> tuple:
+        """(dense output, bias constant or None, residual)."""
+        if ln.attrs.get("axis", -1) != -1:
+            fail(f"LayerNormalization {ln.name} is over axis {ln.attrs['axis']}, not the last")
+        s = ln.inputs[0]
+        add = producer(s)
+        if add is None or add.op != "Add":
+            fail(f"LayerNormalization {ln.name} does not read an Add (no residual sum)")
+        expect(len(s.outputs) == 1, f"the residual sum before {ln.name} is also read elsewhere")
+        found = _sublayer_and_residual(add)
+        expect(found is not None,
+               f"no operand of the sum before {ln.name} is a dense layer's output")
+        return found
 
-def _match(ln: gs.Node) -> MatchResult:
-    m = MatchResult()
-    if ln.attrs.get("axis", -1) != -1:
-        return m.fail(f"LayerNormalization {ln.name} is over axis {ln.attrs['axis']}, "
-                      "not the last")
-    s = ln.inputs[0]
-    add = producer(s)
-    if add is None or add.op != "Add":
-        return m.fail(f"LayerNormalization {ln.name} does not read an Add (no residual sum)")
-    if len(s.outputs) != 1:
-        return m.fail(f"the residual sum before {ln.name} is also read elsewhere")
-    found = _sublayer_and_residual(add)
-    if found is None:
-        return m.fail(f"no operand of the sum before {ln.name} is a dense layer's output")
-    return m.ok(found)
+    def rewrite(self, graph: gs.Graph, ln: gs.Node, found: tuple) -> None:
+        dense, bias, residual = found
+        # LayerNormalization's B (beta) is optional, and so is SkipLayerNormalization's:
+        # without it leave beta's slot empty (or off entirely when there is no bias).
+        beta = ln.inputs[2] if len(ln.inputs) > 2 else None
+        y = ln.outputs[0]
+        out = gs.Variable(f"{y.name}_skipln", dtype=y.dtype, shape=y.shape)
+        graph.nodes.append(SKIP_LN.node(f"{ln.name}_Skip",
+                                        [dense, residual, ln.inputs[1], beta, bias], [out],
+                                        epsilon=float(ln.attrs.get("epsilon", 1e-5))))
+        replace_tensor(graph, y, out)
 
 
 def _dense_output(t: gs.Tensor) -> bool:
@@ -73,7 +64,7 @@ def _dense_output(t: gs.Tensor) -> bool:
 _RESHAPES = ("Reshape", "Squeeze", "Unsqueeze")
 
 
-def _sublayer_and_residual(add: gs.Node):
+def _sublayer_and_residual(add: gs.Node) -> tuple | None:
     """(dense output, bias constant or None, residual) for Add(dense [+ bias], residual)."""
     for i in (0, 1):
         side, residual = add.inputs[i], add.inputs[1 - i]

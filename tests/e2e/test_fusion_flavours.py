@@ -418,10 +418,11 @@ _STRICT_REASON = "test-injected: layer 1 refused"
 
 @pytest.fixture
 def layer1_unfusable(monkeypatch):
-    """AttentionFusion.match and match_numeric return a reason for layer 1 only."""
+    """AttentionFusion's structural and numeric matches fail for layer 1 only."""
     from bertfuse.passes import attention
+    from bertfuse.passes.match import fail
 
-    orig_match, orig_numeric = attention.AttentionFusion.match, attention.match_numeric
+    orig_match, orig_numeric = attention.AttentionFusion.match_structure, attention.match_numeric
     seen: dict[str, object] = {}
 
     def layer_of(graph, softmax) -> int:
@@ -433,15 +434,15 @@ def layer1_unfusable(monkeypatch):
 
     def match(self, graph, softmax):
         if layer_of(graph, softmax) == 1:
-            return _STRICT_REASON
+            fail(_STRICT_REASON)
         return orig_match(self, graph, softmax)
 
     def match_numeric(graph, softmax):
         if layer_of(graph, softmax) == 1:
-            return _STRICT_REASON + " (numeric)"
+            fail(_STRICT_REASON + " (numeric)")
         return orig_numeric(graph, softmax)
 
-    monkeypatch.setattr(attention.AttentionFusion, "match", match)
+    monkeypatch.setattr(attention.AttentionFusion, "match_structure", match)
     monkeypatch.setattr(attention, "match_numeric", match_numeric)
 
 

@@ -39,7 +39,7 @@ def run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[str, np.nd
 
 
 def fuse(model: onnx.ModelProto, *passes):
-    """The given passes plus Cleanup (or the default pipeline with none given)."""
+    """The given passes plus Cleanup (or the fusion plan, plans.fusion_plan, with none given)."""
     return run_passes(model, [*passes, Cleanup()] if passes else None)
 
 

@@ -160,3 +160,25 @@ def test_reference_only_preparation_skips_ort_own_models(tiny_onnx, tmp_path):
         ["bertfuse16.onnx", "bertfuse32.onnx", "raw32.onnx"]
     raw = onnx.load(paths["raw32"])
     assert not any(n.domain for n in raw.graph.node)  # the raw export, unfused
+
+
+def test_fp8_model_is_the_pipelines_fp8_form(tiny_onnx, tmp_path):
+    """bench's FP8 row runs what `convert --kernels bertfuse --fp8` writes: pipeline.fp8's
+    form, calibrated on convert's default parity inputs."""
+    from bertfuse.bench.kernels import fp8_model
+    from bertfuse.pipeline.fp8 import fp8_form
+    from bertfuse.pipeline.lowering import model_feeds, to_bertfuse_kernels
+    from bertfuse.pipeline.options import ConvertOptions
+
+    contrib = onnx.load(tiny_onnx["fp16"])
+    kmodel = to_bertfuse_kernels(contrib)
+    onnx.save(kmodel, str(tmp_path / "kernels16.onnx"))
+    path, note = fp8_model(tiny_onnx["fp16"], str(tmp_path / "kernels16.onnx"), str(tmp_path))
+    assert path == str(tmp_path / "kernels_fp8.onnx"), note
+    opts = ConvertOptions()
+    want = fp8_form(contrib, kmodel, model_feeds(contrib, opts.batch, opts.seq, opts.seed))
+
+    def scales(model: onnx.ModelProto) -> dict[str, float]:
+        return {n.name: a.f for n in model.graph.node for a in n.attribute if a.name == "x_scale"}
+
+    assert scales(onnx.load(path)) == scales(want) and scales(want)

@@ -8,6 +8,7 @@ import onnx_graphsurgeon as gs
 import pytest
 
 from bertfuse.passes.attention_mask import check_mask, split_mask
+from bertfuse.passes.match import MatchFailure
 from support.builders.onnx_graphs import F32_MIN, G, attention, attention_weights
 from support.passes_common import H, N
 
@@ -43,9 +44,7 @@ def test_mask_forms_are_split_and_read(rng, kw, value):
     scores, term = split_mask(softmax.inputs[0])
     assert term is not None
     assert scores.inputs[0].op in ("Mul", "Div", "MatMul")  # the scaled scores, not the mask
-    found = check_mask(graph, term)
-    assert not isinstance(found, str), found
-    mask_input, c = found
+    mask_input, c = check_mask(graph, term)
     assert mask_input.name == "input_mask"
     assert c == pytest.approx(value, rel=1e-6)
 
@@ -61,8 +60,8 @@ def test_no_mask_leaves_the_scores():
 def test_adder_that_is_not_a_mask_is_refused(rng, value, reason):
     graph, softmax = softmax_of(attn(rng, mask_kind="10000", adder_value=value))
     _, term = split_mask(softmax.inputs[0])
-    found = check_mask(graph, term)
-    assert isinstance(found, str) and reason in found, found
+    with pytest.raises(MatchFailure, match=reason):
+        check_mask(graph, term)
 
 
 def test_mask_that_special_cases_key0_is_refused(rng):
@@ -79,6 +78,6 @@ def test_mask_that_special_cases_key0_is_refused(rng):
     g.output("ctx")
     graph, softmax = softmax_of(g.model())
     _, term = split_mask(softmax.inputs[0])
-    found = check_mask(graph, term)
     # key 0 is never masked: the padded positions do not all get one constant
-    assert isinstance(found, str) and "padded positions get" in found, found
+    with pytest.raises(MatchFailure, match="padded positions get"):
+        check_mask(graph, term)

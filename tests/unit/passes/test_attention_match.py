@@ -17,6 +17,7 @@ import pytest
 
 from bertfuse.passes.attention import AttentionFusion
 from bertfuse.passes.attention_match import AttentionMatch, match_numeric
+from bertfuse.passes.match import MatchFailure
 from support.builders.onnx_graphs import MS, G, attention, attention_ref, attention_weights, dense
 from support.passes_common import B, H, N, S, TOL, assert_same, attr, count, fuse, missed, node, run
 from unit.passes.test_attention import attn_feeds
@@ -50,7 +51,8 @@ def test_numeric_match_finds_heads_scale_mask_and_qk_order(rng, seed, mask_kind)
     model, w = prescaled_model(rng, mask_kind=mask_kind)
     graph = gs.import_onnx(model)
     softmax = _softmax(graph)
-    assert isinstance(AttentionFusion().match(graph, softmax), str)  # structure fails here
+    with pytest.raises(MatchFailure):  # structure fails here
+        AttentionFusion().match_structure(graph, softmax)
     found = match_numeric(graph, softmax)
     assert isinstance(found, AttentionMatch), found
     assert (found.num_heads, found.head_size) == (N, H // N)
@@ -86,8 +88,8 @@ def test_wrong_head_count_cannot_be_chosen(rng, seed):
     # reproduces the layer, so it must not fuse with 1 or 2 heads
     model, _ = prescaled_model(rng, heads=4)
     graph = gs.import_onnx(model)
-    found = match_numeric(graph, _softmax(graph))
-    assert isinstance(found, str) and "reproduce" in found, found
+    with pytest.raises(MatchFailure, match="reproduce"):
+        match_numeric(graph, _softmax(graph))
     fused, report = fuse(model, AttentionFusion())
     assert count(fused, "Attention", MS) == 0
     assert any("by evaluation" in r for r in missed(report, "attention"))
@@ -115,8 +117,12 @@ def test_key_from_other_hidden_states_is_refused(rng, seed):
     model = g.model()
     graph = gs.import_onnx(model)
     softmax = _softmax(graph)
-    assert "same input" in AttentionFusion().match(graph, softmax)
-    assert "same hidden states" in match_numeric(graph, softmax)
+    with pytest.raises(MatchFailure, match="same input"):
+        AttentionFusion().match_structure(graph, softmax)
+    with pytest.raises(MatchFailure, match="same hidden states"):
+        match_numeric(graph, softmax)
+    with pytest.raises(MatchFailure, match="same input; by evaluation: .*same hidden states"):
+        AttentionFusion().match(graph, softmax)  # both reasons, as the report gives them
     fused, _ = fuse(model, AttentionFusion())
     assert count(fused, "Attention", MS) == 0
     feeds = attn_feeds(rng) | {"other": rng.standard_normal((B * S, H)).astype(np.float32)}

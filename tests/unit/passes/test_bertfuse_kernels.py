@@ -1,7 +1,7 @@
 """BertfuseKernels: the fused fp16 contrib encoder -> ai.bertfuse ops (passes/bertfuse_kernels.py).
 
 ORT's CPU EP cannot run ai.bertfuse ops, so the rewritten model runs in onnx's
-ReferenceEvaluator with the NumPy references (custom_ops/evaluator.py), and so does the
+ReferenceEvaluator with the NumPy references (ops/evaluator.py), and so does the
 contrib form it came from: the two must agree (fp16: max <= 4e-2, mean <= 2e-3, and tighter
 where only intermediate fp16 roundings differ). The contrib form itself runs on ORT.
 """
@@ -15,7 +15,8 @@ from onnx import helper, numpy_helper
 
 from bertfuse.ops.evaluator import evaluate
 from bertfuse.passes.bertfuse_kernels import BertfuseKernels
-from bertfuse.passes.manager import default_passes, run_passes
+from bertfuse.passes.manager import run_passes
+from bertfuse.passes.plans import fusion_plan
 from bertfuse.runtime.variants import attention_mask_variant
 from support.builders.onnx_graphs import MS, bert, census
 from support.passes_common import B, S, attr, bert_feeds, fuse, run
@@ -35,7 +36,7 @@ def seed(request) -> int:
     return request.param
 
 def contrib_fp16(rng, **kw) -> onnx.ModelProto:
-    model, report = run_passes(bert(rng, layers=LAYERS, **kw), default_passes("fp16"))
+    model, report = run_passes(bert(rng, layers=LAYERS, **kw), fusion_plan("fp16"))
     assert report.table.fully_fused
     return model
 
@@ -98,7 +99,7 @@ def test_every_layer_converted(rng, seed, gelu_form, approximate):
 
 def test_converted_model_matches_the_fp32_source(rng, seed):
     source = bert(rng, layers=LAYERS)
-    out, _ = kernels(run_passes(source, default_passes("fp16"))[0])
+    out, _ = kernels(run_passes(source, fusion_plan("fp16"))[0])
     feeds = bert_feeds(rng)
     assert_fp16_same(run(source, feeds), evaluate(out, feeds), seed)
 
@@ -191,7 +192,7 @@ def test_dense_output_read_elsewhere_is_a_miss(rng, seed):
 
 
 def test_fp32_model_is_all_misses(rng):
-    fp32, _ = run_passes(bert(rng, layers=LAYERS), default_passes("fp32"))
+    fp32, _ = run_passes(bert(rng, layers=LAYERS), fusion_plan("fp32"))
     out, report = kernels(fp32)
     misses = kernel_misses(report)
     assert len(misses) == 4 * LAYERS and all("fp16 only" in r for r in misses), misses
@@ -261,7 +262,7 @@ def test_emit_strict_refuses_a_partial_conversion_else_checks_it(rng):
     from bertfuse.errors import FusionIncomplete
     from bertfuse.pipeline.lowering import emit
     from bertfuse.passes.manager import PipelineReport
-    from bertfuse.pipeline.stages import RunReport
+    from bertfuse.pipeline.report import RunReport
 
     model = _edit_attention(contrib_fp16(rng), 0, lambda m, n: [
         a.CopyFrom(helper.make_attribute("mask_filter_value", -5000.0))

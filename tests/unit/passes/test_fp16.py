@@ -8,14 +8,15 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto
 
-from bertfuse.passes.manager import default_passes, run_passes
+from bertfuse.passes.manager import run_passes
+from bertfuse.passes.plans import fusion_plan
 from support.builders.onnx_graphs import MS, G, attention, attention_weights, bert, census, mask_rows
 from support.passes_common import B, H, N, S, attr, bert_feeds, run, vec
 
 
 def test_fp16_int32_inputs_fp32_outputs_one_cast_each(rng, seed):
     model = bert(rng)
-    fused, _ = run_passes(model, default_passes("fp16"))
+    fused, _ = run_passes(model, fusion_plan("fp16"))
     for i in fused.graph.input:
         assert i.type.tensor_type.elem_type == TensorProto.INT32, i.name
     outs = {o.name for o in fused.graph.output}
@@ -57,7 +58,7 @@ def test_fp16_unfused_google_mask_loads(rng, seed):
     g.output("ctx")
     g.output("probs")
     model = g.model()
-    fused, _ = run_passes(model, default_passes("fp16"))
+    fused, _ = run_passes(model, fusion_plan("fp16"))
     feeds = {"input_ids": rng.integers(0, 40, (B, S)).astype(np.int32),
              "input_mask": mask_rows(B, S, rng)}
     want, got = run(model, feeds), run(fused, feeds)
@@ -72,7 +73,7 @@ def test_fp16_clamped_constant_is_reported(rng, seed):
     g.op("Max", g.op("Add", x, g.const(big)), g.const(vec(rng, H)), out="y")
     g.output("y")
     model = g.model()
-    fused, report = run_passes(model, default_passes("fp16"))
+    fused, report = run_passes(model, fusion_plan("fp16"))
     reasons = [d.reason for d in report.diagnostics if d.component == "fp16" and not d.fused]
     assert len(reasons) == 1 and "clamped" in reasons[0], reasons
     assert len([d for d in report.diagnostics if d.component == "fp16" and d.fused]) == 1

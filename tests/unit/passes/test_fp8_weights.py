@@ -1,4 +1,4 @@
-"""Fp8Weights (passes/fp8_weights.py) and the calibration (kernels_fp8.py) on tiny fp16
+"""Fp8Weights (passes/fp8_weights.py) and the calibration (fp8.py) on tiny fp16
 encoders in the bertfuse form; the FP8 model runs through the NumPy references."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from bertfuse.ops.evaluator import evaluate
 from bertfuse.pipeline.fp8 import calibrate, dense_inputs, to_fp8
 from bertfuse.passes.bertfuse_kernels import BertfuseKernels
 from bertfuse.passes.fp8_weights import Fp8Weights
-from bertfuse.passes.manager import default_passes, run_passes
+from bertfuse.passes.manager import run_passes
+from bertfuse.passes.plans import fusion_plan
 from support.builders.onnx_graphs import bert, census
 from support.passes_common import attr, bert_feeds, fuse, run
 
@@ -20,7 +21,7 @@ BF = "ai.bertfuse"
 
 def forms(rng, **kw):
     source = bert(rng, layers=2, **kw)
-    contrib, _ = run_passes(source, default_passes("fp16"))
+    contrib, _ = run_passes(source, fusion_plan("fp16"))
     kmodel, _ = fuse(contrib, BertfuseKernels())
     return source, contrib, kmodel
 

@@ -76,3 +76,38 @@ def test_a_layer_whose_activation_is_not_gelu_is_reported_there(rng, seed):
     lines = report.table.unfused()
     assert len(lines) == 1 and lines[0].startswith("layer 1: GELU not fused (gelu: "), lines
     assert_same(model, fused, bert_feeds(rng), seed)
+
+
+def test_plans_name_every_form():
+    from bertfuse.passes.plans import fp8_plan, fusion_plan, lowering_plan, packing_plan
+
+    fp32 = [p.name for p in fusion_plan("fp32")]
+    assert fp32[:3] == ["cleanup", "einsum_matmul", "gemm_to_matmul"]
+    assert fp32.index("layernorm") < fp32.index("attention") < fp32.index("skip_layernorm") < \
+        fp32.index("hidden_3d") < fp32.index("dense_gemm")
+    assert [p.name for p in fusion_plan("fp16")] == fp32 + ["fp16", "cleanup", "shared_weights"]
+    assert [p.name for p in lowering_plan()] == ["bertfuse_kernels", "cleanup"]
+    assert [p.name for p in fp8_plan({"x": 1.0})] == ["fp8_weights", "cleanup"]
+    assert fp8_plan({"x": 1.0})[0].x_amax == {"x": 1.0}
+    assert [p.name for p in packing_plan(on_kernels=True)] == ["packing_kernels", "cleanup"]
+    assert [p.name for p in packing_plan(on_kernels=False)] == ["packing", "cleanup"]
+    a, b = fusion_plan("fp32"), fusion_plan("fp32")
+    assert not {id(p) for p in a} & {id(p) for p in b}  # fresh passes: they keep run state
+
+
+def test_a_later_plans_report_joins_the_first(rng):
+    from bertfuse.passes.manager import run_passes
+    from bertfuse.passes.plans import fusion_plan, lowering_plan
+
+    contrib, report = run_passes(bert(rng, layers=2), fusion_plan("fp16"))
+    before = (len(report.records), len(report.diagnostics), report.census_before)
+    kmodel, more = run_passes(contrib, lowering_plan())
+    report.join(more, kmodel)
+    assert [r.name for r in report.records[before[0]:]] == ["bertfuse_kernels", "cleanup"]
+    assert report.diagnostics[before[1]:] == more.diagnostics
+    assert any(d.component == "kernels_attention" and d.fused for d in report.diagnostics)
+    assert report.census_before is before[2]  # still the first input's
+    assert report.census_after == more.census_after and \
+        report.census_after["ai.bertfuse.BertAttention"] == 2
+    # the encoder table now describes the lowered model, from every diagnostic
+    assert len(report.table.layers) == 2 and report.table.embed_layernorm

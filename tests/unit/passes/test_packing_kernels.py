@@ -1,9 +1,9 @@
 """The device-packed form on bertfuse kernels (passes/packing_kernels.py) and the NumPy references
-of its ops (custom_ops/packed_ops.py): PackTokens, PackedBertAttention, UnpackTokens.
+of its ops (ops/bertfuse/packed_ops.py): PackTokens, PackedBertAttention, UnpackTokens.
 
 No GPU here: the packed model runs in onnx's ReferenceEvaluator with every custom node's
 reference, against the padded bertfuse-kernels model it came from. The CUDA kernels are
-checked against the same references on the GPU (benchmarks/kernels_packed.py).
+checked against the same references on the GPU (benchmarks/kernels/kernels_packed.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from bertfuse.ops.bertfuse import bert_attention
 from bertfuse.ops.bertfuse import packed_ops
 from bertfuse.ops.evaluator import evaluate
 from bertfuse.ops.packing_layout import choose_shape, pack_into, packed_shapes
-from bertfuse.passes.manager import default_passes, run_passes
+from bertfuse.passes.manager import run_passes
+from bertfuse.passes.plans import fusion_plan
 from bertfuse.passes.packing_kernels import PackingKernelsPass
 from support.builders.onnx_graphs import bert
 from support.passes_common import B, S, bert_feeds, fuse
@@ -181,7 +182,7 @@ def test_pass_misses_a_contrib_model_and_an_unfused_layer(rng):
     assert [(d.fused, d.reason) for d in report.diagnostics] == \
         [(False, "needs BertAttention nodes (run the bertfuse_kernels pass first)")]
     assert [n.op_type for n in model.graph.node] == [n.op_type for n in contrib.graph.node]
-    partly, _ = run_passes(bert(rng, layers=2, broken_layer=1), default_passes("fp16"))
+    partly, _ = run_passes(bert(rng, layers=2, broken_layer=1), fusion_plan("fp16"))
     mixed, _ = kernels(partly)
     assert "BertAttention" in {n.op_type for n in mixed.graph.node}
     _, report = fuse(mixed, PackingKernelsPass())

@@ -15,7 +15,8 @@ from onnx import numpy_helper
 ort = pytest.importorskip("onnxruntime")
 
 from bertfuse import cli  # noqa: E402
-from bertfuse.passes.manager import default_passes, run_passes  # noqa: E402
+from bertfuse.passes.manager import run_passes
+from bertfuse.passes.plans import fusion_plan  # noqa: E402
 from bertfuse.runtime.weights import (DIGEST_KEY, META_KEY, MIN_ELEMENTS, fill_weights,  # noqa: E402
                                       is_stripped, strip_weights)
 from support.runtime_common import (_valid, make_request, max_diff, new_session,  # noqa: E402
@@ -174,7 +175,7 @@ def test_fill_raw_skeleton_then_passes_matches_raw(models):
     strip_weights(raw)
     skeleton = onnx.load_from_string(raw.SerializeToString())  # as if read from disk
     fill_weights(skeleton, 11)
-    fused, report = run_passes(copy.deepcopy(skeleton), default_passes("fp32"))
+    fused, report = run_passes(copy.deepcopy(skeleton), fusion_plan("fp32"))
     ops = {n.op_type for n in fused.graph.node}
     assert {"Attention", "EmbedLayerNormalization", "SkipLayerNormalization"} <= ops, ops
     raw_sess, fused_sess = plain_session(skeleton), plain_session(fused)

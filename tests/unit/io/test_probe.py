@@ -6,7 +6,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 import pytest
 
-from bertfuse.passes.probe import PROBE_BATCH, PROBE_SEQ, probe_feeds, probe_mask
+from bertfuse.io.inputs import PROBE_BATCH, PROBE_SEQ, probe_feeds, probe_mask
 from support.builders.onnx_graphs import G
 
 

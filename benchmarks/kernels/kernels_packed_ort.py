@@ -3,7 +3,7 @@ random weights (tests/support/builders) fused to fp16, rewritten to bertfuse ops
 to the device-packed form (passes/packing_kernels.py: PackTokens, PackedBertAttention,
 UnpackTokens); both run through libbertfuse_ops.so.
 
-    python3 benchmarks/kernels_packed_ort.py --lib build/libbertfuse_ops.so
+    python3 benchmarks/kernels/kernels_packed_ort.py --lib build/libbertfuse_ops.so
 
 Checks: packed vs padded on the same requests (sequence_output at kept positions and pooled rows
 whose token 0 is kept: fp16 max <= 4e-2, mean <= 2e-3; zeros at padded positions), for the uniform
@@ -31,22 +31,23 @@ from kernels_attention_ort import session
 
 from bertfuse.io.safety import handle_signals, write_text
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def build_models(args, rng):
     """(padded bertfuse-kernels model, device-packed model)."""
     sys.path.insert(0, str(ROOT / "tests"))
-    from builders.onnx_graphs import bert
+    from support.builders.onnx_graphs import bert
 
     from bertfuse.passes.bertfuse_kernels import BertfuseKernels
     from bertfuse.passes.cleanup import Cleanup
-    from bertfuse.passes.manager import default_passes, run_passes
+    from bertfuse.passes.manager import run_passes
+from bertfuse.passes.plans import fusion_plan
     from bertfuse.passes.packing_kernels import PackingKernelsPass
 
     raw = bert(rng, layers=args.layers, hidden=args.hidden, heads=args.hidden // 64, inter=4 * args.hidden,
                vocab=200, positions=args.seq)
-    contrib, report = run_passes(raw, default_passes("fp16"))
+    contrib, report = run_passes(raw, fusion_plan("fp16"))
     if not report.table.fully_fused:
         raise RuntimeError("the random BERT did not fuse fully")
     padded, _ = run_passes(contrib, [BertfuseKernels(), Cleanup()])
@@ -59,7 +60,7 @@ def build_models(args, rng):
 
 def requests(rng, b: int, s: int) -> list[tuple[str, np.ndarray]]:
     sys.path.insert(0, str(ROOT / "tests"))
-    from builders.onnx_graphs import mask_rows
+    from support.builders.onnx_graphs import mask_rows
 
     def right(lens):
         m = np.zeros((b, s), np.int32)

@@ -1,0 +1,66 @@
+"""Every pass plan: which passes run, in which order, for each form bertfuse writes.
+
+    fusion_plan(precision)    the TF export -> the ORT-contrib encoder (convert, optimize, bench)
+    lowering_plan()           the contrib encoder -> ai.bertfuse ops (`--kernels bertfuse`)
+    fp8_plan(x_amax)          the bertfuse dense ops -> FP8 weights (`--fp8`)
+    packing_plan(on_kernels)  the padded model -> the packed form (`--packed`)
+
+Callers run a plan with manager.run_passes; a later plan's report joins the first one's
+(PipelineReport.join). Each plan is a fresh list of fresh passes: passes keep per-run state.
+"""
+
+from __future__ import annotations
+
+from bertfuse.passes.base import Pass
+from bertfuse.passes.cleanup import Cleanup
+
+
+def fusion_plan(precision: str) -> list[Pass]:
+    """The fusions, in the order they must run (later fusions match on earlier ones' output);
+    fp16 converts the fused graph last."""
+    from bertfuse.passes.attention import AttentionFusion
+    from bertfuse.passes.dense_gemm import DenseGemmFusion, GemmToMatMul
+    from bertfuse.passes.einsum_matmul import EinsumToMatMul
+    from bertfuse.passes.embed_layernorm import EmbedLayerNormFusion
+    from bertfuse.passes.gelu import GeluFusion
+    from bertfuse.passes.hidden_3d import Hidden3DPass
+    from bertfuse.passes.layernorm import LayerNormFusion
+    from bertfuse.passes.shape_from_inputs import ShapeFromInputs
+    from bertfuse.passes.shared_weights import SharedWeights
+    from bertfuse.passes.skip_layernorm import SkipLayerNormFusion
+
+    passes: list[Pass] = [Cleanup(), EinsumToMatMul(), GemmToMatMul(), LayerNormFusion(),
+                          EmbedLayerNormFusion(), GeluFusion(), AttentionFusion(),
+                          SkipLayerNormFusion(), Cleanup(), ShapeFromInputs(), Cleanup(),
+                          Hidden3DPass(), DenseGemmFusion(), Cleanup(), SharedWeights()]
+    if precision == "fp16":
+        from bertfuse.passes.fp16 import Fp16Pass
+
+        passes += [Fp16Pass(), Cleanup(), SharedWeights()]
+    return passes
+
+
+def lowering_plan() -> list[Pass]:
+    """The fused fp16 contrib encoder rewritten into ai.bertfuse ops."""
+    from bertfuse.passes.bertfuse_kernels import BertfuseKernels
+
+    return [BertfuseKernels(), Cleanup()]
+
+
+def fp8_plan(x_amax: dict[str, float]) -> list[Pass]:
+    """The bertfuse dense ops' weights in FP8; x_amax: max |X| per dense input (calibrated)."""
+    from bertfuse.passes.fp8_weights import Fp8Weights
+
+    return [Fp8Weights(x_amax), Cleanup()]
+
+
+def packing_plan(on_kernels: bool) -> list[Pass]:
+    """The packed form: packed on the device for a model on bertfuse kernels (BertAttention),
+    else the contrib form's PackedAttention, packed by the runtime."""
+    if on_kernels:
+        from bertfuse.passes.packing_kernels import PackingKernelsPass
+
+        return [PackingKernelsPass(), Cleanup()]
+    from bertfuse.passes.packing import PackingPass
+
+    return [PackingPass(), Cleanup()]
