@@ -1,1 +1,9 @@
-"""TODO"""
+"""Files and processes around a model: what every room may use, importing no other room
+except kernels/ (to register the op library on an ONNX Runtime session).
+
+    model    load / check / write ONNX models (validated, atomic, external data past 2 GB)
+    ort      the one ONNX Runtime session maker (providers, options, op library, log level)
+    safety   output-path checks, temp files that go on every exit, SIGTERM/SIGHUP handling
+    quiet    TensorFlow's and ONNX Runtime's native log lines kept off the terminal
+    inputs   every random or probe input bertfuse makes (NumPy only)
+"""

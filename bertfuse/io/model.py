@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 import os
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import onnx
 
@@ -55,20 +57,10 @@ def check_input_model(model: onnx.ModelProto, path: str | Path) -> None:
                             f"{str(exc).splitlines()[0][:300]}") from None
 
 
-def check_model(model: onnx.ModelProto, providers: list[str] | None = None,
-                load: bool = True) -> None:
-    """onnx's checker, then an ORT session: a model that fails either is never written.
-    load=False skips the session (packed models: their kernels exist on CUDA only)."""
-    import onnxruntime as ort
-
-    with temp_dir(prefix="bertfuse-check-") as tmp:
-        path = tmp / "model.onnx"
-        if _save(model, path):
-            # Saving with external data moved the weights out of `model`: take them back
-            # before the temporary directory goes.
-            from onnx.external_data_helper import load_external_data_for_model
-
-            load_external_data_for_model(model, str(tmp))
+def check_model(model: onnx.ModelProto, device: str = "cpu", load: bool = True) -> None:
+    """onnx's checker, then an ORT session on `device`: a model that fails either is never
+    written. load=False skips the session (packed models: their kernels exist on CUDA only)."""
+    with scratch_file(model, prefix="bertfuse-check-") as path:
         pause_point("check-tmp")
         try:
             onnx.checker.check_model(str(path))
@@ -77,16 +69,33 @@ def check_model(model: onnx.ModelProto, providers: list[str] | None = None,
                                 f"{str(exc).splitlines()[0][:300]}") from None
         if not load:
             return
-        from bertfuse.kernels.library import device_of, prepare
+        from bertfuse.io.ort import make_session
+        from bertfuse.kernels.library import uses_library
 
-        opts = ort.SessionOptions()
-        opts.log_severity_level = 3
-        prepare(opts, model, device_of(providers))  # ai.bertfuse ops: CUDA + the op library
+        # Asked of the proto in memory, not by scanning the file just written.
+        kernels = uses_library(model)
         try:
-            ort.InferenceSession(str(path), opts, providers=providers or ["CPUExecutionProvider"])
+            make_session(path, device=device, register_kernels=kernels)
+        except BertfuseError:  # the op library's own error (KernelLibraryError), as it is
+            raise
         except Exception as exc:
             raise BertfuseError(f"ONNX Runtime cannot load the model: "
                                 f"{str(exc).splitlines()[0][:300]}") from None
+
+
+@contextmanager
+def scratch_file(model: onnx.ModelProto, prefix: str = "bertfuse-") -> Iterator[Path]:
+    """`model` saved in a temporary directory for the block (ONNX Runtime opens a model past
+    protobuf's 2 GB limit from a file only), removed after it on every exit path."""
+    with temp_dir(prefix=prefix) as tmp:
+        path = tmp / "model.onnx"
+        if _save(model, path):
+            # Saving with external data moved the weights out of `model`: take them back
+            # now (the data file stays for the block).
+            from onnx.external_data_helper import load_external_data_for_model
+
+            load_external_data_for_model(model, str(tmp))
+        yield path
 
 
 def _save(model: onnx.ModelProto, path: Path) -> bool:

@@ -249,7 +249,7 @@ def check_output(path: str, inputs: Iterable[str | None] = (), source_dirs: Iter
                                     f"directory {d}; refusing to overwrite it")
 
 
-def convert_inputs(source: str, config: str | None, kind: str = "auto"
+def convert_inputs(source: str, config: str | None, kind: str
                    ) -> tuple[list[str], list[str]]:
     """(files, directories) that `convert SOURCE` reads: its output may be none of them, nor
     inside one of the directories."""

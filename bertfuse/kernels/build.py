@@ -16,7 +16,7 @@ import subprocess
 from pathlib import Path
 from typing import Callable
 
-from bertfuse.kernels.library import (LIB_NAME, KernelLibraryError, cache_key, cache_root,
+from bertfuse.kernels.library import (LIB_NAME, KernelLibraryError, cache_key,
                                          detect_sm, library_info, library_path)
 from bertfuse.io.safety import replace_file, temp_dir, temp_file, write_text
 

@@ -21,30 +21,14 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from bertfuse.ops.bertfuse import bert_attention
-from bertfuse.ops.bertfuse import dense
-from bertfuse.kernels.library import DOMAIN, KernelLibraryError, register
+from bertfuse.io.ort import make_session
+from bertfuse.kernels.cases import Case, Feeds, normal16
+from bertfuse.kernels.check_packed import packed_cases
+from bertfuse.kernels.library import DOMAIN, KernelLibraryError
+from bertfuse.ops.bertfuse import bert_attention, dense
 
 MAX_ABS, MEAN_ABS = 4e-2, 2e-3
 E4M3_MAX = 448.0
-
-Feeds = dict[str, np.ndarray]
-
-
-@dataclass
-class Case:
-    op: str
-    label: str
-    model: onnx.ModelProto
-    feeds: Feeds
-    reference: Callable[[Feeds], list[np.ndarray]]  # the expected outputs for given feeds
-    feeds2: Feeds | None = None  # the replay's new inputs (default: every feed rolled by one row)
-    exact: Callable[[Feeds], np.ndarray] | None = None  # FP8: unquantized reference, reported only
-
-    def replay_feeds(self) -> Feeds:
-        if self.feeds2 is not None:
-            return self.feeds2
-        return {k: np.ascontiguousarray(np.roll(v, 1, axis=0)) for k, v in self.feeds.items()}
 
 
 @dataclass
@@ -64,10 +48,6 @@ class CaseResult:
 
 
 # ------------------------------------------------------------------------------ cases
-
-
-def normal16(rng: np.random.Generator, shape, std: float = 1.0, mean: float = 0.0) -> np.ndarray:
-    return (rng.standard_normal(shape) * std + mean).astype(np.float16)
 
 
 def _dense_inputs(rng, lead: tuple[int, ...], k: int, n: int, skip: bool) -> Feeds:
@@ -187,8 +167,6 @@ def fp8_cases(rng: np.random.Generator) -> list[Case]:
 
 
 def all_cases(seed: int = 0, ops: list[str] | None = None, fp8: bool = True) -> list[Case]:
-    from bertfuse.kernels.check_packed import packed_cases
-
     rng = np.random.default_rng(seed)
     cases = dense_cases(rng) + attention_cases(rng) + (fp8_cases(rng) if fp8 else []) + packed_cases(rng)
     if ops:
@@ -203,12 +181,9 @@ def all_cases(seed: int = 0, ops: list[str] | None = None, fp8: bool = True) -> 
 # ------------------------------------------------------------------------------ running
 
 
-def _session(ort: Any, lib: Path, model: onnx.ModelProto, cuda_graph: bool):
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    register(so, lib)
-    opts = {"enable_cuda_graph": "1"} if cuda_graph else {}
-    return ort.InferenceSession(model.SerializeToString(), so, providers=[("CUDAExecutionProvider", opts)])
+def _session(lib: Path, model: onnx.ModelProto, cuda_graph: bool):
+    return make_session(model, device="cuda", register_kernels=True, kernels_library=lib,
+                        cuda_options={"enable_cuda_graph": "1"} if cuda_graph else {})
 
 
 def _run_graph(ort: Any, sess: Any, case: Case, want: list[np.ndarray], device: str = "cuda"
@@ -263,7 +238,7 @@ def run_case(ort: Any, lib: Path, case: Case, cuda_graph: bool = True) -> CaseRe
     res = CaseResult(case.op, case.label, ok=False)
     try:
         want = case.reference(case.feeds)
-        got = _session(ort, lib, case.model, False).run(None, case.feeds)
+        got = _session(lib, case.model, False).run(None, case.feeds)
         if [g.shape for g in got] != [w.shape for w in want]:
             res.error = f"output shapes {[list(g.shape) for g in got]}, expected {[list(w.shape) for w in want]}"
             return res
@@ -271,7 +246,7 @@ def run_case(ort: Any, lib: Path, case: Case, cuda_graph: bool = True) -> CaseRe
         if case.exact is not None:
             res.fp8_vs_exact_max, res.fp8_vs_exact_mean = _diff(got[0], case.exact(case.feeds))
         if cuda_graph:
-            first, replay = _run_graph(ort, _session(ort, lib, case.model, True), case, want)
+            first, replay = _run_graph(ort, _session(lib, case.model, True), case, want)
             g1, _, ok1 = gate(first, want)
             g2, _, ok2 = gate(replay, case.reference(case.replay_feeds()))
             res.graph_max_abs = max(g1, g2) if np.isfinite(g1) and np.isfinite(g2) else float("nan")

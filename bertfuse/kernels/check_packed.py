@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from bertfuse.kernels.cases import Case, Feeds, normal16
 from bertfuse.ops.bertfuse import bert_attention
-from bertfuse.kernels.check import Case, Feeds, normal16
 from bertfuse.ops.contract import BERTFUSE_DOMAIN, one_node_model
 
 

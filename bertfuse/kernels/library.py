@@ -242,21 +242,17 @@ def _file_mentions(path: str | os.PathLike, needle: bytes, chunk: int = 1 << 24)
     return False
 
 
-def prepare(session_options: Any, model: Any, device: str) -> bool:
-    """Registers the library on `session_options` when `model` has ai.bertfuse ops.
+def prepare(session_options: Any, model: Any, device: str, uses: bool | None = None,
+            path: str | Path | None = None) -> bool:
+    """Registers the library (`path`, default the cached build) on `session_options` when
+    `model` has ai.bertfuse ops (`uses`: the caller already knows whether it has).
 
     Returns whether it did. On a CPU device such a model cannot run: KernelLibraryError."""
-    if not uses_library(model):
+    if not (uses_library(model) if uses is None else uses):
         return False
     if device != "cuda":
         raise KernelLibraryError(
             f"this model uses bertfuse's own CUDA ops (domain {DOMAIN}), which run only on a CUDA GPU: "
             "open it with device='cuda', or convert it with --kernels ort for CPU")
-    register(session_options)
+    register(session_options, path)
     return True
-
-
-def device_of(providers: Any) -> str:
-    """'cuda' when an ORT providers list (names or (name, options) pairs) has the CUDA EP."""
-    names = [p if isinstance(p, str) else p[0] for p in (providers or [])]
-    return "cuda" if "CUDAExecutionProvider" in names else "cpu"

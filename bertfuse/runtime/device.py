@@ -14,6 +14,7 @@ from typing import Any, Iterator, Mapping
 import numpy as np
 
 from bertfuse.errors import BertfuseError
+from bertfuse.io.ort import make_session
 from bertfuse.runtime.pinned import copy_to_device_async, copy_to_host, pinned_empty
 
 
@@ -99,10 +100,10 @@ def claim_thread(session: Any) -> None:
                           "SessionPool")
 
 
-def cuda_providers(ort: Any, cuda_graph: bool, stream: int | None,
-                   provider_options: Mapping[str, str] | None) -> list:
-    """The CUDA EP as bertfuse runs it: CUDA graphs on or off, and on our own stream when
-    there is one (the request's copy is queued on it ahead of the replay)."""
+def cuda_options(ort: Any, cuda_graph: bool, stream: int | None,
+                 provider_options: Mapping[str, str] | None) -> dict[str, str]:
+    """The CUDA EP's options as bertfuse runs it: CUDA graphs on or off, and on our own
+    stream when there is one (the request's copy is queued on it ahead of the replay)."""
     if hasattr(ort, "preload_dlls"):
         ort.preload_dlls()
     if "CUDAExecutionProvider" not in ort.get_available_providers():
@@ -111,7 +112,7 @@ def cuda_providers(ort: Any, cuda_graph: bool, stream: int | None,
     opts = {"enable_cuda_graph": "1" if cuda_graph else "0"}
     if stream is not None:
         opts["user_compute_stream"] = str(stream)
-    return [("CUDAExecutionProvider", {**opts, **(provider_options or {})})]
+    return {**opts, **(provider_options or {})}
 
 
 def run_options(ort: Any, cuda_graph: bool, graph_id: int):
@@ -132,36 +133,39 @@ class SessionMaker:
     def __init__(self, ort: Any, device: str, cuda_graph: bool, stream: int | None,
                  provider_options: Mapping[str, str] | None) -> None:
         self.ort = ort
-        self.opts = ort.SessionOptions()
-        self.opts.log_severity_level = 3
         self.cuda_graph = cuda_graph and device == "cuda"
-        self.providers: list = cuda_providers(ort, self.cuda_graph, stream, provider_options) \
-            if device == "cuda" else ["CPUExecutionProvider"]
+        self.cuda_options = cuda_options(ort, self.cuda_graph, stream, provider_options) \
+            if device == "cuda" else None
         self.fallback_reason = ""
         self.device = device
-        self.kernels = False  # bertfuse's op library registered on self.opts
+        self.kernels = False  # a model opened so far has ai.bertfuse ops: the op library
 
     def open(self, model: bytes | str):
         """An InferenceSession of `model` (serialized bytes or a path)."""
-        if not self.kernels:  # ai.bertfuse ops: the library (CUDA only), else a clear error
-            from bertfuse.kernels.library import prepare
+        if not self.kernels:  # asked once per maker, not again for every bucket's session
+            from bertfuse.kernels.library import uses_library
 
-            self.kernels = prepare(self.opts, model, self.device)
+            self.kernels = uses_library(model)
         with GATE.capturing():  # ORT allocates weights on the device: not during a capture
             try:
-                return self.ort.InferenceSession(model, self.opts, providers=self.providers)
+                return self._session(model)
+            except BertfuseError:  # the op library's (CUDA only, not built): no graph retry
+                raise
             except Exception as exc:
                 if not self.cuda_graph:
                     raise
                 self.graph_off(exc)
-                return self.ort.InferenceSession(model, self.opts, providers=self.providers)
+                return self._session(model)
+
+    def _session(self, model: bytes | str) -> Any:
+        return make_session(model, device=self.device, cuda_options=self.cuda_options,
+                            register_kernels=self.kernels)
 
     def graph_off(self, exc: BaseException) -> None:
         """Capture impossible: plain IO binding from here on."""
         self.cuda_graph = False
         self.fallback_reason = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
-        name, opts = self.providers[0]
-        self.providers = [(name, {**opts, "enable_cuda_graph": "0"})]
+        self.cuda_options = {**(self.cuda_options or {}), "enable_cuda_graph": "0"}
 
     def run_options(self, graph_id: int):
         return run_options(self.ort, self.cuda_graph, graph_id)

@@ -20,7 +20,7 @@ _LIBS = ("libcudart.so.13", "libcudart.so.12", "libcudart.so")
 _cudart: ctypes.CDLL | None = None
 # cudaMemcpyAsync only queues the copy (a few us): called through PyDLL it keeps the GIL.
 # Through CDLL every call drops and retakes it, and with several threads serving, retaking
-# it means waiting for another thread's Python work (measured: docs/benchmarks.md §4).
+# it means waiting for another thread's Python work (measured: docs/benchmarks/packed.md).
 _queue_copy: Callable[..., int] | None = None
 
 

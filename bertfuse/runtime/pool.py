@@ -26,7 +26,7 @@ from concurrent.futures import Future
 from typing import Any, Callable
 
 from bertfuse.errors import BertfuseError
-from bertfuse.runtime.device import GATE, CaptureGate  # noqa: F401  (the gate's old home)
+from bertfuse.runtime.device import GATE
 from bertfuse.runtime.requests import check_int
 
 

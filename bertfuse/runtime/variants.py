@@ -54,7 +54,7 @@ class VariantPolicy:
     """Which session (mask variant) serves a request. Rows that are right-padded (or full)
     can use a narrower mask form with faster attention kernels, each provably equal to the
     raw mask for them: 'keylen' ([B]: cuDNN flash attention), 'keyseq' ([3B+2]: cutlass
-    memory-efficient attention). Measured on the H200 (docs/benchmarks.md §3): keyseq is
+    memory-efficient attention). Measured on the H200 (docs/benchmarks/gpu.md): keyseq is
     fastest below seq 128 (243 -> 229 us GPU at 3 layers b20 s64), cuDNN's keylen from 128
     on, so 'auto' splits there. min_seq keeps the raw mask below a bucket length. [3B+2]
     selects cutlass attention in fp16 only; fp32 would take the unfused path."""

@@ -27,6 +27,7 @@ import numpy as np
 
 from bertfuse.errors import BertfuseError
 from bertfuse.io.safety import pause_point
+from bertfuse.ray_cluster import ray_for
 from bertfuse.score.actor import CRASH_ENV, Scorer, read_parts
 from bertfuse.score.output import PART, OutputDir
 from bertfuse.score.spec import ScoreJob
@@ -34,7 +35,7 @@ from bertfuse.score.stages import Stages
 
 # A Ray Data batch is this many session batches: fewer, larger calls. On two H200s (shenma-3l
 # fp16, 1M rows) 4,096-row calls kept each GPU's session 98% busy: 2 actors 1.98x one, where
-# 2,048-row calls gave 1.77x (docs/benchmarks.md section 10).
+# 2,048-row calls gave 1.77x (docs/benchmarks/scoring.md).
 ROWS_PER_TASK = 128
 # Calls at once per actor (actor.Scorer): Ray Data fetches and batches the next block and
 # stores the last one's output, and the Scorer prepares and converts rows, while the session
@@ -157,49 +158,10 @@ def _ray(address: str | None, progress: bool) -> Iterator[Any]:
     ctx = DataContext.get_current()
     shown, ctx.enable_progress_bars = ctx.enable_progress_bars, progress
     try:
-        if ray.is_initialized():
+        with ray_for(address, logging_level=logging.WARNING):
             yield ray
-        else:
-            with _own_ray(ray, address) as started:
-                yield started
     finally:
         ctx.enable_progress_bars = shown
-
-
-@contextmanager
-def _own_ray(ray: Any, address: str | None) -> Iterator[Any]:
-    kwargs: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": False}
-    if address is None:  # "local": never an unrelated cluster found on this machine
-        kwargs.update(address="local", include_dashboard=False)
-    else:
-        kwargs["address"] = address
-    handlers = _signal_handlers()
-    try:
-        ray.init(**kwargs)
-    except (ConnectionError, ValueError, RuntimeError) as exc:
-        why = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
-        raise BertfuseError(f"cannot start or join Ray at {address or 'local'}: {why}") from None
-    finally:  # ray.init makes SIGTERM a bare sys.exit: the CLI's handler unwinds (safety.py)
-        _signal_handlers(handlers)
-    try:
-        yield ray
-    finally:
-        ray.shutdown()
-
-
-def _signal_handlers(restore: dict | None = None) -> dict:
-    """The SIGTERM/SIGHUP handlers (main thread only), or those in `restore` put back."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        return {}
-    if restore is not None:
-        for signo, handler in restore.items():
-            signal.signal(signo, handler)
-        return restore
-    return {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)
-            if signal.getsignal(s) is not None}
 
 
 def _placement(job: ScoreJob, ray: Any) -> tuple[str, int]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from bertfuse.checks import check_int, check_path
 from bertfuse.errors import BertfuseError
 from bertfuse.score.rows import InputSpec
 
@@ -71,20 +72,8 @@ class ScoreJob:
                           for p in self.parts]}
 
 
-def _path(name: str, value: Any, required: bool = True) -> str | None:
-    if value is None and not required:
-        return None
-    if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
-        raise BertfuseError(f"{name} must be a path, not {value!r}")
-    return os.fspath(value)
-
-
-def _int(name: str, value: Any, low: int, allow_none: bool = False) -> int | None:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise BertfuseError(f"{name} must be an integer >= {low}, not {value!r}")
-    return value
+def _maybe_int(name: str, value: Any, low: int) -> int | None:
+    return None if value is None else check_int(name, value, low)
 
 
 def _names(name: str, value: Any) -> list[str]:
@@ -120,8 +109,9 @@ def build_job(model: Any, input: Any, output: Any, *, text_column: Any = None,
               device: Any = "auto", address: Any = None, max_retries: Any = 3,
               part_rows: Any = DEFAULT_PART_ROWS) -> ScoreJob:
     """The job for score(...)'s arguments, every one checked (see score/__init__.py)."""
-    model, input, output = _path("model", model), _path("input", input), _path("output", output)
-    vocab = _path("vocab", vocab, required=False)
+    model, input, output = (check_path(n, v) for n, v in (("model", model), ("input", input),
+                                                             ("output", output)))
+    vocab = check_path("vocab", vocab, optional=True)
     text_column, text_pair_column, ids_column, mask_column, segment_column = (
         _column(n, v) for n, v in (("text_column", text_column),
                                    ("text_pair_column", text_pair_column),
@@ -140,11 +130,11 @@ def build_job(model: Any, input: Any, output: Any, *, text_column: Any = None,
             raise BertfuseError(f"{flag} must be True or False, not {value!r}")
     if lower_case is not None and not isinstance(lower_case, bool):
         raise BertfuseError(f"lower_case must be True, False or None, not {lower_case!r}")
-    batch_size = _int("batch_size", batch_size, 1)
-    actors = _int("actors", actors, 1, allow_none=True)
-    max_retries = _int("max_retries", max_retries, 0)
-    part_rows = _int("part_rows", part_rows, 1)
-    max_seq = _int("max_seq", max_seq, 1, allow_none=True)
+    batch_size = check_int("batch_size", batch_size, 1)
+    actors = _maybe_int("actors", actors, 1)
+    max_retries = check_int("max_retries", max_retries, 0)
+    part_rows = check_int("part_rows", part_rows, 1)
+    max_seq = _maybe_int("max_seq", max_seq, 1)
     if device not in DEVICES:
         raise BertfuseError(f"device must be one of {', '.join(DEVICES)}, not {device!r}")
     if address is not None and (not isinstance(address, str) or not address):

@@ -9,19 +9,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import signal
 import socket
 import urllib.request
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 from bertfuse.errors import BertfuseError
+from bertfuse.ray_cluster import connect, disconnect, first_line, signal_handlers_kept
 from bertfuse.serve.config import ServeConfig, check_config, resolve
 from bertfuse.serve.ingress import (auto_ingress, ingress_environment, remove, replica_urls,
                                     wait_routed)
-
-_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
 
 
 @dataclass
@@ -61,7 +58,6 @@ class Served:
         if self.closed:
             return
         self.closed = True
-        import ray
         from ray import serve
 
         try:
@@ -72,7 +68,7 @@ class Served:
         finally:
             try:
                 if self.connected:
-                    ray.shutdown()
+                    disconnect()
             finally:
                 remove(self.scratch)
 
@@ -83,24 +79,6 @@ class Served:
         self.shutdown()
 
 
-@contextmanager
-def _keep_signal_handlers() -> Iterator[None]:
-    """ray.init sets its own SIGTERM handler (sys.exit) in the driver; the CLI's (bertfuse.io.safety)
-    must stay, so that SIGTERM shuts Serve down cleanly."""
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    saved = {s: signal.getsignal(s) for s in _SIGNALS}
-    try:
-        yield
-    finally:
-        for s, handler in saved.items():
-            if handler is not None:
-                signal.signal(s, handler)
-
-
 def _importable_by_workers() -> None:
     """Ray's workers must import bertfuse: a source checkout goes on their PYTHONPATH (the
     workers of a local Ray inherit this process's environment)."""
@@ -108,25 +86,6 @@ def _importable_by_workers() -> None:
     parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     if root not in parts:
         os.environ["PYTHONPATH"] = os.pathsep.join([root, *parts])
-
-
-def _join(ray: Any, address: str) -> None:
-    """ray.init on a cluster; an unreachable address is one line, not minutes of retries."""
-    if address != "auto" and "://" not in address:
-        host, _, port = address.rpartition(":")
-        if not port.isdigit():
-            raise BertfuseError(f"--address must be 'auto' or HOST:PORT, not {address!r}")
-        try:
-            socket.create_connection((host or "127.0.0.1", int(port)), timeout=10).close()
-        except OSError as exc:
-            why = exc.strerror or exc
-            raise BertfuseError(f"cannot reach a Ray cluster at {address} ({why}); start one "
-                                "with ray start --head, or leave out --address") from None
-    try:
-        ray.init(address=address, log_to_driver=False)
-    except (ConnectionError, ValueError, RuntimeError) as exc:
-        raise BertfuseError(f"cannot join the Ray cluster at {address}: "
-                            f"{_first_line(exc)}") from None
 
 
 def _port_free(host: str, port: int) -> None:
@@ -203,12 +162,8 @@ def deploy(model: Any = None, **kwargs: Any) -> Served:
                             "process already runs Ray: deploy() must start it")
     if not ray.is_initialized():
         _importable_by_workers()
-        with _keep_signal_handlers(), ingress_environment(cfg.ingress) as scratch:
-            if cfg.address is None:  # "local": never someone's cluster found on this machine
-                ray.init(address="local", include_dashboard=False, log_to_driver=False)
-                started_ray = True
-            else:
-                _join(ray, cfg.address)
+        with ingress_environment(cfg.ingress) as scratch:
+            started_ray = connect(cfg.address)
         connected = True
     try:
         device, replicas, resources = _placement(cfg)
@@ -219,7 +174,7 @@ def deploy(model: Any = None, **kwargs: Any) -> Served:
             url_host, url_port = _running_http(cfg)
         else:
             _port_free(cfg.host, cfg.port)
-            with _keep_signal_handlers():
+            with signal_handlers_kept():
                 serve.start(http_options={"host": cfg.host, "port": cfg.port},
                             logging_config=_logging(cfg))
             started_serve = True
@@ -229,12 +184,12 @@ def deploy(model: Any = None, **kwargs: Any) -> Served:
             num_replicas=replicas, ray_actor_options=resources, logging_config=_logging(cfg),
             max_ongoing_requests=max(4 * cfg.max_batch, 16)).bind(spec)
         prefix = "/" if started_serve else f"/{cfg.name}"
-        with _keep_signal_handlers():
+        with signal_handlers_kept():
             try:
                 deployed = True
                 serve.run(app, name=cfg.name, route_prefix=prefix)
             except RuntimeError as exc:  # a replica failed to build or warm up
-                raise BertfuseError(f"the deployment failed: {_first_line(exc)}") from None
+                raise BertfuseError(f"the deployment failed: {first_line(exc)}") from None
         url = f"http://{_url_host(url_host)}:{url_port}{prefix.rstrip('/')}/"
         urls = replica_urls(cfg.name, _url_host(url_host)) if cfg.ingress == "direct" else [url]
         if cfg.ingress == "haproxy":
@@ -247,7 +202,7 @@ def deploy(model: Any = None, **kwargs: Any) -> Served:
             pass
         if isinstance(exc, RayError):  # e.g. a Ray process killed for memory
             raise ServeFailed(f"Ray failed while the service was starting "
-                              f"({type(exc).__name__}: {_first_line(exc)[:300]}); nothing was "
+                              f"({type(exc).__name__}: {first_line(exc)[:300]}); nothing was "
                               "left running; Ray's logs say why") from None
         raise
     return Served(url, cfg, device, replicas, started_ray, connected, started_serve,
@@ -275,9 +230,3 @@ def _url_host(host: str) -> str:
     if host in ("0.0.0.0", "::"):
         return "127.0.0.1"
     return f"[{host}]" if ":" in host else host
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    useful = [ln for ln in lines if "Error" in ln or "error" in ln]
-    return (useful[-1] if useful else lines[0] if lines else type(exc).__name__)[:300]

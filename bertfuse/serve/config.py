@@ -11,6 +11,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
+from bertfuse.checks import check_text
 from bertfuse.runtime.requests import (ConfigError, check_canonical, check_int, load_model,
                                        model_facts)
 
@@ -87,13 +88,6 @@ def _check_number(name: str, value: Any, lo: float, hi: float | None = None) -> 
     return float(value)
 
 
-def _check_str(name: str, value: Any, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if not isinstance(value, str) or not value:
-        raise ConfigError(f"{name} must be a non-empty string, not {value!r}")
-
-
 def check_config(model: Any = None, **kwargs: Any) -> ServeConfig:
     """A ServeConfig from keywords, every field checked, the model read (its inputs, outputs
     and positions) and the vocab loaded against it."""
@@ -123,9 +117,10 @@ def check_config(model: Any = None, **kwargs: Any) -> ServeConfig:
         raise ConfigError(f"ingress {cfg.ingress!r} is switched on when Ray starts: it needs the "
                           "local Ray that bertfuse serve starts (leave out address)")
     for name in ("host", "name"):
-        _check_str(name, getattr(cfg, name))
-    _check_str("address", cfg.address, allow_none=True)
-    _check_str("vocab", cfg.vocab, allow_none=True)
+        check_text(name, getattr(cfg, name), error=ConfigError)
+    for name in ("address", "vocab"):
+        if getattr(cfg, name) is not None:
+            check_text(name, getattr(cfg, name), error=ConfigError)
     if cfg.lower_case is not None and not isinstance(cfg.lower_case, bool):
         raise ConfigError(f"lower_case must be True, False or None, not {cfg.lower_case!r}")
     buckets = cfg.batch_buckets

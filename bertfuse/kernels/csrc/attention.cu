@@ -161,7 +161,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
 }
 
 // As many warps (16-row query tiles) per CTA as the sequence fills, up to 4. Measured on the H200
-// (benchmarks/kernels_attention.py): 4 warps was fastest or within 3% in every case, also where
+// (benchmarks/kernels/kernels_attention.py): 4 warps was fastest or within 3% in every case, also where
 // it leaves SMs idle (b1 s128 h12: 24 CTAs, 4.40 us; 1 warp and 96 CTAs, 6.48 us), because each
 // CTA loads the head's whole K and V and smaller tiles repeat that load.
 int pick_warps(int /*B*/, int S, int /*num_heads*/) {

@@ -5,7 +5,7 @@
 //
 // FP8 form = the fp16 op's inputs with W replaced by Wt (float8e4m3fn [N, K], W transposed)
 // and one more input appended, w_scale (float32 [1]); attribute x_scale (required, > 0) and
-// fast_accum (int, default 1). See bertfuse/custom_ops/README.md.
+// fast_accum (int, default 1). See bertfuse/ops/README.md.
 #include <cuda_fp16.h>
 
 #include <memory>

@@ -1,4 +1,4 @@
-"""encoder_table.py: per-layer fusion status from op types, and which pass reasons explain it."""
+"""inspect/encoder_table.py: per-layer fusion status from op types, and which pass reasons explain it."""
 
 from __future__ import annotations
 

@@ -365,7 +365,7 @@ def test_bench_without_gpu(tmp_path):
     skeletons.mkdir()
     for config in ("base", "large", "shenma-3l"):  # found; never read without a GPU
         (skeletons / f"{config}_raw.skel.onnx").write_bytes(b"")
-    proc = subprocess.run([sys.executable, "-m", "bertfuse.cli", "bench", "--skeletons",
+    proc = subprocess.run([sys.executable, "-m", "bertfuse", "bench", "--skeletons",
                            str(skeletons)], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "TMPDIR": str(tmpdir)})
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
@@ -416,7 +416,7 @@ def test_signal_leaves_nothing_behind(work, case, stage, signo):
     flag = flags / "paused"
     env = {**os.environ, "TMPDIR": str(tmpdir), "BERTFUSE_TEST_PAUSE": f"{stage}:{flag}",
            "TF_CPP_MIN_LOG_LEVEL": "3"}
-    proc = subprocess.Popen([sys.executable, "-m", "bertfuse.cli",
+    proc = subprocess.Popen([sys.executable, "-m", "bertfuse",
                              *map(str, _case_argv(case, work, out))],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
@@ -493,15 +493,16 @@ def test_a_signal_waits_for_a_held_block_and_temps_go():
 @pytest.mark.parametrize("api", ["convert", "optimize"])
 def test_python_api_refuses_an_output_that_is_an_input(work, api):
     """The guarantee is the pipeline's, not only the CLI's."""
-    from bertfuse.pipeline import stages as pipeline
     from bertfuse.errors import BertfuseError
+    from bertfuse.pipeline import stages
+    from bertfuse.pipeline.options import ConvertOptions
 
     root = work["root"]
     before = _digest(root)
     with pytest.raises(BertfuseError, match="source directory|is the input"):
         if api == "convert":
-            pipeline.convert(str(work["ckpt"]), str(work["ckpt"] / "bert_config.json"),
-                             pipeline.ConvertOptions())
+            stages.convert(str(work["ckpt"]), str(work["ckpt"] / "bert_config.json"),
+                           ConvertOptions())
         else:
-            pipeline.optimize(str(work["raw"]), str(work["raw"]))
+            stages.optimize(str(work["raw"]), str(work["raw"]))
     assert _digest(root) == before

@@ -158,12 +158,6 @@ def test_uses_library_on_every_model_form(tmp_path):
     assert lib.uses_library(nested)
 
 
-def test_device_of_providers():
-    assert lib.device_of(["CPUExecutionProvider"]) == "cpu"
-    assert lib.device_of(None) == "cpu"
-    assert lib.device_of([("CUDAExecutionProvider", {"enable_cuda_graph": "1"})]) == "cuda"
-
-
 def test_prepare_refuses_cpu_and_skips_other_models():
     ort = pytest.importorskip("onnxruntime")
     with pytest.raises(lib.KernelLibraryError, match="only on a CUDA GPU.*--kernels ort"):
@@ -339,7 +333,8 @@ def test_check_binding_run_rolls_inputs_in_place():
     row-wise like every ai.bertfuse op): new inputs written into the bound buffers give the
     rolled output."""
     ort = pytest.importorskip("onnxruntime")
-    from bertfuse.kernels.check import Case, _run_graph
+    from bertfuse.kernels.cases import Case
+    from bertfuse.kernels.check import _run_graph
 
     rng = np.random.default_rng(1)
     w = rng.standard_normal((8, 5)).astype(np.float32)

@@ -560,6 +560,6 @@ def test_parts_cover_every_row_once(tmp_path):
 
 
 def test_import_bertfuse_imports_no_ray():
-    code = "import sys, bertfuse, bertfuse.score, bertfuse.cli; bertfuse.cli.build_parser(); " \
+    code = "import sys, bertfuse, bertfuse.score, bertfuse.cli.parser; bertfuse.cli.parser.build_parser(); " \
            "assert 'ray' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

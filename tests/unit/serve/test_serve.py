@@ -576,8 +576,8 @@ def test_cli_bad_input_is_one_line(tmp_path, tiny, case):
 
 
 def test_import_bertfuse_does_not_load_ray():
-    code = ("import sys, bertfuse, bertfuse.cli, bertfuse.serve, bertfuse.cli.serve; "
-            "bertfuse.cli.build_parser(); "
+    code = ("import sys, bertfuse, bertfuse.cli.parser, bertfuse.serve, bertfuse.cli.serve; "
+            "bertfuse.cli.parser.build_parser(); "
             "assert 'ray' not in sys.modules and 'onnxruntime' not in sys.modules, 'loaded'")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=ROOT, timeout=120)

@@ -1,0 +1,68 @@
+"""The one place bertfuse opens an ONNX Runtime session.
+
+    sess = make_session(model, device="cuda", cuda_options={"enable_cuda_graph": "1"})
+
+`make_session` owns what every caller used to set by hand: the provider list (the CPU EP, or
+the CUDA EP with its options), the SessionOptions (log severity, graph optimisation, config
+entries), and bertfuse's op library: a model with ai.bertfuse nodes gets libbertfuse_ops.so
+registered on CUDA, and a KernelLibraryError (kernels/library.py) on the CPU.
+
+onnxruntime is imported on the first call only: `import bertfuse` never loads it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Mapping, Union
+
+if TYPE_CHECKING:
+    import onnx
+
+Model = Union[str, os.PathLike, bytes, "onnx.ModelProto"]
+DEVICES = ("cpu", "cuda")
+
+
+def make_session(model: Model, *, device: str = "cpu",
+                 cuda_options: Mapping[str, str] | None = None, optimize: bool = True,
+                 log_severity: int = 3, register_kernels: bool | Literal["auto"] = "auto",
+                 kernels_library: str | Path | None = None,
+                 config: Mapping[str, str] | None = None,
+                 optimized_model_path: str | Path | None = None) -> Any:
+    """An onnxruntime.InferenceSession of `model` (a path, serialized bytes or a ModelProto
+    under protobuf's 2 GB; a larger one goes by io.model.scratch_file).
+
+    device: 'cpu' (CPUExecutionProvider) or 'cuda' (CUDAExecutionProvider with `cuda_options`).
+    optimize=False: ORT_DISABLE_ALL (the graph exactly as written). log_severity: ORT's
+    session log level (3 errors only, 4 fatal only: run errors come back as exceptions).
+    register_kernels: 'auto' registers bertfuse's op library when the model has ai.bertfuse
+    nodes; True always (the caller knows it does); False never (ORT then refuses such a model
+    itself). kernels_library: that library's path (default: the cached build for this GPU).
+    config: session config entries (e.g. session.disable_cpu_ep_fallback).
+    optimized_model_path: where ORT writes the graph it placed and optimised."""
+    import onnxruntime as ort
+
+    from bertfuse.kernels.library import prepare
+
+    if device not in DEVICES:
+        raise ValueError(f"device must be one of {DEVICES}, not {device!r}")
+    opts = ort.SessionOptions()
+    opts.log_severity_level = log_severity
+    if not optimize:
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    for key, value in (config or {}).items():
+        opts.add_session_config_entry(key, value)
+    if optimized_model_path is not None:
+        opts.optimized_model_filepath = str(optimized_model_path)
+    if register_kernels is not False:  # ai.bertfuse ops: CUDA + the op library, else refused
+        uses = None if register_kernels == "auto" else True
+        prepare(opts, model, device, uses=uses, path=kernels_library)
+    providers: list = [("CUDAExecutionProvider", dict(cuda_options or {}))] \
+        if device == "cuda" else ["CPUExecutionProvider"]
+    if isinstance(model, (str, os.PathLike)):
+        data: str | bytes = os.fspath(model)
+    elif isinstance(model, (bytes, bytearray)):
+        data = bytes(model)
+    else:  # a ModelProto past protobuf's 2 GB: save it first (io.model.scratch_file)
+        data = model.SerializeToString()
+    return ort.InferenceSession(data, opts, providers=providers)
