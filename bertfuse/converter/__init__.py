@@ -28,8 +28,7 @@ def detect_kind(path: str) -> str:
     raise BertfuseError(f"{path}: cannot tell the model format; pass --format")
 
 
-def load_source(path: str, kind: str = "auto", signature: str = "serving_default",
-                inputs: str | None = None, outputs: list[str] | None = None,
+def load_source(path: str, kind: str, signature: str, inputs: str | None = None, outputs: list[str] | None = None,
                 config: str | None = None):
     """Reads any supported TF BERT into a TFSource."""
     from bertfuse.converter.roles import parse_override

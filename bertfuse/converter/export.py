@@ -18,7 +18,6 @@ from onnx import TensorProto, helper, numpy_helper
 from bertfuse._version import __version__
 from bertfuse.converter.source import ROLES, TFSource
 from bertfuse.errors import BertfuseError
-from bertfuse.io.inputs import random_inputs  # noqa: F401  (its old home: callers import it here)
 
 SUPPORTED_OPSETS = (17, 18)
 # Ops tf2onnx emits when it cannot map a TF op: they load in no runtime.
@@ -33,7 +32,7 @@ def _quiet_tf2onnx() -> None:
     tf.get_logger().setLevel(logging.ERROR)
 
 
-def tf_to_onnx(src: TFSource, opset: int = 17) -> onnx.ModelProto:
+def tf_to_onnx(src: TFSource, opset: int) -> onnx.ModelProto:
     """Converts with tf2onnx and renames I/O to the canonical interface."""
     if opset not in SUPPORTED_OPSETS:
         raise BertfuseError(f"--opset {opset} is not supported by tf2onnx 1.17 "

@@ -5,7 +5,7 @@ on the parity inputs, with its own accuracy report.
    input X added as a graph output; x_scale = max|X| / 448 per X (padded positions included:
    they go through the same GEMM).
 2. rewrite: passes/fp8_weights.py (w_scale = max|W| / 448 per weight).
-3. report: the FP8 model run through the NumPy references (custom_ops/evaluator.py) against
+3. report: the FP8 model run through the NumPy references (ops/evaluator.py) against
    the fp32 reference (TensorFlow for convert, the fp32 model as given for optimize) on the
    same inputs: max and mean |diff| per output, stated, not held to the fp16 limits (NaN or
    Inf still fails).
@@ -56,15 +56,24 @@ def calibrate(contrib: onnx.ModelProto, names: list[str], feeds: dict[str, np.nd
 
 def to_fp8(kernels_model: onnx.ModelProto, amax: dict[str, float],
            report: PipelineReport | None = None) -> onnx.ModelProto:
-    from bertfuse.pipeline.lowering import join_report
-    from bertfuse.passes.cleanup import Cleanup
-    from bertfuse.passes.fp8_weights import Fp8Weights
+    """The FP8 plan on the bertfuse-kernels model with the given activation maxima; its
+    records join `report`."""
     from bertfuse.passes.manager import run_passes
+    from bertfuse.passes.plans import fp8_plan
 
-    model, freport = run_passes(kernels_model, [Fp8Weights(amax), Cleanup()])
+    model, freport = run_passes(kernels_model, fp8_plan(amax))
     model.ir_version = max(model.ir_version, FP8_IR_VERSION)
-    join_report(report, freport, model)
+    if report is not None:
+        report.join(freport, model)
     return model
+
+
+def fp8_form(contrib: onnx.ModelProto, kernels_model: onnx.ModelProto,
+             feeds: dict[str, np.ndarray], report: PipelineReport | None = None
+             ) -> onnx.ModelProto:
+    """The `--fp8` form: the bertfuse-kernels model of `contrib` with FP8 weights, activation
+    scales calibrated by running `contrib` on `feeds` (the parity inputs)."""
+    return to_fp8(kernels_model, calibrate(contrib, dense_inputs(kernels_model), feeds), report)
 
 
 def accuracy_rows(fp8_model: onnx.ModelProto, feeds: dict[str, np.ndarray],

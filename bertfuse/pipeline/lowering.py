@@ -8,7 +8,7 @@ host cannot run the emitted model. The gate is therefore two links of one chain:
    (ORT CPU, convert's parity gate);
 2. the bertfuse form is checked equal to the contrib form: both run in onnx's
    ReferenceEvaluator, every custom node (com.microsoft and ai.bertfuse alike) through its
-   NumPy reference (custom_ops/evaluator.py), on random padded inputs (padding at the end,
+   NumPy reference (ops/evaluator.py), on random padded inputs (padding at the end,
    in the middle and at the start of rows), within the fp16 tolerances.
 
 The CUDA kernels themselves are checked against the same references on the GPU
@@ -22,57 +22,27 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 import onnx
 
-from bertfuse.errors import BertfuseError, FusionIncomplete, ParityError
+from bertfuse.errors import FusionIncomplete, ParityError
 
 if TYPE_CHECKING:
     from bertfuse.pipeline.fp8 import Fp32Reference
     from bertfuse.passes.manager import PipelineReport
     from bertfuse.pipeline.parity import OutputParity, Tolerance
 
-KERNELS = ("ort", "bertfuse")
-DEFAULT_KERNELS = "ort"  # until the H200 measurements decide
 ROW_PREFIX = "bertfuse ops vs contrib form: "
-
-
-def check_kernels(kernels: str, precision: str, packed: bool = False, fp8: bool = False) -> None:
-    """Bad combinations, before any slow work (one line, exit 2). `--packed --kernels bertfuse`
-    is the device-packed form (passes/packing_kernels.py)."""
-    if fp8 and kernels != "bertfuse":
-        raise BertfuseError("--fp8 needs --kernels bertfuse (FP8 weights exist only as bertfuse "
-                            "ops)")
-    if kernels not in KERNELS:
-        raise BertfuseError(f"kernels {kernels!r} is not supported (choose "
-                            f"{' or '.join(KERNELS)})")
-    if kernels == "bertfuse" and precision != "fp16":
-        raise BertfuseError(f"--kernels bertfuse needs --precision fp16 (the bertfuse ops "
-                            f"are fp16 only; got {precision})")
 
 
 def to_bertfuse_kernels(contrib: onnx.ModelProto, report: PipelineReport | None = None
                         ) -> onnx.ModelProto:
-    """The contrib model with its encoder in ai.bertfuse ops; the pass's records join
+    """The contrib model with its encoder in ai.bertfuse ops; the plan's records join
     `report` (census, encoder table and diagnostics then describe the emitted model)."""
-    from bertfuse.passes.bertfuse_kernels import BertfuseKernels
-    from bertfuse.passes.cleanup import Cleanup
     from bertfuse.passes.manager import run_passes
+    from bertfuse.passes.plans import lowering_plan
 
-    model, kreport = run_passes(contrib, [BertfuseKernels(), Cleanup()])
-    join_report(report, kreport, model)
+    model, kreport = run_passes(contrib, lowering_plan())
+    if report is not None:
+        report.join(kreport, model)
     return model
-
-
-def join_report(report: PipelineReport | None, more: PipelineReport,
-                model: onnx.ModelProto) -> None:
-    """Appends a later run_passes' records to the pipeline's report, which then describes
-    `model` (census, encoder table)."""
-    from bertfuse.inspect.encoder_table import encoder_table
-
-    if report is None:
-        return
-    report.records.extend(more.records)
-    report.diagnostics.extend(more.diagnostics)
-    report.census_after = more.census_after
-    report.table = encoder_table([n.op_type for n in model.graph.node], report.diagnostics)
 
 
 def kernels_misses(report: PipelineReport | None) -> list[str]:
@@ -135,7 +105,7 @@ def emit(model: onnx.ModelProto, report, status: Callable[[str], None] | None,
     pipeline.RunReport). check: compare it with the contrib form (rows join the parity
     report); refuse_drift: raise ParityError on a failed comparison (optimize has no --force);
     strict: a contrib op left over is FusionIncomplete. fp8: FP8 weights calibrated on the
-    parity inputs (kernels_fp8.py), measured against fp32_reference when given."""
+    parity inputs (fp8.py), measured against fp32_reference when given."""
     from bertfuse.ops import BERTFUSE_DOMAIN
     from bertfuse.io.model import check_model
 
@@ -188,12 +158,11 @@ def _check_forms(model: onnx.ModelProto, kmodel: onnx.ModelProto, report, status
 def _fp8(model: onnx.ModelProto, kmodel: onnx.ModelProto, report, status,
          feeds: dict[str, np.ndarray], fp32_reference: Fp32Reference | None) -> onnx.ModelProto:
     from bertfuse.ops.bertfuse.dense_fp8 import CONTRACTS as FP8_CONTRACTS
-    from bertfuse.pipeline.fp8 import accuracy_rows, calibrate, dense_inputs, to_fp8
+    from bertfuse.pipeline.fp8 import accuracy_rows, fp8_form
     from bertfuse.io.model import check_model
 
     with report.stage("fp8 weights (calibrated on the parity inputs)", status) as st:
-        amax = calibrate(model, dense_inputs(kmodel), feeds)
-        kmodel = to_fp8(kmodel, amax, report.passes)
+        kmodel = fp8_form(model, kmodel, feeds, report.passes)
         check_model(kmodel, load=False)
         st.nodes = len(kmodel.graph.node)
         st.detail = f"{sum(n.op_type in FP8_CONTRACTS for n in kmodel.graph.node)} FP8 dense ops"

@@ -1,39 +1,193 @@
-"""The pipeline's arguments: ConvertOptions, and the checks that refuse bad ones before any
-slow work (the TF load, the passes), each as one BertfuseError naming the bad argument."""
+"""The pipeline's options, each defined once: name, type, default, choices, check and help.
+
+    OPTIONS (this table) --> ConvertOptions      the stages' arguments (stages.py)
+                         --> cli/convert.py      argparse groups of convert / optimize / verify
+                         --> api.py              bertfuse.convert/optimize keywords and docs
+                         --> the JSON report     "options" (report.py)
+
+Checks refuse bad values before any slow work (the TF load, the passes), each as one
+BertfuseError naming the option. tests/unit/pipeline/test_options.py fails if a default or a
+choice list below is written anywhere else in bertfuse/.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, Mapping, Sequence
 
+from bertfuse.converter import KINDS
+from bertfuse.checks import (check_choice, check_flag, check_int, check_names, check_path,
+                             check_text, check_tolerance)
 from bertfuse.errors import BertfuseError
-from bertfuse.pipeline.parity import DEFAULT_SEED, check_seed, tolerance_for
+
+PRECISIONS = ("fp32", "fp16")
+KERNELS = ("ort", "bertfuse")  # ort: contrib ops; bertfuse: ai.bertfuse (lowering.py)
+MAX_VERIFY_TOKENS = 1 << 16  # random verification inputs past this only exhaust memory
+
+
+def check_roles(name: str, value: Any) -> dict[str, str] | None:
+    """The API's {role: name}, checked by the same rule as --inputs (unknown roles refused);
+    {} means "every input by name"."""
+    from bertfuse.converter.roles import parse_override
+
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise BertfuseError(f"{name} must be a dict of role -> input name, e.g. "
+                            f"{{'input_ids': 'ids', 'input_mask': 'mask'}}, not {value!r}")
+    return parse_override(dict(value))
+
+
+# -- the table ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option. `flag` is the CLI's (a bool that defaults to True is offered as its
+    negation, --no-NAME); `api` is the Python keyword (None: CLI only, e.g. --format is the
+    API's `format` and the stages' `kind`)."""
+
+    name: str  # ConvertOptions field
+    default: Any
+    help: str
+    check: Callable[[str, Any], Any]
+    flag: str = ""
+    api: str | None = ""  # "" : same as name
+    choices: tuple | None = None
+    metavar: str | None = None
+    cli_type: str = "text"  # how the CLI reads it: text | int | tolerance | list | flag
+    cli_help: str = ""  # the CLI's help where it differs (a negated flag)
+
+    @property
+    def keyword(self) -> str:
+        return self.api or self.name
+
+    @property
+    def cli_flag(self) -> str:
+        if self.flag:
+            return self.flag
+        base = self.name.replace("_", "-")
+        return f"--no-{base}" if self.default is True else f"--{base}"
+
+    @property
+    def flag_help(self) -> str:
+        return self.cli_help or self.help
+
+    def validate(self, value: Any) -> Any:
+        return self.check(self.keyword, value)
+
+
+def _choice(choices: tuple) -> Callable[[str, Any], str]:
+    return lambda name, value: check_choice(name, value, choices)
+
+
+def _int(low: int) -> Callable[[str, Any], int]:
+    return lambda name, value: check_int(name, value, low)
+
+
+def _precision(name: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise BertfuseError(f"{name} must be {' or '.join(PRECISIONS)}, not {value!r}")
+    check_precision(value)
+    return value
+
+
+def _seed(name: str, value: Any) -> int | None:
+    return None if value is None else check_int(name, value, 0)
+
+
+OPTIONS: dict[str, Option] = {o.name: o for o in (
+    # TF source
+    Option("kind", "auto", "source format (default: detect from the path)", _choice(KINDS),
+           flag="--format", api="format", choices=KINDS),
+    Option("signature", "serving_default", "SavedModel signature", check_text),
+    Option("config", None, "bert_config.json (checkpoint; default: beside it)",
+           lambda n, v: check_path(n, v, optional=True)),
+    Option("inputs", None, "role mapping, e.g. input_ids=ids,input_mask=mask,segment_ids=types",
+           check_roles, metavar="ROLE=NAME,..."),
+    Option("outputs", None, "comma-separated output names (frozen: node names)", check_names,
+           cli_type="list"),
+    # conversion
+    Option("opset", 17, "ONNX opset, 17 or 18 (default 17)", _int(1), cli_type="int"),
+    Option("fuse", True, "run the fusion passes (False: the raw tf2onnx graph with the "
+                         "canonical I/O)", check_flag, cli_type="flag",
+           cli_help="write the raw tf2onnx graph (canonical I/O, no fusion passes)"),
+    # fusion
+    Option("precision", "fp32", "fp16: half-precision weights and activations, fp32 I/O",
+           _precision, choices=PRECISIONS),
+    Option("packed", False, "packed form: encoder on real tokens only (PackedAttention; CUDA "
+                            "only)", check_flag, cli_type="flag"),
+    Option("strict", False, "fail (exit 1, nothing written) if any layer is left unfused",
+           check_flag, cli_type="flag"),
+    Option("kernels", "ort", "ort: ONNX Runtime's contrib ops (default); bertfuse: bertfuse's "
+                             "own CUDA ops (ai.bertfuse, fp16 only, needs the bertfuse op "
+                             "library)", _choice(KERNELS), choices=KERNELS),
+    Option("fp8", False, "with --kernels bertfuse: FP8 (e4m3) weights for the encoder GEMMs, "
+                         "scales calibrated on the parity inputs; accuracy vs fp32 is reported, "
+                         "not held to the fp16 limits", check_flag, cli_type="flag"),
+    # verification
+    Option("batch", 4, "verification batch (default 4)", _int(1), cli_type="int"),
+    Option("seq", 32, "verification sequence length (default 32)", _int(2), cli_type="int"),
+    Option("seed", 0, "seed for the random inputs (default 0: the same inputs every run)",
+           _seed, cli_type="int"),
+    Option("atol", None, "max |diff| per element (default: 1e-4 fp32, 4e-2 fp16, with mean "
+                         "limits 1e-4 / 2e-3)", check_tolerance, cli_type="tolerance"),
+    Option("rtol", None, "also allow rtol * |TF| per element (default 0)", check_tolerance,
+           cli_type="tolerance"),
+    # parity gate
+    Option("verify", True, "compare with TensorFlow on the random padded inputs (the parity "
+                           "gate)", check_flag, cli_type="flag",
+           cli_help="skip the TF comparison"),
+    Option("force", False, "write even if parity fails", check_flag, cli_type="flag"),
+)}
+
+# Which options each CLI group shows, in order (cli/convert.py builds the groups from these).
+GROUPS = {
+    "TF source": ("kind", "signature", "config", "inputs", "outputs"),
+    "conversion": ("opset", "fuse"),
+    "fusion": ("precision", "packed", "strict", "kernels", "fp8"),
+    "verification": ("batch", "seq", "seed", "atol", "rtol"),
+    "parity gate": ("verify", "force"),
+}
+# The options `optimize` takes (its inputs rename the model's inputs to the roles).
+OPTIMIZE_OPTIONS = ("inputs", *GROUPS["fusion"])
+
+
+def _default(name: str) -> Any:
+    return field(default=OPTIONS[name].default)
 
 
 @dataclass
 class ConvertOptions:
-    opset: int = 17
-    signature: str = "serving_default"
-    kind: str = "auto"
-    inputs: str | dict[str, str] | None = None  # ROLE=NAME,... or {role: name}
-    outputs: list[str] | None = None
-    config: str | None = None
-    verify: bool = True
-    force: bool = False
-    precision: str = "fp32"
-    seed: int | None = DEFAULT_SEED  # None: a fresh random draw
-    atol: float | None = None  # None: the fp32/fp16 table in verify.py
-    rtol: float | None = None  # None: 0
-    batch: int = 4
-    seq: int = 32
-    strict: bool = False
-    fuse: bool = True
-    packed: bool = False
-    kernels: str = "ort"  # ort | bertfuse (kernels_form.py)
-    fp8: bool = False  # FP8 weights for the bertfuse dense ops (kernels_fp8.py)
+    """The stages' arguments, one field per OPTIONS entry, defaults from the table."""
 
+    kind: str = _default("kind")
+    signature: str = _default("signature")
+    config: str | None = _default("config")
+    inputs: str | dict[str, str] | None = _default("inputs")  # ROLE=NAME,... or {role: name}
+    outputs: list[str] | None = _default("outputs")
+    opset: int = _default("opset")
+    fuse: bool = _default("fuse")
+    precision: str = _default("precision")
+    packed: bool = _default("packed")
+    strict: bool = _default("strict")
+    kernels: str = _default("kernels")
+    fp8: bool = _default("fp8")
+    batch: int = _default("batch")
+    seq: int = _default("seq")
+    seed: int | None = _default("seed")  # None: a fresh random draw
+    atol: float | None = _default("atol")  # None: the fp32/fp16 table in parity.py
+    rtol: float | None = _default("rtol")  # None: 0
+    verify: bool = _default("verify")
+    force: bool = _default("force")
 
-PRECISIONS = ("fp32", "fp16")
-MAX_VERIFY_TOKENS = 1 << 16  # random verification inputs past this only exhaust memory
+    @classmethod
+    def from_keywords(cls, names: Sequence[str], values: Mapping[str, Any]) -> ConvertOptions:
+        """The API's keywords (by Option.keyword) checked one by one, in table order."""
+        return cls(**{n: OPTIONS[n].validate(values[OPTIONS[n].keyword]) for n in names})
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 def check_precision(precision: str) -> None:
@@ -49,6 +203,20 @@ def check_verify_size(batch: int, seq: int) -> None:
                             f"comparison takes at most {MAX_VERIFY_TOKENS}")
 
 
+def check_kernels(kernels: str, precision: str, packed: bool = False, fp8: bool = False) -> None:
+    """Bad combinations, before any slow work (one line, exit 2). `--packed --kernels bertfuse`
+    is the device-packed form (passes/packing_kernels.py)."""
+    if fp8 and kernels != "bertfuse":
+        raise BertfuseError("--fp8 needs --kernels bertfuse (FP8 weights exist only as bertfuse "
+                            "ops)")
+    if kernels not in KERNELS:
+        raise BertfuseError(f"kernels {kernels!r} is not supported (choose "
+                            f"{' or '.join(KERNELS)})")
+    if kernels == "bertfuse" and precision != "fp16":
+        raise BertfuseError(f"--kernels bertfuse needs --precision fp16 (the bertfuse ops "
+                            f"are fp16 only; got {precision})")
+
+
 def check_inputs_text(inputs: str | dict[str, str] | None) -> None:
     """An empty --inputs is a mistake (the API's {} means "every input by name")."""
     if isinstance(inputs, str) and not inputs.strip():
@@ -56,14 +224,26 @@ def check_inputs_text(inputs: str | dict[str, str] | None) -> None:
                             "segment_ids)")
 
 
+def check_fusion(opts: ConvertOptions) -> None:
+    """The checks every stage plan runs first: options that cannot work together."""
+    check_precision(opts.precision)
+    check_kernels(opts.kernels, opts.precision, opts.packed, opts.fp8)
+    check_inputs_text(opts.inputs)
+
+
+def check_seed(seed: int | None) -> int | None:
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise BertfuseError(f"--seed must be an integer >= 0, got {seed!r}")
+    return seed
+
+
 def check_gate(opts: ConvertOptions) -> None:
     """Before the slow TF load: a NaN or negative tolerance or seed is bad input, and TF is
     asked to start with oneDNN's rewrites off (see converter/reference.py)."""
     from bertfuse.converter.reference import prefer_onednn_off
+    from bertfuse.pipeline.parity import tolerance_for
 
-    check_precision(opts.precision)
-    check_kernels(opts.kernels, opts.precision, opts.packed, opts.fp8)
-    check_inputs_text(opts.inputs)
+    check_fusion(opts)
     check_seed(opts.seed)
     check_verify_size(opts.batch, opts.seq)
     tolerance_for(opts.precision, opts.atol, opts.rtol)
@@ -76,9 +256,3 @@ def check_gate(opts: ConvertOptions) -> None:
                                 f"with --no-fuse")
     if opts.verify:
         prefer_onednn_off()
-
-
-def check_kernels(kernels: str, precision: str, packed: bool, fp8: bool = False) -> None:
-    from bertfuse.pipeline.lowering import check_kernels as check
-
-    check(kernels, precision, packed, fp8)

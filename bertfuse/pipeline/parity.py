@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import onnx
 
-from bertfuse.io import model as modelio
-from bertfuse.converter.export import random_inputs
+from bertfuse.io.inputs import random_inputs
 from bertfuse.errors import BertfuseError
 from bertfuse.pipeline.mask import mask_rows, perturbed_feeds
 
 TOLERANCES = {"fp32": {"max": 1e-4, "mean": 1e-4}, "fp16": {"max": 4e-2, "mean": 2e-3}}
-DEFAULT_SEED = 0  # a reproducible gate; --seed N for another draw
 
 
 @dataclass(frozen=True)
@@ -39,12 +36,6 @@ def check_tolerance(flag: str, value: float) -> float:
     if not math.isfinite(value) or value < 0:
         raise BertfuseError(f"{flag} must be a finite number >= 0, got {value:g}")
     return value
-
-
-def check_seed(seed: int | None) -> int | None:
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-        raise BertfuseError(f"--seed must be an integer >= 0, got {seed!r}")
-    return seed
 
 
 def tolerance_for(precision: str, atol: float | None = None, rtol: float | None = None
@@ -81,7 +72,7 @@ class ParityReport:
     seq: int
     outputs: list[OutputParity]
     tolerance: Tolerance | None = None
-    seed: int | None = DEFAULT_SEED
+    seed: int | None = None  # the inputs' seed (None: a fresh draw)
     reference: str = ""  # which TensorFlow computed the reference, and where
     source_kind: str = ""
 
@@ -100,33 +91,18 @@ class ParityReport:
                 "outputs": [o.to_json() for o in self.outputs]}
 
 
-def ort_session(model: onnx.ModelProto | str, providers: list[str] | None = None,
-                optimize: bool = True):
-    import onnxruntime as ort
+def ort_session(model: onnx.ModelProto | str, device: str = "cpu", optimize: bool = True):
+    from bertfuse.io.model import EXTERNAL_DATA_THRESHOLD, model_bytes, scratch_file
+    from bertfuse.io.ort import make_session
+    from bertfuse.kernels.library import uses_library
 
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 4  # run errors come back as exceptions; don't also log them
-    if not optimize:
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    providers = providers or ["CPUExecutionProvider"]
-    from bertfuse.kernels.library import device_of, prepare
-
-    prepare(opts, model, device_of(providers))  # ai.bertfuse ops: CUDA + the op library
-    if not isinstance(model, str) and modelio.model_bytes(model) > modelio.EXTERNAL_DATA_THRESHOLD:
-        # Past protobuf's 2 GB limit a model cannot be serialised in memory: go via a file.
-        import tempfile
-
-        from onnx.external_data_helper import load_external_data_for_model
-
-        with tempfile.TemporaryDirectory(prefix="bertfuse-verify-") as tmp:
-            path = f"{tmp}/model.onnx"
-            modelio._save(model, Path(path))
-            try:
-                return ort.InferenceSession(path, opts, providers=providers)
-            finally:
-                load_external_data_for_model(model, tmp)
-    data = model if isinstance(model, str) else model.SerializeToString()
-    return ort.InferenceSession(data, opts, providers=providers)
+    # log 4: run errors come back as exceptions; don't also log them
+    if isinstance(model, str) or model_bytes(model) <= EXTERNAL_DATA_THRESHOLD:
+        return make_session(model, device=device, optimize=optimize, log_severity=4)
+    # Past protobuf's 2 GB limit a model cannot be serialised in memory: go via a file.
+    with scratch_file(model, prefix="bertfuse-verify-") as path:
+        return make_session(path, device=device, optimize=optimize, log_severity=4,
+                            register_kernels=uses_library(model))  # the proto, not a 2 GB scan
 
 
 def run_onnx(session, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -159,19 +135,17 @@ def compare_output(name: str, ref: np.ndarray | None, cand: np.ndarray | None,
 
 
 def compare(reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray],
-            precision: str = "fp32", tolerance: Tolerance | None = None) -> list[OutputParity]:
-    tol = tolerance or tolerance_for(precision)
-    return [compare_output(name, ref, candidate.get(name), tol) for name, ref in reference.items()]
+            tolerance: Tolerance) -> list[OutputParity]:
+    return [compare_output(name, ref, candidate.get(name), tolerance)
+            for name, ref in reference.items()]
 
 
-def verify_against_tf(model: onnx.ModelProto | str, source, precision: str = "fp32",
-                      batch: int = 4, seq: int = 32, seed: int | None = DEFAULT_SEED,
-                      pad_anywhere: bool = True, atol: float | None = None,
+def verify_against_tf(model: onnx.ModelProto | str, source, precision: str, batch: int,
+                      seq: int, seed: int | None, pad_anywhere: bool = True, atol: float | None = None,
                       rtol: float | None = None) -> ParityReport:
     """Runs TF and ORT (CPU) on the same inputs; padding at the end, middle and start of rows.
     Also on the same inputs with padded ids, then padded segment ids, changed (mask checks)."""
     tol = tolerance_for(precision, atol, rtol)
-    check_seed(seed)
     seq = min(seq, source.max_positions or seq)
     if source.fixed_seq:
         seq = source.fixed_seq
@@ -185,7 +159,7 @@ def verify_against_tf(model: onnx.ModelProto | str, source, precision: str = "fp
     session = ort_session(model)
     # Inputs the model ignores (a canonical segment_ids the source lacks) are fed too.
     candidates = {n: run_onnx(session, sets[n]) for n in names}
-    results = compare(references["base"], candidates["base"], precision, tol)
+    results = compare(references["base"], candidates["base"], tol)
     if len(names) > 1:
         results += [OutputParity(*row) for row in
                     mask_rows(feeds["input_mask"], references, candidates, tol)]

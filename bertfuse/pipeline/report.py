@@ -58,6 +58,7 @@ class RunReport:
     output: str | None = None
     written: bool = False
     command: str = ""  # convert | optimize | verify
+    options: dict = field(default_factory=dict)  # the options the run used (options.OPTIONS)
 
     @contextmanager
     def stage(self, name: str, status: Callable[[str], None] | None = None) -> Iterator[Stage]:
@@ -83,6 +84,7 @@ class RunReport:
             "written": self.written,
             "stages": [s.__dict__ for s in self.stages],
             "original_names": self.original_names,
+            "options": self.options,
             "passes": self.passes.to_json() if self.passes else None,
             "parity": self.parity.to_json() if self.parity else None,
         }

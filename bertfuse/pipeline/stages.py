@@ -1,40 +1,48 @@
-"""convert / optimize / verify as stages, each timed and counted for the report.
+"""convert / optimize / verify as one plan of stages, each timed and counted for the report.
 
-The stages' parts live beside it: the options and their checks before any slow work
-(pipeline_options.py), the report (run_report.py), the gate and the write (gate.py)."""
+    convert   load TF model -> tf2onnx export ---.
+    optimize  load ONNX [-> rename inputs to roles] +-> passes -> check (onnx + ORT load)
+                                                     -> [verify vs TensorFlow]     convert only
+                                                     -> [bertfuse kernels]         --kernels bertfuse
+                                                     -> [packing]                  --packed
+                                                     -> gate (--strict, parity) -> write
+    verify    load ONNX -> load TF model -> match the interface -> verify vs TensorFlow
+
+convert and optimize differ only in their front (where the raw graph and the fp32
+reference come from); from the passes on they run the same `_back`. The options and their
+checks are options.py, the report report.py, the gate and the write gate.py.
+"""
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import onnx
 
 from bertfuse.errors import BertfuseError, require
-from bertfuse.pipeline.gate import parity_failure, write_gated
 from bertfuse.io.model import check_model
-from bertfuse.passes.manager import default_passes, run_passes
-from bertfuse.pipeline.options import (MAX_VERIFY_TOKENS, PRECISIONS, ConvertOptions,
-                                       check_gate, check_inputs_text, check_kernels,
-                                       check_precision, check_verify_size)
-from bertfuse.pipeline.report import RunReport, Stage
 from bertfuse.io.safety import check_output, convert_inputs
-from bertfuse.pipeline.parity import DEFAULT_SEED, verify_against_tf
+from bertfuse.passes.manager import run_passes
+from bertfuse.passes.plans import fusion_plan, packing_plan
+from bertfuse.pipeline.gate import write_gated
+from bertfuse.pipeline.options import OPTIMIZE_OPTIONS, ConvertOptions, check_fusion, check_gate
+from bertfuse.pipeline.parity import verify_against_tf
+from bertfuse.pipeline.report import RunReport
 
-# Imported from here by the API, the CLI, tools and tests.
-__all__ = ["MAX_VERIFY_TOKENS", "PRECISIONS", "ConvertOptions", "RunReport", "Stage",
-           "check_precision", "check_verify_size", "convert", "convert_model", "optimize",
-           "optimize_model", "parity_failure", "verify"]
+if TYPE_CHECKING:
+    from bertfuse.pipeline.fp8 import Fp32Reference
+
+Status = Callable[[str], None]
 
 
 def convert(src_path: str, out_path: str, opts: ConvertOptions,
-            status: Callable[[str], None] | None = None) -> RunReport:
+            status: Status | None = None) -> RunReport:
     """Export, passes, verification; writes only a model that passed (unless forced)."""
     return convert_model(src_path, out_path, opts, status)[1]
 
 
 def convert_model(src_path: str, out_path: str | None, opts: ConvertOptions,
-                  status: Callable[[str], None] | None = None
-                  ) -> tuple[onnx.ModelProto, RunReport]:
+                  status: Status | None = None) -> tuple[onnx.ModelProto, RunReport]:
     """convert, returning the model too; out_path None: checked and gated, not written."""
     from bertfuse.converter.export import SUPPORTED_OPSETS
 
@@ -49,7 +57,7 @@ def convert_model(src_path: str, out_path: str | None, opts: ConvertOptions,
     from bertfuse.converter import load_source
     from bertfuse.converter.export import tf_to_onnx
 
-    report = RunReport(output=out_path, command="convert")
+    report = RunReport(output=out_path, command="convert", options=opts.to_json())
     with report.stage("load TF model", status) as st:
         source = load_source(src_path, opts.kind, opts.signature, opts.inputs, opts.outputs,
                              opts.config)
@@ -61,95 +69,41 @@ def convert_model(src_path: str, out_path: str | None, opts: ConvertOptions,
             raw = tf_to_onnx(source, opts.opset)
             st.nodes = len(raw.graph.node)
             st.detail = f"opset {opts.opset}"
-        model = _optimize(raw, report, status, opts.precision) if opts.fuse else raw
+        reference = (lambda feeds: source.run_many([feeds])[0]) if opts.verify else None
+        model = _fuse_and_check(raw, opts, report, status, source)
         del raw
-        with report.stage("check (onnx checker + ORT load)", status) as st:
-            check_model(model)
-        if opts.verify:
-            with report.stage("verify vs TensorFlow", status) as st:
-                report.parity = verify_against_tf(model, source, opts.precision, opts.batch,
-                                                  opts.seq, opts.seed, atol=opts.atol,
-                                                  rtol=opts.rtol)
-                st.detail = "ok" if report.parity.ok else "DRIFT"
-        if opts.kernels == "bertfuse":  # the verified contrib form, rewritten, checked equal
-            from bertfuse.pipeline.lowering import emit
-
-            model = emit(model, report, status, opts.batch, opts.seq, opts.seed, opts.verify,
-                         refuse_drift=False, strict=opts.strict, fp8=opts.fp8,
-                         fp32_reference=(lambda feeds: source.run_many([feeds])[0])
-                         if opts.verify else None)
+        model = _lower(model, opts, report, status, reference, against_tf=True)
     finally:
         source.close()
-    if opts.packed:
-        model = _pack(model, report, status)
-    write_gated(model, out_path, report, opts.force, status, opts.strict)
-    return model, report
+    return _pack_and_write(model, out_path, opts, report, status, force=opts.force), report
 
 
-def _pack(model: onnx.ModelProto, report: RunReport,
-          status: Callable[[str], None] | None) -> onnx.ModelProto:
-    """The verified padded model, turned into its packed form (checked by onnx's checker:
-    PackedAttention/RestorePadding have CUDA kernels only, so ORT's CPU cannot load it). A
-    model on bertfuse kernels (BertAttention) takes the device-packed form instead."""
-    from bertfuse.ops import BERTFUSE_DOMAIN
-    from bertfuse.passes.cleanup import Cleanup
-    from bertfuse.passes.packing import PackingPass
-    from bertfuse.passes.packing_kernels import PackingKernelsPass
-
-    on_kernels = any(n.op_type == "BertAttention" and n.domain == BERTFUSE_DOMAIN
-                     for n in model.graph.node)
-    first = PackingKernelsPass() if on_kernels else PackingPass()
-    with report.stage("packing (on the device)" if on_kernels else "packing", status) as st:
-        packed, pack_report = run_passes(model, [first, Cleanup()])
-        misses = [d for d in pack_report.diagnostics if not d.fused]
-        if misses:
-            raise BertfuseError(f"cannot pack: {misses[0].reason}")
-        check_model(packed, load=False)
-        st.nodes = len(packed.graph.node)
-        st.detail = "verified padded; packed runs on CUDA"
-    return packed
-
-
-def _optimize(raw: onnx.ModelProto, report: RunReport, status: Callable[[str], None] | None,
-              precision: str = "fp32") -> onnx.ModelProto:
-    with report.stage("passes", status) as st:
-        model, report.passes = run_passes(raw, default_passes(precision),
-                                          progress=(lambda n: status(f"pass: {n}")) if status
-                                          else None)
-        st.nodes = len(model.graph.node)
-    return model
-
-
-def optimize(in_path: str, out_path: str, status: Callable[[str], None] | None = None,
-             strict: bool = False, precision: str = "fp32", packed: bool = False,
-             in_place: bool = False, inputs: str | dict[str, str] | None = None,
-             kernels: str = "ort", fp8: bool = False) -> RunReport:
+def optimize(in_path: str, out_path: str, status: Status | None = None,
+             opts: ConvertOptions | None = None, in_place: bool = False) -> RunReport:
     """Passes on an ONNX model a user exported themselves. `out_path` may be `in_path` only
-    with `in_place` (the file is then replaced after success, never half-written).
-    `inputs` (ROLE=NAME,... or {role: name}): rename the inputs to the canonical roles."""
-    return optimize_model(in_path, out_path, status, strict, precision, packed, in_place,
-                          inputs, kernels, fp8)[1]
+    with `in_place` (the file is then replaced after success, never half-written). Of
+    `opts`, optimize reads options.OPTIMIZE_OPTIONS; `inputs` renames the inputs to the
+    canonical roles."""
+    return optimize_model(in_path, out_path, status, opts, in_place)[1]
 
 
 def optimize_model(source: str | onnx.ModelProto, out_path: str | None,
-                   status: Callable[[str], None] | None = None, strict: bool = False,
-                   precision: str = "fp32", packed: bool = False, in_place: bool = False,
-                   inputs: str | dict[str, str] | None = None, kernels: str = "ort",
-                   fp8: bool = False) -> tuple[onnx.ModelProto, RunReport]:
+                   status: Status | None = None, opts: ConvertOptions | None = None,
+                   in_place: bool = False) -> tuple[onnx.ModelProto, RunReport]:
     """optimize, returning the model too; `source` a path or a ModelProto; out_path None:
     checked (and --strict gated), not written."""
     from bertfuse.converter.roles import parse_override
     from bertfuse.io.model import check_input_model, load_model
 
-    check_precision(precision)
-    check_kernels(kernels, precision, packed, fp8)
-    check_inputs_text(inputs)
-    override = parse_override(inputs) if inputs is not None else None
+    opts = opts or ConvertOptions()
+    check_fusion(opts)
+    override = parse_override(opts.inputs) if opts.inputs is not None else None
     from_file = not isinstance(source, onnx.ModelProto)
     if out_path is not None and not in_place:
         check_output(out_path, [source] if from_file else [])
     require("onnxruntime")  # the check loads the model in ONNX Runtime
-    report = RunReport(output=out_path, command="optimize")
+    report = RunReport(output=out_path, command="optimize",
+                       options={n: getattr(opts, n) for n in OPTIMIZE_OPTIONS})
     with report.stage("load ONNX", status) as st:
         if from_file:
             raw = load_model(source)
@@ -165,25 +119,88 @@ def optimize_model(source: str | onnx.ModelProto, out_path: str | None,
             report.original_names = {i.name: o.name for i, o in
                                      zip(renamed.graph.input, raw.graph.input)}
             raw = renamed
-    model = _optimize(raw, report, status, precision)
-    with report.stage("check (onnx checker + ORT load)", status):
-        check_model(model)
-    if kernels == "bertfuse":  # the contrib form, rewritten; checked equal before writing
-        from bertfuse.pipeline.lowering import emit
 
+    def reference(feeds: dict) -> dict:  # fp32: the model as given
         from bertfuse.pipeline.parity import ort_session, run_onnx
 
-        model = emit(model, report, status, 4, 32, DEFAULT_SEED, check=True,
-                     refuse_drift=True, strict=strict, fp8=fp8,  # fp32: the model as given
-                     fp32_reference=lambda feeds: run_onnx(ort_session(raw), feeds))
-    if packed:
+        return run_onnx(ort_session(raw), feeds)
+
+    model = _fuse_and_check(raw, opts, report, status, source=None)
+    model = _lower(model, opts, report, status, reference, against_tf=False)
+    # No TF reference to gate on: the lowering's own check refused any drift.
+    return _pack_and_write(model, out_path, opts, report, status, force=True), report
+
+
+def _fuse_and_check(raw: onnx.ModelProto, opts: ConvertOptions, report: RunReport,
+                    status: Status | None, source) -> onnx.ModelProto:
+    """passes (unless --no-fuse), the checker and an ORT load, then parity vs TensorFlow
+    where there is a TF source to compare with."""
+    model = _passes(raw, report, status, opts.precision) if opts.fuse else raw
+    with report.stage("check (onnx checker + ORT load)", status):
+        check_model(model)
+    if source is not None and opts.verify:
+        with report.stage("verify vs TensorFlow", status) as st:
+            report.parity = verify_against_tf(model, source, opts.precision, opts.batch,
+                                              opts.seq, opts.seed, atol=opts.atol,
+                                              rtol=opts.rtol)
+            st.detail = "ok" if report.parity.ok else "DRIFT"
+    return model
+
+
+def _lower(model: onnx.ModelProto, opts: ConvertOptions, report: RunReport,
+           status: Status | None, reference: Fp32Reference | None,
+           against_tf: bool) -> onnx.ModelProto:
+    """--kernels bertfuse: the checked contrib form, rewritten into ai.bertfuse ops and checked
+    equal to it. After convert the parity gate decides (--force); after optimize, which has
+    no TF reference and no --force, a drift is refused here."""
+    if opts.kernels != "bertfuse":
+        return model
+    from bertfuse.pipeline.lowering import emit
+
+    return emit(model, report, status, opts.batch, opts.seq, opts.seed,
+                check=opts.verify or not against_tf, refuse_drift=not against_tf,
+                strict=opts.strict, fp8=opts.fp8, fp32_reference=reference)
+
+
+def _pack_and_write(model: onnx.ModelProto, out_path: str | None, opts: ConvertOptions,
+                    report: RunReport, status: Status | None, force: bool) -> onnx.ModelProto:
+    if opts.packed:
         model = _pack(model, report, status)
-    write_gated(model, out_path, report, True, status, strict)
-    return model, report
+    write_gated(model, out_path, report, force, status, opts.strict)
+    return model
+
+
+def _pack(model: onnx.ModelProto, report: RunReport, status: Status | None) -> onnx.ModelProto:
+    """The verified padded model, turned into its packed form (checked by onnx's checker:
+    PackedAttention/RestorePadding have CUDA kernels only, so ORT's CPU cannot load it). A
+    model on bertfuse kernels (BertAttention) takes the device-packed form instead."""
+    from bertfuse.ops import BERTFUSE_DOMAIN
+
+    on_kernels = any(n.op_type == "BertAttention" and n.domain == BERTFUSE_DOMAIN
+                     for n in model.graph.node)
+    with report.stage("packing (on the device)" if on_kernels else "packing", status) as st:
+        packed, pack_report = run_passes(model, packing_plan(on_kernels))
+        misses = [d for d in pack_report.diagnostics if not d.fused]
+        if misses:
+            raise BertfuseError(f"cannot pack: {misses[0].reason}")
+        check_model(packed, load=False)
+        st.nodes = len(packed.graph.node)
+        st.detail = "verified padded; packed runs on CUDA"
+    return packed
+
+
+def _passes(raw: onnx.ModelProto, report: RunReport, status: Status | None,
+            precision: str) -> onnx.ModelProto:
+    with report.stage("passes", status) as st:
+        model, report.passes = run_passes(raw, fusion_plan(precision),
+                                          progress=(lambda n: status(f"pass: {n}")) if status
+                                          else None)
+        st.nodes = len(model.graph.node)
+    return model
 
 
 def verify(model_path: str, src_path: str, opts: ConvertOptions,
-           status: Callable[[str], None] | None = None) -> RunReport:
+           status: Status | None = None) -> RunReport:
     from bertfuse.converter import load_source
     from bertfuse.converter.interface import match_interface
     from bertfuse.converter.roles import parse_override
@@ -191,7 +208,7 @@ def verify(model_path: str, src_path: str, opts: ConvertOptions,
 
     check_gate(opts)
     require("tensorflow", "onnxruntime")
-    report = RunReport(command="verify")
+    report = RunReport(command="verify", options=opts.to_json())
     # The ONNX first: a missing/corrupt model fails before the slow TF load.
     with report.stage("load ONNX", status) as st:
         model = load_model(model_path)

@@ -50,7 +50,7 @@ def test_large_models_are_written_with_external_data(ckpt_erf, tmp_path, monkeyp
     import onnxruntime as ort
 
     from bertfuse.io import model as modelio
-    from bertfuse.converter.export import random_inputs
+    from bertfuse.io.inputs import random_inputs
 
     monkeypatch.setattr(modelio, "EXTERNAL_DATA_THRESHOLD", 1_000_000)
     out = tmp_path / "big.onnx"

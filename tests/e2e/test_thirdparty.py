@@ -49,7 +49,8 @@ def _cases() -> list:
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
-    from bertfuse.pipeline.stages import ConvertOptions, convert
+    from bertfuse.pipeline.options import ConvertOptions
+    from bertfuse.pipeline.stages import convert
 
     out_dir = tmp_path_factory.mktemp("thirdparty")
     cache: dict[tuple[str, str], tuple[str, object]] = {}
@@ -152,7 +153,8 @@ def test_shared_layer_weights_stay_shared(converted):
 def test_head_with_mask_and_segments_swapped_is_refused(tmp_path):
     """A classifier has no sequence_output: its logits carry the mask check."""
     from bertfuse.errors import ParityError
-    from bertfuse.pipeline.stages import ConvertOptions, convert
+    from bertfuse.pipeline.options import ConvertOptions
+    from bertfuse.pipeline.stages import convert
 
     out = tmp_path / "swapped.onnx"
     opts = ConvertOptions(inputs="input_ids=input_ids,input_mask=token_type_ids,"

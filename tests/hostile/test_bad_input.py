@@ -364,9 +364,9 @@ def test_frozen_inputs_override_succeeds(bad, out_dir, capsys):
 @pytest.fixture
 def drifting_export(monkeypatch):
     """Corrupts the largest weight after the passes, so the ONNX drifts from TF."""
-    import bertfuse.pipeline.stages as pipeline
+    from bertfuse.pipeline import stages
 
-    original = pipeline._optimize
+    original = stages._passes
 
     def drift(*args, **kwargs):
         model = original(*args, **kwargs)
@@ -375,7 +375,7 @@ def drifting_export(monkeypatch):
         init.CopyFrom(numpy_helper.from_array(arr * 1.5 + 0.1, init.name))
         return model
 
-    monkeypatch.setattr(pipeline, "_optimize", drift)
+    monkeypatch.setattr(stages, "_passes", drift)
 
 
 def test_parity_failure_writes_nothing(bad, out_dir, capsys, drifting_export):

@@ -17,7 +17,8 @@ import pytest
 from onnx import TensorProto
 
 import bertfuse
-from bertfuse.cli import build_parser, main
+from bertfuse.cli import main
+from bertfuse.cli.parser import build_parser
 from bertfuse.errors import BertfuseError, ParityError
 from support.paths import ROOT
 
@@ -196,7 +197,7 @@ def test_optimize_inputs_renames_to_the_roles_session_takes(raw_export, tmp_path
     int32 roles, and bertfuse's Session runs the model like plain ORT runs the export."""
     import onnxruntime as ort
 
-    from bertfuse.converter.export import random_inputs
+    from bertfuse.io.inputs import random_inputs
 
     raw = raw_export[dtype]
     if dtype == "int32":  # without inputs= the export's names stay

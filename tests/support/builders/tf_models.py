@@ -57,7 +57,7 @@ class TFModel:
 
     def feeds(self, batch: int, seq: int, seed: int = 0) -> dict[str, np.ndarray]:
         """Random role-keyed int32 inputs with padding at the end, middle and start of rows."""
-        from bertfuse.converter.export import random_inputs
+        from bertfuse.io.inputs import random_inputs
 
         feeds = random_inputs(batch, seq, self.vocab, self.config.type_vocab_size, seed=seed,
                               pad_anywhere=True)

@@ -26,6 +26,7 @@ from onnx import TensorProto, helper
 
 from bertfuse.cli import main
 from bertfuse.errors import BertfuseError
+from bertfuse.pipeline.options import ConvertOptions
 from support.paths import ROOT
 
 TOL = 1e-4
@@ -151,9 +152,10 @@ def test_convert_with_onednn_requested_is_exact_and_quiet(contrib_pb, tmp_path):
 _IN_PROCESS = textwrap.dedent("""
     import json, sys
     import tensorflow  # first, with TF_ENABLE_ONEDNN_OPTS=1: what a notebook has
-    from bertfuse.pipeline import stages as pipeline
+    from bertfuse.pipeline import stages
+    from bertfuse.pipeline.options import ConvertOptions
     from bertfuse.converter.reference import onednn_on
-    report = pipeline.convert(sys.argv[1], sys.argv[2], pipeline.ConvertOptions(batch=3))
+    report = stages.convert(sys.argv[1], sys.argv[2], ConvertOptions(batch=3))
     print(json.dumps({"onednn_on": onednn_on(), "parity": report.parity.to_json()}))
 """)
 
@@ -187,10 +189,10 @@ def test_worker_failure_is_tfs_error_and_cleans_up(contrib_pb, tmp_path, monkeyp
     import tensorflow as tf
 
     from bertfuse.converter import load_source, reference
-    from bertfuse.converter.export import random_inputs
+    from bertfuse.io.inputs import random_inputs
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    source = load_source(str(contrib_pb))
+    source = load_source(str(contrib_pb), ConvertOptions().kind, ConvertOptions().signature)
     try:
         good = random_inputs(2, 8, source.vocab_size, seed=1)
         got = reference.run_in_subprocess(source, [good])[0]
@@ -273,7 +275,7 @@ def test_compare_fails_closed():
     ref = {"a": np.ones((2, 3), np.float32), "b": np.ones(3, np.float32),
            "c": np.ones(3, np.float32)}
     cand = {"a": np.where(np.eye(2, 3) > 0, np.nan, 1.0), "b": np.full(3, np.inf)}
-    rows = {r.name: r for r in compare(ref, cand, tolerance=tolerance_for("fp32", atol=1e9))}
+    rows = {r.name: r for r in compare(ref, cand, tolerance_for("fp32", atol=1e9))}
     assert not rows["a"].ok and rows["a"].nonfinite == 2
     assert not rows["b"].ok and rows["b"].nonfinite == 3
     assert not rows["c"].ok and "missing" in rows["c"].note
@@ -361,11 +363,12 @@ def test_bad_tolerance_or_seed_is_one_line_exit_2(tmp_path, argv):
 @pytest.mark.parametrize("field,value", [("atol", float("nan")), ("rtol", -1.0),
                                          ("seed", -1), ("atol", float("inf"))])
 def test_python_api_checks_tolerances_and_seed(field, value, tmp_path):
-    from bertfuse.pipeline import stages as pipeline
+    from bertfuse.pipeline import stages
+    from bertfuse.pipeline.options import ConvertOptions
 
-    opts = pipeline.ConvertOptions(**{field: value})
+    opts = ConvertOptions(**{field: value})
     with pytest.raises(BertfuseError, match=f"--{field}"):
-        pipeline.convert(str(tmp_path / "missing.pb"), str(tmp_path / "m.onnx"), opts)
+        stages.convert(str(tmp_path / "missing.pb"), str(tmp_path / "m.onnx"), opts)
 
 
 def test_gate_uses_atol_rtol_and_a_fixed_seed(ckpt_erf, convert_cached):
@@ -386,7 +389,7 @@ def test_gate_uses_atol_rtol_and_a_fixed_seed(ckpt_erf, convert_cached):
 
 
 def test_hint_fits_the_source_kind():
-    from bertfuse.pipeline.stages import parity_failure
+    from bertfuse.pipeline.gate import parity_failure
     from bertfuse.pipeline.parity import OutputParity, ParityReport
     from bertfuse.pipeline.mask import SEGMENTS
 

@@ -1,7 +1,7 @@
 """`--kernels ort|bertfuse` on convert and optimize, and the API keyword, end to end on the tiny
 checkpoint. The bertfuse form cannot run on ORT's CPU EP: convert gates the contrib form
 against TensorFlow and then checks the bertfuse form equal to it with the NumPy references
-(kernels_form.py); here the written model is also run that way against TensorFlow itself."""
+(pipeline/lowering.py); here the written model is also run that way against TensorFlow itself."""
 
 from __future__ import annotations
 
