@@ -1,4 +1,23 @@
-"""bertfuse: TensorFlow BERT -> fused ONNX (ONNX Runtime contrib ops) for fast GPU serving.
+"""bertfuse: TensorFlow BERT -> fused ONNX (ONNX Runtime contrib ops, bertfuse's own CUDA
+ops) for fast GPU serving.
+
+The rooms, along the path of a model (docs/architecture.md draws them):
+
+    cli/        the `bertfuse` command: one Command class per subcommand
+    api         bertfuse.convert / bertfuse.optimize, the Python face of the pipeline
+    pipeline/   convert / optimize / verify as one plan of stages; every option, once
+    converter/  TF sources (checkpoint, SavedModel, GraphDef, Keras) -> raw ONNX (tf2onnx)
+    passes/     the fusion passes (onnx-graphsurgeon) and the pass manager's plans
+    ops/        contracts + NumPy references: contrib/ (com.microsoft), bertfuse/ (ai.bertfuse)
+    kernels/    the native CUDA library behind the ai.bertfuse ops: sources, build, loader
+    runtime/    Session: buckets, IO binding, CUDA graphs, pools
+    serve/      HTTP serving on Ray Serve          score/    offline scoring on Ray Data
+    inspect/    inspect, summarize, diff, draw     bench/    the GPU benchmark
+    export/     Triton model repositories          io/       model files, ORT sessions, temp files
+    text        WordPiece on a checkpoint's vocab.txt
+    errors      the errors the CLI turns into one line and an exit code
+    checks      argument checks for every room's Python API, one message style
+    ray_cluster the Ray bring-up and shutdown serve/ and score/ share
 
 The public API (README, "Python API")::
 
@@ -29,7 +48,7 @@ _LAZY = {
     "Session": "bertfuse.runtime",
     "SessionOptions": "bertfuse.runtime",
     "SessionPool": "bertfuse.runtime",
-    "RunReport": "bertfuse.pipeline.stages",
+    "RunReport": "bertfuse.pipeline.report",
 }
 
 __all__ = ["BertfuseError", "FusionIncomplete", "MissingDependency", "ParityError",
@@ -37,7 +56,7 @@ __all__ = ["BertfuseError", "FusionIncomplete", "MissingDependency", "ParityErro
 
 if TYPE_CHECKING:
     from bertfuse.api import convert, optimize
-    from bertfuse.pipeline.stages import RunReport
+    from bertfuse.pipeline.report import RunReport
     from bertfuse.runtime import Session, SessionOptions, SessionPool
 
 

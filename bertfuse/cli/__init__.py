@@ -1,98 +1,22 @@
 """bertfuse command line: one entry point, subcommands, grouped options, --json for CI.
 
-This module turns a command's outcome into an exit code and at most one line on stderr. The
-parser is cli_parser.py; the commands are here when small, else in their own modules:
-convert_command.py (convert, optimize, verify, strip-weights), inspect/command.py (inspect,
-summarize, diff, draw), kernels_command.py, bench/, serve/ and score/command.py."""
+    argv -> parser.py (built from registry.py: one Command class per subcommand, in
+            convert.py, inspect.py, tools.py, kernels.py, bench.py, serve.py, score.py)
+         -> Command.run(args, console) -> exit code
+         -> errors: one line on stderr (render.py draws tables and JSON on stdout)
+
+This module turns a command's outcome into an exit code and at most one line on stderr:
+BertfuseError and bad paths exit 2, a failed parity check 1, a bug 3 (the traceback with
+--debug), Ctrl-C 130, SIGTERM 128 + 15."""
 
 from __future__ import annotations
 
-import argparse
-import importlib
-import json
 import os
 import stat
 import sys
-from typing import Any, Callable
 
-from bertfuse.cli.parser import build_parser  # noqa: F401  (tests and tools import it here)
 from bertfuse.errors import BertfuseError, UsageError, library_error_message, \
     missing_dependency_message
-
-Command = Callable[[argparse.Namespace, Any], int]  # (args, console) -> exit code
-
-
-def _elsewhere(target: str) -> Command:
-    """The command `module:function`, imported when it runs: `import bertfuse.cli` loads
-    none of TensorFlow, ONNX Runtime, Ray or tokenizers."""
-    module, name = target.split(":")
-
-    def run(args: argparse.Namespace, console: Any) -> int:
-        return getattr(importlib.import_module(module), name)(args, console)
-    return run
-
-
-def _cmd_example(args, console) -> int:
-    from bertfuse.converter.example import write_example
-    from bertfuse.cli.render import emit
-
-    out = write_example(args.config, args.output, seed=args.seed, head=args.head,
-                        hidden_act=args.hidden_act)
-    return emit(args.json, console, {"output": str(out), "config": args.config},
-                f"wrote {args.config} example to {out}")
-
-
-def _cmd_tokenize(args, console) -> int:
-    from bertfuse.text import WordPiece
-
-    tok = WordPiece(args.vocab, lower_case=args.lower_case, max_length=args.max_length,
-                    model=args.model)
-    if args.pair is not None and len(args.pair) != len(args.text):
-        raise BertfuseError(f"{len(args.text)} texts but {len(args.pair)} --pair")
-    batch = tok(args.text, args.pair)
-    if args.json:
-        print(json.dumps({**{k: v.tolist() for k, v in batch.feeds().items()},
-                          "lower_case": tok.lower_case, "max_length": tok.max_length}))
-        return 0
-    for i, text in enumerate(args.text):
-        pieces = tok.tokens(text, args.pair[i] if args.pair else None)
-        console.print(" ".join(pieces), markup=False, highlight=False, soft_wrap=True)
-        console.print(" ".join(map(str, batch.input_ids[i][batch.input_mask[i] > 0])),
-                      markup=False, highlight=False, soft_wrap=True)
-    return 0
-
-
-def _cmd_export_triton(args, console) -> int:
-    from bertfuse.cli.render import emit
-    from bertfuse.export.triton import export_triton
-
-    out = export_triton(args.model, args.output, args.name, args.max_batch, args.instances,
-                        args.kind, args.dynamic_batching_delay_us, args.force,
-                        args.cuda_graphs, args.intra_op_threads)
-    return emit(args.json, console, out.to_json(),
-                f"wrote {out.name} ({out.precision}) to {out.config} and {out.model}", indent=2)
-
-
-def _cmd_bench(args, console) -> int:
-    from bertfuse.cli.bench import run
-
-    return run(args)
-
-
-COMMANDS: dict[str, Command] = {
-    "bench": _cmd_bench, "kernels": _elsewhere("bertfuse.cli.kernels:run"),
-    "example": _cmd_example, "convert": _elsewhere("bertfuse.cli.convert:cmd_convert"),
-    "optimize": _elsewhere("bertfuse.cli.convert:cmd_optimize"),
-    "verify": _elsewhere("bertfuse.cli.convert:cmd_verify"),
-    "strip-weights": _elsewhere("bertfuse.cli.convert:cmd_strip"),
-    "inspect": _elsewhere("bertfuse.cli.inspect:cmd_inspect"),
-    "summarize": _elsewhere("bertfuse.cli.inspect:cmd_summarize"),
-    "diff": _elsewhere("bertfuse.cli.inspect:cmd_diff"),
-    "draw": _elsewhere("bertfuse.cli.inspect:cmd_draw"),
-    "tokenize": _cmd_tokenize, "export-triton": _cmd_export_triton,
-    "serve": _elsewhere("bertfuse.cli.serve:run"),
-    "score": _elsewhere("bertfuse.cli.score:run"),
-}
 
 
 # Arguments that name files or directories a command reads (example's --config is a name).
@@ -125,8 +49,9 @@ def _one_line(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bertfuse.converter.reference import prefer_onednn_off
+    from bertfuse.cli.parser import build_parser
     from bertfuse.cli.render import make_console
+    from bertfuse.converter.reference import prefer_onednn_off
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     prefer_onednn_off()  # the parity reference: see bertfuse/converter/reference.py
@@ -147,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         with native_stderr_silenced(not args.debug and args.command != "score"), \
                 handle_signals():
             _refuse_special_inputs(args)
-            return COMMANDS[args.command](args, console)
+            return args._command.run(args, console)
     except BertfuseError as exc:
         if args.debug:
             raise
@@ -180,6 +105,3 @@ def main(argv: list[str] | None = None) -> int:
                   highlight=False, soft_wrap=True)
         return 3
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,5 +1,5 @@
 """`bertfuse bench`: its options and its run. The CLI parses the options with argparse like
-every other subcommand; benchmarks/gpu_bench.py is the same command as a script."""
+every other subcommand; benchmarks/runtime/gpu_bench.py is the same command as a script."""
 
 from __future__ import annotations
 
@@ -13,68 +13,75 @@ from contextlib import redirect_stdout
 
 from bertfuse.bench.kernels import KERNELS_FORMS
 from bertfuse.bench.workloads import PACKED_WORKLOADS, PADDED_WORKLOADS
+from bertfuse.cli.command import Command
 from bertfuse.errors import BertfuseError
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--skeletons", required=True,
-                   help="directory with <config>_raw.skel.onnx (bertfuse strip-weights)")
-    g = p.add_argument_group("workloads")
-    g.add_argument("--workloads", nargs="*", default=list(PADDED_WORKLOADS),
-                   choices=list(PADDED_WORKLOADS), metavar="NAME",
-                   help=f"padded workloads, any of: {'; '.join(PADDED_WORKLOADS)} "
-                        "(default all; the flag alone: none)")
-    g.add_argument("--packed", nargs="*", default=None, choices=list(PACKED_WORKLOADS),
-                   metavar="NAME", help="padded-vs-packed workloads, any of: "
-                                        f"{'; '.join(PACKED_WORKLOADS)} "
-                                        "(default all; the flag alone: none)")
-    g.add_argument("--streams", nargs="*", type=int, default=[1, 2, 4], metavar="N",
-                   help="padded vs packed under load: threads, each with its own replica "
-                        "(default 1 2 4; the flag alone: none)")
-    g.add_argument("--iters", type=int, default=500, help="timed calls per variant")
-    g.add_argument("--soak", type=int, default=0, help="mixed-shape requests for the soak")
-    g.add_argument("--ort-rows", choices=("all", "reference"), default="all",
-                   help="all (default): ORT raw fp32 and fp16 and ORT's transformer optimizer; "
-                        "reference: ORT raw fp32 only, the parity reference (skips the "
-                        "optimizer, most of a large model's setup time)")
-    g.add_argument("--runtime-rows", choices=("all", "paired"), default="all",
-                   help="all (default): every runtime variant of the contrib form (mask forms, "
-                        "pageable copy, packed); paired: only those the bertfuse-kernels form "
-                        "has too (the runtime as shipped, raw mask only)")
-    k = p.add_argument_group("kernels")
-    k.add_argument("--kernels", choices=KERNELS_FORMS, default="both",
-                   help="ort: the fused model on ONNX Runtime's contrib kernels only; both "
-                        "(default): also rewritten into bertfuse's own CUDA ops, timed beside "
-                        "it (needs `bertfuse kernels build` first; else those rows say why)")
-    p.add_argument("--out", default=os.environ.get("OUT", "."),
-                   help="where gpu_bench.json goes (default $OUT, else .)")
+class Bench(Command):
+    name = "bench"
+    summary = "GPU benchmark: ORT raw / ORT optimizer / bertfuse runtime, padded vs packed (needs onnxruntime-gpu)"
+    example = ("  bertfuse strip-weights raw.onnx -o out/skeletons/shenma-3l_raw.skel.onnx\n"
+               "  bertfuse bench --skeletons out/skeletons --workloads 'shenma-3l b20 s64' --packed "
+               "--out results/")
 
+    def add_arguments(self, p: argparse.ArgumentParser) -> None:
+        p.add_argument("--skeletons", required=True,
+                       help="directory with <config>_raw.skel.onnx (bertfuse strip-weights)")
+        g = p.add_argument_group("workloads")
+        g.add_argument("--workloads", nargs="*", default=list(PADDED_WORKLOADS),
+                       choices=list(PADDED_WORKLOADS), metavar="NAME",
+                       help=f"padded workloads, any of: {'; '.join(PADDED_WORKLOADS)} "
+                            "(default all; the flag alone: none)")
+        g.add_argument("--packed", nargs="*", default=None, choices=list(PACKED_WORKLOADS),
+                       metavar="NAME", help="padded-vs-packed workloads, any of: "
+                                            f"{'; '.join(PACKED_WORKLOADS)} "
+                                            "(default all; the flag alone: none)")
+        g.add_argument("--streams", nargs="*", type=int, default=[1, 2, 4], metavar="N",
+                       help="padded vs packed under load: threads, each with its own replica "
+                            "(default 1 2 4; the flag alone: none)")
+        g.add_argument("--iters", type=int, default=500, help="timed calls per variant")
+        g.add_argument("--soak", type=int, default=0, help="mixed-shape requests for the soak")
+        g.add_argument("--ort-rows", choices=("all", "reference"), default="all",
+                       help="all (default): ORT raw fp32 and fp16 and ORT's transformer optimizer; "
+                            "reference: ORT raw fp32 only, the parity reference (skips the "
+                            "optimizer, most of a large model's setup time)")
+        g.add_argument("--runtime-rows", choices=("all", "paired"), default="all",
+                       help="all (default): every runtime variant of the contrib form (mask forms, "
+                            "pageable copy, packed); paired: only those the bertfuse-kernels form "
+                            "has too (the runtime as shipped, raw mask only)")
+        k = p.add_argument_group("kernels")
+        k.add_argument("--kernels", choices=KERNELS_FORMS, default="both",
+                       help="ort: the fused model on ONNX Runtime's contrib kernels only; both "
+                            "(default): also rewritten into bertfuse's own CUDA ops, timed beside "
+                            "it (needs `bertfuse kernels build` first; else those rows say why)")
+        p.add_argument("--out", default=os.environ.get("OUT", "."),
+                       help="where gpu_bench.json goes (default $OUT, else .)")
 
-def run(args: argparse.Namespace) -> int:
-    """Checks the skeletons and the GPU before any temp file, then runs every workload with
-    the prepared models under one temp dir (removed on any exit: the CLI handles signals)."""
-    configs = {PADDED_WORKLOADS[n][0] for n in args.workloads} | \
-        {PACKED_WORKLOADS[n][0] for n in (list(PACKED_WORKLOADS) if args.packed is None
-                                       else args.packed)}
-    missing = [c for c in sorted(configs)
-               if not os.path.isfile(os.path.join(args.skeletons, f"{c}_raw.skel.onnx"))]
-    if missing:
-        raise BertfuseError(f"bench: no skeleton for {', '.join(missing)} in {args.skeletons} "
-                            "(expected <config>_raw.skel.onnx, made by bertfuse strip-weights)")
-    from bertfuse.bench.models import no_cuda
+    def run(self, args: argparse.Namespace, console=None) -> int:
+        """Checks the skeletons and the GPU before any temp file, then runs every workload with
+        the prepared models under one temp dir (removed on any exit: the CLI handles signals)."""
+        configs = {PADDED_WORKLOADS[n][0] for n in args.workloads} | \
+            {PACKED_WORKLOADS[n][0] for n in (list(PACKED_WORKLOADS) if args.packed is None
+                                           else args.packed)}
+        missing = [c for c in sorted(configs)
+                   if not os.path.isfile(os.path.join(args.skeletons, f"{c}_raw.skel.onnx"))]
+        if missing:
+            raise BertfuseError(f"bench: no skeleton for {', '.join(missing)} in {args.skeletons} "
+                                "(expected <config>_raw.skel.onnx, made by bertfuse strip-weights)")
+        from bertfuse.bench.models import no_cuda
 
-    no_gpu = no_cuda()
-    if no_gpu:  # before any temp file: nothing is left behind
-        raise BertfuseError(f"bench needs a CUDA GPU ({no_gpu})")
-    from bertfuse.io.safety import temp_dir
+        no_gpu = no_cuda()
+        if no_gpu:  # before any temp file: nothing is left behind
+            raise BertfuseError(f"bench needs a CUDA GPU ({no_gpu})")
+        from bertfuse.io.safety import temp_dir
 
-    out = sys.stdout
-    with temp_dir(prefix="bertfuse-bench-") as work, \
-            redirect_stdout(sys.stderr if args.json else out):  # --json: progress on stderr
-        payload = _bench(args, str(work))
-    if args.json:
-        out.write(json.dumps(payload, default=str) + "\n")
-    return 0
+        out = sys.stdout
+        with temp_dir(prefix="bertfuse-bench-") as work, \
+                redirect_stdout(sys.stderr if args.json else out):  # --json: progress on stderr
+            payload = _bench(args, str(work))
+        if args.json:
+            out.write(json.dumps(payload, default=str) + "\n")
+        return 0
 
 
 def _bench(args: argparse.Namespace, work: str) -> dict:
@@ -84,7 +91,7 @@ def _bench(args: argparse.Namespace, work: str) -> dict:
     from bertfuse.bench import packed as packed_bench
     from bertfuse.bench.kernels import find_library, format_comparison
     from bertfuse.bench.models import prepare_models
-    from bertfuse.bench.padded import WORKLOADS, Result, Rows, format_table, run_workload, soak
+    from bertfuse.bench.padded import Result, Rows, format_table, run_workload, soak
     from bertfuse.bench.timing import kernel_profile
 
     if hasattr(ort, "preload_dlls"):  # CUDA/cuDNN from pip's nvidia-* wheels (ORT >= 1.21)
@@ -111,7 +118,7 @@ def _bench(args: argparse.Namespace, work: str) -> dict:
             json.dump(payload(), fh, indent=1, default=str)
 
     for name in args.workloads:
-        config, batch, seq = WORKLOADS[name]
+        config, batch, seq = PADDED_WORKLOADS[name]
         skeleton = os.path.join(args.skeletons, f"{config}_raw.skel.onnx")
         print(f"== {name}", flush=True)
         rs, paths = run_workload(name, skeleton, batch, seq, args.iters, work, profiles, rows,

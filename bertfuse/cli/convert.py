@@ -1,6 +1,7 @@
 """`bertfuse convert`, `optimize`, `verify` and `strip-weights`: the commands that write or
 check a model. The first three print the run report (a table, or JSON with --json) and
-then, if the parity check failed, the one-line verdict on stderr; cli.py runs them."""
+then, if the parity check failed, the one-line verdict on stderr. Their options are the
+option table's (pipeline/options.py), grouped as options.GROUPS says."""
 
 from __future__ import annotations
 
@@ -9,51 +10,120 @@ import json
 import os
 from typing import Callable
 
-from bertfuse.errors import BertfuseError, ParityError
+from bertfuse.cli.args import add_options, add_write_target, int_at_least, options_from_args
+from bertfuse.cli.command import Command
 from bertfuse.cli.render import emit
+from bertfuse.errors import BertfuseError, ParityError
 
 
-def cmd_convert(args: argparse.Namespace, console) -> int:
-    from bertfuse.pipeline import stages as pipeline
+def _add_source_options(p: argparse.ArgumentParser) -> None:
+    from bertfuse.pipeline.options import GROUPS
 
-    _check_verify_size(args)  # the output path is checked by pipeline.convert, first thing
-    return _run_with_report(args, console, lambda up: pipeline.convert(
-        args.source, args.output, _options(args), up))
+    add_options(p, "TF source", GROUPS["TF source"])
 
 
-def cmd_optimize(args: argparse.Namespace, console) -> int:
-    from bertfuse.pipeline import stages as pipeline
+class Convert(Command):
+    name = "convert"
+    summary = "TF BERT -> fused ONNX, verified against TF"
+    example = ("  bertfuse convert out/tiny -o tiny.onnx\n"
+               "  bertfuse convert saved_model/ -o model_fp16.onnx --precision fp16 \\\n"
+               "      --inputs input_ids=ids,input_mask=mask,segment_ids=types --json")
 
-    target = _target(args)
-    return _run_with_report(args, console, lambda up: pipeline.optimize(
-        args.model, target, up, args.strict, args.precision, args.packed, args.in_place,
-        args.inputs, args.kernels, args.fp8))
+    def add_arguments(self, p: argparse.ArgumentParser) -> None:
+        from bertfuse.pipeline.options import GROUPS
+
+        p.add_argument("source", help="checkpoint dir/prefix, SavedModel dir, .pb, or .keras")
+        p.add_argument("-o", "--output", required=True, help="output .onnx")
+        for title in ("TF source", "conversion", "fusion", "verification", "parity gate"):
+            add_options(p, title, GROUPS[title])
+
+    def run(self, args: argparse.Namespace, console) -> int:
+        from bertfuse.pipeline import stages
+
+        opts = options_from_args(args)
+        _check_verify_size(opts)  # the output path is checked by stages.convert, first thing
+        return _run_with_report(args, console, lambda up: stages.convert(
+            args.source, args.output, opts, up))
 
 
-def cmd_verify(args: argparse.Namespace, console) -> int:
-    from bertfuse.pipeline import stages as pipeline
+class Optimize(Command):
+    name = "optimize"
+    summary = "run the fusion passes on a raw tf2onnx model"
+    example = ("  python -m tf2onnx.convert --saved-model sm/ --opset 17 --output raw.onnx\n"
+               "  bertfuse optimize raw.onnx -o fused.onnx \\\n"
+               "      --inputs input_ids=input_word_ids,segment_ids=input_type_ids")
 
-    _check_verify_size(args)
-    return _run_with_report(args, console, lambda up: pipeline.verify(
-        args.model, args.against, _options(args), up))
+    def add_arguments(self, p: argparse.ArgumentParser) -> None:
+        from bertfuse.pipeline.options import GROUPS
+
+        p.add_argument("model", help="raw ONNX exported by tf2onnx")
+        add_write_target(p, "output .onnx")
+        add_options(p, "fusion", GROUPS["fusion"])
+        p.add_argument_group("interface").add_argument(
+            "--inputs", metavar="ROLE=NAME,...",
+            help="rename the inputs to input_ids, input_mask, segment_ids (int32), as "
+                 "bertfuse's Session takes them; inputs not named are recognised by name, "
+                 "e.g. input_ids=input_word_ids,segment_ids=input_type_ids")
+
+    def run(self, args: argparse.Namespace, console) -> int:
+        from bertfuse.pipeline import stages
+
+        target = _target(args)
+        opts = options_from_args(args)
+        return _run_with_report(args, console, lambda up: stages.optimize(
+            args.model, target, up, opts, args.in_place))
 
 
-def cmd_strip(args: argparse.Namespace, console) -> int:
-    from bertfuse.io.model import load_model, save_model
-    from bertfuse.runtime.weights import fill_weights, is_stripped, strip_weights
+class Verify(Command):
+    name = "verify"
+    summary = "compare an ONNX model with its TF source"
+    example = "  bertfuse verify tiny.onnx --against out/tiny --batch 2 --seq 64"
 
-    target = _target(args)
-    model = load_model(args.model)
-    if args.fill is not None:
-        if not is_stripped(model):
-            raise BertfuseError(f"{args.model}: not a stripped model (no bertfuse_stripped "
-                                f"metadata)")
-        count, verb = fill_weights(model, args.fill), "refilled"
-    else:
-        count, verb = strip_weights(model), "stripped"
-    save_model(model, target)
-    return emit(args.json, console, {"output": target, verb: count},
-                f"{verb} {count} initializers -> {target}")
+    def add_arguments(self, p: argparse.ArgumentParser) -> None:
+        from bertfuse.pipeline.options import GROUPS
+
+        p.add_argument("model", help="ONNX model")
+        p.add_argument("--against", required=True, help="the TF source")
+        add_options(p, "TF source", GROUPS["TF source"])
+        add_options(p, "verification", GROUPS["verification"])
+
+    def run(self, args: argparse.Namespace, console) -> int:
+        from bertfuse.pipeline import stages
+
+        opts = options_from_args(args)
+        _check_verify_size(opts)
+        return _run_with_report(args, console, lambda up: stages.verify(
+            args.model, args.against, opts, up))
+
+
+class StripWeights(Command):
+    name = "strip-weights"
+    summary = "drop large initializers' bytes (keep shape/dtype)"
+    example = ("  bertfuse strip-weights model.onnx -o skeleton.onnx\n"
+               "  bertfuse strip-weights skeleton.onnx -o filled.onnx --fill 0")
+
+    def add_arguments(self, p: argparse.ArgumentParser) -> None:
+        p.add_argument("model", help="ONNX model")
+        add_write_target(p, "output skeleton .onnx")
+        p.add_argument("--fill", type=int_at_least(0), metavar="SEED",
+                       help="instead: refill a stripped model with seeded random weights")
+
+    def run(self, args: argparse.Namespace, console) -> int:
+        from bertfuse.io.model import load_model, save_model
+        from bertfuse.runtime.weights import fill_weights, is_stripped, strip_weights
+
+        target = _target(args)
+        model = load_model(args.model)
+        if args.fill is not None:
+            if not is_stripped(model):
+                raise BertfuseError(f"{args.model}: not a stripped model (no bertfuse_stripped "
+                                    f"metadata)")
+            count, verb = fill_weights(model, args.fill), "refilled"
+        else:
+            count, verb = strip_weights(model), "stripped"
+        save_model(model, target)
+        return emit(args.json, console, {"output": target, verb: count},
+                    f"{verb} {count} initializers -> {target}")
 
 
 def _status_printer(args: argparse.Namespace, console) -> tuple[Callable[[str], None] | None, object]:
@@ -63,20 +133,6 @@ def _status_printer(args: argparse.Namespace, console) -> tuple[Callable[[str], 
     status = console.status("starting")
     status.start()
     return (lambda msg: status.update(f"[bold]{msg}[/bold] ...")), status
-
-
-def _options(args):
-    from bertfuse.pipeline.options import ConvertOptions
-
-    return ConvertOptions(
-        opset=getattr(args, "opset", 17), signature=args.signature, kind=args.kind,
-        inputs=args.inputs, outputs=args.outputs.split(",") if args.outputs is not None else None,
-        config=args.config, verify=not getattr(args, "no_verify", False),
-        force=getattr(args, "force", False), seed=args.seed, batch=args.batch, seq=args.seq,
-        atol=args.atol, rtol=args.rtol,
-        strict=getattr(args, "strict", False), fuse=not getattr(args, "no_fuse", False),
-        precision=getattr(args, "precision", "fp32"), packed=getattr(args, "packed", False),
-        kernels=getattr(args, "kernels", "ort"), fp8=getattr(args, "fp8", False))
 
 
 def _run_with_report(args, console, fn: Callable) -> int:
@@ -124,8 +180,8 @@ def _target(args) -> str:
     return target
 
 
-def _check_verify_size(args) -> None:
+def _check_verify_size(opts) -> None:
     """Random verification inputs past this many tokens only exhaust memory."""
     from bertfuse.pipeline.options import check_verify_size
 
-    check_verify_size(getattr(args, "batch", 1), getattr(args, "seq", 1))
+    check_verify_size(opts.batch, opts.seq)

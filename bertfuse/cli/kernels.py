@@ -1,13 +1,16 @@
-"""`bertfuse kernels build|check|info`: the ai.bertfuse op library (bertfuse/custom_ops).
+"""`bertfuse kernels build|check|info`: the ai.bertfuse op library (bertfuse/kernels).
 
-Kept outside bertfuse.ops so that building the CLI parser imports nothing heavy; the
-commands import the library modules when they run."""
+Building the CLI parser imports nothing heavy: the actions import the library modules
+when they run."""
 
 from __future__ import annotations
 
 import argparse
 import json
 from typing import Any, Callable
+
+from bertfuse.cli.args import add_output_args
+from bertfuse.cli.command import Command
 
 
 def _arch(text: str) -> int:
@@ -22,46 +25,49 @@ def _arch(text: str) -> int:
     return value
 
 
-def add_parser(sub, add_output_args: Callable[[argparse.ArgumentParser], None]) -> None:
-    p = sub.add_parser("kernels", help="bertfuse's own CUDA op library (ai.bertfuse): build, "
-                                       "check on the GPU, info")
-    ks = p.add_subparsers(dest="kernels_command", required=True, metavar="ACTION")
-
-    b = ks.add_parser("build", help="build the library for the local GPU into the cache")
-    g = b.add_argument_group("build")
-    g.add_argument("--ort-include", metavar="DIR",
-                   help="ONNX Runtime's C/C++ API headers (default: $ORT_INCLUDE_DIR, else "
-                        "fetched from Debian's libonnxruntime-dev)")
-    g.add_argument("--arch", type=_arch, help="CUDA SM to build for, e.g. 90 (default: the local GPU's)")
-    g.add_argument("--force", action="store_true", help="rebuild even if the cache has it")
-    g.add_argument("--builder", choices=("auto", "cmake", "nvcc"), default="auto",
-                   help="auto: cmake where installed, else nvcc directly")
-    add_output_args(b)
-
-    c = ks.add_parser("check", help="run every op on the GPU (ONNX Runtime CUDA EP) against "
-                                    "its NumPy reference (exit 1 on a mismatch)")
-    g = c.add_argument_group("check")
-    g.add_argument("--op", action="append", metavar="NAME", help="only this op (repeatable)")
-    g.add_argument("--library", metavar="PATH", help="this .so instead of the cached one")
-    g.add_argument("--seed", type=int, default=0, help="seed for the random inputs (default 0)")
-    g.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_false",
-                   help="skip the CUDA-graph capture/replay run of each case")
-    g.add_argument("--no-fp8", dest="fp8", action="store_false", help="skip the FP8 forms")
-    add_output_args(c)
-
-    i = ks.add_parser("info", help="cache dir, ONNX Runtime API version, GPU SM, whether built")
-    i.add_argument("--arch", type=_arch, help="report for this SM instead of the local GPU's")
-    add_output_args(i)
-    EXAMPLE = ("  bertfuse kernels build --ort-include /opt/onnxruntime/include\n"
+class Kernels(Command):
+    name = "kernels"
+    summary = "bertfuse's own CUDA op library (ai.bertfuse): build, check on the GPU, info"
+    example = ("  bertfuse kernels build --ort-include /opt/onnxruntime/include\n"
                "  bertfuse kernels check --json\n"
                "  bertfuse kernels info")
-    for q in (p, b, c, i):
-        q.epilog = "example:\n" + EXAMPLE
-        q.formatter_class = argparse.RawDescriptionHelpFormatter
+    output_args = False  # each action has its own
 
+    def add_arguments(self, p: argparse.ArgumentParser) -> None:
+        ks = p.add_subparsers(dest="kernels_command", required=True, metavar="ACTION")
 
-def run(args: argparse.Namespace, console: Any) -> int:
-    return {"build": _build, "check": _check, "info": _info}[args.kernels_command](args, console)
+        b = ks.add_parser("build", help="build the library for the local GPU into the cache")
+        g = b.add_argument_group("build")
+        g.add_argument("--ort-include", metavar="DIR",
+                       help="ONNX Runtime's C/C++ API headers (default: $ORT_INCLUDE_DIR, else "
+                            "fetched from Debian's libonnxruntime-dev)")
+        g.add_argument("--arch", type=_arch, help="CUDA SM to build for, e.g. 90 (default: the local GPU's)")
+        g.add_argument("--force", action="store_true", help="rebuild even if the cache has it")
+        g.add_argument("--builder", choices=("auto", "cmake", "nvcc"), default="auto",
+                       help="auto: cmake where installed, else nvcc directly")
+        add_output_args(b)
+
+        c = ks.add_parser("check", help="run every op on the GPU (ONNX Runtime CUDA EP) against "
+                                        "its NumPy reference (exit 1 on a mismatch)")
+        g = c.add_argument_group("check")
+        g.add_argument("--op", action="append", metavar="NAME", help="only this op (repeatable)")
+        g.add_argument("--library", metavar="PATH", help="this .so instead of the cached one")
+        g.add_argument("--seed", type=int, default=0, help="seed for the random inputs (default 0)")
+        g.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_false",
+                       help="skip the CUDA-graph capture/replay run of each case")
+        g.add_argument("--no-fp8", dest="fp8", action="store_false", help="skip the FP8 forms")
+        add_output_args(c)
+
+        i = ks.add_parser("info", help="cache dir, ONNX Runtime API version, GPU SM, whether built")
+        i.add_argument("--arch", type=_arch, help="report for this SM instead of the local GPU's")
+        add_output_args(i)
+        for q in (b, c, i):
+            q.epilog = "example:\n" + Kernels.example
+            q.formatter_class = argparse.RawDescriptionHelpFormatter
+
+    def run(self, args: argparse.Namespace, console: Any) -> int:
+        return {"build": _build, "check": _check, "info": _info}[args.kernels_command](args,
+                                                                                     console)
 
 
 def _say(args, console) -> Callable[[str], None]:

@@ -9,70 +9,77 @@ import json
 import sys
 import time
 
+from bertfuse.cli.args import int_at_least
+from bertfuse.cli.command import Command
 from bertfuse.errors import BertfuseError
 
 
-def add_arguments(p: argparse.ArgumentParser, int_at_least) -> None:
-    p.add_argument("model", help="a bertfuse-converted .onnx")
-    g = p.add_argument_group("replicas and batching")
-    g.add_argument("--replicas", type=int_at_least(1),
-                   help="replicas (default: as many as the cluster's GPUs hold at "
-                        "--gpus-per-replica each, else 1 on the CPU)")
-    g.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
-                   help="auto: cuda where the Ray cluster has GPUs")
-    g.add_argument("--max-batch", type=int_at_least(1), default=32,
-                   help="rows per model call, and per request (default 32)")
-    g.add_argument("--max-wait-ms", type=float, default=2.0, metavar="T",
-                   help="longest a request waits for others to batch with (default 2; a "
-                        "request alone in its replica does not wait)")
-    g.add_argument("--batch-buckets", metavar="B,B,...",
-                   help="rows a model call is padded to (default 1,2,4,...,--max-batch); "
-                        "requests of N rows batch best with N,2N,3N")
-    g.add_argument("--max-seq", type=int_at_least(1),
-                   help="longest request in tokens (default: the model's positions)")
-    g.add_argument("--cpus-per-replica", type=float, default=1.0, metavar="N",
-                   help="Ray CPUs each replica reserves (default 1)")
-    g.add_argument("--gpus-per-replica", type=float, metavar="F",
-                   help="the share of a GPU each replica reserves (default 0.25, four "
-                        "replicas per GPU, with the haproxy ingress; else 1)")
-    g.add_argument("--no-warmup", dest="warmup", action="store_false",
-                   help="skip warming every bucket before a replica takes traffic")
-    g = p.add_argument_group("requests")
-    g.add_argument("--outputs", help="comma-separated outputs to serve (default all)")
-    g.add_argument("--vocab", help="the checkpoint's vocab.txt: requests may send text")
-    c = g.add_mutually_exclusive_group()
-    c.add_argument("--lower-case", dest="lower_case", action="store_true", default=None,
-                   help="lower-case text (default: as the checkpoint says)")
-    c.add_argument("--no-lower-case", dest="lower_case", action="store_false")
-    g = p.add_argument_group("where")
-    g.add_argument("--address", help="join a running Ray cluster ('auto' or HOST:PORT; "
-                                     "default: start a local Ray, stopped on exit)")
-    g.add_argument("--host", default="127.0.0.1",
-                   help="HTTP host (default 127.0.0.1; 0.0.0.0 for other machines)")
-    g.add_argument("--port", type=int_at_least(1), default=8000, help="HTTP port (default 8000)")
-    g.add_argument("--name", default="bertfuse", help="Serve application name")
-    g.add_argument("--ingress", choices=("auto", "proxy", "direct", "haproxy"),
-                   default="auto",
-                   help="auto (default): haproxy where bertfuse starts the local Ray on Linux "
-                        "with Ray >= 2.55 and its HAProxy binary, else proxy; proxy: Serve's "
-                        "HTTP proxy on --port; direct: clients post to each replica's own "
-                        "port (URLs printed); haproxy: HAProxy on --port forwards to the "
-                        "replicas' ports. direct and haproxy are switched on when Ray starts: "
-                        "they need the local Ray (no --address)")
-    g.add_argument("--access-log", action="store_true",
-                   help="Serve's per-request log lines (off: each costs a file write)")
+class Serve(Command):
+    name = "serve"
+    summary = "serve a model over HTTP on Ray Serve (batched, one replica per GPU)"
+    example = ("  bertfuse serve model.onnx --vocab out/tiny/vocab.txt --port 8000\n"
+               "  curl -s localhost:8000/v1/infer -d '{\"text\": [\"what is bert?\"]}'")
 
+    def add_arguments(self, p: argparse.ArgumentParser) -> None:
+        p.add_argument("model", help="a bertfuse-converted .onnx")
+        g = p.add_argument_group("replicas and batching")
+        g.add_argument("--replicas", type=int_at_least(1),
+                       help="replicas (default: as many as the cluster's GPUs hold at "
+                            "--gpus-per-replica each, else 1 on the CPU)")
+        g.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
+                       help="auto: cuda where the Ray cluster has GPUs")
+        g.add_argument("--max-batch", type=int_at_least(1), default=32,
+                       help="rows per model call, and per request (default 32)")
+        g.add_argument("--max-wait-ms", type=float, default=2.0, metavar="T",
+                       help="longest a request waits for others to batch with (default 2; a "
+                            "request alone in its replica does not wait)")
+        g.add_argument("--batch-buckets", metavar="B,B,...",
+                       help="rows a model call is padded to (default 1,2,4,...,--max-batch); "
+                            "requests of N rows batch best with N,2N,3N")
+        g.add_argument("--max-seq", type=int_at_least(1),
+                       help="longest request in tokens (default: the model's positions)")
+        g.add_argument("--cpus-per-replica", type=float, default=1.0, metavar="N",
+                       help="Ray CPUs each replica reserves (default 1)")
+        g.add_argument("--gpus-per-replica", type=float, metavar="F",
+                       help="the share of a GPU each replica reserves (default 0.25, four "
+                            "replicas per GPU, with the haproxy ingress; else 1)")
+        g.add_argument("--no-warmup", dest="warmup", action="store_false",
+                       help="skip warming every bucket before a replica takes traffic")
+        g = p.add_argument_group("requests")
+        g.add_argument("--outputs", help="comma-separated outputs to serve (default all)")
+        g.add_argument("--vocab", help="the checkpoint's vocab.txt: requests may send text")
+        c = g.add_mutually_exclusive_group()
+        c.add_argument("--lower-case", dest="lower_case", action="store_true", default=None,
+                       help="lower-case text (default: as the checkpoint says)")
+        c.add_argument("--no-lower-case", dest="lower_case", action="store_false")
+        g = p.add_argument_group("where")
+        g.add_argument("--address", help="join a running Ray cluster ('auto' or HOST:PORT; "
+                                         "default: start a local Ray, stopped on exit)")
+        g.add_argument("--host", default="127.0.0.1",
+                       help="HTTP host (default 127.0.0.1; 0.0.0.0 for other machines)")
+        g.add_argument("--port", type=int_at_least(1), default=8000, help="HTTP port (default 8000)")
+        g.add_argument("--name", default="bertfuse", help="Serve application name")
+        g.add_argument("--ingress", choices=("auto", "proxy", "direct", "haproxy"),
+                       default="auto",
+                       help="auto (default): haproxy where bertfuse starts the local Ray on Linux "
+                            "with Ray >= 2.55 and its HAProxy binary, else proxy; proxy: Serve's "
+                            "HTTP proxy on --port; direct: clients post to each replica's own "
+                            "port (URLs printed); haproxy: HAProxy on --port forwards to the "
+                            "replicas' ports. direct and haproxy are switched on when Ray starts: "
+                            "they need the local Ray (no --address)")
+        g.add_argument("--access-log", action="store_true",
+                       help="Serve's per-request log lines (off: each costs a file write)")
 
-def run(args: argparse.Namespace, console) -> int:
-    """Deploys, prints where, then waits for Ctrl-C/SIGTERM (bertfuse.io.safety turns SIGTERM
-    into an exception) and shuts down before returning 0. Ray prints its workers' errors on
-    the driver's stdout (a Serve shutdown makes one): they go to stderr here, so that stdout
-    holds only this command's lines (--json: one JSON object each)."""
-    if args.max_wait_ms < 0 or args.max_wait_ms != args.max_wait_ms:
-        raise BertfuseError(f"--max-wait-ms must be >= 0, got {args.max_wait_ms}")
-    out = sys.stdout
-    with contextlib.redirect_stdout(sys.stderr):
-        return _serve(args, out)
+    def run(self, args: argparse.Namespace, console) -> int:
+        """Deploys, prints where, then waits for Ctrl-C/SIGTERM (bertfuse.io.safety turns SIGTERM
+        into an exception) and shuts down before returning 0. Ray prints its workers' errors on
+        the driver's stdout (a Serve shutdown makes one): they go to stderr here, so that stdout
+        holds only this command's lines (--json: one JSON object each)."""
+        if args.max_wait_ms < 0 or args.max_wait_ms != args.max_wait_ms:
+            raise BertfuseError(f"--max-wait-ms must be >= 0, got {args.max_wait_ms}")
+        out = sys.stdout
+        with contextlib.redirect_stdout(sys.stderr):
+            return _serve(args, out)
 
 
 def _serve(args: argparse.Namespace, out) -> int:

@@ -1,1 +1,2 @@
-"""TODO"""
+"""Model repositories for other servers: triton (Triton Inference Server's onnxruntime
+backend: config.pbtxt + a copy of the model)."""

@@ -1,4 +1,8 @@
-"""Contracts and NumPy references for the ONNX Runtime ops bertfuse emits.
+"""Contracts and NumPy references of every op bertfuse emits (README.md: shapes, dtypes,
+attributes): contrib/ (ONNX Runtime's com.microsoft ops), bertfuse/ (bertfuse's ai.bertfuse
+ops, whose CUDA kernels are kernels/), contract (the OpContract type), evaluator (a model
+run through the references with onnx's ReferenceEvaluator), packing_layout (the packed
+request layout the packing pass and the runtime share).
 
 ``CONTRACTS`` maps op_type -> OpContract. Each op module also exposes ``reference(...)`` (float64
 inside, result in the input dtype) and ``make_model(...)`` (a one-node ONNX model, opsets

@@ -1,4 +1,4 @@
-"""ai.bertfuse BertAttention (custom_ops/bert_attention.py): the reference against the
+"""ai.bertfuse BertAttention (ops/bertfuse/bert_attention.py): the reference against the
 com.microsoft Attention reference and ONNX Runtime's own Attention CPU kernel, on the QKV
 projection done outside (what DenseBias gives it), for every mask form it takes."""
 

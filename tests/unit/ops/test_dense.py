@@ -1,4 +1,4 @@
-"""ai.bertfuse dense ops (custom_ops/dense.py): contracts, one-node models, and the NumPy
+"""ai.bertfuse dense ops (ops/bertfuse/dense.py): contracts, one-node models, and the NumPy
 references against independent math: ONNX Runtime's own CPU kernels for the two-kernel form
 they replace (MatMul, then BiasGelu / FastGelu / SkipLayerNormalization), run in float32 on
 the same fp16 values. The ops have no CPU kernel; their CUDA kernels are checked against

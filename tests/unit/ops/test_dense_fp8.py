@@ -1,4 +1,4 @@
-"""ai.bertfuse FP8 dense ops (custom_ops/dense_fp8.py): the e4m3 quantisation against ONNX
+"""ai.bertfuse FP8 dense ops (ops/bertfuse/dense_fp8.py): the e4m3 quantisation against ONNX
 Runtime's own float8 QuantizeLinear (round to nearest even, saturate), and the references
 against ORT's CPU kernels on the dequantised operands (DequantizeLinear, MatMul, then the
 contrib epilogue op)."""

@@ -1,0 +1,96 @@
+"""Argument types and the groups several commands share; the convert options' groups are
+read from the option table (pipeline/options.py), so a flag's default, choices and help are
+written once."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Callable, Sequence
+
+from bertfuse.errors import UsageError
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error as one line (exit 2) instead of usage + message."""
+
+    def error(self, message: str):  # type: ignore[override]
+        raise UsageError(f"{self.prog}: error: {message} (see {self.prog} --help)")
+
+
+def int_at_least(low: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
+        return value
+    return parse
+
+
+def tolerance(text: str) -> float:
+    """A finite, non-negative float: a NaN tolerance would let every NaN output pass."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
+def add_output_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("output")
+    g.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+    g.add_argument("--debug", action="store_true", help="show tracebacks")
+
+
+def add_write_target(p: argparse.ArgumentParser, what: str) -> None:
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("-o", "--output", help=f"{what} (never one of the inputs)")
+    g.add_argument("--in-place", action="store_true",
+                   help="rewrite MODEL itself: a temp file beside it replaces it after success")
+
+
+# The lowest value the CLI takes for an int option (the table's checks say the same).
+_LOW = {"opset": 0, "batch": 1, "seq": 2, "seed": 0}
+
+
+def add_options(p: argparse.ArgumentParser, title: str, names: Sequence[str]) -> None:
+    """One argparse group of convert options, from the table: `dest` is the option's name,
+    so `options_from_args` reads them back by name."""
+    from bertfuse.pipeline.options import OPTIONS
+
+    g = p.add_argument_group(title)
+    for name in names:
+        o = OPTIONS[name]
+        kw: dict = {"dest": name, "help": o.flag_help}
+        if o.cli_type == "flag":
+            kw.update(action="store_false" if o.default is True else "store_true")
+        else:
+            kw["default"] = o.default
+            if o.choices:
+                kw["choices"] = o.choices
+            if o.metavar:
+                kw["metavar"] = o.metavar
+            if o.cli_type == "int":
+                kw["type"] = int if name == "opset" else int_at_least(_LOW[name])
+            elif o.cli_type == "tolerance":
+                kw["type"] = tolerance
+        g.add_argument(o.cli_flag, **kw)
+
+
+def options_from_args(args: argparse.Namespace):
+    """ConvertOptions from the parsed flags: the options a command does not offer keep the
+    table's defaults."""
+    from dataclasses import fields
+
+    from bertfuse.pipeline.options import OPTIONS, ConvertOptions
+
+    values = {f.name: getattr(args, f.name) for f in fields(ConvertOptions)
+              if hasattr(args, f.name)}
+    if values.get("outputs") is not None and OPTIONS["outputs"].cli_type == "list":
+        values["outputs"] = values["outputs"].split(",")
+    return ConvertOptions(**values)
