@@ -4,8 +4,8 @@ models made by other libraries, and how close bertfuse's written model is to the
 Run with the main venv (TF_ENABLE_ONEDNN_OPTS as your environment has it; bertfuse turns
 TensorFlow's oneDNN rewrites off for its own reference run):
 
-    .venv/bin/python benchmarks/breadth.py --out /tmp/breadth.json [hf_bert kh_bert ...]
-    .venv/bin/python benchmarks/breadth.py --bert-base /tmp/mg_bert_base --out /tmp/base.json
+    .venv/bin/python benchmarks/convert/breadth.py --out /tmp/breadth.json [hf_bert kh_bert ...]
+    .venv/bin/python benchmarks/convert/breadth.py --bert-base /tmp/mg_bert_base --out /tmp/base.json
 
 Fixtures: tests/fixtures/thirdparty/<name>/ (meta.json + reference.npz, the library's own
 eager outputs on padded inputs). For each source (the SavedModel, and the .keras archive
@@ -46,7 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "thirdparty"
 MS = "com.microsoft."
 FUSED = ("Attention", "SkipLayerNormalization", "EmbedLayerNormalization", "BiasGelu", "FastGelu", "Gelu")

@@ -4,7 +4,7 @@ Each conversion runs in a fresh process (`bertfuse example` first, untimed), mea
 GNU time's maximum resident set size, which covers TensorFlow, tf2onnx, the passes and
 verification together. Usage:
 
-    python benchmarks/convert_memory.py --configs shenma-3l base large --out /tmp/bench
+    python benchmarks/convert/convert_memory.py --configs shenma-3l base large --out /tmp/bench
 """
 
 from __future__ import annotations

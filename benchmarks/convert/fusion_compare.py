@@ -1,7 +1,7 @@
 """What ORT's transformer optimizer (model_type bert_tf) fuses vs what bertfuse fuses, on
 the same raw tf2onnx graphs. Usage:
 
-    python benchmarks/fusion_compare.py RAW.onnx [RAW2.onnx ...]
+    python benchmarks/convert/fusion_compare.py RAW.onnx [RAW2.onnx ...]
 
 Raw graphs come from `bertfuse convert SRC --no-fuse --no-verify -o RAW.onnx` (or your own
 tf2onnx export). Prints a markdown table: fused-op counts and total nodes for each tool.

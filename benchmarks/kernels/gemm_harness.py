@@ -1,4 +1,4 @@
-"""Shared pieces of benchmarks/kernels_gemm.py: building and loading the dense kernels' check
+"""Shared pieces of benchmarks/kernels/kernels_gemm.py: building and loading the dense kernels' check
 library, float64 references, the gate, CUDA-graph timing, and the summary table."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import sysconfig
 import numpy as np
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CSRC = os.path.join(ROOT, "bertfuse", "custom_ops", "csrc")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CSRC = os.path.join(ROOT, "bertfuse", "kernels", "csrc")
 U64, I32, F32 = ctypes.c_uint64, ctypes.c_int, ctypes.c_float
 BIAS, GELU, SLN = 0, 1, 2
 EPS = 1e-12

@@ -1,8 +1,8 @@
 """BertAttention CUDA kernel on the GPU: parity against a float64 NumPy reference, then timing
 against torch SDPA (same key mask) and a naive torch attention. No ONNX Runtime needed.
 
-    python3 benchmarks/kernels_attention.py                 # nvcc-builds csrc/attention.cu in a temp dir
-    python3 benchmarks/kernels_attention.py --lib build/libbertfuse_ops.so
+    python3 benchmarks/kernels/kernels_attention.py                 # nvcc-builds csrc/attention.cu in a temp dir
+    python3 benchmarks/kernels/kernels_attention.py --lib build/libbertfuse_ops.so
 
 Gate per case: max |diff| <= 4e-2 and mean |diff| <= 2e-3 against the reference, no NaN.
 Times are per call, from CUDA-graph replays of --graph-calls back-to-back calls (CUDA events,
@@ -25,14 +25,14 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 try:
     from bertfuse.io.safety import handle_signals, temp_dir, write_text
 except ImportError:  # run from a checkout without bertfuse installed
     sys.path.insert(0, str(ROOT))
     from bertfuse.io.safety import handle_signals, temp_dir, write_text
 
-SOURCE = ROOT / "bertfuse" / "custom_ops" / "csrc" / "attention.cu"
+SOURCE = ROOT / "bertfuse" / "kernels" / "csrc" / "attention.cu"
 MASK_FILTER = -10000.0
 GATE_MAX, GATE_MEAN = 4e-2, 2e-3
 

@@ -2,7 +2,7 @@
 libbertfuse_ops.so, against the float64 reference, plus the op's error statuses and a CUDA-graph
 replay with new inputs bound in place.
 
-    python3 benchmarks/kernels_attention_ort.py --lib build/libbertfuse_ops.so
+    python3 benchmarks/kernels/kernels_attention_ort.py --lib build/libbertfuse_ops.so
 
 Needs onnxruntime-gpu and onnx. Gate: max |diff| <= 4e-2, mean <= 2e-3, no NaN. Prints one line
 per check and writes $OUT/kernels_attention_ort.json (or --out). Exit 0 when all pass, 1 when

@@ -3,7 +3,7 @@
 # `bertfuse kernels build` and run `bertfuse kernels check` (every ai.bertfuse op through ONNX
 # Runtime's CUDA EP, plain and CUDA-graph runs, against its float64 NumPy reference).
 #
-#   bash benchmarks/kernels_device.sh [ORT_INCLUDE_DIR]
+#   bash benchmarks/kernels/kernels_device.sh [ORT_INCLUDE_DIR]
 #
 # Headers: the argument, else $ORT_INCLUDE_DIR, else `bertfuse kernels build` finds or fetches them.
 #

@@ -2,9 +2,9 @@
 # On the GPU host, from the repo root: bertfuse's own CUDA ops end to end, beside the
 # ORT-contrib form, in one `bertfuse bench` run per model.
 #
-#   bash benchmarks/kernels_e2e.sh
+#   bash benchmarks/kernels/kernels_e2e.sh
 #
-# 1. benchmarks/kernels_device.sh: `bertfuse kernels build --force` (ORT headers from
+# 1. benchmarks/kernels/kernels_device.sh: `bertfuse kernels build --force` (ORT headers from
 #    $ORT_INCLUDE or $ORT_INCLUDE_DIR, else found or fetched by the build) into $BERTFUSE_KERNELS_DIR (default
 #    /tmp/bertfuse-kernels), then `bertfuse kernels check --json`.
 # 2. `bertfuse bench` on shenma-3l b20 s64, then (one process, one preparation of the model)
@@ -62,7 +62,7 @@ print("onnxruntime", o.__version__, "onnx", onnx.__version__, "onnx-graphsurgeon
 
 # 1. build + check (a failed build leaves the library out; bench's kernels rows then say why)
 t=$(cap 210 260)
-OUT="$OUT/kernels" timeout -k 10 "$t" bash benchmarks/kernels_device.sh "$INC" \
+OUT="$OUT/kernels" timeout -k 10 "$t" bash benchmarks/kernels/kernels_device.sh "$INC" \
     > "$OUT/kernels/kernels.log" 2>&1
 rc_kernels=$?  # 124: timed out
 head -6 "$OUT/kernels/env.txt" 2>/dev/null

@@ -1,6 +1,6 @@
 """Device check and timing of the bertfuse dense ops (GPU host; torch, no ONNX Runtime).
 
-    python3 benchmarks/kernels_gemm.py [--lib libbertfuse_ops.so] [--out DIR] [--no-fp8]
+    python3 benchmarks/kernels/kernels_gemm.py [--lib libbertfuse_ops.so] [--out DIR] [--no-fp8]
 
 Without --lib, builds the dense kernels alone (csrc/dense.cu + layernorm.cu, no ORT headers
 needed) with nvcc for the local GPU into a temp dir. Runs every dense op through its ctypes

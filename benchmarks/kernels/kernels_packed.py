@@ -3,8 +3,8 @@ the float64/NumPy references in bertfuse/ops/bertfuse/packed_ops.py, then timing
 BertAttention kernel on the same real tokens, torch SDPA (padded, key mask) and torch's varlen
 flash attention, and device packing against the host's NumPy packing. No ONNX Runtime needed.
 
-    python3 benchmarks/kernels_packed.py                  # nvcc-builds the three .cu files in a temp dir
-    python3 benchmarks/kernels_packed.py --lib build/libbertfuse_ops.so
+    python3 benchmarks/kernels/kernels_packed.py                  # nvcc-builds the three .cu files in a temp dir
+    python3 benchmarks/kernels/kernels_packed.py --lib build/libbertfuse_ops.so
 
 Gates: PackTokens and UnpackTokens exactly equal to the reference (every output element written:
 outputs start as NaN / 0xFF bytes); PackedBertAttention max |diff| <= 4e-2, mean <= 2e-3, filler
@@ -29,7 +29,7 @@ import numpy as np
 from kernels_attention import GATE_MAX, GATE_MEAN, Unavailable, check_paths, kernel_us, nvcc_path, time_us, \
     torch_baselines
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 from bertfuse.bench.workloads import PACKED_WORKLOADS  # noqa: E402
@@ -37,7 +37,7 @@ from bertfuse.ops.bertfuse import packed_ops  # noqa: E402
 from bertfuse.ops.packing_layout import choose_shape, pack_into, packed_shapes  # noqa: E402
 from bertfuse.io.safety import handle_signals, temp_dir, write_text  # noqa: E402
 
-CSRC = ROOT / "bertfuse" / "custom_ops" / "csrc"
+CSRC = ROOT / "bertfuse" / "kernels" / "csrc"
 SOURCES = [CSRC / "packed_attention.cu", CSRC / "pack.cu", CSRC / "attention.cu"]
 
 

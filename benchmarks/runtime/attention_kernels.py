@@ -1,6 +1,6 @@
 """Which ORT attention kernel serves bertfuse's runtime best, per mask variant (GPU host).
 
-    python3 benchmarks/attention_kernels.py --skeletons out/skeletons
+    python3 benchmarks/runtime/attention_kernels.py --skeletons out/skeletons
 
 For each workload and each `sdpa_kernel` provider option value (ORT's attention backend
 bit mask; unset = ORT's choice), times the runtime on right-padded requests (key-length

@@ -4,7 +4,7 @@ does) against ctypes.CDLL (drops and retakes it), in one process, alternating ro
 Each worker of a SessionPool runs full requests (`run(..., to_host=False)`) in a tight loop,
 as in stream_overlap.py; requests per second for padded and packed at 2 and 4 replicas.
 
-    python3 benchmarks/copy_gil_ab.py --skeleton out/skeletons/shenma-3l_raw.skel.onnx
+    python3 benchmarks/runtime/copy_gil_ab.py --skeleton out/skeletons/shenma-3l_raw.skel.onnx
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Session with the GPU's machinery asked for on the CPU (buckets + mask variants).
 
     bertfuse example --config shenma-3l -o ex
     bertfuse convert ex -o raw.onnx --no-fuse --no-verify && bertfuse optimize raw.onnx -o fused.onnx
-    python benchmarks/cpu_runtime.py raw.onnx fused.onnx [--iters 30]
+    python benchmarks/runtime/cpu_runtime.py raw.onnx fused.onnx [--iters 30]
 
 Interleaved rounds (bertfuse.bench.timing), p50 in ms; ORT's default threads.
 """

@@ -3,7 +3,7 @@
 On the GPU host, with bertfuse installed beside onnxruntime-gpu the ordinary way
 (`pip install -e '.[gpu]'`, or `EXTRAS=gpu make venv`):
 
-    python benchmarks/gpu_bench.py --skeletons out/skeletons/ --out results/ --soak 10000
+    python benchmarks/runtime/gpu_bench.py --skeletons out/skeletons/ --out results/ --soak 10000
 
 Skeletons are raw tf2onnx exports stripped of their weights where TensorFlow is:
     bertfuse convert CKPT --no-fuse --no-verify -o raw.onnx

@@ -8,7 +8,7 @@ For the padded runtime (and the packed one on the uniform mix), timed in alterna
 - pooled only: run(..., outputs=["pooled_output"]).
 Also checks that the row-sliced copies equal the whole-bucket ones (max diff).
 
-    python3 benchmarks/host_outputs.py --skeleton out/skeletons/shenma-3l_raw.skel.onnx
+    python3 benchmarks/runtime/host_outputs.py --skeleton out/skeletons/shenma-3l_raw.skel.onnx
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Where a packed request's time goes (GPU): kernel breakdown of packed vs padded for one
 request, and the host-side cost of packing it.
 
-    python3 benchmarks/packed_profile.py --skeleton out/skeletons/shenma-3l_raw.skel.onnx --batch 20 --seq 64
+    python3 benchmarks/runtime/packed_profile.py --skeleton out/skeletons/shenma-3l_raw.skel.onnx --batch 20 --seq 64
 """
 
 from __future__ import annotations

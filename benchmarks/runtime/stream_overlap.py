@@ -7,7 +7,7 @@ with 1, 2, 4 replicas (SessionPool workers), each worker runs a tight loop of
 and the aggregate request rate is reported. A last check times a pure-Python loop while one
 worker replays, against the same loop alone: whether ORT's run releases the GIL.
 
-    python3 benchmarks/stream_overlap.py --skeleton out/skeletons/shenma-3l_raw.skel.onnx
+    python3 benchmarks/runtime/stream_overlap.py --skeleton out/skeletons/shenma-3l_raw.skel.onnx
 """
 
 from __future__ import annotations

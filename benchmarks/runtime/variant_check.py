@@ -1,6 +1,6 @@
 """GPU check that the runtime's mask variants give the raw mask's answers (fp32 and fp16).
 
-    python3 benchmarks/variant_check.py --skeleton out/skeletons/shenma-3l_raw.skel.onnx
+    python3 benchmarks/runtime/variant_check.py --skeleton out/skeletons/shenma-3l_raw.skel.onnx
 
 For right-padded, full and holed requests at several bucket shapes: the default runtime
 (right_padded='auto', each bucket verifying its variants) against a raw-mask-only runtime,

@@ -2,8 +2,8 @@
 GPUs) against a single-process Session loop over the same Parquet file, same rows, same
 batches, same output (Parquet, pooled_output beside an id column).
 
-    python3 benchmarks/score_bench.py --skeleton out/skeletons/shenma-3l_raw.skel.onnx --out $OUT
-    python3 benchmarks/score_bench.py --model tiny.onnx --device cpu --rows 20000 --out /tmp/sb
+    python3 benchmarks/score/score_bench.py --skeleton out/skeletons/shenma-3l_raw.skel.onnx --out $OUT
+    python3 benchmarks/score/score_bench.py --model tiny.onnx --device cpu --rows 20000 --out /tmp/sb
 
 Rows: ids of lengths uniform in [--min-len, --seq] (shenma-3l: seq 64). The loop reads the
 file in record batches of batch x 64 rows, prepares them as the actors do (bertfuse.score.rows),
@@ -13,7 +13,7 @@ steady (the loop without its Session build; Ray: the rows after the first scored
 the time after it, the summary's steady_rows_per_s). Each Ray output is checked against the
 loop's: every id once, max |diff|. Logs and score_bench.json under --out; the table last,
 then us/row per stage (the loop's prepare/model/convert/write; each Ray run's summary
-`stages`: what limits it). benchmarks/score_driver_bench.py times the driver alone.
+`stages`: what limits it). benchmarks/score/score_driver_bench.py times the driver alone.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # and for Ray's workers, which inherit the environment:
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT),
                                                          os.environ.get("PYTHONPATH")]))

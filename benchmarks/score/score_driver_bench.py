@@ -2,8 +2,8 @@
 model in the way. CPU only (no GPU, no model): run it on the machine whose scoring runs you
 want to explain.
 
-    python3 benchmarks/score_driver_bench.py --out $OUT                 # 300,000 rows, 768 wide
-    python3 benchmarks/score_driver_bench.py --rows 100000 --ray 1,2 --out $OUT
+    python3 benchmarks/score/score_driver_bench.py --out $OUT                 # 300,000 rows, 768 wide
+    python3 benchmarks/score/score_driver_bench.py --rows 100000 --ray 1,2 --out $OUT
 
 Blocks of --block rows shaped as a scoring actor returns them (part and row numbers, an id
 key, one [rows, --width] float32 output as list<float>, the reject column, the actor's stage
@@ -40,7 +40,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # and for Ray's workers, which inherit the environment:
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT),
                                                          os.environ.get("PYTHONPATH")]))

@@ -16,11 +16,11 @@ checked against the direct run. Each row also shows the replica's own p50 per st
 /stats, with direct ingress or one replica): what of the latency is left in the replica.
 
     # GPU (the shenma-3l skeleton refilled and fused fp16 here):
-    python benchmarks/serve_load.py --skeleton out/skeletons/shenma-3l_raw.skel.onnx
+    python benchmarks/serve/serve_load.py --skeleton out/skeletons/shenma-3l_raw.skel.onnx
     # (default --serve proxy:1,haproxy:4: the proxy with one replica per GPU, then HAProxy
     # in front of four replicas per GPU)
     # any fused model (the CPU too):
-    python benchmarks/serve_load.py --model tiny.onnx --requests 300
+    python benchmarks/serve/serve_load.py --model tiny.onnx --requests 300
 
 Writes $OUT/serve_load.json and $OUT/serve_load.log (--out, default $OUT or .); the table
 is printed last.
@@ -42,7 +42,7 @@ import urllib.request
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from bertfuse.io.inputs import lengths_request  # noqa: E402
 from bertfuse.runtime import Session, SessionPool  # noqa: E402

@@ -1,7 +1,7 @@
 """Tokenizing a batch of 20 English queries of 64 tokens each ([CLS] ... [SEP], no padding
 needed) with bertfuse.text.WordPiece on the example vocab of BERT-base's size (30522).
 
-    taskset -c 0 python benchmarks/tokenize_speed.py [--rounds 10] [--calls 300]
+    taskset -c 0 python benchmarks/serve/tokenize_speed.py [--rounds 10] [--calls 300]
 
 Prints, per round, the median and the fastest call in ms, then the fastest call of all and
 the median of the round medians (on a shared host, the fastest call is the machine's cost;
@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from bertfuse.converter.example_vocab import example_vocab  # noqa: E402
 from bertfuse.text import WordPiece  # noqa: E402
