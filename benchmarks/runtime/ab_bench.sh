@@ -16,7 +16,9 @@ A="${1:?A_DIR}"; B="${2:?B_DIR}"; ROUNDS="${3:-2}"
 OUT="${OUT:-$PWD/out/ab}"
 SKEL="${SKEL:-out/skeletons}"
 PY="${PYTHON:-python3}"
-read -r -a ARGS <<< "${BENCH_ARGS:---workloads shenma-3l\ b20\ s64 --packed --streams --kernels ort --ort-rows reference --iters 300}"
+if [ -n "${BENCH_ARGS:-}" ]; then read -r -a ARGS <<< "$BENCH_ARGS"; else
+    ARGS=(--workloads "shenma-3l b20 s64" --packed --streams --kernels ort --ort-rows reference
+          --iters 300); fi
 mkdir -p "$OUT"
 for r in $(seq 1 "$ROUNDS"); do
     for side in a b; do
