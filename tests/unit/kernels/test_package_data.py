@@ -1,0 +1,70 @@
+"""What `bertfuse kernels build` compiles on a user's GPU host comes from the installed
+package: the wheel must hold every file the build reads (CMakeLists.txt, the header fetcher,
+every csrc source and every header a source includes), and the op contracts' README. An
+editable install hides a missing one, so this builds the wheel itself."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from support.paths import ROOT
+
+KERNELS = ROOT / "bertfuse" / "kernels"
+
+
+@pytest.fixture(scope="module")
+def wheel_files(tmp_path_factory) -> set[str]:
+    """The wheel built from a clean copy of the checkout: a build/ or *.egg-info left by an
+    earlier build or an editable install would still hold files the package data misses."""
+    src, out = tmp_path_factory.mktemp("src"), tmp_path_factory.mktemp("wheel")
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
+                            capture_output=True, text=True, check=True).stdout.split("\0")
+    for name in filter(None, listed):
+        if (ROOT / name).is_file():
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, src / name)
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w",
+                           str(out), str(src)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (wheel,) = out.glob("bertfuse-*.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        return set(zf.namelist())
+
+
+def _build_inputs() -> set[Path]:
+    """The sources the CMake and nvcc builds glob, the headers they include (transitively),
+    and the build's own files."""
+    csrc = KERNELS / "csrc"
+    todo = [p for p in csrc.iterdir() if p.suffix in (".cc", ".cu")]
+    assert todo, "no sources under csrc/"
+    seen: set[Path] = set()
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        for name in re.findall(r'^\s*#\s*include\s+"([^"]+)"', path.read_text(), re.M):
+            header = path.parent / name
+            assert header.exists(), f"{path.name} includes {name}, which is not in csrc/"
+            todo.append(header)
+    return seen | {KERNELS / "CMakeLists.txt", KERNELS / "fetch_ort_headers.sh"}
+
+
+def test_the_wheel_holds_every_file_the_kernel_build_reads(wheel_files):
+    wanted = {p.relative_to(ROOT).as_posix() for p in _build_inputs()}
+    assert any(w.endswith(".cuh") for w in wanted)  # the kind of file a glob once missed
+    assert sorted(wanted - wheel_files) == []
+
+
+def test_the_wheel_holds_the_op_contracts_and_every_package(wheel_files):
+    assert "bertfuse/ops/README.md" in wheel_files
+    packages = {p.parent.relative_to(ROOT).as_posix() + "/__init__.py"
+                for p in (ROOT / "bertfuse").rglob("__init__.py")}
+    assert sorted(packages - wheel_files) == []
