@@ -1,7 +1,7 @@
 """BertAttention CUDA kernel on the GPU: parity against a float64 NumPy reference, then timing
 against torch SDPA (same key mask) and a naive torch attention. No ONNX Runtime needed.
 
-    python3 benchmarks/kernels/kernels_attention.py                 # nvcc-builds csrc/attention.cu in a temp dir
+    python3 benchmarks/kernels/kernels_attention.py                 # nvcc-builds csrc/attention{,_general}.cu in a temp dir
     python3 benchmarks/kernels/kernels_attention.py --lib build/libbertfuse_ops.so
 
 Gate per case: max |diff| <= 4e-2 and mean |diff| <= 2e-3 against the reference, no NaN.
@@ -32,7 +32,8 @@ except ImportError:  # run from a checkout without bertfuse installed
     sys.path.insert(0, str(ROOT))
     from bertfuse.io.safety import handle_signals, temp_dir, write_text
 
-SOURCE = ROOT / "bertfuse" / "kernels" / "csrc" / "attention.cu"
+CSRC = ROOT / "bertfuse" / "kernels" / "csrc"
+SOURCES = [CSRC / "attention.cu", CSRC / "attention_general.cu"]  # the op's two paths
 MASK_FILTER = -10000.0
 GATE_MAX, GATE_MEAN = 4e-2, 2e-3
 
@@ -53,7 +54,7 @@ def nvcc_path() -> str:
 def build(tmp: Path, arch: str) -> Path:
     lib = tmp / "libbf_attention.so"
     cmd = [nvcc_path(), "-O3", "-std=c++17", f"-arch={arch}", "-shared", "-Xcompiler", "-fPIC,-fvisibility=hidden",
-           "-o", str(lib), str(SOURCE)]
+           "-o", str(lib), *map(str, SOURCES)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise Unavailable("nvcc failed:\n" + proc.stderr[-4000:])
@@ -328,7 +329,7 @@ def main() -> int:
     with temp_dir(prefix="bf-attn-") as tmp:
         lib = args.lib or build(tmp, args.arch or f"sm_{major}{minor}")
         log = run(args, torch, load(lib))
-    log["library"] = str(args.lib) if args.lib else f"nvcc {SOURCE.name} (temp build)"
+    log["library"] = str(args.lib) if args.lib else "nvcc " + " ".join(p.name for p in SOURCES) + " (temp build)"
     write_text(args.out / "kernels_attention.json", json.dumps(log, indent=1))
     print_tables(log)
     return 0 if all(c["ok"] for c in log["checks"] + log["unsupported"]) else 1

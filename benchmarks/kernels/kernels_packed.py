@@ -3,7 +3,7 @@ the float64/NumPy references in bertfuse/ops/bertfuse/packed_ops.py, then timing
 BertAttention kernel on the same real tokens, torch SDPA (padded, key mask) and torch's varlen
 flash attention, and device packing against the host's NumPy packing. No ONNX Runtime needed.
 
-    python3 benchmarks/kernels/kernels_packed.py                  # nvcc-builds the three .cu files in a temp dir
+    python3 benchmarks/kernels/kernels_packed.py                  # nvcc-builds the four .cu files in a temp dir
     python3 benchmarks/kernels/kernels_packed.py --lib build/libbertfuse_ops.so
 
 Gates: PackTokens and UnpackTokens exactly equal to the reference (every output element written:
@@ -38,7 +38,7 @@ from bertfuse.ops.packing_layout import choose_shape, pack_into, packed_shapes  
 from bertfuse.io.safety import handle_signals, temp_dir, write_text  # noqa: E402
 
 CSRC = ROOT / "bertfuse" / "kernels" / "csrc"
-SOURCES = [CSRC / "packed_attention.cu", CSRC / "pack.cu", CSRC / "attention.cu"]
+SOURCES = [CSRC / "packed_attention.cu", CSRC / "pack.cu", CSRC / "attention.cu", CSRC / "attention_general.cu"]
 
 
 def build(tmp: Path, arch: str) -> Path:
@@ -368,7 +368,7 @@ UNSUPPORTED = [("head size 32", 64, 2, 64, 24, 32), ("S_max 129", 64, 2, 129, 12
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lib", type=Path, help="a built library exporting the bf_check_* entry points "
-                                             "(default: nvcc-build the three .cu files)")
+                                             "(default: nvcc-build the four .cu files)")
     ap.add_argument("--arch", default=None, help="nvcc -arch (default: the GPU's, e.g. sm_90)")
     ap.add_argument("--iters", type=int, default=200)
     ap.add_argument("--graph-calls", type=int, default=20)

@@ -77,7 +77,10 @@ def packed_cases(rng: np.random.Generator) -> list[Case]:
               _pack_case("cut (T < kept)", mask, 64)]
 
     for lens, s, h, heads, scale in [(lengths, 64, 768, 12, None), ([128, 1, 77], 128, 768, 12, None),
-                                     ([16, 5, 9], 16, 256, 4, 0.2)]:
+                                     ([16, 5, 9], 16, 256, 4, 0.2),
+                                     # the general path: head sizes 26, 32, 128 and S_max past 128
+                                     ([26, 5, 0], 32, 312, 12, None), ([300, 17, 1], 384, 384, 12, None),
+                                     ([129, 64], 129, 1024, 8, None), ([512, 100], 512, 768, 12, None)]:
         t = -(-sum(lens) // 16) * 16 + 16  # a bucket above the kept count: filler rows at the end
         _, slot, cu = pack_reference(_right_padded(lens, s), t)
         feeds: Feeds = {"qkv": normal16(rng, (t, 3 * h)), "token_slot": slot, "cumulative_sequence_length": cu}

@@ -32,7 +32,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from bertfuse.ops.bertfuse.bert_attention import CONTRACT as BERT_ATTENTION
-from bertfuse.ops.bertfuse.bert_attention import MASK_FILTER_VALUE
+from bertfuse.ops.bertfuse.bert_attention import MASK_FILTER_VALUE, MAX_HEAD_SIZE
 from bertfuse.ops.bertfuse.dense import DENSE_BIAS, DENSE_BIAS_GELU, DENSE_BIAS_SKIP_LAYERNORM
 from bertfuse.ops.contrib.skip_layernorm import DEFAULT_EPSILON
 from bertfuse.ops.contract import MS_DOMAIN
@@ -161,6 +161,9 @@ def _match_attention(graph: gs.Graph, node: gs.Node, shapes: _ProbeShapes) -> Re
     heads = int(node.attrs["num_heads"])
     expect(not (width % 3 or (width // 3) % heads),
            f"QKV width {width} is not 3 x num_heads {heads} x head size")
+    head_size = width // 3 // heads
+    expect(head_size <= MAX_HEAD_SIZE, f"{node.name} has head size {head_size}; BertAttention "
+                                       f"covers head sizes up to {MAX_HEAD_SIZE}")
     bias = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2].name else None
     if bias is not None:
         _fp16_const(bias, f"the QKV bias of {node.name}", 1)

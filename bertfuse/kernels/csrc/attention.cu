@@ -10,6 +10,8 @@
 // inside the kernel: padded keys get -inf (probability exactly 0), padded K/V/Q rows are zeros.
 #include "attention.h"
 
+#include "attention_general.h"
+
 #include <cmath>
 
 #include "warp_mma.cuh"
@@ -182,7 +184,7 @@ cudaError_t launch(cudaStream_t stream, const __half* qkv, const int32_t* mask, 
 
 }  // namespace
 
-const char* attention_unsupported(int B, int S, int num_heads, int head_size, int mask_rank) {
+const char* attention_fast_unsupported(int B, int S, int num_heads, int head_size, int mask_rank) {
   if (B < 1 || S < 1 || num_heads < 1) return "batch, sequence length and num_heads must be >= 1";
   if (head_size != kAttentionHeadSize) return "head size (hidden / num_heads) must be 64";
   if (S > kAttentionMaxSeq) return "sequence length must be <= 128";
@@ -191,10 +193,17 @@ const char* attention_unsupported(int B, int S, int num_heads, int head_size, in
   return nullptr;
 }
 
+const char* attention_unsupported(int B, int S, int num_heads, int head_size, int mask_rank) {
+  if (B < 1 || S < 1 || num_heads < 1) return "batch, sequence length and num_heads must be >= 1";
+  if (mask_rank < 0 || mask_rank > 2) return "mask must be absent, rank 1 [B] key lengths or rank 2 [B, S] raw";
+  if (static_cast<long long>(B) * S > 0x7fffffffLL) return "batch x sequence length is too large";
+  return attention_general_unsupported(B * S, num_heads, head_size);
+}
+
 cudaError_t bf_attention_f16_warps(cudaStream_t stream, const __half* qkv, const int32_t* mask, int mask_rank,
                                    int B, int S, int num_heads, int head_size, float scale, __half* out,
                                    int warps) {
-  if (attention_unsupported(B, S, num_heads, head_size, mask_rank) != nullptr) return cudaErrorInvalidValue;
+  if (attention_fast_unsupported(B, S, num_heads, head_size, mask_rank) != nullptr) return cudaErrorInvalidValue;
   if (qkv == nullptr || out == nullptr || (mask_rank > 0 && mask == nullptr)) return cudaErrorInvalidValue;
   // 16-byte vector access: the row strides (3H, H halves) are multiples of 8 since D = 64.
   if ((reinterpret_cast<uintptr_t>(qkv) | reinterpret_cast<uintptr_t>(out)) % 16 != 0) return cudaErrorInvalidValue;
@@ -218,14 +227,20 @@ cudaError_t bf_attention_f16_warps(cudaStream_t stream, const __half* qkv, const
 
 cudaError_t bf_attention_f16(cudaStream_t stream, const __half* qkv, const int32_t* mask, int mask_rank, int B,
                              int S, int num_heads, int head_size, float scale, __half* out) {
-  return bf_attention_f16_warps(stream, qkv, mask, mask_rank, B, S, num_heads, head_size, scale, out, 0);
+  // The tensor-core kernel where it covers the shape (and the 16-byte aligned rows it reads),
+  // the general path everywhere else.
+  const bool aligned = ((reinterpret_cast<uintptr_t>(qkv) | reinterpret_cast<uintptr_t>(out)) % 16) == 0;
+  if (aligned && attention_fast_unsupported(B, S, num_heads, head_size, mask_rank) == nullptr)
+    return bf_attention_f16_warps(stream, qkv, mask, mask_rank, B, S, num_heads, head_size, scale, out, 0);
+  return bf_attention_general_f16(stream, qkv, mask, mask_rank, B, S, num_heads, head_size, scale, out);
 }
 
 }  // namespace bertfuse
 
 extern "C" int bf_check_attention_warps(uintptr_t qkv, uintptr_t mask, int mask_rank, int B, int S, int num_heads,
                                         int head_size, float scale, uintptr_t out, uintptr_t stream, int warps) {
-  if (bertfuse::attention_unsupported(B, S, num_heads, head_size, mask_rank) != nullptr) return -1;
+  // The tensor-core kernel alone (warps picks its CTA size): -1 where it does not cover the shape.
+  if (bertfuse::attention_fast_unsupported(B, S, num_heads, head_size, mask_rank) != nullptr) return -1;
   return static_cast<int>(bertfuse::bf_attention_f16_warps(
       reinterpret_cast<cudaStream_t>(stream), reinterpret_cast<const __half*>(qkv),
       reinterpret_cast<const int32_t*>(mask), mask_rank, B, S, num_heads, head_size, scale,
@@ -234,7 +249,12 @@ extern "C" int bf_check_attention_warps(uintptr_t qkv, uintptr_t mask, int mask_
 
 extern "C" int bf_check_attention(uintptr_t qkv, uintptr_t mask, int mask_rank, int B, int S, int num_heads,
                                   int head_size, float scale, uintptr_t out, uintptr_t stream) {
-  return bf_check_attention_warps(qkv, mask, mask_rank, B, S, num_heads, head_size, scale, out, stream, 0);
+  // What the op runs: the tensor-core kernel or the general path.
+  if (bertfuse::attention_unsupported(B, S, num_heads, head_size, mask_rank) != nullptr) return -1;
+  return static_cast<int>(bertfuse::bf_attention_f16(
+      reinterpret_cast<cudaStream_t>(stream), reinterpret_cast<const __half*>(qkv),
+      reinterpret_cast<const int32_t*>(mask), mask_rank, B, S, num_heads, head_size, scale,
+      reinterpret_cast<__half*>(out)));
 }
 
 extern "C" const char* bf_attention_unsupported(int B, int S, int num_heads, int head_size, int mask_rank) {

@@ -4,7 +4,8 @@
 // columns n*D..n*D+D-1 of each block. mask: nullptr (mask_rank 0), raw int32 [B, S] (rank 2,
 // value > 0 keeps key j) or int32 key lengths [B] (rank 1, key j kept iff j < len[b]).
 // scores = scale * Q K^T + (kept ? 0 : -10000), fp32 softmax over keys, context [B, S, H] fp16.
-// Supported: 1 <= S <= 128, head size 64; anything else is refused, never computed wrongly.
+// The tensor-core kernel covers 1 <= S <= 128 at head size 64; every other shape up to head size
+// 256 runs on the general path (attention_general.h). Anything else is refused, never computed wrongly.
 #pragma once
 
 #include <cstdint>
@@ -17,16 +18,20 @@ namespace bertfuse {
 constexpr int kAttentionMaxSeq = 128;
 constexpr int kAttentionHeadSize = 64;
 
-// nullptr when the kernel supports the shape, else a one-line reason (a string literal).
+// nullptr when the op supports the shape (on either path), else a one-line reason (a string literal).
 const char* attention_unsupported(int B, int S, int num_heads, int head_size, int mask_rank);
+// The same for the tensor-core kernel alone.
+const char* attention_fast_unsupported(int B, int S, int num_heads, int head_size, int mask_rank);
 
 // Launch on `stream`; no allocation, no synchronisation (CUDA-graph safe). scale <= 0 means
-// 1/sqrt(head_size). Returns cudaErrorInvalidValue for an unsupported shape or misaligned pointer
-// (see attention_unsupported), else the launch status.
+// 1/sqrt(head_size). The tensor-core kernel where it covers the shape, else the general path.
+// Returns cudaErrorInvalidValue for an unsupported shape (see attention_unsupported), else the
+// launch status.
 cudaError_t bf_attention_f16(cudaStream_t stream, const __half* qkv, const int32_t* mask, int mask_rank,
                              int B, int S, int num_heads, int head_size, float scale, __half* out);
 
-// Same, with an explicit number of warps per CTA (1..4; 0 = heuristic): each warp owns 16 queries.
+// The tensor-core kernel alone, with an explicit number of warps per CTA (1..4; 0 = heuristic):
+// each warp owns 16 queries. cudaErrorInvalidValue where it does not cover the shape.
 cudaError_t bf_attention_f16_warps(cudaStream_t stream, const __half* qkv, const int32_t* mask,
                                    int mask_rank, int B, int S, int num_heads, int head_size, float scale,
                                    __half* out, int warps);

@@ -10,6 +10,8 @@
 // multiplied. One extra CTA row (blockIdx.z == R) zeroes the rows no sequence covers (filler).
 #include "packed_attention.h"
 
+#include "attention_general.h"
+
 #include <cmath>
 
 #include "warp_mma.cuh"
@@ -222,7 +224,7 @@ cudaError_t launch(cudaStream_t stream, const __half* qkv, const int32_t* cu, in
 
 }  // namespace
 
-const char* packed_attention_unsupported(int T, int R, int S_max, int num_heads, int head_size) {
+const char* packed_attention_fast_unsupported(int T, int R, int S_max, int num_heads, int head_size) {
   if (T < 1 || R < 1 || S_max < 1 || num_heads < 1)
     return "token count, sequence count, S_max and num_heads must be >= 1";
   if (head_size != kPackedAttentionHeadSize) return "head size (hidden / num_heads) must be 64";
@@ -233,12 +235,24 @@ const char* packed_attention_unsupported(int T, int R, int S_max, int num_heads,
   return nullptr;
 }
 
+const char* packed_attention_unsupported(int T, int R, int S_max, int num_heads, int head_size) {
+  if (T < 1 || R < 1 || S_max < 1 || num_heads < 1)
+    return "token count, sequence count, S_max and num_heads must be >= 1";
+  if (static_cast<long long>(T) * 3 * num_heads * head_size > INT32_MAX)
+    return "qkv is too large (T * 3H must fit in int32)";
+  return attention_general_unsupported(T, num_heads, head_size);
+}
+
 cudaError_t bf_packed_attention_f16(cudaStream_t stream, const __half* qkv, const int32_t* cu_seqlens, int T, int R,
                                     int S_max, int num_heads, int head_size, float scale, __half* out, int warps) {
   if (packed_attention_unsupported(T, R, S_max, num_heads, head_size) != nullptr) return cudaErrorInvalidValue;
   if (qkv == nullptr || cu_seqlens == nullptr || out == nullptr) return cudaErrorInvalidValue;
-  // 16-byte vector access: the row strides (3H, H halves) are multiples of 8 since D = 64.
-  if ((reinterpret_cast<uintptr_t>(qkv) | reinterpret_cast<uintptr_t>(out)) % 16 != 0) return cudaErrorInvalidValue;
+  // The tensor-core kernel where it covers the shape and its 16-byte aligned rows (D = 64 makes
+  // the 3H and H strides multiples of 8 halves), the general path everywhere else.
+  if (packed_attention_fast_unsupported(T, R, S_max, num_heads, head_size) != nullptr ||
+      (reinterpret_cast<uintptr_t>(qkv) | reinterpret_cast<uintptr_t>(out)) % 16 != 0)
+    return bf_packed_attention_general_f16(stream, qkv, cu_seqlens, T, R, S_max, num_heads, head_size, scale,
+                                           out);
   if (warps < 0 || warps > kMaxWarps) return cudaErrorInvalidValue;
   if (warps == 0) warps = pick_warps(T, R, S_max, num_heads);
   const float sc = scale > 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(head_size));

@@ -4,8 +4,9 @@
 // sequence, columns as BertAttention's ([0,H) Q, [H,2H) K, [2H,3H) V; head n at columns
 // n*D..n*D+D-1 of each block). cu_seqlens int32 [R + 1]: sequence r is rows cu[r]..cu[r+1]-1
 // and attends to itself only. Rows at or past cu[R] (filler) come back as zeros, so every row
-// of context [T, H] is written. Sequences may be empty. Supported: head size 64, S_max <= 128
-// (S_max bounds every sequence's length: the [R, S] shape of the packed layout).
+// of context [T, H] is written. Sequences may be empty. The tensor-core kernel covers head size
+// 64, S_max <= 128 (S_max bounds every sequence's length: the [R, S] shape of the packed layout);
+// every other shape up to head size 256 runs on the general path (attention_general.h).
 //
 // Device values are trusted to within memory safety: cu is clamped into [0, T] and made
 // non-decreasing, and a sequence longer than S_max has only its first S_max rows attended (the
@@ -22,12 +23,14 @@ namespace bertfuse {
 constexpr int kPackedAttentionMaxSeq = 128;
 constexpr int kPackedAttentionHeadSize = 64;
 
-// nullptr when the kernel supports the shape, else a one-line reason (a string literal).
+// nullptr when the op supports the shape (on either path), else a one-line reason (a string literal).
 const char* packed_attention_unsupported(int T, int R, int S_max, int num_heads, int head_size);
+// The same for the tensor-core kernel alone.
+const char* packed_attention_fast_unsupported(int T, int R, int S_max, int num_heads, int head_size);
 
 // Launch on `stream`; no allocation, no synchronisation (CUDA-graph safe). scale <= 0 means
-// 1/sqrt(head_size). warps: warps per CTA (1..4; 0 = heuristic), each warp owns 16 queries.
-// Returns cudaErrorInvalidValue for an unsupported shape or a misaligned pointer.
+// 1/sqrt(head_size). warps: the tensor-core kernel's warps per CTA (1..4; 0 = heuristic), each
+// warp owns 16 queries; the general path ignores it. cudaErrorInvalidValue for an unsupported shape.
 cudaError_t bf_packed_attention_f16(cudaStream_t stream, const __half* qkv, const int32_t* cu_seqlens, int T, int R,
                                     int S_max, int num_heads, int head_size, float scale, __half* out,
                                     int warps = 0);

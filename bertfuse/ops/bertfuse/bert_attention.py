@@ -17,6 +17,8 @@ import onnx
 from bertfuse.ops.contract import BERTFUSE_DOMAIN, AttrSpec, OpContract, TensorSpec, one_node_model
 
 MASK_FILTER_VALUE = -10000.0  # fixed: ORT Attention's default and TF BERT's adder
+# The largest head size the CUDA op runs (its general path; the tensor-core kernel: 64 only).
+MAX_HEAD_SIZE = 256
 
 CONTRACT = OpContract(
     op_type="BertAttention",

@@ -13,6 +13,7 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
+from bertfuse.ops.bertfuse.bert_attention import MAX_HEAD_SIZE
 from bertfuse.ops.evaluator import evaluate
 from bertfuse.passes.bertfuse_kernels import BertfuseKernels
 from bertfuse.passes.manager import run_passes
@@ -118,6 +119,22 @@ def test_mask_forms_key_lengths_and_none_convert(rng, seed):
             assert list(n.input[1:]) == (["input_mask_key_length"] if mode == "keylen" else [])
         f = feeds if mode == "keylen" else {**feeds, "input_mask": np.ones((B, S), np.int32)}
         assert_fp16_same(evaluate(variant, f), evaluate(out, f), seed, tight=1e-2)
+
+
+@pytest.mark.parametrize("hidden, heads, lowered", [(26 * 2, 2, True), (32, 1, True),
+                                                    (256, 1, True), (264, 1, False)])
+def test_head_sizes_past_the_op_keep_the_contrib_attention(rng, hidden, heads, lowered):
+    """BertAttention runs head sizes up to MAX_HEAD_SIZE (26 and 32 on its general path);
+    past that the layer keeps its contrib Attention, and the report says why."""
+    out, report = kernels(contrib_fp16(rng, hidden=hidden, heads=heads, inter=2 * hidden))
+    c = census(out)
+    misses = kernel_misses(report)
+    if lowered:
+        assert c[(BF, "BertAttention")] == LAYERS and c[(MS, "Attention")] == 0, misses
+    else:
+        assert c[(BF, "BertAttention")] == 0 and c[(MS, "Attention")] == LAYERS
+        assert len(misses) == LAYERS and all(
+            "head size 264" in r and f"up to {MAX_HEAD_SIZE}" in r for r in misses), misses
 
 
 def test_keyseq_mask_is_a_miss_with_its_shape(rng):
