@@ -69,15 +69,43 @@ def find_ort_include(explicit: str | Path | None = None, fetch: bool = True) -> 
                              f"DIR (an ONNX Runtime release's include/) or set {ORT_ENV}")
 
 
+def pip_cuda_root() -> Path | None:
+    """The CUDA toolchain pip installs (nvidia-cuda-nvcc, -runtime, -crt, -cccl, nvidia-nvvm,
+    nvidia-cublas: the `kernels` extra) as one tree, site-packages/nvidia/cu13 (bin/nvcc,
+    include/, lib/), or None."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("nvidia")
+    for base in (spec.submodule_search_locations or []) if spec else []:
+        for name in ("cu13", "cu12"):
+            root = Path(base) / name
+            if os.access(root / "bin" / "nvcc", os.X_OK):
+                return root
+    return None
+
+
 def find_nvcc() -> str:
+    """The first nvcc (PATH, $CUDA_HOME, $CUDA_PATH, /usr/local/cuda, pip's) whose toolkit has
+    cuBLASLt's headers (or $CUBLAS_ROOT has them), else the first nvcc found: a host may have
+    a bare nvcc beside pip's complete toolchain."""
+    pip_root = pip_cuda_root()
+    found = []
     for cand in (shutil.which("nvcc"),
                  *(str(Path(h) / "bin" / "nvcc") for h in (os.environ.get("CUDA_HOME"),
                                                            os.environ.get("CUDA_PATH"),
-                                                           "/usr/local/cuda") if h)):
-        if cand and os.access(cand, os.X_OK):
+                                                           "/usr/local/cuda", pip_root) if h)):
+        if cand and os.access(cand, os.X_OK) and cand not in found:
+            found.append(cand)
+    if not found:
+        raise KernelLibraryError("nvcc not found (PATH, $CUDA_HOME/bin, /usr/local/cuda/bin, pip's "
+                                 "nvidia-cuda-nvcc): building the bertfuse op library needs the CUDA "
+                                 "toolkit; pip install 'bertfuse[kernels]' brings it as packages")
+    roots = [_cublas_root()] if _cublas_root() else []
+    for cand in found:
+        toolkit = Path(cand).resolve().parent.parent
+        if any((r / "include" / "cublasLt.h").is_file() for r in (*roots, toolkit)):
             return cand
-    raise KernelLibraryError("nvcc not found (PATH, $CUDA_HOME/bin, /usr/local/cuda/bin): building the "
-                             "bertfuse op library needs the CUDA toolkit")
+    return found[0]
 
 
 def _cublas_root() -> Path | None:
@@ -129,15 +157,27 @@ def _nvcc_build(build: Path, include: Path, sm: int, nvcc: str, log: Path) -> Pa
     if root:
         cmd.append(f"-I{root / 'include'}")
         libdirs[:0] = [root / "lib", root / "lib64"]
-    lt = next((d / n for d in libdirs for n in ("libcublasLt.so", "libcublasLt.so.13", "libcublasLt.so.12")
-               if (d / n).exists()), None)
+    lt = _versioned(libdirs, "libcublasLt")
     if lt is None:
         raise KernelLibraryError(f"libcublasLt not found in {', '.join(map(str, libdirs))}: set CUBLAS_ROOT")
     out = build / LIB_NAME
     cmd += [*sources, "-o", str(out), f"-L{cuda / 'lib64'}", f"-L{lt.parent}", f"-l:{lt.name}",
-            f"-Xlinker=-rpath,{lt.parent}:{cuda / 'lib64'}"]
+            f"-Xlinker=-rpath,{lt.parent}:{cuda / 'lib64'}:{cuda / 'lib'}"]
+    if not any((d / "libcudart.so").exists() for d in libdirs):
+        # pip's nvidia-cuda-runtime ships libcudart.so.13 alone, which -cudart=shared cannot
+        # find by name: link that file itself.
+        rt = _versioned(libdirs, "libcudart")
+        if rt is None:
+            raise KernelLibraryError(f"libcudart not found in {', '.join(map(str, libdirs))}")
+        cmd[cmd.index("-cudart=shared")] = "-cudart=none"
+        cmd += [f"-L{rt.parent}", f"-l:{rt.name}"]
     _run(cmd, log)
     return out
+
+
+def _versioned(dirs: list[Path], stem: str) -> Path | None:
+    return next((d / n for d in dirs for n in (f"{stem}.so", f"{stem}.so.13", f"{stem}.so.12")
+                 if (d / n).exists()), None)
 
 
 def build(ort_include: str | Path | None = None, arch: int | None = None, force: bool = False,
@@ -152,8 +192,10 @@ def build(ort_include: str | Path | None = None, arch: int | None = None, force:
         say(f"cached: {target}")
         return target
     nvcc = find_nvcc()
-    if builder == "auto":
-        builder = "cmake" if shutil.which("cmake") else "nvcc"
+    if builder == "auto":  # CMake's CUDA lookup expects a toolkit's layout, not pip's
+        pip_root = pip_cuda_root()
+        from_pip = pip_root is not None and Path(nvcc).resolve().is_relative_to(pip_root.resolve())
+        builder = "cmake" if shutil.which("cmake") and not from_pip else "nvcc"
     elif builder == "cmake" and not shutil.which("cmake"):
         raise KernelLibraryError("cmake not found on PATH (use --builder nvcc)")
     target.parent.mkdir(parents=True, exist_ok=True)

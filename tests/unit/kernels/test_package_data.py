@@ -6,36 +6,11 @@ editable install hides a missing one, so this builds the wheel itself."""
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
-import sys
-import zipfile
 from pathlib import Path
-
-import pytest
 
 from support.paths import ROOT
 
 KERNELS = ROOT / "bertfuse" / "kernels"
-
-
-@pytest.fixture(scope="module")
-def wheel_files(tmp_path_factory) -> set[str]:
-    """The wheel built from a clean copy of the checkout: a build/ or *.egg-info left by an
-    earlier build or an editable install would still hold files the package data misses."""
-    src, out = tmp_path_factory.mktemp("src"), tmp_path_factory.mktemp("wheel")
-    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
-                            capture_output=True, text=True, check=True).stdout.split("\0")
-    for name in filter(None, listed):
-        if (ROOT / name).is_file():
-            (src / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / name, src / name)
-    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w",
-                           str(out), str(src)], capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    (wheel,) = out.glob("bertfuse-*.whl")
-    with zipfile.ZipFile(wheel) as zf:
-        return set(zf.namelist())
 
 
 def _build_inputs() -> set[Path]:
