@@ -31,8 +31,13 @@ class MissingDependency(BertfuseError, ImportError):
     """An optional package the command needs is not installed (exit 2, with the pip line)."""
 
 
-# Optional packages -> the extra that installs them (pyproject.toml).
-_EXTRAS = {"tensorflow": "tf", "tf2onnx": "tf", "tf_keras": "tf", "onnxruntime": "cpu"}
+# Optional packages -> the extra that installs them (pyproject.toml), what needs them, and
+# another extra that would do.
+_EXTRAS = {"tensorflow": "tf", "tf2onnx": "tf", "tf_keras": "tf", "onnxruntime": "cpu",
+           "ray": "ray", "pyarrow": "ray"}
+_NEEDS = {"tf": ("converting and verifying need TensorFlow and tf2onnx", " (or 'bertfuse[tf-cpu]')"),
+          "cpu": ("running a model needs ONNX Runtime", " (or 'bertfuse[gpu]' on CUDA)"),
+          "ray": ("serving and offline scoring need Ray Serve and Ray Data", "")}
 
 
 def missing_dependency_message(exc: BaseException) -> str | None:
@@ -43,9 +48,7 @@ def missing_dependency_message(exc: BaseException) -> str | None:
     extra = _EXTRAS.get(top)
     if extra is None:
         return None
-    needs = "converting and verifying need TensorFlow and tf2onnx" if extra == "tf" else \
-        "running a model needs ONNX Runtime"
-    alt = " (or 'bertfuse[tf-cpu]')" if extra == "tf" else " (or 'bertfuse[gpu]' on CUDA)"
+    needs, alt = _NEEDS[extra]
     return f"{top} is not installed: {needs}; pip install 'bertfuse[{extra}]'{alt}"
 
 

@@ -25,7 +25,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from bertfuse.errors import BertfuseError
+from bertfuse.errors import BertfuseError, require
 from bertfuse.io.safety import pause_point
 from bertfuse.ray_cluster import ray_for
 from bertfuse.score.actor import CRASH_ENV, Scorer, read_parts
@@ -75,6 +75,7 @@ class ScoreSummary:
 
 
 def run_job(job: ScoreJob, progress: bool = True) -> ScoreSummary:
+    require("ray")  # before OUT is made: without the ray extra, one line and nothing written
     out = OutputDir(job)
     with out.locked():
         done = out.start()

@@ -1,0 +1,56 @@
+"""A missing optional package is one line naming it, with the pip line, and exit 2 (never
+"internal error", exit 3): here Ray, for `serve` and `score` on a host without the ray extra."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+
+from bertfuse.errors import missing_dependency_message
+from support.builders.onnx_graphs import bert
+
+# Hide Ray from the child: `import ray` then fails as it does where Ray is not installed.
+NO_RAY = "import sys; sys.modules['ray'] = None\nfrom bertfuse.cli import main\nsys.exit(main(sys.argv[1:]))"
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("model") / "tiny.onnx"
+    model = bert(np.random.default_rng(0), layers=1, hidden=16)
+    for out, dims in zip(model.graph.output, (["B", "S", 16], ["B", 16])):
+        out.type.CopyFrom(onnx.helper.make_tensor_type_proto(onnx.TensorProto.FLOAT, dims))
+    onnx.save(model, str(path))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def parquet(tmp_path_factory) -> str:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path_factory.mktemp("input") / "ids.parquet"
+    pq.write_table(pa.table({"ids": [[2, 5, 7, 3]]}), str(path))
+    return str(path)
+
+
+@pytest.mark.parametrize("command", ["serve", "score"])
+def test_serve_and_score_without_ray_name_the_extra(command, model, parquet, tmp_path):
+    argv = [model, "--port", "18765"] if command == "serve" else \
+        ["--model", model, "--input", parquet, "--output", str(tmp_path / "out"), "--ids-column", "ids"]
+    proc = subprocess.run([sys.executable, "-c", NO_RAY, command, *argv], capture_output=True,
+                          text=True, timeout=300, cwd=tmp_path)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, proc.stderr
+    assert len(lines) == 1 and "pip install 'bertfuse[ray]'" in lines[0], lines
+    assert not (tmp_path / "out").exists()
+
+
+def test_only_optional_packages_get_a_pip_line():
+    assert "pip install 'bertfuse[tf]'" in missing_dependency_message(
+        ModuleNotFoundError("No module named 'tf2onnx'", name="tf2onnx"))
+    assert missing_dependency_message(ModuleNotFoundError("x", name="numpyy")) is None
+    assert missing_dependency_message(ValueError("ray")) is None
