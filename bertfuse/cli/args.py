@@ -54,10 +54,6 @@ def add_write_target(p: argparse.ArgumentParser, what: str) -> None:
                    help="rewrite MODEL itself: a temp file beside it replaces it after success")
 
 
-# The lowest value the CLI takes for an int option (the table's checks say the same).
-_LOW = {"opset": 0, "batch": 1, "seq": 2, "seed": 0}
-
-
 def add_options(p: argparse.ArgumentParser, title: str, names: Sequence[str]) -> None:
     """One argparse group of convert options, from the table: `dest` is the option's name,
     so `options_from_args` reads them back by name."""
@@ -76,7 +72,8 @@ def add_options(p: argparse.ArgumentParser, title: str, names: Sequence[str]) ->
             if o.metavar:
                 kw["metavar"] = o.metavar
             if o.cli_type == "int":
-                kw["type"] = int if name == "opset" else int_at_least(_LOW[name])
+                # --opset takes any int: the stages name tf2onnx's supported opsets instead
+                kw["type"] = int if name == "opset" else int_at_least(o.low)
             elif o.cli_type == "tolerance":
                 kw["type"] = tolerance
         g.add_argument(o.cli_flag, **kw)

@@ -57,6 +57,7 @@ class Option:
     metavar: str | None = None
     cli_type: str = "text"  # how the CLI reads it: text | int | tolerance | list | flag
     cli_help: str = ""  # the CLI's help where it differs (a negated flag)
+    low: int | None = None  # an int option's lowest value (the check and argparse's type)
 
     @property
     def keyword(self) -> str:
@@ -81,8 +82,8 @@ def _choice(choices: tuple) -> Callable[[str, Any], str]:
     return lambda name, value: check_choice(name, value, choices)
 
 
-def _int(low: int) -> Callable[[str, Any], int]:
-    return lambda name, value: check_int(name, value, low)
+def _int(name: str, value: Any) -> int:
+    return check_int(name, value, _LOWS[name])
 
 
 def _precision(name: str, value: Any) -> str:
@@ -93,7 +94,7 @@ def _precision(name: str, value: Any) -> str:
 
 
 def _seed(name: str, value: Any) -> int | None:
-    return None if value is None else check_int(name, value, 0)
+    return None if value is None else _int(name, value)
 
 
 OPTIONS: dict[str, Option] = {o.name: o for o in (
@@ -108,7 +109,7 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     Option("outputs", None, "comma-separated output names (frozen: node names)", check_names,
            cli_type="list"),
     # conversion
-    Option("opset", 17, "ONNX opset, 17 or 18 (default 17)", _int(1), cli_type="int"),
+    Option("opset", 17, "ONNX opset, 17 or 18 (default 17)", _int, cli_type="int", low=1),
     Option("fuse", True, "run the fusion passes (False: the raw tf2onnx graph with the "
                          "canonical I/O)", check_flag, cli_type="flag",
            cli_help="write the raw tf2onnx graph (canonical I/O, no fusion passes)"),
@@ -126,10 +127,11 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
                          "scales calibrated on the parity inputs; accuracy vs fp32 is reported, "
                          "not held to the fp16 limits", check_flag, cli_type="flag"),
     # verification
-    Option("batch", 4, "verification batch (default 4)", _int(1), cli_type="int"),
-    Option("seq", 32, "verification sequence length (default 32)", _int(2), cli_type="int"),
+    Option("batch", 4, "verification batch (default 4)", _int, cli_type="int", low=1),
+    Option("seq", 32, "verification sequence length (default 32)", _int, cli_type="int",
+           low=2),
     Option("seed", 0, "seed for the random inputs (default 0: the same inputs every run)",
-           _seed, cli_type="int"),
+           _seed, cli_type="int", low=0),
     Option("atol", None, "max |diff| per element (default: 1e-4 fp32, 4e-2 fp16, with mean "
                          "limits 1e-4 / 2e-3)", check_tolerance, cli_type="tolerance"),
     Option("rtol", None, "also allow rtol * |TF| per element (default 0)", check_tolerance,
@@ -140,6 +142,7 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
            cli_help="skip the TF comparison"),
     Option("force", False, "write even if parity fails", check_flag, cli_type="flag"),
 )}
+_LOWS = {o.keyword: o.low for o in OPTIONS.values() if o.low is not None}  # by API keyword
 
 # Which options each CLI group shows, in order (cli/convert.py builds the groups from these).
 GROUPS = {
