@@ -96,13 +96,17 @@ def attention_cases(rng: np.random.Generator) -> list[Case]:
         (2, 128, 768, 12, "raw", None),
         (3, 37, 768, 12, "lengths", 0.2),
         (2, 16, 256, 4, "raw", None),
-        # The general path: other head sizes (26, 32, 128) and lengths past 128.
-        (2, 17, 312, 12, "raw", None),        # TinyBERT: head size 26
+        # The tiled kernel: head sizes 32, 128, and 64 past the first kernel's 128 keys.
         (2, 1, 384, 12, "lengths", None),     # MiniLM: head size 32, one token
         (2, 129, 384, 12, "raw", None),
+        (2, 300, 384, 12, "lengths", 0.2),
         (2, 64, 1024, 8, None, None),         # head size 128
         (2, 384, 256, 2, "lengths", None),
-        (2, 512, 768, 12, "raw", None),       # head size 64 past the tensor-core kernel's 128
+        (2, 512, 768, 12, "raw", None),
+        (2, 1000, 512, 4, "raw", None),       # head size 128, a last key block of 40
+        # The general path: other head sizes (26) and lengths past the tiled kernel's 1024.
+        (2, 17, 312, 12, "raw", None),        # TinyBERT: head size 26
+        (2, 1025, 128, 2, "raw", None),
     ]
     for b, s, h, heads, form, scale in specs:
         feeds = {"qkv": normal16(rng, (b, s, 3 * h))}

@@ -11,6 +11,7 @@
 #include "attention.h"
 
 #include "attention_general.h"
+#include "attention_tiled.h"
 
 #include <cmath>
 
@@ -227,11 +228,14 @@ cudaError_t bf_attention_f16_warps(cudaStream_t stream, const __half* qkv, const
 
 cudaError_t bf_attention_f16(cudaStream_t stream, const __half* qkv, const int32_t* mask, int mask_rank, int B,
                              int S, int num_heads, int head_size, float scale, __half* out) {
-  // The tensor-core kernel where it covers the shape (and the 16-byte aligned rows it reads),
-  // the general path everywhere else.
+  // The tensor-core kernel where it covers the shape (head size 64, S <= 128), the tiled one
+  // at head sizes 32/64/128 up to S 1024 (both read 16-byte aligned rows), the general path
+  // everywhere else.
   const bool aligned = ((reinterpret_cast<uintptr_t>(qkv) | reinterpret_cast<uintptr_t>(out)) % 16) == 0;
   if (aligned && attention_fast_unsupported(B, S, num_heads, head_size, mask_rank) == nullptr)
     return bf_attention_f16_warps(stream, qkv, mask, mask_rank, B, S, num_heads, head_size, scale, out, 0);
+  if (aligned && attention_tiled_unsupported(B, S, num_heads, head_size, mask_rank) == nullptr)
+    return bf_attention_tiled_f16(stream, qkv, mask, mask_rank, B, S, num_heads, head_size, scale, out);
   return bf_attention_general_f16(stream, qkv, mask, mask_rank, B, S, num_heads, head_size, scale, out);
 }
 

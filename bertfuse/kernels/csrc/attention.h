@@ -4,8 +4,9 @@
 // columns n*D..n*D+D-1 of each block. mask: nullptr (mask_rank 0), raw int32 [B, S] (rank 2,
 // value > 0 keeps key j) or int32 key lengths [B] (rank 1, key j kept iff j < len[b]).
 // scores = scale * Q K^T + (kept ? 0 : -10000), fp32 softmax over keys, context [B, S, H] fp16.
-// The tensor-core kernel covers 1 <= S <= 128 at head size 64; every other shape up to head size
-// 256 runs on the general path (attention_general.h). Anything else is refused, never computed wrongly.
+// The tensor-core kernel covers 1 <= S <= 128 at head size 64, the tiled one (attention_tiled.h)
+// head sizes 32, 64 and 128 up to S 1024; every other shape up to head size 256 runs on the
+// general path (attention_general.h). Anything else is refused, never computed wrongly.
 #pragma once
 
 #include <cstdint>

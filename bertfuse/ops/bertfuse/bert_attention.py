@@ -17,8 +17,10 @@ import onnx
 from bertfuse.ops.contract import BERTFUSE_DOMAIN, AttrSpec, OpContract, TensorSpec, one_node_model
 
 MASK_FILTER_VALUE = -10000.0  # fixed: ORT Attention's default and TF BERT's adder
-# The largest head size the CUDA op runs (its general path; the tensor-core kernel: 64 only).
+# The largest head size the CUDA op runs (its general path), and the head sizes its tensor-core
+# kernels cover (attention.cu: 64 up to S 128; attention_tiled.cu: 32, 64, 128 up to S 1024).
 MAX_HEAD_SIZE = 256
+TENSOR_CORE_HEAD_SIZES = (32, 64, 128)
 
 CONTRACT = OpContract(
     op_type="BertAttention",
