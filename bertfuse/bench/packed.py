@@ -91,7 +91,7 @@ def run(paths_for: Callable[[str], dict[str, str]], iters: int,
             vocab = model_facts(fused).vocab_size or 1000
             opts = {"use_tf32": "0"} if precision == "fp32" else {}
             kw = dict(max_batch=batch, max_seq=seq, batch_buckets=(batch,), seq_buckets=(seq,),
-                      device="cuda", provider_options=opts)
+                      device="cuda", provider_options=opts, kernels="ort")  # forms as given
             forms, knote = packed_kernels.kernels_forms(kernels, paths) \
                 if precision == "fp16" else ({}, "")
             kmakers, ksessions, knote = packed_kernels.open_sessions(forms, kw, knote)

@@ -150,7 +150,9 @@ def _host_split(sess, feeds: dict[str, np.ndarray], iters: int) -> str:
     prep, _ = time_calls(prepare, iters)
     replay, _ = time_calls(sess.replay_call(feeds["input_mask"]), iters)
     graph = "CUDA graph" if sess.cuda_graph else f"no graph: {sess.fallback_reason}"
-    return f"{graph}; attention mask path: {mode}; prep {prep:.0f} us + ORT run {replay:.0f} us"
+    chosen = f"; {sess.kernels.line()}" if sess.kernels.asked == "auto" else ""
+    return (f"{graph}; attention mask path: {mode}; prep {prep:.0f} us + ORT run {replay:.0f} us"
+            f"{chosen}")
 
 
 def soak(model_path: str, requests: int = 10_000, seed: int = 3) -> dict:

@@ -14,6 +14,9 @@ PADDED_WORKLOADS = {  # name: (model config, batch, seq)
     "base b1 s128": ("base", 1, 128),
     "base b32 s128": ("base", 32, 128),
     "large b1 s128": ("large", 1, 128),
+    "base b8 s384": ("base", 8, 384),
+    "minilm b32 s128": ("minilm", 32, 128),
+    "tinybert b20 s64": ("tinybert", 20, 64),
 }
 
 PACKED_WORKLOADS: dict[str, tuple[str, int, int, Lengths]] = {

@@ -96,4 +96,10 @@ EXAMPLE_CONFIGS: dict[str, BertConfig] = {
                        num_attention_heads=12, intermediate_size=3072),
     "large": BertConfig(vocab_size=30522, hidden_size=1024, num_hidden_layers=24,
                         num_attention_heads=16, intermediate_size=4096),
+    # The shapes of the small BERTs most deployed for ranking and embeddings: MiniLM-L12-H384
+    # (head size 32) and TinyBERT-4L-312 (head size 26).
+    "minilm": BertConfig(vocab_size=30522, hidden_size=384, num_hidden_layers=12,
+                         num_attention_heads=12, intermediate_size=1536),
+    "tinybert": BertConfig(vocab_size=30522, hidden_size=312, num_hidden_layers=4,
+                           num_attention_heads=12, intermediate_size=1200),
 }

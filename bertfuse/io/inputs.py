@@ -29,7 +29,7 @@ def random_inputs(batch: int, seq: int, vocab: int, type_vocab: int = 2, seed: i
     ids = rng.integers(1, max(vocab, 2), size=(batch, seq), dtype=np.int64).astype(np.int32)
     segs = rng.integers(0, max(type_vocab, 1), size=(batch, seq)).astype(np.int32)
     mask = np.ones((batch, seq), np.int32)
-    for b in range(1, batch):
+    for b in range(1 if seq > 1 else batch, batch):  # one position: nothing to pad
         kind = b % 3 if pad_anywhere else 1
         if kind == 1:  # right padding
             mask[b, rng.integers(1, seq):] = 0

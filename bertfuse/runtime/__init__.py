@@ -1,6 +1,7 @@
 """The serving runtime, in rooms that import only downwards:
 
-    requests (checks, model facts) -> options -> progress -> pinned -> device (providers,
+    requests (checks, model facts) -> kernels (contrib or bertfuse's ops, chosen at load)
+    -> options -> progress -> pinned -> device (providers,
     staging, capture gate) -> variants -> session (padded) -> packed -> router (Session)
     -> pool
 

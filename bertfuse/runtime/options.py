@@ -17,6 +17,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from bertfuse.runtime.kernels import check_kernels_option
 from bertfuse.runtime.requests import (DEFAULT_BATCH_BUCKETS, DEFAULT_SEQ_BUCKETS, ConfigError,
                                        check_int)
 
@@ -27,7 +28,12 @@ class SessionOptions:
 
     pad_to_buckets / mask_variants 'auto': on for device='cuda' (CUDA graphs need the
     buckets' fixed shapes, and the narrow mask forms reach faster GPU kernels), off on the
-    CPU, where a request runs fastest at its own shape through one ORT session."""
+    CPU, where a request runs fastest at its own shape through one ORT session.
+
+    kernels: 'auto' (on CUDA, bertfuse's own ops where the library is here or builds, each
+    layer covered and one batch on the device agrees with the contrib form; else the contrib
+    form, with one line saying why), 'ort' (the model as written), 'bertfuse' (bertfuse's ops
+    or an error). See runtime/kernels.py."""
 
     max_batch: int = 32
     max_seq: int | None = None
@@ -45,10 +51,12 @@ class SessionOptions:
     token_steps: int = 8
     pinned: bool = True
     own_stream: bool = True
+    kernels: str = "auto"
 
     def __post_init__(self) -> None:
         if self.device not in ("cuda", "cpu"):
             raise ConfigError(f"device must be 'cuda' or 'cpu', not {self.device!r}")
+        check_kernels_option(self.kernels)
         if self.right_padded not in ("auto", "keylen", "keyseq"):
             raise ConfigError("right_padded must be 'auto', 'keylen' or 'keyseq', not "
                               f"{self.right_padded!r}")

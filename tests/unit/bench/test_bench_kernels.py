@@ -15,7 +15,7 @@ pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx_graphsurgeon")
 
 from bertfuse import cli  # noqa: E402
-from bertfuse.bench.kernels import CONTRIB_DEFAULT, CONTRIB_RAW_ONLY, FIRST_ROW, KERNELS_ROWS, KernelsSetup, \
+from bertfuse.bench.kernels import AUTO_ROW, CONTRIB_DEFAULT, CONTRIB_RAW_ONLY, FIRST_ROW, KERNELS_ROWS, KernelsSetup, \
     find_library, format_comparison, plan_rows, runtime_rows  # noqa: E402
 from bertfuse.bench.models import prepare_models  # noqa: E402
 from bertfuse.bench.padded import Result  # noqa: E402
@@ -27,7 +27,10 @@ def test_runtime_rows_add_the_kernels_form_to_the_contrib_rows():
     contrib, both = runtime_rows(False), runtime_rows(True)
     assert {key for _, key, _ in contrib} == {"bertfuse16"}
     assert both[:len(contrib)] == contrib  # the contrib rows are unchanged
-    extra = both[len(contrib):]
+    # They hold their form; the auto row opens the same contrib file as the runtime's default.
+    assert all(kw["kernels"] == "ort" for _, _, kw in contrib)
+    assert both[len(contrib)] == (AUTO_ROW, "bertfuse16", {"kernels": "auto"})
+    extra = both[len(contrib) + 1:]
     assert [key for _, key, _ in extra] == ["kernels16", "kernels16", "kernels_fp8"]
     assert extra[0][2] == {}  # the runtime as shipped: mask variants as it picks them
     assert extra[1][2] == {"mask_variants": False}
@@ -38,9 +41,10 @@ def test_runtime_rows_add_the_kernels_form_to_the_contrib_rows():
     # paired: of the contrib form only the rows the kernels form has a twin of.
     paired = runtime_rows(True, paired=True)
     assert paired == [row for row in contrib if row[0] in (CONTRIB_RAW_ONLY, CONTRIB_DEFAULT)] \
-        + extra
+        + [both[len(contrib)]] + extra
     twins = {label: kw for label, _, kw in paired}  # each kernels row's contrib twin
-    assert (twins[CONTRIB_DEFAULT], twins[CONTRIB_RAW_ONLY]) == (extra[0][2], extra[1][2])
+    assert (twins[CONTRIB_DEFAULT], twins[CONTRIB_RAW_ONLY]) == \
+        ({"kernels": "ort", **extra[0][2]}, {"kernels": "ort", **extra[1][2]})
     assert runtime_rows(False, paired=True) == paired[:2]
 
 
@@ -65,7 +69,9 @@ def test_missing_library_is_one_line_naming_the_cache_and_the_build(tmp_path):
 def test_without_the_library_the_kernels_rows_say_why_and_the_rest_runs():
     paths = {"bertfuse16": "/nonexistent/bertfuse16.onnx"}  # never read: no library
     rows, notes, skipped = plan_rows(KernelsSetup(reason="no CUDA GPU found"), paths)
-    assert rows == runtime_rows(False) and set(paths) == {"bertfuse16"}
+    # The auto row stays (it opens the contrib file and says why it kept it).
+    assert rows == runtime_rows(False) + [(AUTO_ROW, "bertfuse16", {"kernels": "auto"})]
+    assert set(paths) == {"bertfuse16"}
     assert skipped == [(label, "not run: no CUDA GPU found") for label, _, _ in KERNELS_ROWS]
     assert plan_rows(None, paths) == (runtime_rows(False), {}, [])
 
@@ -110,7 +116,8 @@ def test_a_model_the_pass_cannot_convert_leaves_the_kernels_rows_not_run(tiny_on
     shutil.copy(tiny_onnx["fp32"], fused)  # fp32: the bertfuse ops are fp16 only
     paths = {"bertfuse16": str(fused)}
     rows, notes, skipped = plan_rows(KernelsSetup(library="/some/libbertfuse_ops.so"), paths)
-    assert rows == runtime_rows(False) and "kernels16" not in paths
+    assert rows == runtime_rows(False) + [(AUTO_ROW, "bertfuse16", {"kernels": "auto"})]
+    assert "kernels16" not in paths
     assert "kernels_fp8" not in paths and not (tmp_path / "kernels16.onnx").exists()
     note = notes["kernels16"]
     assert "converted nothing" in note and "fp16 only" in note

@@ -1,0 +1,160 @@
+"""The kernel choice at load (runtime/kernels.py): which form a session runs, and why.
+
+The device check itself runs on the GPU (benchmarks/kernels/auto_device.py); here, every
+decision that can be made without one: the CPU, fp32 models, a missing library, models
+written with bertfuse's ops, the lowering's coverage, and the comparison the check applies.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import onnx
+import pytest
+
+from bertfuse.passes.manager import run_passes
+from bertfuse.passes.plans import fusion_plan
+from bertfuse.runtime import Session, SessionOptions
+from bertfuse.runtime.kernels import (KernelChoiceError, check_feeds, choose, compare_outputs,
+                                      has_bertfuse_ops, lower)
+from bertfuse.runtime.requests import ConfigError
+from support.builders.onnx_graphs import bert
+
+LAYERS = 2
+
+
+def contrib(rng, precision: str = "fp16", **kw) -> onnx.ModelProto:
+    model, report = run_passes(bert(rng, layers=LAYERS, **kw), fusion_plan(precision))
+    assert report.table.fully_fused
+    return model
+
+
+@pytest.fixture(scope="module")
+def fp16_model() -> onnx.ModelProto:
+    return contrib(np.random.default_rng(7), hidden=64, heads=2, inter=128)  # head size 32
+
+
+def test_kernels_option_is_checked():
+    assert SessionOptions().kernels == "auto"
+    for bad in ("cuda", "", None, 1, "AUTO"):
+        with pytest.raises(ConfigError, match="kernels must be one of 'auto', 'ort', 'bertfuse'"):
+            SessionOptions(kernels=bad)
+
+
+def test_cpu_auto_keeps_the_contrib_form(fp16_model):
+    model, choice = choose(fp16_model, "auto", "cpu", 64)
+    assert model is fp16_model and choice.used == "ort"
+    assert "CUDA only" in choice.reason
+
+
+def test_cpu_bertfuse_is_refused_with_the_reason(fp16_model):
+    with pytest.raises(KernelChoiceError, match="kernels='bertfuse': .*CUDA only"):
+        choose(fp16_model, "bertfuse", "cpu", 64)
+
+
+def test_fp32_model_stays_contrib_and_says_to_convert_fp16(rng, caplog):
+    fp32 = contrib(rng, "fp32")
+    with caplog.at_level(logging.WARNING, logger="bertfuse.runtime"):
+        model, choice = choose(fp32, "auto", "cuda", 64)
+    assert model is fp32 and choice.used == "ort" and "--precision fp16" in choice.reason
+    assert [r.getMessage() for r in caplog.records] == [choice.line()]  # one line says why
+    with pytest.raises(KernelChoiceError, match="fp32"):
+        choose(fp32, "bertfuse", "cuda", 64)
+
+
+def test_no_library_and_no_build_falls_back_with_the_reason(fp16_model, monkeypatch, tmp_path):
+    monkeypatch.setenv("BERTFUSE_KERNELS_DIR", str(tmp_path))  # an empty cache
+    from bertfuse.kernels import library
+
+    monkeypatch.setattr(library, "detect_sm", lambda: 90)
+    model, choice = choose(fp16_model, "auto", "cuda", 64, build=False)
+    assert model is fp16_model and choice.used == "ort"
+    assert "not built" in choice.reason and str(tmp_path) in choice.reason
+    with pytest.raises(KernelChoiceError, match="not built"):
+        choose(fp16_model, "bertfuse", "cuda", 64, build=False)
+
+
+def test_ort_runs_the_model_as_written(fp16_model):
+    model, choice = choose(fp16_model, "ort", "cuda", 64)
+    assert model is fp16_model and choice.used == "ort" and choice.reason == "asked"
+
+
+def test_a_lowered_model_runs_as_written_and_ort_cannot_undo_it(fp16_model):
+    lowered, misses, layers = lower(fp16_model)
+    assert has_bertfuse_ops(lowered) and layers == (LAYERS, LAYERS) and misses == []
+    for kernels in ("auto", "bertfuse"):
+        model, choice = choose(lowered, kernels, "cuda", 64)
+        assert model is lowered and choice.used == "bertfuse"
+    with pytest.raises(KernelChoiceError, match="--kernels ort"):
+        choose(lowered, "ort", "cuda", 64)
+    with pytest.raises(ConfigError, match="kernels='ort'"):  # through Session, before any ORT
+        Session(lowered, device="cpu", kernels="ort")
+
+
+def test_lowering_past_the_covered_head_size_keeps_contrib_and_counts_layers(rng):
+    wide = contrib(rng, hidden=264, heads=1, inter=528)  # head size 264 > 256
+    lowered, misses, layers = lower(wide)
+    assert layers == (0, LAYERS)
+    assert len([m for m in misses if "head size 264" in m]) == LAYERS
+
+
+def test_check_feeds_are_padded_and_in_range(fp16_model):
+    feeds = check_feeds(fp16_model, 4, 16)
+    assert set(feeds) == {i.name for i in fp16_model.graph.input}
+    mask = feeds["input_mask"]
+    assert mask.shape == (4, 16) and mask[0].all() and not mask.all()  # row 0 full, others padded
+    assert (feeds["input_ids"][mask == 0] == 0).all()
+
+
+def _outputs(rng, mask):
+    seq = rng.standard_normal(mask.shape + (8,)).astype(np.float32)
+    return {"sequence_output": seq, "pooled_output": seq[:, 0, :4].copy()}
+
+
+def test_compare_watches_kept_positions_only(rng):
+    mask = np.array([[1, 1, 1, 0], [1, 1, 0, 0]], np.int32)
+    want = _outputs(rng, mask)
+    got = {k: v.copy() for k, v in want.items()}
+    got["sequence_output"][mask == 0] += 100.0  # padded positions carry no meaning
+    assert compare_outputs(want, got, mask)[2] == ""
+    got["sequence_output"][0, 1, 3] += 0.05  # past fp16's max on a kept position
+    worst, _, why = compare_outputs(want, got, mask)
+    assert "sequence_output max |diff| 0.05" in why and worst == pytest.approx(0.05, rel=1e-5)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_compare_fails_non_finite_outputs(rng, bad):
+    mask = np.ones((2, 3), np.int32)
+    want = _outputs(rng, mask)
+    got = {k: v.copy() for k, v in want.items()}
+    got["pooled_output"][1, 2] = bad
+    assert "pooled_output has non-finite values" in compare_outputs(want, got, mask)[2]
+
+
+def test_compare_fails_a_mean_past_fp16s_limit(rng):
+    mask = np.ones((2, 3), np.int32)
+    want = _outputs(rng, mask)
+    got = {k: v + np.float32(0.01) for k, v in want.items()}  # max ok (1e-2), mean 1e-2 > 2e-3
+    assert "mean 0.01" in compare_outputs(want, got, mask)[2]
+
+
+def test_auto_keeps_contrib_where_only_the_general_path_covers_the_head_size(rng, monkeypatch,
+                                                                            tmp_path):
+    """Head size 26 (TinyBERT) runs on bertfuse's general path only, measured slower than ORT's
+    kernels: auto keeps the contrib form and says so, before it looks for the library."""
+    tiny = contrib(rng, hidden=52, heads=2, inter=104)
+    from bertfuse.kernels import library
+
+    monkeypatch.setattr(library, "locate", lambda: pytest.fail("auto looked for the library"))
+    model, choice = choose(tiny, "auto", "cuda", 64)
+    assert model is tiny and choice.used == "ort" and "head size 26" in choice.reason
+    assert "general attention path" in choice.reason
+
+
+@pytest.mark.parametrize("hidden, heads, want", [(64, 2, []), (128, 1, []), (52, 2, [26]),
+                                                 (96, 2, [48])])
+def test_general_path_heads_reads_num_heads_and_the_qkv_weight(rng, hidden, heads, want):
+    from bertfuse.runtime.kernels import general_path_heads
+
+    assert general_path_heads(contrib(rng, hidden=hidden, heads=heads, inter=2 * hidden)) == want
