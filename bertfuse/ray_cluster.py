@@ -12,6 +12,8 @@ minutes of Ray's retries. Ray is imported on the first call: `import bertfuse` n
 
 from __future__ import annotations
 
+import os
+import re
 import signal
 import socket
 import threading
@@ -20,6 +22,10 @@ from typing import Iterator
 
 from bertfuse.errors import BertfuseError
 
+LOOPBACK = "127.0.0.1"
+SINGLE_MACHINE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+WATCH_S = 0.5  # how often the watchdog notes Ray's processes
+KILL_AFTER_S = 3.0  # SIGTERM, then SIGKILL for what is left this much later
 _SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
 
 
@@ -55,24 +61,36 @@ def check_reachable(address: str) -> None:
                             "with ray start --head, or leave out --address") from None
 
 
-def connect(address: str | None, logging_level: int | None = None) -> bool:
+def connect(address: str | None, logging_level: int | None = None,
+            metrics_host: str = LOOPBACK, leftovers: tuple[str, ...] = ()) -> bool:
     """ray.init for this process: a local Ray of our own when `address` is None ("local":
     never someone's cluster found on this machine), else the cluster at `address`. Returns
-    whether it started a local Ray. logging_level: Ray's driver logger (default Ray's)."""
+    whether it started a local Ray. logging_level: Ray's driver logger (default Ray's).
+
+    A local Ray's node address is the loopback unless metrics_host asks for more: Ray binds
+    its metrics, dashboard-agent and runtime-env ports to the node address (every interface
+    otherwise), and turns a loopback address given as _node_ip_address into the machine's;
+    its single-machine mode (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, what it runs on macOS)
+    keeps the loopback. A watchdog process stops that Ray's processes, and removes `leftovers`
+    (folders), if this process dies without disconnect() (kill -9)."""
     import ray
 
+    global _watchdog
     kwargs: dict = {"log_to_driver": False}
     if logging_level is not None:
         kwargs["logging_level"] = logging_level
     if address is not None:
         check_reachable(address)
-    with signal_handlers_kept():
+    elif _watchdog is None:
+        _watchdog = Watchdog(leftovers)
+    with signal_handlers_kept(), _single_machine(address is None and _is_loopback(metrics_host)):
         try:
             if address is None:
                 ray.init(address="local", include_dashboard=False, **kwargs)
             else:
                 ray.init(address=address, **kwargs)
         except (ConnectionError, ValueError, RuntimeError) as exc:
+            _end_watch()
             where = "start a local Ray" if address is None else f"join the Ray cluster at {address}"
             raise BertfuseError(f"cannot {where}: {first_line(exc)}") from None
     return address is None
@@ -82,7 +100,144 @@ def disconnect() -> None:
     """ray.shutdown: stops a local Ray we started, or leaves a joined cluster."""
     import ray
 
-    ray.shutdown()
+    try:
+        ray.shutdown()
+    finally:
+        _end_watch()
+
+
+@contextmanager
+def _single_machine(on: bool) -> Iterator[None]:
+    """Ray's single-machine mode while a local Ray starts (its processes inherit it); the
+    flag is read when Ray is imported, so the imported constant is set for the block too."""
+    if not on:
+        yield
+        return
+    import importlib
+
+    try:
+        constants = importlib.import_module("ray._private.ray_constants")
+    except ImportError:  # a Ray without it: the environment alone
+        constants = None
+    saved_env = os.environ.get(SINGLE_MACHINE_ENV)
+    saved = getattr(constants, "ENABLE_RAY_CLUSTER", None)
+    os.environ[SINGLE_MACHINE_ENV] = "0"
+    if saved is not None:
+        constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        if saved is not None:
+            constants.ENABLE_RAY_CLUSTER = saved
+        if saved_env is None:
+            os.environ.pop(SINGLE_MACHINE_ENV, None)
+        else:
+            os.environ[SINGLE_MACHINE_ENV] = saved_env
+
+
+def _is_loopback(host: str) -> bool:
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def _end_watch() -> None:
+    global _watchdog
+    if _watchdog is not None:
+        _watchdog.close()
+        _watchdog = None
+
+
+class Watchdog:
+    """A process of its own (its own session: Ctrl-C in a terminal does not reach it) that
+    outlives this one: every WATCH_S it notes this process's descendants (Ray's processes),
+    and when this process dies without close() (its pipe ends: kill -9, a crash) it stops
+    those still running (SIGTERM, then SIGKILL after KILL_AFTER_S) and removes `leftovers`."""
+
+    def __init__(self, leftovers: tuple[str, ...] = ()) -> None:
+        import subprocess
+        import sys
+
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "bertfuse.ray_cluster", str(os.getpid()), *leftovers],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True)
+
+    def close(self) -> None:
+        """This process ended its Ray itself: the watchdog leaves."""
+        try:
+            self.proc.stdin.write(b"ok")
+            self.proc.stdin.close()
+            self.proc.wait(timeout=10)
+        except (OSError, ValueError):
+            pass
+        except Exception:  # noqa: BLE001  (TimeoutExpired: it is on its way out anyway)
+            self.proc.kill()
+
+
+_watchdog: Watchdog | None = None
+
+
+def process_start(pid: int) -> str | None:
+    """pid's start time (a reused pid does not match), or None when it is gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] == "Z" else fields[19]
+
+
+def _descendants(pid: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in out:
+                out.add(child)
+                todo.append(child)
+    return out
+
+
+def _watch(owner: int, leftovers: list[str]) -> None:
+    """The watchdog's loop (python -m bertfuse.ray_cluster OWNER [FOLDER...])."""
+    import select
+    import shutil
+    import time
+
+    me, known = os.getpid(), {}
+    while True:
+        ready, _, _ = select.select([0], [], [], WATCH_S)
+        if ready:
+            if os.read(0, 16).startswith(b"ok"):
+                return
+            break  # the pipe ended: the owner is gone
+        for pid in _descendants(owner) - {me}:
+            known.setdefault(pid, process_start(pid))
+    for sig, wait in ((signal.SIGTERM, KILL_AFTER_S), (signal.SIGKILL, 0)):
+        live = [p for p, ident in known.items() if ident and process_start(p) == ident]
+        for pid in live:
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+        deadline = time.monotonic() + wait
+        while live and time.monotonic() < deadline:
+            time.sleep(0.1)
+            live = [p for p in live if process_start(p) == known[p]]
+    for folder in leftovers:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    import sys
+
+    _watch(int(sys.argv[1]), sys.argv[2:])
 
 
 @contextmanager
@@ -101,8 +256,30 @@ def ray_for(address: str | None, logging_level: int | None = None) -> Iterator[b
         disconnect()
 
 
+# Ray colours the task name in a task error's text (cyan), also when no terminal reads it
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+_CHAINED = re.compile(r"^(The above exception was the direct cause of the following exception|"
+                      r"During handling of the above exception, another exception occurred):$",
+                      re.M)
+
+
+def task_error(exc: BaseException) -> str:
+    """What failed inside a Ray task, 'Type: message' as the task raised it. A task error
+    reaches the driver as text (RayTaskError(UserCodeException) keeps no cause object): its
+    innermost traceback is the first one, and the line after its last frame is the user's
+    exception. Without a traceback, first_line's pick; never colour codes."""
+    text = _ANSI.sub("", str(exc))
+    inner = _CHAINED.split(text)[0].splitlines()
+    frames = [i for i, ln in enumerate(inner) if ln.startswith("  File ")]
+    if frames:
+        after = [ln for ln in inner[frames[-1] + 1:] if ln.strip() and not ln[0].isspace()]
+        if after:
+            return after[0].strip()[:300]
+    return first_line(exc)
+
+
 def first_line(exc: BaseException) -> str:
     """The line of a (often many-line) Ray error that says what failed, at most 300 chars."""
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    lines = [ln.strip() for ln in _ANSI.sub("", str(exc)).splitlines() if ln.strip()]
     useful = [ln for ln in lines if "Error" in ln or "error" in ln]
     return (useful[-1] if useful else lines[0] if lines else type(exc).__name__)[:300]

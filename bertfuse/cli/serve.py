@@ -18,7 +18,8 @@ class Serve(Command):
     name = "serve"
     summary = "serve a model over HTTP on Ray Serve (batched, one replica per GPU)"
     example = ("  bertfuse serve model.onnx --vocab out/tiny/vocab.txt --port 8000\n"
-               "  curl -s localhost:8000/v1/infer -d '{\"text\": [\"what is bert?\"]}'")
+               "  curl -s localhost:8000/v1/infer -H 'Content-Type: application/json' \\\n"
+               "      -d '{\"text\": [\"what is bert?\"]}'")
 
     def add_arguments(self, p: argparse.ArgumentParser) -> None:
         p.add_argument("model", help="a bertfuse-converted .onnx")
@@ -69,6 +70,13 @@ class Serve(Command):
                             "they need the local Ray (no --address)")
         g.add_argument("--access-log", action="store_true",
                        help="Serve's per-request log lines (off: each costs a file write)")
+        g.add_argument("--metrics-host", metavar="HOST",
+                       help="where the metrics and stats ports listen (HAProxy's, Ray's; "
+                            "default the loopback only)")
+        g.add_argument("--token-file", metavar="FILE",
+                       help="require 'Authorization: Bearer TOKEN' (the file's one line) on "
+                            "every route but /healthz and /readyz; default: the environment's "
+                            "BERTFUSE_TOKEN, else no token")
 
     def run(self, args: argparse.Namespace, console) -> int:
         """Deploys, prints where, then waits for Ctrl-C/SIGTERM (bertfuse.io.safety turns SIGTERM
@@ -84,7 +92,7 @@ class Serve(Command):
 
 def _serve(args: argparse.Namespace, out) -> int:
     from bertfuse.io.safety import Terminated
-    from bertfuse.serve.api import deploy
+    from bertfuse.serve.api import DRAIN_S, deploy
     from bertfuse.serve.ingress import describe
 
     def say(data: dict, text: str) -> None:
@@ -98,7 +106,9 @@ def _serve(args: argparse.Namespace, out) -> int:
         port=args.port, outputs=args.outputs, name=args.name,
         cpus_per_replica=args.cpus_per_replica, gpus_per_replica=args.gpus_per_replica,
         warmup=args.warmup,
-        access_log=args.access_log, ingress=args.ingress)
+        access_log=args.access_log, ingress=args.ingress,
+        **{k: v for k, v in (("metrics_host", args.metrics_host),
+                             ("token_file", args.token_file)) if v is not None})
     stop = "signal"
     try:
         info = {"url": served.url, "infer": served.url + "v1/infer", "device": served.device,
@@ -120,7 +130,7 @@ def _serve(args: argparse.Namespace, out) -> int:
         stop = "Ctrl-C"
     except Terminated:
         stop = "SIGTERM"
-    finally:
-        served.shutdown()
+    finally:  # a signal drains: in-flight requests are answered before Serve stops
+        served.shutdown(drain_s=DRAIN_S if stop != "signal" else 0.0)
     say({"stopped": stop}, f"bertfuse serve: stopped ({stop}); Serve shut down")
     return 0

@@ -4,6 +4,8 @@ onnxruntime backend (what NVIDIA's Triton container runs).
     REPO/NAME/config.pbtxt      platform "onnxruntime_onnx", max_batch_size, dynamic batching,
                                 instance group, every input and output of the model
     REPO/NAME/1/model.onnx      a copy of the model (and of its external weight files)
+    REPO/NAME/libbertfuse_ops.so  for a model with bertfuse's own ops (ai.bertfuse): the op
+                                library built for this GPU, named in model_operations
 
 Batching is Triton's: each tensor's first (batch) dimension is left out of `dims`, and
 max_batch_size bounds it; the sequence dimension is -1. The repository entry is built in a
@@ -12,6 +14,11 @@ temporary directory beside REPO/NAME and renamed into place.
 Only options the onnxruntime backend documents are written. It has no CUDA-graph option for
 the CUDA execution provider (`optimization { cuda { graphs } }` is read by the TensorRT
 backend only), so --cuda-graphs is refused with the reason rather than written and ignored.
+What Triton could not load is refused too (BertfuseError, exit 2): bertfuse's CUDA ops or a
+packed model on KIND_CPU, a packed model at all (its inputs are built per batch, which Triton's
+batching would concatenate per request), a model without inputs or outputs, numbers past the
+schema's int32. Every string in config.pbtxt is C-escaped as protobuf's text format reads it,
+so a tensor name cannot write config of its own.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnx
+from google.protobuf.text_encoding import CEscape
 
 from bertfuse.errors import BertfuseError
 
@@ -39,6 +47,14 @@ CUDA_GRAPHS_REFUSED = (
 
 
 _RESHAPE = " reshape: { shape: [ ] }"
+INT32_MAX = 2**31 - 1  # max_batch_size, count, intra_op_thread_count: int32 in ModelConfig
+PACKED_INPUTS = ("token_index", "token_offset", "cumulative_sequence_length", "token_bucket")
+
+
+def quote(text: str) -> str:
+    """A protobuf text-format string literal: quotes, backslashes, newlines and other control
+    characters escaped (Triton's parser reads back exactly `text`)."""
+    return f'"{CEscape(text, as_utf8=True)}"'
 
 
 @dataclass
@@ -58,13 +74,15 @@ class TritonExport:
     config: str  # the config.pbtxt path
     model: str  # the copied model.onnx
     precision: str
+    op_library: str | None = None  # the copied op library (a model with ai.bertfuse ops)
     inputs: list[Tensor] = field(default_factory=list)
     outputs: list[Tensor] = field(default_factory=list)
 
     def to_json(self) -> dict:
         io = lambda ts: [t.__dict__ for t in ts]  # noqa: E731
         return {"repo": self.repo, "name": self.name, "config": self.config, "model": self.model,
-                "precision": self.precision, "inputs": io(self.inputs),
+                "precision": self.precision, "op_library": self.op_library,
+                "inputs": io(self.inputs),
                 "outputs": io(self.outputs)}
 
 
@@ -97,20 +115,22 @@ def precision_of(model: onnx.ModelProto) -> str:
 
 
 def config_text(model: onnx.ModelProto, name: str, max_batch: int = 32, instances: int = 1,
-                kind: str = "gpu", delay_us: int = 100, threads: int | None = None) -> str:
-    """config.pbtxt for `model` (Triton's ModelConfig in protobuf text format)."""
+                kind: str = "gpu", delay_us: int = 100, threads: int | None = None,
+                op_library: str | None = None) -> str:
+    """config.pbtxt for `model` (Triton's ModelConfig in protobuf text format); op_library:
+    the op library's path as Triton will see it (model_operations)."""
     inputs, outputs = describe(model)
     lines = [
         "# Written by bertfuse export-triton for Triton's onnxruntime backend.",
         f"# Model precision: {precision_of(model)} weights and activations; outputs "
         f"{', '.join(sorted({t.data_type for t in outputs}))}.",
-        f'name: "{name}"',
-        f'platform: "{PLATFORM}"',
+        f"name: {quote(name)}",
+        f"platform: {quote(PLATFORM)}",
         f"max_batch_size: {max_batch}",
     ]
     for key, tensors in (("input", inputs), ("output", outputs)):
         lines.append(f"{key} [")
-        body = [f'  {{ name: "{t.name}" data_type: {t.data_type} dims: '
+        body = [f'  {{ name: {quote(t.name)} data_type: {t.data_type} dims: '
                 f'[ {", ".join(map(str, t.dims))} ]{_RESHAPE if t.scalar else ""} }}'
                 for t in tensors]
         lines.append(",\n".join(body))
@@ -120,6 +140,8 @@ def config_text(model: onnx.ModelProto, name: str, max_batch: int = 32, instance
         f"count: {instances} }} ]",
         f"dynamic_batching {{ max_queue_delay_microseconds: {delay_us} }}",
     ]
+    if op_library is not None:  # the onnxruntime backend registers it on each session
+        lines.append(f"model_operations {{ op_library_filename: {quote(op_library)} }}")
     if threads is not None:  # ORT's threads per instance: instances x threads <= cores
         lines.append(f'parameters {{ key: "intra_op_thread_count" value: '
                      f'{{ string_value: "{threads}" }} }}')
@@ -174,11 +196,58 @@ def _check_target(model_path: Path, data: list[str], repo: Path, target: Path,
         raise BertfuseError(f"{target}: exists and is not empty; pass --force to replace it")
 
 
+def _check_servable(model: onnx.ModelProto, src: Path, kind: str) -> bool:
+    """Refuses what Triton's onnxruntime backend could not load or batch; returns whether the
+    model needs bertfuse's op library."""
+    from bertfuse.kernels.library import DOMAIN, uses_library
+
+    inits = {i.name for i in model.graph.initializer}
+    inputs = [i for i in model.graph.input if i.name not in inits]
+    if not inputs or not model.graph.output:
+        what = "outputs" if inputs else "inputs"
+        raise BertfuseError(f"{src}: the model has no {what}; Triton serves tensors in and out")
+    packed = [i.name for i in model.graph.input if i.name in PACKED_INPUTS] or \
+        [n.op_type for n in model.graph.node if n.op_type in ("PackedAttention", "RestorePadding")]
+    if packed and kind == "cpu":
+        raise BertfuseError(f"{src}: a packed model (bertfuse convert --packed: {packed[0]}) runs "
+                            "on CUDA only, not --kind cpu; export the padded model")
+    if packed:
+        raise BertfuseError(f"{src}: a packed model's inputs ({packed[0]}, ...) describe one whole "
+                            "batch, which Triton's batching would concatenate request by "
+                            "request; export the padded model (convert without --packed)")
+    uses = uses_library(model)
+    if uses and kind == "cpu":
+        raise BertfuseError(f"{src}: the model uses bertfuse's own CUDA ops ({DOMAIN}), which run "
+                            "only on a GPU, not --kind cpu; convert it with --kernels ort for CPU")
+    return uses
+
+
+def _op_library(src: Path, path: str | None) -> Path:
+    """The op library to copy: `path`, else the one built for this machine's GPU."""
+    from bertfuse.kernels.library import DOMAIN, KernelLibraryError, locate
+
+    if path is not None:
+        if not Path(path).is_file():
+            raise BertfuseError(f"--op-library {path}: no such file")
+        return Path(path)
+    try:
+        return locate()
+    except KernelLibraryError as exc:
+        why = str(exc).split(": build it")[0]
+        raise BertfuseError(f"{src} uses bertfuse's own CUDA ops ({DOMAIN}), whose op library goes "
+                            f"into the repository, and none is found ({why}): run `bertfuse "
+                            "kernels build` first, or pass --op-library PATH") from None
+
+
 def export_triton(model_path: str, repo: str, name: str | None = None, max_batch: int = 32,
                   instances: int = 1, kind: str = "gpu", delay_us: int = 100,
                   force: bool = False, cuda_graphs: bool = False,
-                  threads: int | None = None) -> TritonExport:
-    """Writes REPO/NAME/config.pbtxt and REPO/NAME/1/model.onnx (plus external data)."""
+                  threads: int | None = None, op_library: str | None = None,
+                  triton_repo: str | None = None) -> TritonExport:
+    """Writes REPO/NAME/config.pbtxt and REPO/NAME/1/model.onnx (plus external data, and the
+    op library for a model with ai.bertfuse ops). triton_repo: where Triton will see REPO
+    (an absolute path, e.g. /models in a container; default REPO's own absolute path)."""
+    from bertfuse.kernels.library import LIB_NAME
     from bertfuse.runtime.requests import load_model
     from bertfuse.io.safety import swap_dir_in, temp_dir
 
@@ -186,18 +255,25 @@ def export_triton(model_path: str, repo: str, name: str | None = None, max_batch
         raise BertfuseError(CUDA_GRAPHS_REFUSED)
     if kind not in ("gpu", "cpu"):
         raise BertfuseError(f"--kind must be gpu or cpu, not {kind!r}")
-    for what, value, low in (("--max-batch", max_batch, 1), ("--instances", instances, 1),
-                             ("--dynamic-batching-delay-us", delay_us, 0),
-                             ("--intra-op-threads", 1 if threads is None else threads, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise BertfuseError(f"{what} must be an integer >= {low}, got {value!r}")
+    for what, value, low, high in (
+            ("--max-batch", max_batch, 1, INT32_MAX), ("--instances", instances, 1, INT32_MAX),
+            ("--dynamic-batching-delay-us", delay_us, 0, 2**64 - 1),
+            ("--intra-op-threads", 1 if threads is None else threads, 1, INT32_MAX)):
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise BertfuseError(f"{what} must be an integer in [{low}, {high}] (Triton's "
+                                f"model config), got {value!r}")
+    if triton_repo is not None and not os.path.isabs(triton_repo):
+        raise BertfuseError(f"--triton-repo-path {triton_repo!r} must be absolute: Triton opens "
+                            "the op library at that path, not relative to the repository")
     src = Path(model_path)
     model = load_model(str(src))  # weights stay where they are; a skeleton is refused
     name = name if name is not None else src.name.removesuffix(".onnx")
     _check_name(name)
+    library = _op_library(src, op_library) if _check_servable(model, src, kind) else None
     data = _external_files(model, src)
-    text = config_text(model, name, max_batch, instances, kind, delay_us, threads)
     repo_dir, target = Path(os.path.abspath(repo)), Path(os.path.abspath(repo)) / name
+    seen = os.path.join(triton_repo or str(repo_dir), name, LIB_NAME) if library else None
+    text = config_text(model, name, max_batch, instances, kind, delay_us, threads, seen)
     _check_target(src, data, repo_dir, target, force)
     repo_dir.mkdir(parents=True, exist_ok=True)
     with temp_dir(repo_dir, prefix=f".{name}.") as tmp:
@@ -207,8 +283,12 @@ def export_triton(model_path: str, repo: str, name: str | None = None, max_batch
         for rel in data:
             (tmp / "1" / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src.parent / rel, tmp / "1" / rel)
+        if library is not None:
+            shutil.copyfile(library, tmp / LIB_NAME)
+            os.chmod(tmp / LIB_NAME, 0o755)
         (tmp / "config.pbtxt").write_text(text)
         swap_dir_in(tmp, target)
     return TritonExport(str(Path(repo)), name, str(Path(repo) / name / "config.pbtxt"),
                         str(Path(repo) / name / "1" / "model.onnx"), precision_of(model),
+                        str(Path(repo) / name / LIB_NAME) if library else None,
                         *describe(model))

@@ -30,6 +30,11 @@ from bertfuse.score.stages import Stages, actor_columns
 CRASH_ENV = "BERTFUSE_TEST_SCORE_CRASH"  # tests: FLAGFILE:N, see Scorer._maybe_crash
 
 
+class UnreadableInput(ValueError):
+    """The input itself cannot be read (not the cluster): the driver reports it as bad input,
+    exit 2, not as a failure worth rerunning."""
+
+
 def read_parts(batch: dict[str, np.ndarray], files: list[str], columns: list[str]) -> pa.Table:
     """The rows of the parts described in `batch` (part, file, group_start, group_stop,
     offset, rows, first_row), tagged with their part and input row number."""
@@ -37,7 +42,12 @@ def read_parts(batch: dict[str, np.ndarray], files: list[str], columns: list[str
     for part, fi, g0, g1, offset, rows, first in zip(
             *(batch[k] for k in ("part", "file", "group_start", "group_stop", "offset", "rows",
                                  "first_row"))):
-        t = _read_rows(files[int(fi)], range(int(g0), int(g1)), int(offset), int(rows), columns)
+        path = files[int(fi)]
+        try:
+            t = _read_rows(path, range(int(g0), int(g1)), int(offset), int(rows), columns)
+        except (OSError, pa.ArrowException) as exc:  # bad pages, a file changed under the job
+            raise UnreadableInput(f"{path}: row groups {int(g0)}..{int(g1) - 1} cannot be read "
+                                  f"({str(exc).strip().splitlines()[0][:200]})") from None
         t = t.append_column(PART, pa.array(np.full(t.num_rows, int(part), np.int64)))
         tables.append(t.append_column(ROW, pa.array(np.arange(int(first),
                                                               int(first) + t.num_rows))))

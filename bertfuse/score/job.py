@@ -27,8 +27,8 @@ import numpy as np
 
 from bertfuse.errors import BertfuseError, require
 from bertfuse.io.safety import pause_point
-from bertfuse.ray_cluster import ray_for
-from bertfuse.score.actor import CRASH_ENV, Scorer, read_parts
+from bertfuse.ray_cluster import ray_for, task_error
+from bertfuse.score.actor import CRASH_ENV, Scorer, UnreadableInput, read_parts
 from bertfuse.score.output import PART, OutputDir
 from bertfuse.score.spec import ScoreJob
 from bertfuse.score.stages import Stages
@@ -127,13 +127,17 @@ def _cluster_errors() -> tuple[type, ...]:
     return RayError, UserCodeException
 
 
-def _failed(exc: BaseException, out: OutputDir, job: ScoreJob) -> ScoreFailed:
-    first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()),
-                 type(exc).__name__)
+def _failed(exc: BaseException, out: OutputDir, job: ScoreJob) -> BertfuseError:
+    """The task's own error, one line: an unreadable input is bad input (exit 2: rerunning
+    will not help); anything else a cluster failure that the same command resumes (exit 1)."""
+    why = task_error(exc)
     done = len(list(out.scores.glob("part-*.parquet")))
-    return ScoreFailed(f"scoring failed on the Ray cluster ({type(exc).__name__}: "
-                       f"{first[:300]}); {done} of {len(job.parts)} parts are complete in "
-                       f"{job.output}: run the same command again to resume")
+    kept = f"{done} of {len(job.parts)} parts are complete in {job.output}"
+    unreadable = f"{UnreadableInput.__name__}: "
+    if unreadable in why:
+        return BertfuseError(f"{why.split(unreadable, 1)[1]}; {kept}")
+    return ScoreFailed(f"scoring failed on the Ray cluster ({why}); {kept}: run the same "
+                       "command again to resume")
 
 
 def _finish(job: ScoreJob, out: OutputDir, done: set[int], todo: list, device: str,

@@ -81,14 +81,22 @@ class OutputDir:
             raise BertfuseError(f"{self.root}: not empty and not a bertfuse score output; "
                                 "refusing to write into it (give a new or empty directory)")
         self.root.mkdir(exist_ok=True)
-        fd = os.open(self.root / LOCK, os.O_CREAT | os.O_RDWR, 0o644)
+        lock = self.root / LOCK
+        fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
+                # the lock file is removed on the way out (below): a holder that got the
+                # file just before its removal holds a name nobody else can open
+                if os.fstat(fd).st_ino != os.stat(lock).st_ino:
+                    raise BlockingIOError
+            except (BlockingIOError, FileNotFoundError):
                 raise BertfuseError(f"{self.root}: another bertfuse score is writing to it; "
                                     "wait for it to end, or give another --output") from None
-            yield
+            try:
+                yield
+            finally:
+                lock.unlink(missing_ok=True)  # still held: no one else locks it meanwhile
         finally:
             os.close(fd)
 
@@ -118,7 +126,8 @@ class OutputDir:
 
     def write_manifest(self, summary: dict[str, Any]) -> None:
         body = {"format": FORMAT, "job": self.job.identity(), **summary}
-        write_text(self.root / MANIFEST, json.dumps(body, indent=1) + "\n")
+        with writing(self.root / MANIFEST):
+            write_text(self.root / MANIFEST, json.dumps(body, indent=1) + "\n")
 
     def clean_temps(self) -> None:
         """Temp files a killed run left behind (ours by name: `.part-NNNNN.parquet.*.tmp`)."""
@@ -216,9 +225,20 @@ def _write(path: Path, table: Any, plain: list[str] = ()) -> None:
     """A Parquet file by temp and rename."""
     import pyarrow.parquet as pq
 
-    with temp_file(path) as tmp:
+    with writing(path), temp_file(path) as tmp:
         pq.write_table(table, tmp, **write_options(table, plain))
         replace_file(tmp, path)
+
+
+@contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """A failed write (a full disk, a quota) is one line naming the file it was writing."""
+    try:
+        yield
+    except OSError as exc:
+        raise BertfuseError(f"{path}: cannot write it ({exc.strerror or exc}); the complete "
+                            "parts are kept: free space and run the same command to resume") \
+            from None
 
 
 def _within(path: str, directory: str) -> bool:

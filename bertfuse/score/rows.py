@@ -11,6 +11,9 @@ No Ray here: the actor (actor.py) and the single-process benchmark loop both use
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -141,10 +144,21 @@ class RowPreparer:
 def _tokenizer(vocab: str, lower_case: bool | None, max_seq: int, truncate: bool) -> Any:
     """WordPiece cutting rows at max_seq tokens, or (not truncating) at one token more, so
     that a row too long to score shows as one (through max_length, which every path of
-    WordPiece truncates to, its ASCII fast path included)."""
+    WordPiece truncates to, its ASCII fast path included).
+
+    WordPiece refuses a max_length past the positions of the bert_config.json beside the
+    vocab (Google's layout), and max_seq is usually exactly that: one token more is then
+    asked of a tokenizer over a private copy of the vocab, with the casing the real one
+    decided (from that config). It only counts: no row longer than max_seq is scored."""
     from bertfuse.text import WordPiece
 
-    return WordPiece(vocab, lower_case=lower_case, max_length=max_seq + (0 if truncate else 1))
+    tok = WordPiece(vocab, lower_case=lower_case, max_length=max_seq)
+    if truncate:
+        return tok
+    with tempfile.TemporaryDirectory(prefix="bertfuse-vocab-") as tmp:
+        copy = os.path.join(tmp, "vocab.txt")
+        shutil.copyfile(vocab, copy)
+        return WordPiece(copy, lower_case=tok.lower_case, max_length=max_seq + 1)
 
 
 def _set(reasons: list[str | None], i: int, why: str) -> None:

@@ -1,8 +1,11 @@
 """`bertfuse serve`: bertfuse's runtime on Ray Serve, in rooms that import only downwards:
 
-    config (ServeConfig, checked keywords) ─┐
-    requests (JSON body -> checked arrays;  ├─► app (the Serve deployment: a warmed Session
-              a batch -> one run -> split)  ┘        per replica, serve.batch, HTTP routes)
+    guard (headers, token, body read as it    ┐
+           arrives, JSON depth, surrogates)   │
+    config (ServeConfig, checked keywords)    ├─► app (the Serve deployment: a warmed Session
+    requests (JSON body -> checked arrays;    │        per replica, serve.batch, HTTP routes)
+              a batch -> one run -> split)    ┘
+    haproxy_conf (limits added to Serve's HAProxy config) ─► ingress
                                                  ─► api (deploy() -> Served) ─► command (CLI)
 
     served = bertfuse.serve.deploy(model="model.onnx", max_batch=32, vocab="vocab.txt")

@@ -17,8 +17,13 @@ from typing import Any
 from bertfuse.errors import BertfuseError
 from bertfuse.ray_cluster import connect, disconnect, first_line, signal_handlers_kept
 from bertfuse.serve.config import ServeConfig, check_config, resolve
-from bertfuse.serve.ingress import (auto_ingress, ingress_environment, remove, replica_urls,
-                                    wait_routed)
+from bertfuse.serve.requests import body_limit
+from bertfuse.serve.ingress import (auto_ingress, haproxy_pids, ingress_environment, remove,
+                                    replica_urls, wait_routed)
+
+# SIGTERM's grace: requests in flight are answered within this (a request takes ms; a full
+# queue of max_batch-row calls on a 2-core CPU, well under a second), then Serve stops.
+DRAIN_S = 10.0
 
 
 @dataclass
@@ -53,14 +58,17 @@ class Served:
         with urllib.request.urlopen(self.url + "stats", timeout=timeout) as r:
             return json.loads(r.read())
 
-    def shutdown(self) -> None:
-        """Stops what deploy() started; idempotent."""
+    def shutdown(self, drain_s: float = 0.0) -> None:
+        """Stops what deploy() started; idempotent. drain_s > 0: first stop taking requests
+        and let those in flight finish, for drain_s at most (drain())."""
         if self.closed:
             return
         self.closed = True
         from ray import serve
 
         try:
+            if drain_s > 0 and self.deployed:
+                self.drain(drain_s)
             if self.started_serve:
                 serve.shutdown()
             elif self.deployed:
@@ -71,6 +79,31 @@ class Served:
                     disconnect()
             finally:
                 remove(self.scratch)
+
+    def drain(self, grace_s: float) -> None:
+        """Stop accepting, finish what is in flight, within grace_s. Behind HAProxy: its soft
+        stop (SIGUSR1: the listener closes, each connection ends after its response, idle
+        ones at once), waited for. Else the application is deleted: Serve stops routing to
+        its replicas and each one ends once its requests are answered
+        (graceful_shutdown_timeout_s, DRAIN_S)."""
+        import signal
+        import time
+
+        from ray import serve
+
+        if self.config.ingress == "haproxy" and self.scratch:
+            pids = haproxy_pids(self.scratch)
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGUSR1)
+                except OSError:
+                    pass
+            deadline = time.monotonic() + grace_s
+            while time.monotonic() < deadline and haproxy_pids(self.scratch):
+                time.sleep(0.05)
+            return
+        serve.delete(self.config.name, _blocking=True)
+        self.deployed = False
 
     def __enter__(self) -> "Served":
         return self
@@ -88,8 +121,19 @@ def _importable_by_workers() -> None:
         os.environ["PYTHONPATH"] = os.pathsep.join([root, *parts])
 
 
-def _port_free(host: str, port: int) -> None:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+def port_free(host: str, port: int) -> None:
+    """Refuses host:port only when something listens there: a connect probe, then a bind
+    with SO_REUSEADDR (as HAProxy's and Serve's own), so the TIME_WAIT sockets a stopped
+    server leaves for a minute after traffic do not refuse its restart."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    probe = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
+    with socket.socket(family) as s:
+        s.settimeout(2)
+        if s.connect_ex((probe, port)) == 0:
+            raise BertfuseError(f"cannot serve on {host}:{port}: another process listens "
+                                "there")
+    with socket.socket(family) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError as exc:
@@ -162,8 +206,10 @@ def deploy(model: Any = None, **kwargs: Any) -> Served:
                             "process already runs Ray: deploy() must start it")
     if not ray.is_initialized():
         _importable_by_workers()
-        with ingress_environment(cfg.ingress) as scratch:
-            started_ray = connect(cfg.address)
+        max_body = body_limit(cfg.max_batch, cfg.max_seq)
+        with ingress_environment(cfg.ingress, cfg.metrics_host, max_body) as scratch:
+            started_ray = connect(cfg.address, metrics_host=cfg.metrics_host,
+                                  leftovers=(scratch,) if scratch else ())
         connected = True
     try:
         device, replicas, resources = _placement(cfg)
@@ -173,7 +219,7 @@ def deploy(model: Any = None, **kwargs: Any) -> Served:
                                     "Ray cluster's Serve; choose another name")
             url_host, url_port = _running_http(cfg)
         else:
-            _port_free(cfg.host, cfg.port)
+            port_free(cfg.host, cfg.port)
             with signal_handlers_kept():
                 serve.start(http_options={"host": cfg.host, "port": cfg.port},
                             logging_config=_logging(cfg))
@@ -182,7 +228,8 @@ def deploy(model: Any = None, **kwargs: Any) -> Served:
         spec = dataclasses.replace(cfg, device=device, replicas=replicas).to_spec()
         app = BertfuseReplica.options(
             num_replicas=replicas, ray_actor_options=resources, logging_config=_logging(cfg),
-            max_ongoing_requests=max(4 * cfg.max_batch, 16)).bind(spec)
+            max_ongoing_requests=max(4 * cfg.max_batch, 16),
+            graceful_shutdown_timeout_s=DRAIN_S).bind(spec)
         prefix = "/" if started_serve else f"/{cfg.name}"
         with signal_handlers_kept():
             try:

@@ -11,7 +11,8 @@ the replica ready, and HTTP served straight from the replica (no extra hop).
 
 Routes: POST /v1/infer; GET /healthz (the process answers), /readyz (this replica's
 session is warm and open), /stats (this replica's counters: requests, model calls, rows,
-and the p50 of each stage of a request's time in it).
+and the p50 of each stage of a request's time in it); the Open Inference Protocol's /v2
+routes beside them (oip.py: its own tensors, the same checks, batch and session).
 Imported by api.deploy() only, so `import bertfuse` never imports Ray.
 """
 
@@ -32,12 +33,16 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from bertfuse.serve.config import switch_interval_s
+from bertfuse.serve.guard import Access, check_access, check_post, is_loopback, read_body
+from bertfuse.serve.oip import OIP
 from bertfuse.serve.requests import HTTPError, Limits, Parsed, body_limit, combine, \
     encode_body, parse_body, split
 
 BATCH_ROWS_BOUNDARIES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 TIMES_KEPT = 1000
 STAGES = ("request", "body_wait", "parse", "queue", "model_call", "resume", "encode")
+# Probes a load balancer sends without credentials; every other route checks the token
+OPEN_ROUTES = ("/healthz", "/readyz", "/v2/health/live", "/v2/health/ready")
 
 
 def _rows(items: list[Parsed]) -> int:
@@ -53,9 +58,9 @@ def _p50_ms(times: deque) -> float | None:
     return round(float(np.median(times)) * 1e3, 3) if times else None
 
 
-def json_response(status: int, data: Any) -> Response:
+def json_response(status: int, data: Any, headers: dict[str, str] | None = None) -> Response:
     return Response(json.dumps(data, separators=(",", ":")), status_code=status,
-                    media_type="application/json")
+                    media_type="application/json", headers=headers)
 
 
 def body_response(body: bytes) -> Response:
@@ -79,6 +84,7 @@ class BertfuseReplica:
         self.seq_axis = {n: dims.get(n, ("B", "S"))[1:2] == ("S",) for n in self.facts.outputs}
         self.limits = Limits(spec["max_batch"], spec["max_seq"],
                              body_limit(spec["max_batch"], spec["max_seq"]))
+        self.access = Access(spec["extra"].get("token_sha256"), is_loopback(spec["host"]))
         self.tokenizer = None
         if spec["vocab"]:
             from bertfuse.text import WordPiece
@@ -118,6 +124,7 @@ class BertfuseReplica:
         self.m_batches = Counter("bertfuse_model_calls", "Session runs (batches of requests)")
         self.m_rows = Histogram("bertfuse_batch_rows", "rows per Session run",
                                 boundaries=BATCH_ROWS_BOUNDARIES)
+        self.oip = OIP(self, dims)  # the /v2 routes (Open Inference Protocol)
 
     # -- routes -------------------------------------------------------------------------------
 
@@ -126,6 +133,13 @@ class BertfuseReplica:
         if root and path.startswith(root):  # under a route prefix (/NAME on a shared Serve)
             path = path[len(root):]
         path, method = path.rstrip("/") or "/", request.method
+        if path not in OPEN_ROUTES:
+            try:  # before any route, /v2's included: token and Host
+                check_access(request.headers, self.access)
+            except HTTPError as exc:
+                return json_response(exc.status, {"error": exc.message}, exc.headers)
+        if path == "/v2" or path.startswith("/v2/"):  # its own checks and error form
+            return await self.oip.route(request, path, method)
         try:
             if path == "/v1/infer":
                 if method != "POST":
@@ -142,20 +156,14 @@ class BertfuseReplica:
             raise HTTPError(404, f"no route {path}; routes: POST /v1/infer, GET /healthz, "
                                  "/readyz, /stats")
         except HTTPError as exc:
-            return json_response(exc.status, {"error": exc.message})
+            return json_response(exc.status, {"error": exc.message}, exc.headers)
 
     async def _infer(self, request: Request) -> Response:
         start = time.perf_counter()
         try:
-            length = int(request.headers.get("content-length") or 0)
-        except ValueError:
-            length = 0
-        if length > self.limits.max_body:
-            raise HTTPError(413, f"request body of {length} bytes is over the limit of "
-                                 f"{self.limits.max_body}")
-        body = await request.body()
-        got = time.perf_counter()
-        try:
+            check_post(request.headers, self.limits.max_body)
+            body = await read_body(request.stream(), self.limits.max_body)
+            got = time.perf_counter()
             parsed = parse_body(body, self.facts, self.limits, self.outputs, self.tokenizer)
         except HTTPError as exc:
             self.counts["errors"] += 1

@@ -30,6 +30,8 @@ HAPROXY_GPUS_PER_REPLICA = 0.25
 # 20.5k at 5 ms (shenma-3l b20 s64); neutral on a 2-core CPU, whose model call is slow.
 # BERTFUSE_SERVE_SWITCH_MS (set when Ray starts) picks another value, for A/B runs.
 SWITCH_MS = "0.5"
+TOKEN_ENV = "BERTFUSE_TOKEN"
+MAX_TOKEN = 4096
 
 
 def switch_interval_s() -> float:
@@ -52,7 +54,10 @@ class ServeConfig:
     here; 'auto' or host:port: join that cluster. outputs None: every model output.
     batch_buckets None: the runtime's (1, 2, 4, ... up to max_batch); a batch runs padded to
     the smallest bucket that holds its rows, so requests of a fixed size want its multiples.
-    ingress 'auto' and gpus_per_replica None are decided when deploy() starts (resolve())."""
+    ingress 'auto' and gpus_per_replica None are decided when deploy() starts (resolve()).
+    metrics_host: where the metrics and stats ports listen (HAProxy's, Ray's). token_file:
+    a file holding the bearer token every route but the health probes requires (without it,
+    the environment's BERTFUSE_TOKEN; neither: no token)."""
 
     model: str
     replicas: int | None = None
@@ -73,6 +78,8 @@ class ServeConfig:
     warmup: bool = True
     access_log: bool = False
     ingress: str = "auto"
+    metrics_host: str = "127.0.0.1"
+    token_file: str | None = None
     extra: dict = field(default_factory=dict)  # facts read from the model (filled by check)
 
     def to_spec(self) -> dict[str, Any]:
@@ -116,9 +123,9 @@ def check_config(model: Any = None, **kwargs: Any) -> ServeConfig:
     if cfg.ingress not in ("auto", "proxy") and cfg.address is not None:
         raise ConfigError(f"ingress {cfg.ingress!r} is switched on when Ray starts: it needs the "
                           "local Ray that bertfuse serve starts (leave out address)")
-    for name in ("host", "name"):
+    for name in ("host", "name", "metrics_host"):
         check_text(name, getattr(cfg, name), error=ConfigError)
-    for name in ("address", "vocab"):
+    for name in ("address", "vocab", "token_file"):
         if getattr(cfg, name) is not None:
             check_text(name, getattr(cfg, name), error=ConfigError)
     if cfg.lower_case is not None and not isinstance(cfg.lower_case, bool):
@@ -149,7 +156,8 @@ def check_config(model: Any = None, **kwargs: Any) -> ServeConfig:
     return ServeConfig(**{**asdict(cfg), "max_seq": max_seq, "outputs": outputs,
                           "batch_buckets": buckets,
                           "vocab": vocab, "extra": {"inputs": facts.inputs,
-                                                    "vocab_size": facts.vocab_size}})
+                                                    "vocab_size": facts.vocab_size,
+                                                    "token_sha256": _token(cfg.token_file)}})
 
 
 def resolve(cfg: ServeConfig, ingress: str) -> ServeConfig:
@@ -160,6 +168,31 @@ def resolve(cfg: ServeConfig, ingress: str) -> ServeConfig:
     if share is None:
         share = HAPROXY_GPUS_PER_REPLICA if concrete == "haproxy" else 1.0
     return ServeConfig(**{**asdict(cfg), "ingress": concrete, "gpus_per_replica": share})
+
+
+def _token(path: str | None) -> str | None:
+    """The digest of the bearer token in `path` (or BERTFUSE_TOKEN): what replicas keep."""
+    from bertfuse.serve.guard import token_digest
+
+    if path is None:
+        token = os.environ.get(TOKEN_ENV)
+        if token is None:
+            return None
+        where = f"the environment's {TOKEN_ENV}"
+    else:
+        where = path
+        try:
+            with open(path, encoding="utf-8") as f:
+                token = f.read(MAX_TOKEN + 2)
+        except (OSError, UnicodeDecodeError) as exc:
+            why = getattr(exc, "strerror", None) or "not UTF-8 text"
+            raise ConfigError(f"token_file {path}: cannot read it ({why})") from None
+    token = token.strip()
+    if not token or len(token) > MAX_TOKEN or not token.isascii() or not token.isprintable() \
+            or " " in token:
+        raise ConfigError(f"{where}: the token must be 1..{MAX_TOKEN} printable ASCII "
+                          "characters without spaces")
+    return token_digest(token)
 
 
 def _bucket_int(text: str) -> int:

@@ -25,7 +25,15 @@ import tempfile
 from contextlib import contextmanager
 from typing import Any, Iterator
 
+from bertfuse.ray_cluster import process_start
+from bertfuse.serve.haproxy_conf import CLIENT_TIMEOUT_S, wrapper
 
+
+# HAProxy's files: short, since Ray nests a 56-character folder in it and HAProxy's socket
+# path has 97 characters at most
+SCRATCH_DIR = "/tmp" if os.path.isdir("/tmp") else tempfile.gettempdir()
+SCRATCH_PREFIX = "bfh"
+OWNER = "owner"  # the serving process's pid and start time (clear_stale)
 HAPROXY_RAY = (2, 55)  # Ray's HAProxy ingress, as its "Enable High Throughput" docs describe it
 
 
@@ -91,8 +99,25 @@ def haproxy_binary() -> str | None:
     return binary if ran.returncode == 0 else None
 
 
+# The ports picked for HAProxy's stats and metrics and Serve's fallback proxy are bound only
+# when Ray is up, seconds later. A port-0 pick comes from the kernel's ephemeral range, where
+# Ray's own processes take ports meanwhile (a restart failed so: "Failed to bind"): these are
+# below it, and outside Ray's worker ports (10002-19999) and Serve's direct ingress
+# (30000-31000).
+QUIET_PORTS = range(20000, 30000)
+
+
 def _free_port() -> int:
-    with socket.socket() as s:
+    import random
+
+    for port in random.sample(QUIET_PORTS, 100):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # all taken: the kernel's pick
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
@@ -109,11 +134,15 @@ REPLICA_HTTP = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
 
 
 def ingress_env(ingress: str, folder: str) -> dict[str, str]:
-    """The environment flags that select `ingress` (HAProxy's files under `folder`)."""
+    """The environment flags that select `ingress` (HAProxy's files under `folder`, its
+    binary the wrapper there: haproxy_conf.py)."""
     if ingress == "direct":
         return {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1", **REPLICA_HTTP}
     if ingress == "haproxy":
         return {"RAY_SERVE_ENABLE_HA_PROXY": "1", **REPLICA_HTTP,
+                "RAY_SERVE_HAPROXY_BINARY_PATH": os.path.join(folder, "haproxy"),
+                "RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S": str(CLIENT_TIMEOUT_S),
+                "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": os.path.join(folder, "metrics.sock"),
                 "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": os.path.join(folder, "haproxy.cfg"),
                 "RAY_SERVE_HAPROXY_SOCKET_PATH": os.path.join(folder, "admin.sock"),
                 "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": folder,
@@ -125,13 +154,22 @@ def ingress_env(ingress: str, folder: str) -> dict[str, str]:
 
 
 @contextmanager
-def ingress_environment(ingress: str) -> Iterator[str | None]:
+def ingress_environment(ingress: str, metrics_host: str, max_body: int
+                        ) -> Iterator[str | None]:
     """Sets `ingress`'s flags while the local Ray starts (its processes inherit them), then
-    puts this process's environment back. Yields the temporary folder (HAProxy's files) that
-    the caller removes after shutdown, or None."""
-    # short: Ray nests a 56-character folder in it, and HAProxy's socket path has 97 at most
-    short = "/tmp" if os.path.isdir("/tmp") else None
-    folder = tempfile.mkdtemp(prefix="bfh", dir=short) if ingress == "haproxy" else None
+    puts this process's environment back. Yields the temporary folder (HAProxy's files, the
+    wrapper, the owner's pid) that the caller removes after shutdown, or None."""
+    folder = None
+    if ingress == "haproxy":
+        clear_stale()
+        folder = tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=SCRATCH_DIR)
+        real = haproxy_binary()
+        with open(os.path.join(folder, OWNER), "w") as f:
+            f.write(_identity(os.getpid()))
+        script = os.path.join(folder, "haproxy")
+        with open(script, "w") as f:
+            f.write(wrapper(real or "haproxy", metrics_host, max_body))
+        os.chmod(script, 0o700)
     env = ingress_env(ingress, folder or "")
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
@@ -151,6 +189,52 @@ def ingress_environment(ingress: str) -> Iterator[str | None]:
 def remove(folder: str | None) -> None:
     if folder:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _identity(pid: int) -> str:
+    """pid and start time: a pid that was reused by another process does not match."""
+    return f"{pid} {process_start(pid)}"
+
+
+def clear_stale() -> list[int]:
+    """HAProxy folders of bertfuse serves whose owner is gone (killed with -9 before its
+    watchdog could act): their HAProxy processes are stopped and the folders removed, so a
+    restart finds its port free. Returns the pids stopped. Others' folders are left alone."""
+    import glob
+    import signal
+
+    stopped = []
+    for folder in glob.glob(os.path.join(SCRATCH_DIR, SCRATCH_PREFIX + "*")):
+        try:
+            with open(os.path.join(folder, OWNER)) as f:
+                owner = f.read().strip()
+        except OSError:
+            continue
+        if owner.split()[0].isdigit() and _identity(int(owner.split()[0])) == owner:
+            continue  # its serve still runs
+        for pid in haproxy_pids(folder):
+            try:
+                os.kill(pid, signal.SIGKILL)
+                stopped.append(pid)
+            except OSError:
+                pass
+        remove(folder)
+    return stopped
+
+
+def haproxy_pids(folder: str) -> list[int]:
+    """HAProxy processes started with a config in `folder` (from /proc)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if argv and os.path.basename(argv[0]) == b"haproxy" and \
+                any(a.startswith(folder.encode() + b"/") for a in argv):
+            found.append(int(pid))
+    return found
 
 
 def replica_urls(app: str, url_host: str) -> list[str]:

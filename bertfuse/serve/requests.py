@@ -28,20 +28,12 @@ import numpy as np
 
 from bertfuse.errors import BertfuseError
 from bertfuse.runtime.requests import ROLES, ModelFacts, RequestError, check_request
+from bertfuse.serve.guard import HTTPError, check_depth, check_text
 
 FIELDS = (*ROLES, "text", "text_pair", "outputs", "encoding")
 ENCODINGS = ("json", "base64")
 TENSOR_FIELDS = ("dtype", "shape", "data")
 ID_DTYPES = {"int32": np.dtype("<i4"), "int64": np.dtype("<i8")}
-
-
-class HTTPError(Exception):
-    """A request answered with `status` and {"error": message}; the service goes on."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
 
 
 @dataclass
@@ -85,8 +77,11 @@ def parse_body(body: bytes, facts: ModelFacts, limits: Limits, served: Sequence[
     if len(body) > limits.max_body:
         raise HTTPError(413, f"request body of {len(body)} bytes is over the limit of "
                              f"{limits.max_body}")
+    check_depth(body)
     try:
         data = json.loads(body)
+    except RecursionError:  # check_depth's bound is far below this: never reached
+        raise HTTPError(400, "body is nested too deeply") from None
     except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError is a ValueError
         raise HTTPError(400, f"body is not valid JSON ({str(exc).splitlines()[0][:80]})") \
             from None
@@ -215,6 +210,8 @@ def _from_text(data: dict, tokenizer: Any) -> dict[str, Any]:
     text, pair = data.get("text"), data.get("text_pair")
     if text is None:
         raise HTTPError(400, "text_pair without text")
+    check_text(text, "text")
+    check_text(pair, "text_pair")
     try:
         batch = tokenizer(text, pair)
     except BertfuseError as exc:

@@ -194,3 +194,97 @@ def test_output_safety(tiny_onnx, tmp_path, capsys):
     assert not (tmp_path / "other").exists()
     assert "--max-batch: must be at least 1" in _one_error_line(
         capsys, ["export-triton", src, "-o", tmp_path / "other", "--max-batch", "0"])
+
+
+def _identity_model(path: Path, outputs: list[str], domain: str = "", inputs=("x",)) -> Path:
+    """x [batch, 4] float -> one Identity (or an op of `domain`) per output name."""
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Identity" if not domain else "Dense", [inputs[0]], [o],
+                              domain=domain) for o in outputs] or \
+        [helper.make_node("Identity", [inputs[0]], ["unused"])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info(i, TensorProto.FLOAT, ["batch", 4])
+                     for i in inputs],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, ["batch", 4]) for o in outputs])
+    opsets = [helper.make_opsetid("", 17)] + ([helper.make_opsetid(domain, 1)] if domain else [])
+    onnx.save(helper.make_model(graph, opset_imports=opsets), path)
+    return path
+
+
+def test_tensor_names_cannot_write_config(tmp_path, capsys):
+    """#25 item 9: a quote, a newline or a backslash in a tensor name is escaped; Triton's
+    parser reads back exactly the model's names and nothing else (no backend, one output
+    each)."""
+    evil = ['p" data_type: TYPE_FP32 dims: [ 4 ] } ] backend: "python" output [ { name: "q',
+            "a\nb", "back\\slash", "caf\u00e9"]
+    src = _identity_model(tmp_path / "evil.onnx", evil)
+    assert main(["export-triton", str(src), "-o", str(tmp_path / "repo")]) == 0
+    capsys.readouterr()
+    cfg = parse(tmp_path / "repo" / "evil" / "config.pbtxt")
+    assert [t.name for t in cfg.output] == evil and [t.name for t in cfg.input] == ["x"]
+    assert cfg.backend == "" and cfg.platform == "onnxruntime_onnx"
+    _check_against_model(cfg, src)
+
+
+def test_refused_combinations_exit_2(tiny_onnx, tmp_path, capsys):
+    """What Triton could not load or batch: one line, exit 2, nothing written."""
+    repo = tmp_path / "repo"
+    from onnx import TensorProto, helper
+
+    const = helper.make_graph([helper.make_node("Constant", [], ["y"], value=helper.make_tensor(
+        "v", TensorProto.FLOAT, [1], [1.0]))], "g", [],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    onnx.save(helper.make_model(const), tmp_path / "no_inputs.onnx")
+    cases = [
+        (["--max-batch", str(10 ** 12)], tiny_onnx["fp32"], "--max-batch must be an integer in"),
+        (["--instances", str(2 ** 31)], tiny_onnx["fp32"], "2147483647"),
+        ([], tmp_path / "no_inputs.onnx", "has no inputs"),
+        ([], _identity_model(tmp_path / "no_outputs.onnx", []), "has no outputs"),
+        (["--kind", "cpu"], _identity_model(tmp_path / "packed.onnx", ["y"],
+                                            inputs=("token_index",)), "CUDA only"),
+        ([], tmp_path / "packed.onnx", "export the padded model"),
+        (["--kind", "cpu"], _identity_model(tmp_path / "ops.onnx", ["y"], "ai.bertfuse"),
+         "not --kind cpu"),
+        (["--triton-repo-path", "models"], tmp_path / "ops.onnx", "must be absolute"),
+    ]
+    for extra, model, words in cases:
+        line = _one_error_line(capsys, ["export-triton", model, "-o", repo, *extra])
+        assert words in line, (extra, model, line)
+    assert not repo.exists()
+
+
+def test_bertfuse_ops_bring_their_library(tmp_path, capsys, monkeypatch):
+    """A model with ai.bertfuse ops: the built op library is copied beside config.pbtxt and
+    named in model_operations (at REPO's path, or where --triton-repo-path says Triton sees
+    it); without a built library, exit 2 and the build command."""
+    import bertfuse.kernels.library as library
+
+    src = _identity_model(tmp_path / "ops.onnx", ["y"], "ai.bertfuse")
+    monkeypatch.setenv(library.KERNELS_ENV, str(tmp_path / "cache"))
+    monkeypatch.setattr(library, "detect_sm", lambda: 90)
+    repo = tmp_path / "repo"
+    line = _one_error_line(capsys, ["export-triton", src, "-o", repo])
+    assert "`bertfuse kernels build` first" in line and not repo.exists()
+    built = library.library_path(1, 90)
+    built.parent.mkdir(parents=True)
+    built.write_bytes(b"\x7fELF not really")
+    assert main(["export-triton", str(src), "-o", str(repo), "--json"]) == 0
+    import json
+
+    report = json.loads(capsys.readouterr().out)
+    copy = repo / "ops" / library.LIB_NAME
+    assert report["op_library"] == str(copy) and copy.read_bytes() == built.read_bytes()
+    cfg = parse(repo / "ops" / "config.pbtxt")
+    assert list(cfg.model_operations.op_library_filename) == [str(copy.absolute())]
+    _check_against_model(cfg, src)
+    other = tmp_path / "my ops\".so"  # any path, escaped in the config
+    other.write_bytes(b"mine")
+    assert main(["export-triton", str(src), "-o", str(repo), "--force", "--op-library",
+                 str(other), "--triton-repo-path", "/models"]) == 0
+    capsys.readouterr()
+    cfg = parse(repo / "ops" / "config.pbtxt")
+    assert list(cfg.model_operations.op_library_filename) == [f"/models/ops/{library.LIB_NAME}"]
+    assert copy.read_bytes() == b"mine"
+    assert "--op-library" in _one_error_line(capsys, ["export-triton", src, "-o", repo,
+                                                      "--force", "--op-library", tmp_path / "x"])

@@ -50,7 +50,24 @@ def tiny(tmp_path_factory) -> dict[str, str]:
     assert report.table.fully_fused
     onnx.save(fused, root / "tiny.onnx")
     (root / "vocab.txt").write_text("".join(t + "\n" for t in example_vocab(VOCAB)))
+    # Google's layout: the config beside the vocab caps the tokenizer at POSITIONS
+    (root / "bert_config.json").write_text(json.dumps(
+        {"max_position_embeddings": POSITIONS, "vocab_size": VOCAB, "do_lower_case": True}))
     return {"model": str(root / "tiny.onnx"), "vocab": str(root / "vocab.txt")}
+
+
+def test_text_rows_with_the_config_beside_the_vocab_are_counted_not_refused(tiny):
+    """max_seq is the config's positions: spotting a long row needs one token more than the
+    tokenizer beside that config allows (issue 25: every text job failed)."""
+    from bertfuse.score.rows import InputSpec, RowPreparer
+
+    long = " ".join(["water"] * POSITIONS)
+    table = pa.table({"t": ["what is bert", long, " ".join(["water"] * (POSITIONS - 2))]})
+    for truncate, rejected in ((False, [None, "too long", None]), (True, [None, None, None])):
+        got = RowPreparer(InputSpec(max_seq=POSITIONS, text_column="t", vocab=tiny["vocab"],
+                                    truncate=truncate))(table)
+        assert [r and r[:8] for r in got.reasons] == rejected
+        assert got.lengths.max() == POSITIONS  # the exact fit is kept whole
 
 
 @pytest.fixture(scope="module")
@@ -403,6 +420,46 @@ def test_rejects_are_written_with_their_reasons(cluster, tiny, tmp_path):
     cut = score(tiny["model"], tmp_path / "text.parquet", tmp_path / "cut", text_column="t",
                 vocab=tiny["vocab"], truncate=True, actors=1, progress=False)
     assert (cut.scored, cut.rejected) == (3, 2)
+
+
+def test_a_corrupt_page_is_bad_input_naming_the_file_not_a_cluster_failure(cluster, tiny,
+                                                                            ids_run, tmp_path,
+                                                                            capsys):
+    """Bad data pages (the footer reads fine) fail inside a Ray task: the user gets pyarrow's
+    reason and the file, exit 2, one line without colour codes, no advice to rerun; and a
+    finished job leaves no lock file in OUT."""
+    assert not (ids_run["out"] / "_bertfuse_score.lock").exists()
+    path = tmp_path / "corrupt.parquet"
+    pq.write_table(pa.table({"ids": pa.array([[i % 50 + 1] * 8 for i in range(2000)],
+                                             pa.list_(pa.int32()))}),
+                   path, compression="snappy", row_group_size=1000)
+    col = pq.ParquetFile(path).metadata.row_group(1).column(0)
+    end = (col.dictionary_page_offset or col.data_page_offset) + col.total_compressed_size
+    data = bytearray(path.read_bytes())
+    data[end - 20:end - 12] = bytes(b ^ 0x5A for b in data[end - 20:end - 12])
+    path.write_bytes(bytes(data))
+    code, err = run_cli(capsys, "--model", tiny["model"], "--input", str(path), "--output",
+                        str(tmp_path / "o"), "--ids-column", "ids", "--actors", "1",
+                        "--part-rows", "1000", "--max-retries", "0")
+    assert code == 2, err
+    line = err.strip()
+    assert len(line.splitlines()) == 1 and "\x1b" not in line, err
+    assert f"{path}: row groups 1..1 cannot be read (Corrupt snappy compressed data" in line
+    assert "run the same command" not in line and " of 2 parts are complete in " in line, line
+    assert not (tmp_path / "o" / "_bertfuse_score.lock").exists()
+
+
+def test_a_task_error_is_the_users_exception_without_colour():
+    """The text of Ray 2.60's RayTaskError(UserCodeException) from a map_batches UDF."""
+    from bertfuse.ray_cluster import task_error
+
+    text = ("\x1b[36mray::MapBatches(f)()\x1b[39m (pid=7965, ip=192.0.2.2)\n"
+            '  File "/tmp/x.py", line 5, in f\n    raise OSError("Corrupt snappy data")\n'
+            "OSError: Corrupt snappy data\n\nThe above exception was the direct cause of the "
+            "following exception:\n\n\x1b[36mray::MapBatches(f)()\x1b[39m (pid=7965)\n"
+            "ray.exceptions.UserCodeException: UDF failed to process a data block.\n")
+    assert task_error(RuntimeError(text)) == "OSError: Corrupt snappy data"
+    assert task_error(RuntimeError("\x1b[31mplain failure\x1b[0m")) == "plain failure"
 
 
 def run_cli(capsys, *args: str) -> tuple[int, str]:

@@ -4,15 +4,19 @@ real bring-up runs in test_serve.py and test_score.py."""
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
+import subprocess
 import sys
+import time
 import types
 
 import pytest
 
 from bertfuse import ray_cluster
 from bertfuse.errors import BertfuseError
+from support.paths import ROOT
 
 
 class FakeRay(types.ModuleType):
@@ -25,7 +29,8 @@ class FakeRay(types.ModuleType):
 
     def init(self, **kwargs) -> None:
         signal.signal(signal.SIGTERM, lambda *a: sys.exit(1))  # as ray.init does in a driver
-        self.inits.append(kwargs)
+        self.inits.append({**kwargs, "single_machine": os.environ.get(
+            ray_cluster.SINGLE_MACHINE_ENV)})
         if self.fail is not None:
             raise self.fail
         self.running = True
@@ -53,16 +58,60 @@ def _fake(monkeypatch, **kw) -> FakeRay:
 
 def test_connect_starts_a_local_ray_and_keeps_our_handler(monkeypatch, ours):
     fake = _fake(monkeypatch)
-    assert ray_cluster.connect(None, logging_level=30) is True
+    try:
+        assert ray_cluster.connect(None, logging_level=30) is True
+    finally:
+        ray_cluster.disconnect()  # and its watchdog
+    # the node on the loopback: Ray's metrics and agent ports bind to the node's address
     assert fake.inits == [{"address": "local", "include_dashboard": False, "log_to_driver": False,
-                           "logging_level": 30}]
+                           "logging_level": 30, "single_machine": "0"}]
     assert signal.getsignal(signal.SIGTERM) is ours
+    assert ray_cluster.connect(None, metrics_host="0.0.0.0") is True
+    ray_cluster.disconnect()
+    assert fake.inits[-1]["single_machine"] is None  # asked for: Ray's own choice
+
+
+def test_the_watchdog_stops_what_its_owner_left_when_the_owner_dies(tmp_path):
+    """The owner (a child here) killed with -9: its child (a stand-in for a Ray process) is
+    stopped and the leftover folder removed; an owner that closes its watchdog keeps both."""
+    left = tmp_path / "scratch"
+    for clean in (False, True):
+        left.mkdir(exist_ok=True)
+        code = ("import subprocess, sys, time\n"
+                "from bertfuse import ray_cluster\n"
+                f"w = ray_cluster.Watchdog(({str(left)!r},))\n"
+                "c = subprocess.Popen(['sleep', '60'])\n"
+                "print(c.pid, flush=True)\n"
+                "time.sleep(2 * ray_cluster.WATCH_S + 0.5)\n"
+                f"{'w.close()' if clean else ''}\n"
+                "print('ready', flush=True)\n"
+                "time.sleep(60)\n")
+        owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                                 text=True, cwd=ROOT)
+        child = int(owner.stdout.readline())
+        assert owner.stdout.readline().strip() == "ready"
+        owner.kill()
+        owner.wait()
+        deadline = time.monotonic() + 10
+        while (_alive(child) or left.exists()) and not clean and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _alive(child) is clean and left.exists() is clean
+        if clean:
+            os.kill(child, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def test_connect_joins_auto_without_a_probe(monkeypatch, ours):
     fake = _fake(monkeypatch)
     assert ray_cluster.connect("auto") is False
-    assert fake.inits == [{"address": "auto", "log_to_driver": False}]
+    assert fake.inits == [{"address": "auto", "log_to_driver": False, "single_machine": None}]
 
 
 def test_unreachable_or_malformed_address_is_one_line_before_ray(monkeypatch, ours):

@@ -1,0 +1,98 @@
+"""The limits bertfuse adds to the HAProxy config that Ray Serve writes. Serve renders its
+config from a template with no place for them (Ray 2.60: `timeout http-request` is never
+set, `timeout client` is 3600 s, the stats and Prometheus ports bind every interface), so
+bertfuse points Serve at a small wrapper as its HAProxy binary
+(RAY_SERVE_HAPROXY_BINARY_PATH): it rewrites the config file it is started with, then execs
+the real HAProxy with a parent-death signal, so HAProxy cannot outlive the Ray worker that
+runs it.
+
+    Serve's HAProxyManager ─► WRAPPER -db -f haproxy.cfg ... ─► fix(haproxy.cfg) ─► exec haproxy
+
+What fix() adds:
+    defaults        timeout http-request HEADER_TIMEOUT_S (a client's headers, slowloris)
+    http_frontend   at most CLIENT_CONNS connections at once from one source address; 413
+                    for a Content-Length past the replicas' body limit
+    stats, prometheus  bound to the metrics host instead of every interface
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+
+# The headers of a request must arrive within this: one byte a second per connection
+# (slowloris) holds a connection 10 s, not the hour of Serve's `timeout client`.
+HEADER_TIMEOUT_S = 10
+# A client idle mid-request (a body that stops short of its length) is dropped after this;
+# a response being computed is timed by `timeout server`, not this.
+CLIENT_TIMEOUT_S = 30
+# Connections at once from one address: 4,200 slow connections from one client filled
+# Serve's maxconn 4096 and every good request waited (issue 25); this leaves the rest to
+# other clients. Load tests run 32-128 connections from one host.
+CLIENT_CONNS = 256
+MARK = "# bertfuse limits"
+PR_SET_PDEATHSIG = 1
+
+
+def fix(text: str, metrics_host: str, max_body: int) -> str:
+    """Serve's rendered config with bertfuse's limits (idempotent)."""
+    if MARK in text:
+        return text
+    out, section = [], ""
+    for line in text.splitlines():
+        if line and not line[0].isspace():
+            section = line.split("#", 1)[0].strip()
+        stripped = line.strip()
+        if section in ("frontend prometheus", "listen stats") and stripped.startswith("bind "):
+            port = stripped.split()[1].rsplit(":", 1)[1]
+            line = f"    bind {_bind_host(metrics_host)}:{port}"
+        out.append(line)
+        if section == "defaults" and line.startswith("defaults"):
+            out += [f"    {MARK}", f"    timeout http-request {HEADER_TIMEOUT_S}s"]
+        elif section == "frontend http_frontend" and stripped.startswith("bind "):
+            out += [f"    {MARK}",
+                    "    stick-table type ipv6 size 100k expire 60s store conn_cur",
+                    "    tcp-request connection track-sc0 src",
+                    f"    tcp-request connection reject if {{ sc0_conn_cur gt {CLIENT_CONNS} }}",
+                    # a declared length past the replicas' limit is refused here, before
+                    # anyone tells an `Expect: 100-continue` client to send it
+                    "    http-request deny deny_status 413 if { req.hdr_val(content-length) "
+                    f"gt {max_body} }}"]
+    return "\n".join(out) + "\n"
+
+
+def _bind_host(host: str) -> str:
+    if host in ("0.0.0.0", "::", "*", ""):
+        return "*"
+    return f"[{host}]" if ":" in host else host
+
+
+def wrapper(real: str, metrics_host: str, max_body: int) -> str:
+    """The wrapper script's text (run by this Python, which has bertfuse importable)."""
+    return (f"#!{sys.executable}\n"
+            "# bertfuse's HAProxy for Ray Serve: bertfuse/serve/haproxy_conf.py says why\n"
+            "import sys\n"
+            "from bertfuse.serve.haproxy_conf import main\n"
+            f"main({real!r}, {metrics_host!r}, {max_body}, sys.argv[1:])\n")
+
+
+def main(real: str, metrics_host: str, max_body: int, args: list[str]) -> None:
+    """Fixes the -f config, then becomes HAProxy; it gets SIGTERM when its parent dies."""
+    if "-f" in args[:-1]:
+        path = args[args.index("-f") + 1]
+        with open(path) as f:
+            text = f.read()
+        fixed = fix(text, metrics_host, max_body)
+        if fixed != text:
+            tmp = f"{path}.bertfuse"
+            with open(tmp, "w") as f:
+                f.write(fixed)
+            os.replace(tmp, path)
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() == 1:  # the parent died before the prctl: go with it
+            sys.exit(1)
+    os.execv(real, [real, *args])
