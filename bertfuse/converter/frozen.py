@@ -11,16 +11,11 @@ from pathlib import Path
 import numpy as np
 
 from bertfuse.converter.roles import assign_roles
-from bertfuse.converter.source import TFSource
+from bertfuse.converter.source import OUTPUT_ROLES, TFSource
 from bertfuse.errors import BertfuseError
 
 # Constants at least this large are weights: they bypass tf2onnx (see export.py).
 WEIGHT_BYTES = 16 * 1024
-_OUTPUT_ALIASES = {
-    "sequence_output": ("sequence_output", "last_hidden_state", "encoder_output",
-                        "encoder_outputs", "hidden_states"),
-    "pooled_output": ("pooled_output", "pooler_output", "pooled"),
-}
 
 
 def externalize_weights(graph_def) -> dict[str, np.ndarray]:
@@ -49,11 +44,16 @@ def externalize_weights(graph_def) -> dict[str, np.ndarray]:
 
 
 def canonical_output_name(name: str, rank: int | None, used: set[str]) -> str:
-    """sequence_output / pooled_output by alias (or rank), else the model's own name."""
+    """An output role by alias (OUTPUT_ROLES; a `logits` of rank 3 is `token_logits`), else
+    the model's own name."""
     base = name.split(":")[0].rsplit("/", 1)[-1].lower()
-    for canon, aliases in _OUTPUT_ALIASES.items():
-        if canon not in used and (base in aliases or any(base.endswith(a) for a in aliases)):
-            return canon
+    # Whole names first: `start_logits` is a span head's, not a `...logits` classifier's.
+    for hit in (lambda a: base == a, base.endswith):
+        for canon, (aliases, _) in OUTPUT_ROLES.items():
+            if canon not in used and any(hit(a) for a in aliases):
+                if canon == "logits" and rank == 3 and "token_logits" not in used:
+                    return "token_logits"
+                return canon
     return base
 
 
@@ -83,8 +83,13 @@ def source_from_graph_def(graph_def, kind: str, path: str, inputs: dict[str, str
     phs = {n.name: n for n in _placeholders(graph_def)}
     if inputs is None:
         names = list(phs)
-        roles = assign_roles(names, role_override,
-                             {n for n, p in phs.items() if p.attr["dtype"].type in int_types})
+        try:
+            roles = assign_roles(names, role_override,
+                                 {n for n, p in phs.items() if p.attr["dtype"].type in int_types})
+        except BertfuseError:  # names do not tell: what each input feeds does
+            from bertfuse.converter.graph_roles import roles_from_graph
+
+            roles = roles_from_graph(graph_def, {n: n for n in names}, role_override)
         inputs = {r: f"{n}:0" for r, n in roles.items()}
     dtypes = {}
     fixed_seq = None
@@ -110,13 +115,13 @@ def source_from_graph_def(graph_def, kind: str, path: str, inputs: dict[str, str
     original: dict[str, str] = {r: t.split(":")[0] for r, t in inputs.items()}
     for out in outputs:
         shown = (output_names or {}).get(out, out[:-2] if out.endswith(":0") else out)
-        name = canonical_output_name(shown, None, set(canon))
+        name = canonical_output_name(shown, (output_ranks or {}).get(out), set(canon))
         canon[name] = out
         original[name] = shown
     # One unnamed output, by rank: a backbone's [B, S, H] is the sequence output (keras-hub's
     # DistilBERT, RoBERTa), a classifier's [B, C] its logits (keras-hub's *TextClassifier).
     ranks = output_ranks or {}
-    if len(canon) == 1 and not {"sequence_output", "pooled_output", "logits"} & set(canon):
+    if len(canon) == 1 and not set(OUTPUT_ROLES) & set(canon):
         (only,) = canon
         canon_name = {3: "sequence_output", 2: "logits"}.get(ranks.get(canon[only]))
         if canon_name:

@@ -23,7 +23,7 @@ ROLE_CUES: dict[str, tuple[str, ...]] = {
 
 def _norm(name: str) -> str:
     name = re.sub(r":\d+$", "", name)
-    return name.rsplit("/", 1)[-1].lower()
+    return name.rsplit("/", 1)[-1].lower().replace("-", "_")  # Keras: Input-Token -> Input_Token
 
 
 def parse_override(text: str | dict[str, str] | None) -> dict[str, str]:

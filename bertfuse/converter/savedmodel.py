@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
-from bertfuse.converter.frozen import source_from_graph_def
+from bertfuse.converter.frozen import canonical_output_name, source_from_graph_def
 from bertfuse.converter.roles import assign_roles
-from bertfuse.converter.source import TFSource
+from bertfuse.converter.source import OUTPUT_ROLES, TFSource
 from bertfuse.errors import BertfuseError
 
 
@@ -59,11 +60,50 @@ def _freeze(concrete) -> tuple[object, dict[str, str], dict[str, str], list[int 
     return graph_def, structured, out_map, [t.shape.rank for t in frozen.outputs]
 
 
+# What TF Hub's BERT encoders return beside the roles: `default` (pooled_output again) and
+# `encoder_outputs`, one [batch, seq, hidden] per layer. Kept only when --outputs names them.
+_HUB_EXTRAS = re.compile(r"default|encoder_outputs(_\d+)?")
+
+
+def _role_outputs(out_map: dict[str, str], rank_of: dict[str, int | None],
+                  path: str) -> dict[str, str]:
+    """The outputs that have an output role; TF Hub's extras left out; any other name is an
+    error that names it (never renamed, never dropped unsaid)."""
+    if len(out_map) == 1:
+        return out_map  # one output: named by its rank (source_from_graph_def)
+    used: set[str] = set()
+    keep, unknown = {}, []
+    for key, tensor in out_map.items():
+        canon = canonical_output_name(key, rank_of.get(tensor), used)
+        if canon in OUTPUT_ROLES:
+            keep[key] = tensor
+            used.add(canon)
+        elif not _HUB_EXTRAS.fullmatch(key):
+            unknown.append(key)
+    if unknown or not keep:
+        raise BertfuseError(
+            f"{path}: output{'s' if len(unknown) > 1 else ''} {', '.join(unknown or out_map)} "
+            f"match{'' if len(unknown) > 1 else 'es'} no output role "
+            f"({', '.join(OUTPUT_ROLES)}); to keep outputs under their own names, list them "
+            f"with --outputs (outputs: {', '.join(out_map)})")
+    return keep
+
+
+def _roles(graph_def, structured: dict[str, str], override: dict[str, str]) -> dict[str, str]:
+    """By name where names tell, else from what each input feeds in the graph."""
+    try:
+        return assign_roles(list(structured), override)
+    except BertfuseError:
+        from bertfuse.converter.graph_roles import roles_from_graph
+
+        return roles_from_graph(graph_def, structured, override)
+
+
 def _source_from_concrete(concrete, kind: str, path: str, role_override: dict[str, str],
                           outputs: list[str] | None) -> TFSource:
     graph_def, structured, out_map, ranks = _freeze(concrete)
     rank_of = dict(zip(out_map.values(), ranks))
-    roles = assign_roles(list(structured), role_override)
+    roles = _roles(graph_def, structured, role_override)
     inputs = {r: structured[n] for r, n in roles.items()}
     if outputs:
         missing = [o for o in outputs if o not in out_map]
@@ -71,6 +111,8 @@ def _source_from_concrete(concrete, kind: str, path: str, role_override: dict[st
             raise BertfuseError(f"{path}: no output {missing[0]!r} (outputs: "
                                 f"{', '.join(out_map)})")
         out_map = {k: out_map[k] for k in outputs}
+    else:
+        out_map = _role_outputs(out_map, rank_of, path)
     tensors = list(out_map.values())
     names = {t: k for k, t in out_map.items()}
     src = source_from_graph_def(graph_def, kind, path, inputs, tensors, {}, output_names=names,
@@ -92,7 +134,37 @@ def load_savedmodel(path: str, signature: str, role_override: dict[str, str],
     if signature not in sigs:
         raise BertfuseError(f"{path}: no signature {signature!r} "
                             f"(signatures: {', '.join(sigs) or 'none'})")
-    return _source_from_concrete(sigs[signature], "savedmodel", path, role_override, outputs)
+    concrete = _keyed_call(loaded, sigs[signature]) or sigs[signature]
+    return _source_from_concrete(concrete, "savedmodel", path, role_override, outputs)
+
+
+def _keyed_call(loaded, sig):
+    """The object's own call, traced over the signature's inputs, where the signature's outputs
+    carry layer names and the call's dict carries roles: a Keras 2 functional model saved with
+    `model.save` (TF Hub's BERT encoders, `hub.KerasLayer` wrapped in a model) names its
+    signature's outputs after their layers (`bert_encoder_1`, `keras_layer_1`, ...), and only
+    its call keeps the dict's keys (`sequence_output`, `pooled_output`, ...). None otherwise."""
+    import tensorflow as tf
+
+    keys = list(sig.structured_outputs)
+    if len(keys) < 2 or any(canonical_output_name(k, None, set()) in OUTPUT_ROLES
+                            for k in keys) or not callable(loaded):
+        return None
+    specs = sig.structured_input_signature[1]
+
+    @tf.function
+    def call(**kwargs):
+        return loaded(kwargs, training=False)
+
+    try:
+        concrete = call.get_concrete_function(**specs)
+    except Exception:  # not callable that way: keep the signature (and its names)
+        return None
+    out = concrete.structured_outputs
+    if not isinstance(out, dict) or not any(
+            canonical_output_name(str(k), None, set()) in OUTPUT_ROLES for k in out):
+        return None
+    return concrete
 
 
 def load_keras(path: str, role_override: dict[str, str], outputs: list[str] | None) -> TFSource:

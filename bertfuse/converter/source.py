@@ -8,6 +8,25 @@ from typing import Any
 import numpy as np
 
 ROLES = ("input_ids", "input_mask", "segment_ids")
+# Output roles: canonical name -> (the source names it is recognised by, read per token). A
+# per-token output is [batch, seq, ...]: its padded positions are the padded tokens' own, so
+# the mask checks watch it at kept positions only; a per-row output ([batch, ...]) is watched
+# on the rows whose first token ([CLS]) is kept. `token_logits` is a `logits` of rank 3
+# (token classification); `start_logits` / `end_logits` are a span head's ([batch, seq]).
+OUTPUT_ROLES: dict[str, tuple[tuple[str, ...], bool]] = {
+    "sequence_output": (("sequence_output", "last_hidden_state", "encoder_output",
+                         "hidden_states"), True),
+    "pooled_output": (("pooled_output", "pooler_output", "pooled"), False),
+    "logits": (("logits",), False),
+    "token_logits": (("token_logits",), True),
+    "start_logits": (("start_logits",), True),
+    "end_logits": (("end_logits",), True),
+}
+
+
+def per_token(name: str) -> bool:
+    """An output read at every token position (see OUTPUT_ROLES)."""
+    return OUTPUT_ROLES.get(name, ((), False))[1]
 
 
 @dataclass

@@ -2,9 +2,10 @@
 
 TF and ONNX get the same wiring, so a wrong --inputs mapping (mask and segment ids swapped)
 passes plain parity. Two perturbations of the padded positions (input_mask == 0) catch it,
-each compared at the kept positions of sequence_output (or, for a model with only per-row
-outputs such as a classifier's logits, on the first output of the rows whose first token,
-[CLS], is kept):
+each compared at the kept positions of sequence_output (without one, of the per-token head
+outputs: token classification's token_logits, a span head's start/end_logits; for a model
+with only per-row outputs such as a classifier's logits, on the first output of the rows whose
+first token, [CLS], is kept):
 
 * padded ids changed: the ONNX model must move exactly as TF moves. Usually neither moves;
   a model whose own outputs legitimately read padded ids (MobileBERT's trigram embedding
@@ -19,6 +20,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
+from bertfuse.converter.source import per_token
 
 IDS = "mask invariance (padded ids changed)"
 SEGMENTS = "mask invariance (padded segment ids changed)"
@@ -42,42 +45,61 @@ def perturbed_feeds(feeds: dict[str, np.ndarray], source, seed: int | None
     return out
 
 
-def _moves(before: np.ndarray, after: np.ndarray, kept: np.ndarray) -> np.ndarray:
-    return (np.asarray(after, np.float64) - np.asarray(before, np.float64))[kept]
-
-
 def _nonfinite(*arrays: np.ndarray) -> int:
     return sum(int(a.size - np.count_nonzero(np.isfinite(a))) for a in arrays)
+
+
+def watched(names) -> tuple[list[str], bool]:
+    """(outputs the checks watch, whether per token): sequence_output at the kept tokens;
+    without one, every per-token head output (token_logits, start/end_logits) at the kept
+    tokens, since a padded token's own logits legitimately move with its segment id; else a
+    model with only per-row outputs (a classifier's logits, a pooled output) on its first
+    output, at the rows whose first token ([CLS]) is kept."""
+    names = list(names)
+    if "sequence_output" in names:
+        return ["sequence_output"], True
+    tokens = [n for n in names if per_token(n)]
+    return (tokens, True) if tokens else (names[:1], False)
+
+
+def _kept(mask: np.ndarray, shape: tuple, token: bool) -> np.ndarray:
+    if token:  # [B, S] picks the tokens of [B, S] and [B, S, ...] alike
+        return mask.astype(bool)
+    kept = np.zeros(shape, bool)  # a row's output is read off its first token ([CLS])
+    kept[mask[:, 0].astype(bool)] = True
+    return kept
+
+
+def _flat(outputs: dict, names: list[str], keeps: list[np.ndarray]) -> np.ndarray | None:
+    if any(outputs.get(n) is None for n in names):
+        return None
+    return np.concatenate([np.asarray(outputs[n], np.float64)[k].ravel()
+                           for n, k in zip(names, keeps)])
 
 
 def mask_rows(mask: np.ndarray, references: dict, candidates: dict, tol) -> list[tuple]:
     """(name, max, mean, ok, nonfinite, note) per check, for verify.OutputParity; `tol` is a
     verify.Tolerance, the references/candidates keyed 'base', 'ids', 'segments'."""
-    # Watched: sequence_output at the kept tokens; a model with only per-row outputs (a
-    # classifier's logits, a pooled output) is watched on the whole of its first output.
-    out = "sequence_output" if "sequence_output" in references["base"] else \
-        next(iter(references["base"]))
-    t0 = references["base"][out]
-    o0 = candidates["base"].get(out)
+    outs, token = watched(references["base"])
+    keeps = [_kept(mask, np.shape(references["base"][n]), token) for n in outs]
+    t0 = _flat(references["base"], outs, keeps)
+    o0 = _flat(candidates["base"], outs, keeps)
     if o0 is None:
         return []  # the missing output already failed plain parity
-    if out == "sequence_output":
-        kept = mask.astype(bool)
-    else:  # a row's output is read off its first token ([CLS]): rows where that is kept
-        kept = np.zeros(np.shape(t0), bool)
-        kept[mask[:, 0].astype(bool)] = True
-    bound = tol.atol + tol.rtol * np.abs(np.asarray(t0, np.float64))[kept]
+    bound = tol.atol + tol.rtol * np.abs(t0)
     rows = []
     for key, name in (("ids", IDS), ("segments", SEGMENTS)):
         if key not in references:
             continue
-        t1 = references[key][out]
-        o1 = candidates[key].get(out)
-        bad = _nonfinite(t0, o0, t1, o1) if o1 is not None else 1
+        t1 = _flat(references[key], outs, keeps)
+        o1 = _flat(candidates[key], outs, keeps)
+        # NaN/Inf anywhere in a watched output fails, padded positions included.
+        bad = sum(_nonfinite(*(np.asarray(side[k][n], np.float64) for k in ("base", key)))
+                  for side in (references, candidates) for n in outs) if o1 is not None else 1
         if bad:
             rows.append((name, math.nan, math.nan, False, bad, f"{bad} NaN/Inf value(s)"))
             continue
-        dt, do = _moves(t0, t1, kept), _moves(o0, o1, kept)
+        dt, do = t1 - t0, o1 - o0
         tf_moved = float(np.abs(dt).max()) if dt.size else 0.0
         onnx_moved = float(np.abs(do).max()) if do.size else 0.0
         if key == "ids":

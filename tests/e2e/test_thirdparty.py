@@ -1,7 +1,8 @@
 """Third-party TF BERT-family models, built by the libraries themselves, through `convert`.
 
 The fixtures (tests/fixtures/thirdparty/, rebuilt by the build_*.py scripts there) are tiny
-random models from transformers (TF classes), keras-hub and TF Model Garden, with every bias
+random models from transformers (TF classes, token and span heads included), keras-hub,
+TF Model Garden and TF Hub's encoder form (plain and in hub.KerasLayer), with every bias
 and LayerNorm parameter perturbed so a dropped bias or a wrong gamma shows. Each carries its
 library's own eager outputs on padded inputs (reference.npz, computed with oneDNN's rewrites
 off). For every fixture, with default flags:
@@ -162,3 +163,48 @@ def test_head_with_mask_and_segments_swapped_is_refused(tmp_path):
     with pytest.raises(ParityError, match="mask invariance"):
         convert(str(FIXTURES / "hf_bert_cls" / "model"), str(out), opts)
     assert not out.exists()
+
+
+@pytest.mark.parametrize("name,outputs", [("hf_bert_token", ["token_logits"]),
+                                          ("hf_bert_qa", ["end_logits", "start_logits"])])
+def test_token_level_heads_have_their_own_roles(name, outputs, converted):
+    """Token classification's [B, S, C] logits are token_logits, a span head's start/end
+    logits keep their names; the mask checks watch them at kept positions only, so the gate
+    passes (padded positions' own logits move with their segment ids, in TF as in ONNX)."""
+    path, report = converted(name, "model")
+    model = onnx.load(path)
+    assert sorted(o.name for o in model.graph.output) == outputs
+    rows = {o.name: o for o in report.parity.outputs}
+    assert rows["mask invariance (padded segment ids changed)"].ok, rows
+    original = json.loads({p.key: p.value for p in model.metadata_props}["original_names"])
+    assert original.get("token_logits", "logits") == "logits"
+
+
+@pytest.mark.parametrize("name", ["hub_bert_encoder", "hub_keras_layer"])
+def test_tfhub_outputs_mapped_to_roles(name, converted):
+    """A TF Hub-style encoder's signature names its outputs after Keras layers (`bert_1`,
+    `keras_layer_1`, ...): the outputs are read off the model's own dict, as sequence_output
+    and pooled_output; `default` and the per-layer `encoder_outputs` are left out."""
+    meta = json.loads((FIXTURES / name / "meta.json").read_text())
+    assert not {"sequence_output", "pooled_output"} & set(meta["signature_outputs"])
+    path, _ = converted(name, "model")
+    model = onnx.load(path)
+    assert sorted(o.name for o in model.graph.output) == ["pooled_output", "sequence_output"]
+
+
+def test_tfhub_per_layer_outputs_on_request(tmp_path):
+    from bertfuse.pipeline.options import ConvertOptions
+    from bertfuse.pipeline.stages import convert
+
+    out = tmp_path / "hub.onnx"
+    src = FIXTURES / "hub_bert_encoder"
+    report = convert(str(src / "model"), str(out),
+                     ConvertOptions(outputs=["sequence_output", "encoder_outputs_0"]))
+    assert report.written and report.parity.ok
+    model = onnx.load(out)
+    assert [o.name for o in model.graph.output] == ["sequence_output", "encoder_outputs_0"]
+    feeds, _, _ = _feeds_and_expected("hub_bert_encoder", model)
+    ref = np.load(src / "reference.npz")
+    got = _run(model, feeds)
+    for key in ("sequence_output", "encoder_outputs_0"):
+        assert np.abs(got[key] - ref[f"out/{key}"]).max() <= 1e-4, key
