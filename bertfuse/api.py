@@ -10,7 +10,8 @@ pipeline/options.py's table: its default, choices, check and help come from ther
 from __future__ import annotations
 
 import os
-from typing import Callable, Mapping, NamedTuple, Sequence
+from contextlib import contextmanager
+from typing import Callable, Iterator, Mapping, NamedTuple, Sequence
 
 import onnx
 
@@ -41,12 +42,21 @@ def convert(source: str | os.PathLike, output: str | os.PathLike | None = None, 
             seed: int | None = _D.seed, batch: int = _D.batch, seq: int = _D.seq,
             verify: bool = _D.verify, force: bool = _D.force, strict: bool = _D.strict,
             fuse: bool = _D.fuse, packed: bool = _D.packed, kernels: str = _D.kernels,
-            fp8: bool = _D.fp8, progress: Progress | None = None) -> Result:
+            fp8: bool = _D.fp8, load_inputs: str | os.PathLike | None = _D.load_inputs,
+            text_file: str | os.PathLike | None = _D.text_file,
+            vocab: str | os.PathLike | None = _D.vocab,
+            save_inputs: str | os.PathLike | None = _D.save_inputs,
+            save_outputs: str | os.PathLike | None = _D.save_outputs,
+            load_outputs: str | os.PathLike | None = _D.load_outputs,
+            external_data: bool = _D.external_data,
+            progress: Progress | None = None, native_logs: bool = False) -> Result:
     """TF BERT -> fused ONNX, verified against TensorFlow (`bertfuse convert`).
 
     source: checkpoint directory or prefix, SavedModel directory, frozen .pb/.pbtxt, .keras.
     output: where to write the model; None returns it without writing.
     progress: called with each stage's name.
+    native_logs: let TensorFlow's and ONNX Runtime's own C++ log lines reach stderr (the
+    CLI's --debug); by default they are silenced during the call, as the CLI does.
 {options}
     Raises BertfuseError for bad input, ParityError (with `.report`) when the model drifts
     from TensorFlow, FusionIncomplete (strict), MissingDependency without
@@ -55,14 +65,16 @@ def convert(source: str | os.PathLike, output: str | os.PathLike | None = None, 
     src = check_path("source", source)
     out = check_path("output", output, optional=True)
     opts = ConvertOptions.from_keywords(_CONVERT_OPTIONS, locals())
-    return Result(*convert_model(src, out, opts, _progress(progress)))
+    with _quiet(native_logs) as passthrough:
+        return Result(*convert_model(src, out, opts, passthrough(_progress(progress))))
 
 
 def optimize(model: str | os.PathLike | onnx.ModelProto,
              output: str | os.PathLike | None = None, *,
              inputs: Mapping[str, str] | None = _D.inputs, precision: str = _D.precision,
              strict: bool = _D.strict, packed: bool = _D.packed, kernels: str = _D.kernels,
-             fp8: bool = _D.fp8, progress: Progress | None = None) -> Result:
+             fp8: bool = _D.fp8, external_data: bool = _D.external_data,
+             progress: Progress | None = None, native_logs: bool = False) -> Result:
     """The fusion passes on an ONNX model you exported with tf2onnx (`bertfuse optimize`).
 
     model: a path or an onnx.ModelProto (left unchanged). output: None returns the model
@@ -71,13 +83,27 @@ def optimize(model: str | os.PathLike | onnx.ModelProto,
     inputs left out are recognised by name ({{}} recognises all). None keeps the export's
     names. With kernels="bertfuse" the result is checked equal to the contrib form with
     NumPy references before it is returned; fp8 is measured against the model as given.
+    native_logs: as for convert.
 {options}
     """
     if not isinstance(model, onnx.ModelProto):
         model = check_path("model", model)
     opts = ConvertOptions.from_keywords(OPTIMIZE_OPTIONS, locals())
-    return Result(*optimize_model(model, check_path("output", output, optional=True),
-                                  _progress(progress), opts))
+    out = check_path("output", output, optional=True)
+    with _quiet(native_logs) as passthrough:
+        return Result(*optimize_model(model, out, passthrough(_progress(progress)), opts))
+
+
+@contextmanager
+def _quiet(native_logs: bool) -> Iterator[Callable]:
+    """TF's and ORT's C++ log lines off during the call (io/quiet.py) unless native_logs;
+    yields the wrapper that lets a caller's progress callback print."""
+    from bertfuse.io.quiet import let_through, native_logs_silenced
+
+    if not isinstance(native_logs, bool):
+        raise BertfuseError(f"native_logs must be True or False, not {native_logs!r}")
+    with native_logs_silenced(not native_logs):
+        yield let_through
 
 
 def _progress(value) -> Progress | None:

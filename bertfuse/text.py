@@ -43,9 +43,46 @@ def _spaced(match: re.Match) -> str:
     return f" {match.group()} "  # a function: re.sub expands it faster than r" \g<0> "
 
 
+def vocab_file(path: str | os.PathLike) -> Path:
+    """A directory (a checkpoint, a Hugging Face folder) stands for its vocab.txt, else its
+    tokenizer.json."""
+    p = Path(path)
+    if p.is_dir():
+        for name in ("vocab.txt", "tokenizer.json"):
+            if (p / name).is_file():
+                return p / name
+        raise BertfuseError(f"{path}: holds neither vocab.txt nor tokenizer.json")
+    return p
+
+
+def _tokenizer_json(path: Path) -> tuple[dict[str, int], dict]:
+    """A Hugging Face tokenizer.json's WordPiece vocab, and its normalizer's lower-casing as
+    do_lower_case (BERT, DistilBERT, ELECTRA ship one; a BPE or Unigram model is refused)."""
+    try:
+        data = json.loads(_read_regular(path))
+    except (OSError, ValueError) as exc:
+        raise BertfuseError(f"{path}: not a readable tokenizer.json ({type(exc).__name__})") \
+            from None
+    model = data.get("model") if isinstance(data, dict) else None
+    if not isinstance(model, dict) or model.get("type") != "WordPiece" or \
+            not isinstance(model.get("vocab"), dict):
+        kind = model.get("type") if isinstance(model, dict) else None
+        raise BertfuseError(f"{path}: a {kind or 'non-WordPiece'} tokenizer; bertfuse's text "
+                            f"input is BERT's WordPiece (vocab.txt or a WordPiece tokenizer.json)")
+    norm = data.get("normalizer") or {}
+    lower = norm.get("lowercase") if isinstance(norm, dict) else None
+    return {str(t): int(i) for t, i in model["vocab"].items()}, \
+        ({"do_lower_case": lower} if isinstance(lower, bool) else {})
+
+
 def read_vocab(path: str | os.PathLike) -> dict[str, int]:
-    """token -> id, one token a line, as Google's BERT reads it (a repeated token: last wins).
-    A file that is missing, not UTF-8 or lacks a special token is bad input (one line)."""
+    """token -> id, one token a line, as Google's BERT reads it (a repeated token: last wins);
+    or a WordPiece tokenizer.json's vocab. A file that is missing, not UTF-8 or lacks a
+    special token is bad input (one line)."""
+    path = vocab_file(path)
+    if path.suffix == ".json":
+        vocab = _tokenizer_json(path)[0]
+        return _with_specials(path, vocab)
     try:
         lines = _read_regular(Path(path)).split("\n")
     except FileNotFoundError:
@@ -58,7 +95,10 @@ def read_vocab(path: str | os.PathLike) -> dict[str, int]:
             from None
     if lines and lines[-1] == "":
         lines.pop()  # the final newline
-    vocab = {line.strip(): i for i, line in enumerate(lines)}
+    return _with_specials(path, {line.strip(): i for i, line in enumerate(lines)})
+
+
+def _with_specials(path: Path, vocab: dict[str, int]) -> dict[str, int]:
     missing = [t for t in REQUIRED if t not in vocab]
     if missing:
         raise BertfuseError(f"{path}: not a BERT vocab.txt: missing the special token"
@@ -154,10 +194,11 @@ class WordPiece:
 
     def __init__(self, vocab: str | os.PathLike, *, lower_case: bool | None = None,
                  max_length: int | None = None, model: str | os.PathLike | None = None) -> None:
-        self.vocab_path = Path(vocab)
-        self.vocab = read_vocab(vocab)
+        self.vocab_path = vocab_file(vocab)
+        self.vocab = read_vocab(self.vocab_path)
         info = model_info(model) if model is not None else None
-        config = {**_beside_config(self.vocab_path), **(info.config if info else {})}
+        own = _tokenizer_json(self.vocab_path)[1] if self.vocab_path.suffix == ".json" else {}
+        config = {**_beside_config(self.vocab_path), **(info.config if info else {}), **own}
         if info and info.vocab_size is not None:
             top = max(self.vocab.values())
             if top >= info.vocab_size:

@@ -45,6 +45,27 @@ def add_output_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("output")
     g.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     g.add_argument("--debug", action="store_true", help="show tracebacks")
+    v = g.add_mutually_exclusive_group()
+    v.add_argument("-q", "--quiet", action="store_true",
+                   help="no progress on stderr (--json implies it, unless -v)")
+    v.add_argument("-v", "--verbose", action="store_true",
+                   help="progress with each sub-step (each pass, each replica)")
+
+
+def verbosity(args: argparse.Namespace) -> int:
+    """runtime/progress.py's QUIET, NORMAL or VERBOSE from -q / -v / --json."""
+    from bertfuse.runtime.progress import NORMAL, QUIET, VERBOSE
+
+    if getattr(args, "verbose", False):
+        return VERBOSE
+    return QUIET if getattr(args, "quiet", False) or getattr(args, "json", False) else NORMAL
+
+
+def stage_lines(args: argparse.Namespace, command: str | None = None):
+    """The command's progress on stderr (runtime/progress.py's StageLines)."""
+    from bertfuse.runtime.progress import StageLines
+
+    return StageLines(command or args.command, verbosity(args))
 
 
 def add_write_target(p: argparse.ArgumentParser, what: str) -> None:

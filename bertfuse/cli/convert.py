@@ -10,7 +10,8 @@ import json
 import os
 from typing import Callable
 
-from bertfuse.cli.args import add_options, add_write_target, int_at_least, options_from_args
+from bertfuse.cli.args import (add_options, add_write_target, int_at_least, options_from_args,
+                               stage_lines)
 from bertfuse.cli.command import Command
 from bertfuse.cli.render import emit
 from bertfuse.errors import BertfuseError, ParityError
@@ -27,14 +28,17 @@ class Convert(Command):
     summary = "TF BERT -> fused ONNX, verified against TF"
     example = ("  bertfuse convert out/tiny -o tiny.onnx\n"
                "  bertfuse convert saved_model/ -o model_fp16.onnx --precision fp16 \\\n"
-               "      --inputs input_ids=ids,input_mask=mask,segment_ids=types --json")
+               "      --inputs input_ids=ids,input_mask=mask,segment_ids=types --json\n"
+               "  bertfuse convert hf_bert/model -o bert.onnx --load-inputs reference.npz "
+               "--load-outputs reference.npz")
 
     def add_arguments(self, p: argparse.ArgumentParser) -> None:
         from bertfuse.pipeline.options import GROUPS
 
         p.add_argument("source", help="checkpoint dir/prefix, SavedModel dir, .pb, or .keras")
         p.add_argument("-o", "--output", required=True, help="output .onnx")
-        for title in ("TF source", "conversion", "fusion", "verification", "parity gate"):
+        for title in ("TF source", "conversion", "fusion", "verification", "parity gate",
+                      "parity data", "writing"):
             add_options(p, title, GROUPS[title])
 
     def run(self, args: argparse.Namespace, console) -> int:
@@ -59,6 +63,7 @@ class Optimize(Command):
         p.add_argument("model", help="raw ONNX exported by tf2onnx")
         add_write_target(p, "output .onnx")
         add_options(p, "fusion", GROUPS["fusion"])
+        add_options(p, "writing", GROUPS["writing"])
         p.add_argument_group("interface").add_argument(
             "--inputs", metavar="ROLE=NAME,...",
             help="rename the inputs to input_ids, input_mask, segment_ids (int32), as "
@@ -77,15 +82,20 @@ class Optimize(Command):
 class Verify(Command):
     name = "verify"
     summary = "compare an ONNX model with its TF source"
-    example = "  bertfuse verify tiny.onnx --against out/tiny --batch 2 --seq 64"
+    example = ("  bertfuse verify tiny.onnx --against out/tiny --batch 2 --seq 64\n"
+               "  bertfuse verify tiny.onnx --against out/tiny --text-file queries.tsv "
+               "--vocab out/tiny/vocab.txt \\\n      --save-inputs in.npz --save-outputs tf.npz\n"
+               "  bertfuse verify tiny.onnx --load-inputs in.npz --load-outputs tf.npz   "
+               "# no TensorFlow")
 
     def add_arguments(self, p: argparse.ArgumentParser) -> None:
         from bertfuse.pipeline.options import GROUPS
 
         p.add_argument("model", help="ONNX model")
-        p.add_argument("--against", required=True, help="the TF source")
+        p.add_argument("--against", help="the TF source (or --load-outputs: saved outputs)")
         add_options(p, "TF source", GROUPS["TF source"])
         add_options(p, "verification", GROUPS["verification"])
+        add_options(p, "parity data", GROUPS["parity data"])
 
     def run(self, args: argparse.Namespace, console) -> int:
         from bertfuse.pipeline import stages
@@ -126,25 +136,19 @@ class StripWeights(Command):
                     f"{verb} {count} initializers -> {target}")
 
 
-def _status_printer(args: argparse.Namespace, console) -> tuple[Callable[[str], None] | None, object]:
-    """A spinner on stderr naming the running stage (not with --json or when not a TTY)."""
-    if args.json or not console.is_terminal:
-        return None, None
-    status = console.status("starting")
-    status.start()
-    return (lambda msg: status.update(f"[bold]{msg}[/bold] ...")), status
-
-
 def _run_with_report(args, console, fn: Callable) -> int:
-    update, spinner = _status_printer(args, console)
+    """fn(status) -> the report; status: the stage progress on stderr (a line per stage
+    when stderr is not a terminal, a spinner when it is; -q: none)."""
+    progress = stage_lines(args)
     failed: ParityError | None = None
+    ok = False
     try:
-        report = fn(update)
+        report = fn(progress)
+        ok = True
     except ParityError as exc:
-        failed, report = exc, exc.report
+        failed, report, ok = exc, exc.report, True
     finally:
-        if spinner is not None:
-            spinner.stop()
+        progress.close(ok)
     if report is not None:
         _show(args, console, report)
     if failed is not None:

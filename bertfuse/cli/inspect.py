@@ -76,10 +76,12 @@ class Diff(Command):
                             "numeric)")
         g = p.add_argument_group("numeric")
         g.add_argument("--numeric", action="store_true",
-                       help="also run both models (ORT CPU) on the same random padded inputs")
+                       help="also run both models (ORT CPU) on the same inputs (random padded, or "
+                            "--load-inputs / --text-file)")
         g.add_argument("--atol", type=tolerance, default=1e-3,
                        help="numeric: max |diff| allowed (NaN/Inf always fail)")
-        add_options(p, "numeric inputs", ("batch", "seq", "seed"))
+        add_options(p, "numeric inputs", ("batch", "seq", "seed", "load_inputs", "text_file",
+                                          "vocab", "save_inputs", "save_outputs"))
         p.add_argument("--markdown", action="store_true", help="print Markdown (for a PR comment)")
 
     def run(self, args: argparse.Namespace, console) -> int:
@@ -97,8 +99,13 @@ class Diff(Command):
             for path in (args.a, args.b):
                 if _is_summary(path):
                     raise BertfuseError(f"{path}: --numeric needs two models, not a summary")
-            add_numeric(result, numeric_diff(args.a, args.b, args.batch, args.seq, args.seed),
-                        args.atol, args.batch, args.seq)
+            base, kept, data = _numeric_data(args)
+            if base is not None:
+                args.batch, args.seq = base["input_ids"].shape
+            add_numeric(result, numeric_diff(args.a, args.b, args.batch, args.seq, args.seed,
+                                             base, kept), args.atol, args.batch, args.seq)
+            if data is not None:
+                data.save(base if base is not None else {}, *kept)
         if args.json:
             print(json.dumps(result.to_json(), indent=2))
         elif args.markdown:
@@ -106,6 +113,23 @@ class Diff(Command):
         else:
             sys.stdout.write(diff_text(result))
         return result.exit_code
+
+
+def _numeric_data(args):
+    """diff --numeric on the user's inputs (pipeline/data.py): (feeds by role or None, a list
+    for both models' outputs, the ParityData or None)."""
+    from bertfuse.cli.args import options_from_args
+    from bertfuse.pipeline.data import ParityData
+
+    data = ParityData.from_options(options_from_args(args))
+    if data is None:
+        return None, None, None
+    if data.save_inputs and not data.has_inputs:
+        raise BertfuseError("diff --save-inputs saves --load-inputs/--text-file inputs; "
+                            "the random ones are made again from --seed")
+    data.check_targets([args.a, args.b])
+    base = data.feeds({}, None, args.a) if data.has_inputs else None
+    return base, [], data
 
 
 def _is_summary(path: str) -> bool:

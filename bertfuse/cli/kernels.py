@@ -80,7 +80,12 @@ def _build(args, console) -> int:
     from bertfuse.kernels.build import build
     from bertfuse.kernels.library import library_info
 
-    path = build(args.ort_include, args.arch, args.force, builder=args.builder, say=_say(args, console))
+    from bertfuse.cli.args import stage_lines
+
+    with stage_lines(args, "kernels build") as progress:  # nvcc: minutes per SM
+        progress("build the op library")
+        path = build(args.ort_include, args.arch, args.force, builder=args.builder,
+                     say=_say(args, console))
     if args.json:
         print(json.dumps({"library": str(path), "info": library_info(path)}, indent=2))
     return 0

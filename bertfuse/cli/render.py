@@ -58,8 +58,10 @@ def print_report(report: RunReport, console: Console) -> None:
         tol = f"max {p.tolerance.atol:g}" + (f" + {p.tolerance.rtol:g}·|TF|" if p.tolerance.rtol
                                              else "") + \
             (f", mean {p.tolerance.mean:g}" if p.tolerance.mean is not None else "")
-        par = Table(title=f"parity vs TensorFlow ({p.precision}, batch {p.batch}, seq {p.seq}, "
-                          f"padded, seed {p.seed})")
+        against = "saved outputs" if p.reference.startswith("saved") else "TensorFlow"
+        given = f"{p.batch} x {p.seq}, your inputs" if p.inputs else \
+            f"batch {p.batch}, seq {p.seq}, padded, seed {p.seed}"
+        par = Table(title=f"parity vs {against} ({p.precision}, {given})")
         par.add_column("output")
         par.add_column("max |diff|", justify="right")
         par.add_column("mean |diff|", justify="right")
@@ -73,8 +75,9 @@ def print_report(report: RunReport, console: Console) -> None:
                         *([escape(o.note)] if notes else []))
         console.print(par)
         # A line of its own: a caption would wrap at the table's width.
-        console.print(f"[dim]reference: {escape(p.reference or 'TensorFlow')}; tolerance "
-                      f"{tol}[/dim]", highlight=False)
+        inputs = f"inputs: {escape(p.inputs)}; " if p.inputs else ""
+        console.print(f"[dim]{inputs}reference: {escape(p.reference or 'TensorFlow')}; "
+                      f"tolerance {tol}[/dim]", highlight=False)
     if report.written:
         console.print(f"wrote [bold]{escape(str(report.output))}[/bold]")  # a path: literal
 

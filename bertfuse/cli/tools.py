@@ -18,7 +18,9 @@ class Example(Command):
     example = "  bertfuse example --config tiny -o out/tiny"
 
     def add_arguments(self, p: argparse.ArgumentParser) -> None:
-        p.add_argument("--config", default="tiny", help="tiny | shenma-3l | base | large")
+        from bertfuse.converter.config import EXAMPLE_CONFIGS
+
+        p.add_argument("--config", default="tiny", help=" | ".join(EXAMPLE_CONFIGS))
         p.add_argument("-o", "--output", required=True, help="output directory")
         p.add_argument("--head", action="store_true",
                        help="add a ranking head (MLP + output layer)")
@@ -26,10 +28,15 @@ class Example(Command):
         p.add_argument("--seed", type=int_at_least(0), default=0)
 
     def run(self, args: argparse.Namespace, console) -> int:
+        from bertfuse.cli.args import stage_lines
         from bertfuse.converter.example import write_example
 
-        out = write_example(args.config, args.output, seed=args.seed, head=args.head,
-                            hidden_act=args.hidden_act)
+        # One stage (base: about 75 s on 2 cores): a bad option or -o fails inside it, and
+        # then the one-line error is all that stderr shows.
+        with stage_lines(args) as progress:
+            progress(f"write the {args.config} example (TensorFlow, random weights, vocab.txt)")
+            out = write_example(args.config, args.output, seed=args.seed, head=args.head,
+                                hidden_act=args.hidden_act)
         return emit(args.json, console, {"output": str(out), "config": args.config},
                     f"wrote {args.config} example to {out}")
 
@@ -58,6 +65,14 @@ class Tokenize(Command):
     def run(self, args: argparse.Namespace, console) -> int:
         from bertfuse.text import WordPiece
 
+        for i, text in enumerate([*args.text, *(args.pair or [])]):
+            try:  # Python decodes argv with surrogateescape: bytes that are not UTF-8
+                text.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                what = f"text {i + 1}" if i < len(args.text) else \
+                    f"--pair {i - len(args.text) + 1}"
+                raise BertfuseError(f"{what} is not UTF-8 (byte {exc.start}); pass UTF-8 "
+                                    "text") from None
         tok = WordPiece(args.vocab, lower_case=args.lower_case, max_length=args.max_length,
                         model=args.model)
         if args.pair is not None and len(args.pair) != len(args.text):
@@ -100,13 +115,22 @@ class ExportTriton(Command):
         g.add_argument("--intra-op-threads", type=int_at_least(1), metavar="N",
                        help="ONNX Runtime threads per instance (CPU: instances x N <= cores)")
         g.add_argument("--cuda-graphs", action="store_true", help=argparse.SUPPRESS)
+        g = p.add_argument_group("bertfuse's own ops (a model converted with --kernels bertfuse)")
+        g.add_argument("--op-library", metavar="PATH",
+                       help="the op library to put in the repository (default: the one "
+                            "`bertfuse kernels build` built for this GPU)")
+        g.add_argument("--triton-repo-path", metavar="DIR",
+                       help="where Triton sees REPO, absolute (e.g. /models in a container): "
+                            "the op library's path in config.pbtxt (default: REPO's own)")
 
     def run(self, args: argparse.Namespace, console) -> int:
         from bertfuse.export.triton import export_triton
 
         out = export_triton(args.model, args.output, args.name, args.max_batch, args.instances,
                             args.kind, args.dynamic_batching_delay_us, args.force,
-                            args.cuda_graphs, args.intra_op_threads)
+                            args.cuda_graphs, args.intra_op_threads, args.op_library,
+                            args.triton_repo_path)
         return emit(args.json, console, out.to_json(),
-                    f"wrote {out.name} ({out.precision}) to {out.config} and {out.model}",
+                    f"wrote {out.name} ({out.precision}) to {out.config} and {out.model}"
+                    + (f", with the op library {out.op_library}" if out.op_library else ""),
                     indent=2)

@@ -229,7 +229,7 @@ def diff_text(res: DiffResult) -> str:
         out.append("op histogram (A -> B):")
         out += [f"     {op:<28} {a:>5} -> {b:<5} ({b - a:+d})" for op, (a, b) in res.ops.items()]
     if res.numeric:
-        out.append("numeric (ORT CPU, same random padded inputs):")
+        out.append("numeric (ORT CPU, the same inputs for both):")
         for r in res.numeric:
             if r["max_abs"] is not None:
                 out.append(f"     {r['output']:<20} max |diff| {r['max_abs']:.3g}  "

@@ -13,10 +13,12 @@ from bertfuse.errors import BertfuseError
 from bertfuse.inspect.diff import DiffResult, Finding
 
 
-def _feeds(sess, batch: int, seq: int, seed: int, vocab: int, type_vocab: int) -> dict:
+def _feeds(sess, batch: int, seq: int, seed: int, vocab: int, type_vocab: int,
+           base: dict | None = None) -> dict:
     from bertfuse.io.inputs import random_inputs
 
-    base = random_inputs(batch, seq, vocab, type_vocab, seed=seed, pad_anywhere=True)
+    if base is None:
+        base = random_inputs(batch, seq, vocab, type_vocab, seed=seed, pad_anywhere=True)
     feeds = {}
     for inp in sess.get_inputs():
         low = inp.name.lower()
@@ -44,8 +46,10 @@ def _vocab(path: str) -> tuple[int, int]:
         return 100, 2
 
 
-def numeric_diff(path_a: str, path_b: str, batch: int, seq: int, seed: int) -> list[dict]:
-    """Both models on ORT CPU, the same random padded inputs; |diff| per common output."""
+def numeric_diff(path_a: str, path_b: str, batch: int, seq: int, seed: int,
+                 base: dict | None = None, keep: list | None = None) -> list[dict]:
+    """Both models on ORT CPU, the same random padded inputs (or `base`: the user's, by
+    role); |diff| per common output. `keep` gets each model's outputs by name."""
     from bertfuse.io.ort import make_session
 
     sessions = []
@@ -63,9 +67,11 @@ def numeric_diff(path_a: str, path_b: str, batch: int, seq: int, seed: int) -> l
         raise BertfuseError("--numeric: the two models share no output name")
     results = []
     for p, s in zip((path_a, path_b), sessions):
-        feeds = _feeds(s, batch, seq, seed, *vocab)
+        feeds = _feeds(s, batch, seq, seed, *vocab, base=base)
         try:  # e.g. --seq past the model's position table: the user's input, not a bug
             results.append(s.run(common, feeds))
+            if keep is not None:
+                keep.append(dict(zip(common, results[-1])))
         except Exception as exc:
             raise BertfuseError(f"{p}: ONNX Runtime fails on the --numeric inputs (batch "
                                 f"{batch}, seq {seq}): {str(exc).splitlines()[0][:200]}") from None

@@ -18,6 +18,45 @@ from bertfuse.io.safety import (check_replaceable, held, mode_of, pause_point, r
 EXTERNAL_DATA_THRESHOLD = 1_800_000_000
 
 
+# Files that look like a model but that no TF reader takes: what each is, and what to do.
+_HF = ("for a Hugging Face model, save a SavedModel with transformers: "
+       "TFAutoModel.from_pretrained(DIR{pt}).save_pretrained(OUT, saved_model=True), then "
+       "bertfuse convert OUT/saved_model/1")
+_FOREIGN = {
+    ".bin": ("a PyTorch checkpoint (pytorch_model.bin)", _HF.format(pt=", from_pt=True")),
+    ".pt": ("a PyTorch checkpoint", _HF.format(pt=", from_pt=True")),
+    ".pth": ("a PyTorch checkpoint", _HF.format(pt=", from_pt=True")),
+    ".safetensors": ("safetensors weights", _HF.format(pt="")),
+    ".h5": ("a Keras 2 HDF5 file (tf_model.h5)", "load it in Keras and write a SavedModel "
+            "with model.export(OUT); " + _HF.format(pt="")),
+    ".hdf5": ("a Keras 2 HDF5 file", "load it in Keras and write a SavedModel with "
+              "model.export(OUT)"),
+    ".onnx": ("an ONNX model already", "bertfuse optimize runs the fusion passes on it"),
+}
+_HF_FILES = ("config.json", "pytorch_model.bin", "model.safetensors", "tf_model.h5")
+
+
+def check_source_form(path: str, kind: str = "auto") -> None:
+    """A source no bertfuse --format reads (PyTorch, Keras 2 HDF5, a Hugging Face folder
+    without a SavedModel) is refused before TensorFlow loads, saying what to do instead."""
+    p = Path(path)
+    what = _FOREIGN.get(p.suffix.lower())
+    if what and p.is_file():
+        raise BertfuseError(f"{path}: {what[0]}, which no bertfuse --format reads; {what[1]}")
+    if kind != "auto" or not p.is_dir() or (p / "saved_model.pb").exists() or \
+            (p / "bert_config.json").exists() or any(p.glob("*.index")):
+        return
+    nested = sorted(p.glob("saved_model/*/saved_model.pb"))
+    if nested:
+        raise BertfuseError(f"{path}: a Hugging Face folder whose SavedModel is in "
+                            f"{nested[-1].parent}: convert that directory")
+    found = [n for n in _HF_FILES if (p / n).exists()]
+    if found:
+        pt = ", from_pt=True" if any(n.endswith((".bin", ".safetensors")) for n in found) else ""
+        raise BertfuseError(f"{path}: a Hugging Face model folder ({', '.join(found)}) without a "
+                            f"SavedModel; {_HF.format(pt=pt)}")
+
+
 def model_bytes(model: onnx.ModelProto) -> int:
     return sum(t.ByteSize() for t in model.graph.initializer) + sum(
         n.ByteSize() for n in model.graph.node)
@@ -108,15 +147,16 @@ def _save(model: onnx.ModelProto, path: Path) -> bool:
     return False
 
 
-def save_model(model: onnx.ModelProto, path: str | Path) -> Path:
+def save_model(model: onnx.ModelProto, path: str | Path, external_data: bool = False) -> Path:
     """Writes to temporaries beside the target, then renames: never a half-written file, and
-    never over anything but a regular file. A replaced file keeps its permission bits."""
+    never over anything but a regular file. A replaced file keeps its permission bits. The
+    weights go to PATH.data beside it past 2 GB, or always with `external_data`."""
     path = Path(path)
     if path.parent and not path.parent.exists():
         raise BertfuseError(f"{path.parent}: output directory does not exist")
     check_replaceable(path)
     mode = mode_of(path)
-    if model_bytes(model) <= EXTERNAL_DATA_THRESHOLD:
+    if not external_data and model_bytes(model) <= EXTERNAL_DATA_THRESHOLD:
         with temp_file(path) as tmp:
             onnx.save_model(model, str(tmp))
             os.chmod(tmp, mode)

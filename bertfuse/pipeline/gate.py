@@ -17,7 +17,8 @@ if TYPE_CHECKING:
 
 
 def write_gated(model: onnx.ModelProto, out_path: str | None, report: RunReport, force: bool,
-                status: Callable[[str], None] | None, strict: bool = False) -> None:
+                status: Callable[[str], None] | None, strict: bool = False,
+                external_data: bool = False) -> None:
     """The gate (--strict, parity), then the file; out_path None: the gate alone."""
     table = report.passes.table if report.passes else None
     what, force_hint = (f"{out_path}: not written", "use --force to write anyway") \
@@ -30,7 +31,7 @@ def write_gated(model: onnx.ModelProto, out_path: str | None, report: RunReport,
     if out_path is None:
         return
     with report.stage("write", status):
-        save_model(model, out_path)
+        save_model(model, out_path, external_data)
     report.written = True
 
 

@@ -97,6 +97,10 @@ def _seed(name: str, value: Any) -> int | None:
     return None if value is None else _int(name, value)
 
 
+def _path(name: str, value: Any) -> str | None:
+    return check_path(name, value, optional=True)
+
+
 OPTIONS: dict[str, Option] = {o.name: o for o in (
     # TF source
     Option("kind", "auto", "source format (default: detect from the path)", _choice(KINDS),
@@ -141,6 +145,25 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
                            "gate)", check_flag, cli_type="flag",
            cli_help="skip the TF comparison"),
     Option("force", False, "write even if parity fails", check_flag, cli_type="flag"),
+    # parity data (pipeline/data.py): the user's own inputs and saved outputs
+    Option("load_inputs", None, "compare on these inputs instead of random ones: .npz or "
+                                ".json, arrays named input_ids/input_mask/segment_ids or as "
+                                "the source's inputs", _path, metavar="FILE"),
+    Option("text_file", None, "compare on this text, one query a line (a pair: "
+                              "QUERY<TAB>PASSAGE), tokenized with --vocab", _path,
+           metavar="FILE"),
+    Option("vocab", None, "the checkpoint's vocab.txt, for --text-file", _path,
+           metavar="VOCAB"),
+    Option("save_inputs", None, "write the compared inputs (.npz or .json, by role)", _path,
+           metavar="FILE"),
+    Option("save_outputs", None, "write the reference's outputs (NAME) and the model's "
+                                 "(onnx/NAME), .npz or .json", _path, metavar="FILE"),
+    Option("load_outputs", None, "compare with these saved outputs (.npz or .json, by output "
+                                 "name) instead of TensorFlow's, on --load-inputs/--text-file",
+           _path, metavar="FILE"),
+    # writing
+    Option("external_data", False, "weights in MODEL.onnx.data beside the model (automatic "
+                                   "past 2 GB)", check_flag, cli_type="flag"),
 )}
 _LOWS = {o.keyword: o.low for o in OPTIONS.values() if o.low is not None}  # by API keyword
 
@@ -151,9 +174,13 @@ GROUPS = {
     "fusion": ("precision", "packed", "strict", "kernels", "fp8"),
     "verification": ("batch", "seq", "seed", "atol", "rtol"),
     "parity gate": ("verify", "force"),
+    "parity data": ("load_inputs", "text_file", "vocab", "save_inputs", "save_outputs",
+                    "load_outputs"),
+    "writing": ("external_data",),
 }
+PARITY_DATA = GROUPS["parity data"]
 # The options `optimize` takes (its inputs rename the model's inputs to the roles).
-OPTIMIZE_OPTIONS = ("inputs", *GROUPS["fusion"])
+OPTIMIZE_OPTIONS = ("inputs", *GROUPS["fusion"], *GROUPS["writing"])
 
 
 def _default(name: str) -> Any:
@@ -183,6 +210,13 @@ class ConvertOptions:
     rtol: float | None = _default("rtol")  # None: 0
     verify: bool = _default("verify")
     force: bool = _default("force")
+    load_inputs: str | None = _default("load_inputs")
+    text_file: str | None = _default("text_file")
+    vocab: str | None = _default("vocab")
+    save_inputs: str | None = _default("save_inputs")
+    save_outputs: str | None = _default("save_outputs")
+    load_outputs: str | None = _default("load_outputs")
+    external_data: bool = _default("external_data")
 
     @classmethod
     def from_keywords(cls, names: Sequence[str], values: Mapping[str, Any]) -> ConvertOptions:

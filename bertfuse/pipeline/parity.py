@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 
 from bertfuse.io.inputs import random_inputs
 from bertfuse.errors import BertfuseError
+from bertfuse.ops.contract import TOLERANCES
 from bertfuse.pipeline.mask import mask_rows, perturbed_feeds
 
-TOLERANCES = {"fp32": {"max": 1e-4, "mean": 1e-4}, "fp16": {"max": 4e-2, "mean": 2e-3}}
+if TYPE_CHECKING:
+    from bertfuse.pipeline.data import ParityData
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,7 @@ class ParityReport:
     seed: int | None = None  # the inputs' seed (None: a fresh draw)
     reference: str = ""  # which TensorFlow computed the reference, and where
     source_kind: str = ""
+    inputs: str = ""  # the user's inputs (data.py), "" for the random padded ones
 
     def __post_init__(self) -> None:
         if self.tolerance is None:
@@ -88,6 +93,7 @@ class ParityReport:
         return {"precision": self.precision, "batch": self.batch, "seq": self.seq,
                 "seed": self.seed, "ok": self.ok, "tolerance": self.tolerance.to_json(),
                 "reference": self.reference, "source_kind": self.source_kind,
+                "inputs": self.inputs or "random",
                 "outputs": [o.to_json() for o in self.outputs]}
 
 
@@ -142,15 +148,26 @@ def compare(reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray],
 
 def verify_against_tf(model: onnx.ModelProto | str, source, precision: str, batch: int,
                       seq: int, seed: int | None, pad_anywhere: bool = True, atol: float | None = None,
-                      rtol: float | None = None) -> ParityReport:
+                      rtol: float | None = None, data: ParityData | None = None,
+                      model_path: str | None = None) -> ParityReport:
     """Runs TF and ORT (CPU) on the same inputs; padding at the end, middle and start of rows.
-    Also on the same inputs with padded ids, then padded segment ids, changed (mask checks)."""
+    Also on the same inputs with padded ids, then padded segment ids, changed (mask checks).
+    `data` (data.py): the user's inputs instead of random ones, their saved outputs instead
+    of TF's as the reference of the plain comparison, and what to save."""
     tol = tolerance_for(precision, atol, rtol)
-    seq = min(seq, source.max_positions or seq)
-    if source.fixed_seq:
-        seq = source.fixed_seq
-    feeds = random_inputs(batch, seq, source.vocab_size or 100, source.type_vocab_size,
-                          seed=seed, pad_anywhere=pad_anywhere)
+    if data is not None and data.has_inputs:
+        feeds = data.feeds(source.original_names, source.max_positions, model_path)
+        check_feeds(feeds, source.vocab_size, source.type_vocab_size, source.max_positions,
+                    source.fixed_seq)
+        batch, seq = feeds["input_ids"].shape
+        seed, inputs = None, data.describe_inputs(batch, seq)
+    else:
+        seq = min(seq, source.max_positions or seq)
+        if source.fixed_seq:
+            seq = source.fixed_seq
+        feeds = random_inputs(batch, seq, source.vocab_size or 100, source.type_vocab_size,
+                              seed=seed, pad_anywhere=pad_anywhere)
+        inputs = ""
     sets = {"base": feeds}
     if "input_mask" in source.inputs and source.outputs:
         sets.update(perturbed_feeds(feeds, source, seed))
@@ -159,8 +176,73 @@ def verify_against_tf(model: onnx.ModelProto | str, source, precision: str, batc
     session = ort_session(model)
     # Inputs the model ignores (a canonical segment_ids the source lacks) are fed too.
     candidates = {n: run_onnx(session, sets[n]) for n in names}
-    results = compare(references["base"], candidates["base"], tol)
+    expected, backend = references["base"], source.backend
+    if data is not None and data.load_outputs:  # TF still runs for the mask checks
+        known = {shown: canon for canon, shown in source.original_names.items()}
+        known.update({t: c for c, t in source.outputs.items()})
+        expected = data.expected(known, list(candidates["base"]))
+        backend = f"saved outputs ({data.load_outputs})"
+    results = compare(expected, candidates["base"], tol)
     if len(names) > 1:
         results += [OutputParity(*row) for row in
                     mask_rows(feeds["input_mask"], references, candidates, tol)]
-    return ParityReport(precision, batch, seq, results, tol, seed, source.backend, source.kind)
+    if data is not None:
+        data.save(feeds, expected, candidates["base"])
+    return ParityReport(precision, batch, seq, results, tol, seed, backend, source.kind, inputs)
+
+
+def verify_against_saved(model: onnx.ModelProto, data: ParityData, precision: str,
+                         atol: float | None = None, rtol: float | None = None,
+                         model_path: str | None = None) -> ParityReport:
+    """The model against outputs saved earlier (--load-outputs), on the inputs they came
+    from, with no TensorFlow: e.g. on a serving host, against outputs saved where TF is."""
+    from bertfuse.converter.roles import assign_roles
+    from bertfuse.converter.source import ROLES
+
+    tol = tolerance_for(precision, atol, rtol)
+    meta = {p.key: p.value for p in model.metadata_props}
+    try:
+        shown = json.loads(meta.get("original_names", "{}"))
+    except ValueError:
+        shown = {}
+    shown = shown if isinstance(shown, dict) else {}
+    inits = {i.name for i in model.graph.initializer}
+    names = [i.name for i in model.graph.input if i.name not in inits]
+    roles = {n: n for n in names} if all(n in ROLES for n in names) else assign_roles(names)
+    feeds = data.feeds(shown, None, model_path)  # by role, or as the source named them
+    check_feeds(feeds, *_table_rows(model))
+    session = ort_session(model)
+    types = {i.name: i.type for i in session.get_inputs()}
+    by_name = {name: feeds[role].astype(np.int64 if types.get(name) == "tensor(int64)"
+                                        else np.int32) for role, name in roles.items()}
+    outs = run_onnx(session, by_name)
+    expected = data.expected({v: k for k, v in shown.items()}, list(outs))
+    data.save(feeds, expected, outs)
+    batch, seq = feeds["input_ids"].shape
+    return ParityReport(precision, batch, seq, compare(expected, outs, tol), tol, None,
+                        f"saved outputs ({data.load_outputs})", "", data.describe_inputs(batch, seq))
+
+
+def _table_rows(model: onnx.ModelProto) -> tuple[int | None, int, int | None, None]:
+    """(vocab, type vocab, positions) from the embedding tables, where the model has them."""
+    from bertfuse.runtime.requests import model_facts
+
+    facts = model_facts(model)
+    return facts.vocab_size, facts.type_vocab_size or 0, facts.max_positions, None
+
+
+def check_feeds(feeds: dict[str, np.ndarray], vocab: int | None, type_vocab: int,
+                positions: int | None, fixed_seq: int | None) -> None:
+    """The user's inputs against the model's tables: bad input (exit 2), not a drift."""
+    seq = feeds["input_ids"].shape[1]
+    if fixed_seq and seq != fixed_seq:
+        raise BertfuseError(f"the inputs have {seq} tokens a row; the source takes exactly "
+                            f"{fixed_seq}")
+    if positions and seq > positions:
+        raise BertfuseError(f"the inputs have {seq} tokens a row; the model has {positions} "
+                            f"positions")
+    for role, top in (("input_ids", vocab), ("segment_ids", type_vocab)):
+        a = feeds[role]
+        if top and (a.min() < 0 or a.max() >= top):
+            raise BertfuseError(f"{role} holds {int(a.max() if a.max() >= top else a.min())}, "
+                                f"outside the model's table [0, {top})")

@@ -20,12 +20,13 @@ from typing import TYPE_CHECKING, Callable
 import onnx
 
 from bertfuse.errors import BertfuseError, require
-from bertfuse.io.model import check_model
+from bertfuse.io.model import check_model, check_source_form
 from bertfuse.io.safety import check_output, convert_inputs
 from bertfuse.passes.manager import run_passes
 from bertfuse.passes.plans import fusion_plan, packing_plan
 from bertfuse.pipeline.gate import write_gated
 from bertfuse.pipeline.options import OPTIMIZE_OPTIONS, ConvertOptions, check_fusion, check_gate
+from bertfuse.pipeline.data import ParityData
 from bertfuse.pipeline.parity import verify_against_tf
 from bertfuse.pipeline.report import RunReport
 
@@ -47,13 +48,17 @@ def convert_model(src_path: str, out_path: str | None, opts: ConvertOptions,
     from bertfuse.converter.export import SUPPORTED_OPSETS
 
     if opts.opset not in SUPPORTED_OPSETS:  # before the (slow) TF load
-        raise BertfuseError(f"--opset {opts.opset} is not supported by tf2onnx 1.17 "
-                            f"(choose {' or '.join(map(str, SUPPORTED_OPSETS))})")
+        raise BertfuseError(f"--opset {opts.opset}: bertfuse writes opset "
+                            f"{' or '.join(map(str, SUPPORTED_OPSETS))} (its fusion passes and "
+                            f"the contrib ops they emit are built and tested on those)")
     check_gate(opts)
+    check_source_form(src_path, opts.kind)
+    data = _parity_data(opts, [src_path, opts.config])  # the user's files: read before TF
     require("tensorflow", "tf2onnx", "onnxruntime")
     # The Python API gets the CLI's guarantee too: the output is none of the source's files.
     if out_path is not None:
-        check_output(out_path, *convert_inputs(src_path, opts.config, opts.kind))
+        files, dirs = convert_inputs(src_path, opts.config, opts.kind)
+        check_output(out_path, [*files, *(data.read_files() if data else [])], dirs)
     from bertfuse.converter import load_source
     from bertfuse.converter.export import tf_to_onnx
 
@@ -70,7 +75,7 @@ def convert_model(src_path: str, out_path: str | None, opts: ConvertOptions,
             st.nodes = len(raw.graph.node)
             st.detail = f"opset {opts.opset}"
         reference = (lambda feeds: source.run_many([feeds])[0]) if opts.verify else None
-        model = _fuse_and_check(raw, opts, report, status, source)
+        model = _fuse_and_check(raw, opts, report, status, source, data)
         del raw
         model = _lower(model, opts, report, status, reference, against_tf=True)
     finally:
@@ -131,8 +136,21 @@ def optimize_model(source: str | onnx.ModelProto, out_path: str | None,
     return _pack_and_write(model, out_path, opts, report, status, force=True), report
 
 
+def _parity_data(opts: ConvertOptions, inputs: list[str | None]) -> ParityData | None:
+    """--load-inputs and the rest (data.py): their files read and the save paths checked
+    before any slow work."""
+    data = ParityData.from_options(opts)
+    if data is not None:
+        if not opts.verify:
+            raise BertfuseError("--load-inputs, --text-file, --load-outputs and --save-* act "
+                                "on the comparison; they cannot be combined with --no-verify")
+        data.check_targets([p for p in inputs if p])
+    return data
+
+
 def _fuse_and_check(raw: onnx.ModelProto, opts: ConvertOptions, report: RunReport,
-                    status: Status | None, source) -> onnx.ModelProto:
+                    status: Status | None, source, data: ParityData | None = None
+                    ) -> onnx.ModelProto:
     """passes (unless --no-fuse), the checker and an ORT load, then parity vs TensorFlow
     where there is a TF source to compare with."""
     model = _passes(raw, report, status, opts.precision) if opts.fuse else raw
@@ -142,7 +160,7 @@ def _fuse_and_check(raw: onnx.ModelProto, opts: ConvertOptions, report: RunRepor
         with report.stage("verify vs TensorFlow", status) as st:
             report.parity = verify_against_tf(model, source, opts.precision, opts.batch,
                                               opts.seq, opts.seed, atol=opts.atol,
-                                              rtol=opts.rtol)
+                                              rtol=opts.rtol, data=data)
             st.detail = "ok" if report.parity.ok else "DRIFT"
     return model
 
@@ -166,7 +184,7 @@ def _pack_and_write(model: onnx.ModelProto, out_path: str | None, opts: ConvertO
                     report: RunReport, status: Status | None, force: bool) -> onnx.ModelProto:
     if opts.packed:
         model = _pack(model, report, status)
-    write_gated(model, out_path, report, force, status, opts.strict)
+    write_gated(model, out_path, report, force, status, opts.strict, opts.external_data)
     return model
 
 
@@ -199,20 +217,34 @@ def _passes(raw: onnx.ModelProto, report: RunReport, status: Status | None,
     return model
 
 
-def verify(model_path: str, src_path: str, opts: ConvertOptions,
+def verify(model_path: str, src_path: str | None, opts: ConvertOptions,
            status: Status | None = None) -> RunReport:
+    """The model against its TF source; src_path None: against --load-outputs, no TF."""
     from bertfuse.converter import load_source
     from bertfuse.converter.interface import match_interface
     from bertfuse.converter.roles import parse_override
     from bertfuse.io.model import load_model
 
     check_gate(opts)
-    require("tensorflow", "onnxruntime")
+    data = _parity_data(opts, [model_path, src_path, opts.config])
+    if src_path is None and (data is None or not data.load_outputs):
+        raise BertfuseError("verify needs the reference: --against SOURCE (TensorFlow), or "
+                            "--load-outputs FILE with the inputs they came from")
+    require(*(("tensorflow",) if src_path is not None else ()), "onnxruntime")
     report = RunReport(command="verify", options=opts.to_json())
     # The ONNX first: a missing/corrupt model fails before the slow TF load.
     with report.stage("load ONNX", status) as st:
         model = load_model(model_path)
         st.nodes = len(model.graph.node)
+    if src_path is None:
+        from bertfuse.pipeline.parity import verify_against_saved
+
+        with report.stage("verify vs saved outputs", status) as st:
+            report.parity = verify_against_saved(model, data, _precision_of(model), opts.atol,
+                                                 opts.rtol, model_path)
+            st.detail = "ok" if report.parity.ok else "DRIFT"
+        return report
+    check_source_form(src_path, opts.kind)
     with report.stage("load TF model", status) as st:
         source = load_source(src_path, opts.kind, opts.signature, opts.inputs, opts.outputs,
                              opts.config)
@@ -224,7 +256,8 @@ def verify(model_path: str, src_path: str, opts: ConvertOptions,
             try:
                 report.parity = verify_against_tf(model, source, _precision_of(model),
                                                   opts.batch, opts.seq, opts.seed,
-                                                  atol=opts.atol, rtol=opts.rtol)
+                                                  atol=opts.atol, rtol=opts.rtol, data=data,
+                                                  model_path=model_path)
             except Exception as exc:
                 if not type(exc).__module__.startswith("onnxruntime"):
                     raise

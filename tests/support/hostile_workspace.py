@@ -178,8 +178,18 @@ class Workspace:
         path.write_text(json.dumps(cfg))
 
 
+# A finished stage's progress line on a pipe (runtime/progress.py's StageLines): ours, not
+# noise; the outcome is judged on the other lines.
+PROGRESS = re.compile(r"^bertfuse [\w -]+: (.+ \d+\.\ds \(\d+\.\ds in all\)|  \S+: .*)$")
+
+
+def error_lines(err: str) -> list[str]:
+    """stderr's lines less the progress lines."""
+    return [ln for ln in err.splitlines() if ln.strip() and not PROGRESS.match(ln)]
+
+
 def assert_clean_outcome(rc: int, out: str, err: str, code: int, needle: str | None) -> None:
-    lines = [ln for ln in err.splitlines() if ln.strip()]
+    lines = error_lines(err)
     assert "Traceback" not in err + out, err
     assert rc == code, f"exit {rc}, expected {code}; stderr:\n{err}"
     if code == 0:

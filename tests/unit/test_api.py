@@ -98,7 +98,7 @@ def test_lazy_names_are_the_real_objects():
     ({"batch": 1024, "seq": 1024}, "at most 65536"),
     ({"verify": "no"}, "verify must be True or False"),
     ({"format": "torch"}, "format 'torch' is not one of"),
-    ({"opset": 12}, "not supported by tf2onnx"),
+    ({"opset": 12}, "bertfuse writes opset 17 or 18"),
     ({"outputs": "pooled_output"}, "outputs must be a list of names"),
     ({"progress": 3}, "progress must be a callable"),
 ])
@@ -310,3 +310,79 @@ def test_console_is_not_wrapped_when_not_a_terminal(monkeypatch):
     buf = io.StringIO()
     make_console(file=buf).print(table)
     assert max(len(line) for line in buf.getvalue().splitlines()) <= 60
+
+
+# ------------------------------------------------------------ quiet, hints, external data
+
+
+def test_api_silences_native_logs_but_not_the_callers_progress(tiny, tmp_path):
+    """TF's C++ lines (absl, cpu_feature_guard, I0000/E0000) never reach the API's caller;
+    what the caller's progress callback prints does."""
+    code = ("import sys, bertfuse\n"
+            "bertfuse.convert(sys.argv[1], progress=lambda s: print('STAGE', s, "
+            "file=sys.stderr))\n")
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    proc = subprocess.run([sys.executable, "-c", code, str(tiny)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert lines and all(ln.startswith("STAGE ") for ln in lines), proc.stderr[-2000:]
+    assert "STAGE load TF model" in lines
+    with pytest.raises(BertfuseError, match="native_logs"):
+        bertfuse.convert(tiny, native_logs="yes")
+
+
+def _foreign(tmp_path: Path) -> dict[str, tuple[Path, str]]:
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text("{}")
+    (hf / "pytorch_model.bin").write_bytes(b"\x80\x02")
+    nested = tmp_path / "hf_sm"
+    (nested / "saved_model" / "1").mkdir(parents=True)
+    (nested / "config.json").write_text("{}")
+    (nested / "saved_model" / "1" / "saved_model.pb").write_bytes(b"")
+    for name in ("pytorch_model.bin", "tf_model.h5", "model.safetensors"):
+        (tmp_path / name).write_bytes(b"\x00" * 8)
+    return {"bin": (tmp_path / "pytorch_model.bin", "from_pt=True"),
+            "h5": (tmp_path / "tf_model.h5", "model.export(OUT)"),
+            "safetensors": (tmp_path / "model.safetensors", "saved_model=True"),
+            "hf folder": (hf, "without a SavedModel"),
+            "hf nested": (nested, str(nested / "saved_model" / "1"))}
+
+
+@pytest.mark.parametrize("case", ["bin", "h5", "safetensors", "hf folder", "hf nested"])
+def test_sources_no_format_reads_get_a_pointed_hint(tmp_path, capsys, case):
+    path, needle = _foreign(tmp_path)[case]
+    rc = main(["convert", str(path), "-o", str(tmp_path / "m.onnx")])
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and needle in err, err
+    assert "pass --format" not in err
+
+
+def test_opset_13_is_bertfuses_own_limit(tiny, tmp_path, capsys):
+    assert main(["convert", str(tiny), "-o", str(tmp_path / "m.onnx"), "--opset", "13"]) == 2
+    err = capsys.readouterr().err
+    assert "bertfuse writes opset 17 or 18" in err and "tf2onnx" not in err
+
+
+def test_external_data_for_any_model(tiny, raw_export, tmp_path, capsys):
+    out = tmp_path / "small.onnx"
+    assert main(["convert", str(tiny), "-o", str(out), "--external-data", "--no-verify"]) == 0
+    data = tmp_path / "small.onnx.data"
+    assert data.stat().st_size > out.stat().st_size  # the weights are beside the model
+    assert len(onnx.load(str(out)).graph.initializer) > 0
+    opt = tmp_path / "opt.onnx"
+    bertfuse.optimize(raw_export["int32"], opt, external_data=True)
+    assert (tmp_path / "opt.onnx.data").exists()
+
+
+def test_package_is_typed_and_the_sdist_carries_the_tests():
+    import tomllib
+
+    assert (ROOT / "bertfuse" / "py.typed").is_file()
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "py.typed" in data["tool"]["setuptools"]["package-data"]["bertfuse"]
+    manifest = (ROOT / "MANIFEST.in").read_text().splitlines()
+    for line in ("graft tests", "graft examples"):  # helpers, fixtures (reference.npz), e2e
+        assert line in manifest
+    assert "pip install '.[tf,cpu]'" in (ROOT / "README.md").read_text()

@@ -229,3 +229,45 @@ def test_missing_tokenizers_is_exit_2_with_the_install_hint(example):
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
     assert "pip install 'bertfuse[text]'" in lines[0]
+
+
+def _tokenizer_json(path: Path, vocab: dict, lowercase: bool = True, kind: str = "WordPiece"):
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+
+    model = models.WordPiece(vocab, unk_token="[UNK]") if kind == "WordPiece" else \
+        models.BPE({"a": 0, "b": 1}, [])
+    tok = Tokenizer(model)
+    tok.normalizer = normalizers.BertNormalizer(lowercase=lowercase)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tok.save(str(path))
+    return path
+
+
+def test_tokenizer_json_gives_the_same_ids_as_vocab_txt(example, tmp_path):
+    """A Hugging Face folder ships tokenizer.json: its WordPiece vocab and lower-casing."""
+    from bertfuse.text import read_vocab
+
+    ckpt, model = example
+    vocab = read_vocab(ckpt / "vocab.txt")
+    hf = tmp_path / "hf"
+    _tokenizer_json(hf / "tokenizer.json", vocab, lowercase=True)
+    texts, pairs = ["What is BERT?", "Ünïcode and ascii"], ["a language model", "x"]
+    want = WordPiece(ckpt / "vocab.txt", model=model, lower_case=True)(texts, pairs)
+    for given in (hf / "tokenizer.json", hf):  # the file, or the folder that holds it
+        tok = WordPiece(given, model=model)
+        assert tok.lower_case and tok.lower_case_reason == "do_lower_case in the config"
+        got = tok(texts, pairs)
+        np.testing.assert_array_equal(got.input_ids, want.input_ids)
+        np.testing.assert_array_equal(got.segment_ids, want.segment_ids)
+    cased = _tokenizer_json(tmp_path / "cased" / "tokenizer.json", vocab, lowercase=False)
+    assert WordPiece(cased).lower_case is False
+
+
+def test_non_wordpiece_tokenizer_json_is_one_line(tmp_path, capsys):
+    bpe = _tokenizer_json(tmp_path / "roberta" / "tokenizer.json", {}, kind="BPE")
+    line = _one_error_line(capsys, ["tokenize", "--vocab", str(bpe), "hello"])
+    assert "a BPE tokenizer" in line
+    (tmp_path / "empty").mkdir()
+    line = _one_error_line(capsys, ["tokenize", "--vocab", str(tmp_path / "empty"), "hello"])
+    assert "neither vocab.txt nor tokenizer.json" in line
