@@ -29,6 +29,12 @@ class Serve(Command):
                             "--gpus-per-replica each, else 1 on the CPU)")
         g.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
                        help="auto: cuda where the Ray cluster has GPUs")
+        from bertfuse.runtime.kernels import KERNELS
+
+        g.add_argument("--kernels", choices=KERNELS,
+                       help="auto (default): on CUDA, bertfuse's own ops where the op library "
+                            "is here (or builds) and a check on the device agrees, else ONNX "
+                            "Runtime's contrib ops, with a line saying why; ort; bertfuse")
         g.add_argument("--max-batch", type=int_at_least(1), default=32,
                        help="rows per model call, and per request (default 32)")
         g.add_argument("--max-wait-ms", type=float, default=2.0, metavar="T",
@@ -108,7 +114,8 @@ def _serve(args: argparse.Namespace, out) -> int:
         warmup=args.warmup,
         access_log=args.access_log, ingress=args.ingress,
         **{k: v for k, v in (("metrics_host", args.metrics_host),
-                             ("token_file", args.token_file)) if v is not None})
+                             ("token_file", args.token_file),
+                             ("kernels", args.kernels)) if v is not None})
     stop = "signal"
     try:
         info = {"url": served.url, "infer": served.url + "v1/infer", "device": served.device,

@@ -97,7 +97,7 @@ class BertfuseReplica:
         def make() -> Session:
             buckets = {"batch_buckets": spec["batch_buckets"]} if spec["batch_buckets"] else {}
             return Session(spec["model"], max_batch=spec["max_batch"], max_seq=spec["max_seq"],
-                           device=device, **buckets)
+                           device=device, kernels=spec["kernels"], **buckets)
 
         def prepare(session: Session) -> None:
             if spec["warmup"]:  # every bucket's buffers and CUDA graph before any traffic

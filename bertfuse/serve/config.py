@@ -80,6 +80,7 @@ class ServeConfig:
     ingress: str = "auto"
     metrics_host: str = "127.0.0.1"
     token_file: str | None = None
+    kernels: str = "auto"  # runtime.kernels: the replicas' choice of contrib or bertfuse ops
     extra: dict = field(default_factory=dict)  # facts read from the model (filled by check)
 
     def to_spec(self) -> dict[str, Any]:
@@ -118,6 +119,9 @@ def check_config(model: Any = None, **kwargs: Any) -> ServeConfig:
     switch_interval_s()  # its environment variable, read by every replica
     if cfg.device not in DEVICES:
         raise ConfigError(f"device must be one of {', '.join(DEVICES)}, not {cfg.device!r}")
+    from bertfuse.runtime.kernels import check_kernels_option
+
+    check_kernels_option(cfg.kernels)
     if cfg.ingress not in INGRESSES:
         raise ConfigError(f"ingress must be one of {', '.join(INGRESSES)}, not {cfg.ingress!r}")
     if cfg.ingress not in ("auto", "proxy") and cfg.address is not None:

@@ -620,3 +620,18 @@ def test_switch_interval_variable_is_checked_before_ray(tiny, monkeypatch):
     assert switch_interval_s() == 0.002 and check_config(tiny["model"]).model == tiny["model"]
     monkeypatch.delenv("BERTFUSE_SERVE_SWITCH_MS")
     assert switch_interval_s() == 0.0005
+
+
+def test_kernels_choice_is_checked_and_reaches_the_replicas(tiny):
+    """serve's replicas choose their kernels at load (runtime/kernels.py): auto by default,
+    ort or bertfuse when asked; anything else is refused before Ray starts."""
+    from bertfuse.errors import BertfuseError
+    from bertfuse.serve.config import check_config
+
+    assert check_config(tiny["model"]).to_spec()["kernels"] == "auto"
+    assert check_config(tiny["model"], kernels="ort").to_spec()["kernels"] == "ort"
+    with pytest.raises(BertfuseError, match="kernels must be one of 'auto', 'ort', 'bertfuse'"):
+        check_config(tiny["model"], kernels="tensorrt")
+    from bertfuse import cli
+
+    assert cli.main(["serve", tiny["model"], "--kernels", "tensorrt"]) == 2  # argparse's choices
