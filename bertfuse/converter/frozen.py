@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bertfuse.converter.roles import assign_roles
+from bertfuse.converter.roles import UnknownInput, assign_roles
 from bertfuse.converter.source import OUTPUT_ROLES, TFSource
 from bertfuse.errors import BertfuseError
 
@@ -86,6 +86,8 @@ def source_from_graph_def(graph_def, kind: str, path: str, inputs: dict[str, str
         try:
             roles = assign_roles(names, role_override,
                                  {n for n, p in phs.items() if p.attr["dtype"].type in int_types})
+        except UnknownInput:
+            raise
         except BertfuseError:  # names do not tell: what each input feeds does
             from bertfuse.converter.graph_roles import roles_from_graph
 

@@ -71,6 +71,15 @@ def gathered_rows(graph_def, placeholder: str) -> tuple[list[int], bool]:
     return rows, other
 
 
+def _rank(graph_def, node_name: str) -> int | None:
+    """The placeholder's declared rank (None: not declared or not found)."""
+    for node in graph_def.node:
+        if node.name == node_name and "shape" in node.attr:
+            shape = node.attr["shape"].shape
+            return None if shape.unknown_rank else len(shape.dim)
+    return None
+
+
 def roles_from_graph(graph_def, names: dict[str, str], override: dict[str, str]
                      ) -> dict[str, str]:
     """{role: input name}: the override's roles, the rest decided from what each input feeds
@@ -84,7 +93,9 @@ def roles_from_graph(graph_def, names: dict[str, str], override: dict[str, str]
     types = [n for size, n in by_vocab if size < _MAX_TYPES and n not in roles.values()]
     if "segment_ids" not in roles and len(types) == 1:
         roles["segment_ids"] = types[0]
-    masks = [n for n, (rows, other) in facts.items() if not rows and other]
+    # A mask is [B, S]: a float [B, S, H] input added somewhere is read by arithmetic too.
+    masks = [n for n, (rows, other) in facts.items() if not rows and other
+             and _rank(graph_def, _node_name(names[n])) in (None, 2)]
     if "input_mask" not in roles and len(masks) == 1:
         roles["input_mask"] = masks[0]
     left = [n for n in names if n not in roles.values()]

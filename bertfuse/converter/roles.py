@@ -50,6 +50,10 @@ def parse_override(text: str | dict[str, str] | None) -> dict[str, str]:
     return out
 
 
+class UnknownInput(BertfuseError):
+    """--inputs names an input the model does not have: the graph cannot answer that either."""
+
+
 def assign_roles(names: list[str], override: dict[str, str] | None = None,
                  int_names: set[str] | None = None) -> dict[str, str]:
     """Maps roles to the given input names; raises a clear error if that is ambiguous."""
@@ -58,7 +62,7 @@ def assign_roles(names: list[str], override: dict[str, str] | None = None,
     for role, name in override.items():
         match = [n for n in names if n == name or _norm(n) == _norm(name)]
         if not match:
-            raise BertfuseError(f"--inputs: the model has no input {name!r} "
+            raise UnknownInput(f"--inputs: the model has no input {name!r} "
                                 f"(inputs: {', '.join(names)})")
         roles[role] = match[0]
     free = [n for n in names if n not in roles.values()]

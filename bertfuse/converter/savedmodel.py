@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 from bertfuse.converter.frozen import canonical_output_name, source_from_graph_def
-from bertfuse.converter.roles import assign_roles
+from bertfuse.converter.roles import UnknownInput, assign_roles
 from bertfuse.converter.source import OUTPUT_ROLES, TFSource
 from bertfuse.errors import BertfuseError
 
@@ -93,6 +93,8 @@ def _roles(graph_def, structured: dict[str, str], override: dict[str, str]) -> d
     """By name where names tell, else from what each input feeds in the graph."""
     try:
         return assign_roles(list(structured), override)
+    except UnknownInput:
+        raise
     except BertfuseError:
         from bertfuse.converter.graph_roles import roles_from_graph
 

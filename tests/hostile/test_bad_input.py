@@ -81,6 +81,17 @@ def bad(tmp_path_factory) -> dict[str, Path]:
         tf.identity(x, name="sequence_output")
     p["odd_pb"] = root / "odd_names.pb"
     p["odd_pb"].write_bytes(g.as_graph_def().SerializeToString())
+    # Names that tell nothing, and one input the graph cannot place either: a float tensor
+    # added to the output is no lookup and no mask.
+    g = tf.Graph()
+    with g.as_default():
+        ids = tf.compat.v1.placeholder(tf.int32, [None, None], name="alpha")
+        extra = tf.compat.v1.placeholder(tf.float32, [None, None, 64], name="gamma")
+        table = tf.constant(np.random.default_rng(0).standard_normal((100, 64))
+                            .astype(np.float32), name="word_table")
+        tf.identity(tf.gather(table, ids) + extra, name="sequence_output")
+    p["odd2_pb"] = root / "odd_untold.pb"
+    p["odd2_pb"].write_bytes(g.as_graph_def().SerializeToString())
 
     class Toy(tf.Module):
         def __init__(self):
@@ -168,7 +179,7 @@ BAD_CONVERT = [
      "lacks"),
     ("frozen_garbage_bytes", lambda p, o: ["convert", p["garbage_pb"], "-o", o],
      "not a TensorFlow GraphDef"),
-    ("frozen_unrecognised_inputs", lambda p, o: ["convert", p["odd_pb"], "-o", o],
+    ("frozen_unrecognised_inputs", lambda p, o: ["convert", p["odd2_pb"], "-o", o],
      "--inputs"),
     ("frozen_override_names_missing_input",
      lambda p, o: ["convert", p["odd_pb"], "--inputs", "input_ids=[/bold]gamma", "-o", o],
