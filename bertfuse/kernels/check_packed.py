@@ -78,7 +78,7 @@ def packed_cases(rng: np.random.Generator) -> list[Case]:
 
     for lens, s, h, heads, scale in [(lengths, 64, 768, 12, None), ([128, 1, 77], 128, 768, 12, None),
                                      ([16, 5, 9], 16, 256, 4, 0.2),
-                                     # the general path: head sizes 26, 32, 128 and S_max past 128
+                                     # head 26 on the general path; 32, 128 and S_max past 128 on the tiled kernel
                                      ([26, 5, 0], 32, 312, 12, None), ([300, 17, 1], 384, 384, 12, None),
                                      ([129, 64], 129, 1024, 8, None), ([512, 100], 512, 768, 12, None)]:
         t = -(-sum(lens) // 16) * 16 + 16  # a bucket above the kept count: filler rows at the end

@@ -45,6 +45,19 @@ __device__ __forceinline__ void load_rows(__half* dst, const __half* src, size_t
   }
 }
 
+__device__ __forceinline__ int clampi(int v, int lo, int hi) { return v < lo ? lo : (v > hi ? hi : v); }
+
+// Zeroes this head's D columns of rows [r0, r1), spread over `parts` CTAs (this one is `part`).
+template <int D>
+__device__ __forceinline__ void zero_rows(__half* out, int H, int head, int r0, int r1, int part, int parts,
+                                          int tid) {
+  const int chunks = (r1 - r0) * (D / 8);
+  for (int c = part * kWarps * 32 + tid; c < chunks; c += parts * kWarps * 32) {
+    const int r = r0 + c / (D / 8), col = (c % (D / 8)) * 8;
+    *reinterpret_cast<uint4*>(out + static_cast<size_t>(r) * H + head * D + col) = make_uint4(0u, 0u, 0u, 0u);
+  }
+}
+
 template <int D>
 size_t smem_bytes(int S) {
   const int blocks = (S + kKB - 1) / kKB;
@@ -53,8 +66,9 @@ size_t smem_bytes(int S) {
 
 template <int D>
 __global__ void __launch_bounds__(kWarps * 32)
-    tiled_kernel(const __half* __restrict__ qkv, const int32_t* __restrict__ mask, int mask_rank, int S, int H,
-                 float scale_log2, __half* __restrict__ out) {
+    tiled_kernel(const __half* __restrict__ qkv, const int32_t* __restrict__ mask, int mask_rank,
+                 const int32_t* __restrict__ cu, int T, int R, int S, int H, float scale_log2,
+                 __half* __restrict__ out) {
   constexpr int LD = ld<D>();
   constexpr int NT = kKB / 8;  // 8-key score tiles per block
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -66,22 +80,42 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int q0 = blockIdx.x * kRowsQ, head = blockIdx.y, b = blockIdx.z;
+  // Padded: batch row b is rows [b S, b S + S) of qkv. Packed (cu given): sequence b is rows
+  // [cu[b], cu[b + 1]), at most S of them attended, and the CTA row b == R zeroes the filler.
+  size_t row0 = static_cast<size_t>(b) * S;
+  int len = S;
+  if (cu != nullptr) {
+    if (b == R) {
+      const int first = clampi(cu[0], 0, T), last = clampi(cu[R], first, T);
+      zero_rows<D>(out, H, head, 0, first, blockIdx.x, gridDim.x, tid);
+      zero_rows<D>(out, H, head, last, T, blockIdx.x, gridDim.x, tid);
+      return;
+    }
+    const int start = clampi(cu[b], 0, T), end = clampi(cu[b + 1], start, T);
+    len = end - start;
+    if (len > S) {  // inconsistent inputs: attend the first S rows, zero the rest
+      if (blockIdx.x == 0) zero_rows<D>(out, H, head, start + S, end, 0, 1, tid);
+      len = S;
+    }
+    if (q0 >= len) return;  // CTA-uniform, before any barrier (an empty sequence too)
+    row0 = start;
+  }
   const size_t stride = 3 * static_cast<size_t>(H);
-  const __half* base = qkv + static_cast<size_t>(b) * S * stride + head * D;
-  const int blocks = (S + kKB - 1) / kKB;
+  const __half* base = qkv + row0 * stride + head * D;
+  const int blocks = (len + kKB - 1) / kKB;
 
-  load_rows<D>(Qs, base, stride, q0, kRowsQ, S, tid);
-  load_rows<D>(Ks, base + H, stride, 0, kKB, S, tid);
-  load_rows<D>(Vs, base + 2 * H, stride, 0, kKB, S, tid);
+  load_rows<D>(Qs, base, stride, q0, kRowsQ, len, tid);
+  load_rows<D>(Ks, base + H, stride, 0, kKB, len, tid);
+  load_rows<D>(Vs, base + 2 * H, stride, 0, kKB, len, tid);
   cp_async_commit();
   for (int j = tid; j < blocks * kKB; j += kWarps * 32) {
     bool keep = true;  // raw mask: value > 0 keeps (ORT's rule); key lengths: j < len[b]
-    if (j < S && mask_rank == 2) keep = mask[static_cast<size_t>(b) * S + j] > 0;
-    if (j < S && mask_rank == 1) keep = j < mask[b];
-    madd[j] = j >= S ? -INFINITY : (keep ? 0.0f : kMaskFilter * kLog2e);
+    if (j < len && mask_rank == 2) keep = mask[static_cast<size_t>(b) * S + j] > 0;
+    if (j < len && mask_rank == 1) keep = j < mask[b];
+    madd[j] = j >= len ? -INFINITY : (keep ? 0.0f : kMaskFilter * kLog2e);
   }
 
-  const bool active = q0 + warp * 16 < S;  // warp-uniform; an idle warp still joins the syncs
+  const bool active = q0 + warp * 16 < len;  // warp-uniform; an idle warp still joins the syncs
   __half* Qw = Qs + warp * 16 * LD;
   uint32_t qa[D / 16][4];
   float o[D / 8][4];
@@ -92,8 +126,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   for (int blk = 0; blk < blocks; ++blk) {
     if (blk + 1 < blocks) {  // prefetch the next block into the other buffer
       const int nb = (blk + 1) & 1;
-      load_rows<D>(Ks + nb * kKB * LD, base + H, stride, (blk + 1) * kKB, kKB, S, tid);
-      load_rows<D>(Vs + nb * kKB * LD, base + 2 * H, stride, (blk + 1) * kKB, kKB, S, tid);
+      load_rows<D>(Ks + nb * kKB * LD, base + H, stride, (blk + 1) * kKB, kKB, len, tid);
+      load_rows<D>(Vs + nb * kKB * LD, base + 2 * H, stride, (blk + 1) * kKB, kKB, len, tid);
       cp_async_commit();
       cp_async_wait<1>();
     } else {
@@ -182,16 +216,17 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int qw0 = q0 + warp * 16;
   for (int c = lane; c < 16 * (D / 8); c += 32) {
     const int r = c / (D / 8), col = (c % (D / 8)) * 8;
-    if (qw0 + r < S) {
-      *reinterpret_cast<uint4*>(out + (static_cast<size_t>(b) * S + qw0 + r) * H + head * D + col) =
+    if (qw0 + r < len) {
+      *reinterpret_cast<uint4*>(out + (row0 + qw0 + r) * H + head * D + col) =
           *reinterpret_cast<const uint4*>(Qw + r * LD + col);
     }
   }
 }
 
+// B: batch rows (padded) or sequences R (packed: cu given, T rows, one more CTA row for the filler).
 template <int D>
-cudaError_t launch(cudaStream_t stream, const __half* qkv, const int32_t* mask, int mask_rank, int B, int S,
-                   int num_heads, float scale_log2, __half* out) {
+cudaError_t launch(cudaStream_t stream, const __half* qkv, const int32_t* mask, int mask_rank,
+                   const int32_t* cu, int T, int B, int S, int num_heads, float scale_log2, __half* out) {
   const size_t smem = smem_bytes<D>(S);
   // Past 48 KB a kernel must opt in, per device; the most it can need is asked for once (not a
   // stream operation, so it is also safe while a CUDA graph is being captured).
@@ -204,8 +239,9 @@ cudaError_t launch(cudaStream_t stream, const __half* qkv, const int32_t* mask, 
     if (err != cudaSuccess) return err;
     opted[dev].store(true, std::memory_order_release);
   }
-  const dim3 grid((S + kRowsQ - 1) / kRowsQ, num_heads, B);
-  tiled_kernel<D><<<grid, kWarps * 32, smem, stream>>>(qkv, mask, mask_rank, S, num_heads * D, scale_log2, out);
+  const dim3 grid((S + kRowsQ - 1) / kRowsQ, num_heads, cu != nullptr ? B + 1 : B);
+  tiled_kernel<D><<<grid, kWarps * 32, smem, stream>>>(qkv, mask, mask_rank, cu, T, B, S, num_heads * D,
+                                                       scale_log2, out);
   return cudaGetLastError();
 }
 
@@ -229,9 +265,29 @@ cudaError_t bf_attention_tiled_f16(cudaStream_t stream, const __half* qkv, const
   const float sc = scale > 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(head_size));
   const float scale_log2 = sc * kLog2e;
   switch (head_size) {
-    case 32: return launch<32>(stream, qkv, mask, mask_rank, B, S, num_heads, scale_log2, out);
-    case 64: return launch<64>(stream, qkv, mask, mask_rank, B, S, num_heads, scale_log2, out);
-    default: return launch<128>(stream, qkv, mask, mask_rank, B, S, num_heads, scale_log2, out);
+    case 32: return launch<32>(stream, qkv, mask, mask_rank, nullptr, B * S, B, S, num_heads, scale_log2, out);
+    case 64: return launch<64>(stream, qkv, mask, mask_rank, nullptr, B * S, B, S, num_heads, scale_log2, out);
+    default: return launch<128>(stream, qkv, mask, mask_rank, nullptr, B * S, B, S, num_heads, scale_log2, out);
+  }
+}
+
+const char* packed_attention_tiled_unsupported(int T, int R, int S_max, int num_heads, int head_size) {
+  if (T < 1 || R < 1) return "tokens and sequences must be >= 1";
+  if (R >= 65535) return "sequences must be < 65535";
+  return attention_tiled_unsupported(1, S_max, num_heads, head_size, 0);
+}
+
+cudaError_t bf_packed_attention_tiled_f16(cudaStream_t stream, const __half* qkv, const int32_t* cu_seqlens, int T,
+                                          int R, int S_max, int num_heads, int head_size, float scale, __half* out) {
+  if (packed_attention_tiled_unsupported(T, R, S_max, num_heads, head_size) != nullptr) return cudaErrorInvalidValue;
+  if (qkv == nullptr || cu_seqlens == nullptr || out == nullptr) return cudaErrorInvalidValue;
+  if ((reinterpret_cast<uintptr_t>(qkv) | reinterpret_cast<uintptr_t>(out)) % 16 != 0) return cudaErrorInvalidValue;
+  const float sc = scale > 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(head_size));
+  const float sl = sc * kLog2e;
+  switch (head_size) {
+    case 32: return launch<32>(stream, qkv, nullptr, 0, cu_seqlens, T, R, S_max, num_heads, sl, out);
+    case 64: return launch<64>(stream, qkv, nullptr, 0, cu_seqlens, T, R, S_max, num_heads, sl, out);
+    default: return launch<128>(stream, qkv, nullptr, 0, cu_seqlens, T, R, S_max, num_heads, sl, out);
   }
 }
 

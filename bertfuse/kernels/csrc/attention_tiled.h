@@ -1,5 +1,5 @@
 // The tiled tensor-core attention path: head sizes 32, 64 and 128, sequences up to 1024, padded
-// form. Same inputs, outputs and math as BertAttention (attention.h):
+// and packed forms. Same inputs, outputs and math as BertAttention (attention.h):
 //   scores = scale * Q K^T + (kept ? 0 : -10000), fp32 softmax over keys, context [B, S, H] fp16.
 // One CTA per (64-query tile, head, batch row); keys in blocks of 64, K and V of the next block
 // copied with cp.async while the current one is computed; an online softmax (running max and sum
@@ -25,5 +25,11 @@ const char* attention_tiled_unsupported(int B, int S, int num_heads, int head_si
 // is not covered.
 cudaError_t bf_attention_tiled_f16(cudaStream_t stream, const __half* qkv, const int32_t* mask, int mask_rank,
                                    int B, int S, int num_heads, int head_size, float scale, __half* out);
+
+// Packed form (PackedBertAttention's contract, packed_attention.h): qkv [T, 3H], sequence r is
+// rows cu[r]..cu[r+1]-1 (at most S_max attended), filler rows come back as zeros.
+const char* packed_attention_tiled_unsupported(int T, int R, int S_max, int num_heads, int head_size);
+cudaError_t bf_packed_attention_tiled_f16(cudaStream_t stream, const __half* qkv, const int32_t* cu_seqlens, int T,
+                                          int R, int S_max, int num_heads, int head_size, float scale, __half* out);
 
 }  // namespace bertfuse

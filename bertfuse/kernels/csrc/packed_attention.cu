@@ -11,6 +11,7 @@
 #include "packed_attention.h"
 
 #include "attention_general.h"
+#include "attention_tiled.h"
 
 #include <cmath>
 
@@ -249,10 +250,14 @@ cudaError_t bf_packed_attention_f16(cudaStream_t stream, const __half* qkv, cons
   if (qkv == nullptr || cu_seqlens == nullptr || out == nullptr) return cudaErrorInvalidValue;
   // The tensor-core kernel where it covers the shape and its 16-byte aligned rows (D = 64 makes
   // the 3H and H strides multiples of 8 halves), the general path everywhere else.
-  if (packed_attention_fast_unsupported(T, R, S_max, num_heads, head_size) != nullptr ||
-      (reinterpret_cast<uintptr_t>(qkv) | reinterpret_cast<uintptr_t>(out)) % 16 != 0)
+  const bool aligned = (reinterpret_cast<uintptr_t>(qkv) | reinterpret_cast<uintptr_t>(out)) % 16 == 0;
+  if (packed_attention_fast_unsupported(T, R, S_max, num_heads, head_size) != nullptr || !aligned) {
+    // The tiled tensor-core kernel (head sizes 32/64/128, S_max <= 1024), else the general path.
+    if (aligned && packed_attention_tiled_unsupported(T, R, S_max, num_heads, head_size) == nullptr)
+      return bf_packed_attention_tiled_f16(stream, qkv, cu_seqlens, T, R, S_max, num_heads, head_size, scale, out);
     return bf_packed_attention_general_f16(stream, qkv, cu_seqlens, T, R, S_max, num_heads, head_size, scale,
                                            out);
+  }
   if (warps < 0 || warps > kMaxWarps) return cudaErrorInvalidValue;
   if (warps == 0) warps = pick_warps(T, R, S_max, num_heads);
   const float sc = scale > 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(head_size));

@@ -4,9 +4,10 @@
 // sequence, columns as BertAttention's ([0,H) Q, [H,2H) K, [2H,3H) V; head n at columns
 // n*D..n*D+D-1 of each block). cu_seqlens int32 [R + 1]: sequence r is rows cu[r]..cu[r+1]-1
 // and attends to itself only. Rows at or past cu[R] (filler) come back as zeros, so every row
-// of context [T, H] is written. Sequences may be empty. The tensor-core kernel covers head size
-// 64, S_max <= 128 (S_max bounds every sequence's length: the [R, S] shape of the packed layout);
-// every other shape up to head size 256 runs on the general path (attention_general.h).
+// of context [T, H] is written. Sequences may be empty. The register-resident tensor-core kernel
+// covers head size 64, S_max <= 128 (S_max bounds every sequence's length: the [R, S] shape of the
+// packed layout); the tiled tensor-core kernel (attention_tiled.h) head sizes 32, 64 and 128 up to
+// S_max 1024; every other shape up to head size 256 runs on the general path (attention_general.h).
 //
 // Device values are trusted to within memory safety: cu is clamped into [0, T] and made
 // non-decreasing, and a sequence longer than S_max has only its first S_max rows attended (the
