@@ -69,19 +69,36 @@ def find_ort_include(explicit: str | Path | None = None, fetch: bool = True) -> 
                              f"DIR (an ONNX Runtime release's include/) or set {ORT_ENV}")
 
 
-def pip_cuda_root() -> Path | None:
-    """The CUDA toolchain pip installs (nvidia-cuda-nvcc, -runtime, -crt, -cccl, nvidia-nvvm,
-    nvidia-cublas: the `kernels` extra) as one tree, site-packages/nvidia/cu13 (bin/nvcc,
-    include/, lib/), or None."""
+def pip_cuda_trees() -> list[Path]:
+    """Every CUDA tree pip installed on sys.path, site-packages/nvidia/cu13 (or cu12): one where
+    the `kernels` extra (nvidia-cuda-nvcc, -runtime, -crt, -cccl, nvidia-nvvm, nvidia-cublas)
+    went into one environment; several in a venv made with --system-site-packages, e.g. nvcc in
+    the venv and cuBLAS and the runtime beside the system's torch."""
     import importlib.util
 
     spec = importlib.util.find_spec("nvidia")
+    trees = []
     for base in (spec.submodule_search_locations or []) if spec else []:
         for name in ("cu13", "cu12"):
             root = Path(base) / name
-            if os.access(root / "bin" / "nvcc", os.X_OK):
-                return root
-    return None
+            if root.is_dir() and root not in trees:
+                trees.append(root)
+    return trees
+
+
+def pip_cuda_root() -> Path | None:
+    """The pip CUDA tree that holds nvcc (bin/nvcc, include/, lib/), or None."""
+    return next((t for t in pip_cuda_trees() if os.access(t / "bin" / "nvcc", os.X_OK)), None)
+
+
+def _pip_siblings(toolkit: Path) -> list[Path]:
+    """The other pip CUDA trees, where `toolkit` is one of them: their include/ and lib/ make
+    up what the nvcc tree lacks (cuBLAS, the runtime)."""
+    trees = pip_cuda_trees()
+    resolved = [t.resolve() for t in trees]
+    if toolkit.resolve() not in resolved:
+        return []
+    return [t for t, r in zip(trees, resolved) if r != toolkit.resolve()]
 
 
 def find_nvcc() -> str:
@@ -103,7 +120,8 @@ def find_nvcc() -> str:
     roots = [_cublas_root()] if _cublas_root() else []
     for cand in found:
         toolkit = Path(cand).resolve().parent.parent
-        if any((r / "include" / "cublasLt.h").is_file() for r in (*roots, toolkit)):
+        if any((r / "include" / "cublasLt.h").is_file()
+               for r in (*roots, toolkit, *_pip_siblings(toolkit))):
             return cand
     return found[0]
 
@@ -153,6 +171,10 @@ def _nvcc_build(build: Path, include: Path, sm: int, nvcc: str, log: Path) -> Pa
            "-Xlinker=--no-undefined", f"-I{SOURCE_DIR / 'csrc'}", f"-I{include}",
            f'-DBF_VERSION="{__version__}"', f'-DBF_CUDA_ARCHS="{sm}"', "-DNDEBUG"]
     libdirs = [cuda / "lib64", cuda / "lib"]
+    for tree in _pip_siblings(cuda):  # split pip trees: what the nvcc tree lacks
+        if (tree / "include").is_dir():
+            cmd.append(f"-I{tree / 'include'}")
+        libdirs.append(tree / "lib")
     root = _cublas_root()
     if root:
         cmd.append(f"-I{root / 'include'}")
@@ -161,8 +183,10 @@ def _nvcc_build(build: Path, include: Path, sm: int, nvcc: str, log: Path) -> Pa
     if lt is None:
         raise KernelLibraryError(f"libcublasLt not found in {', '.join(map(str, libdirs))}: set CUBLAS_ROOT")
     out = build / LIB_NAME
+    rpath = ":".join(dict.fromkeys(str(d) for d in (lt.parent, cuda / "lib64", cuda / "lib",
+                                                     *libdirs[2:])))
     cmd += [*sources, "-o", str(out), f"-L{cuda / 'lib64'}", f"-L{lt.parent}", f"-l:{lt.name}",
-            f"-Xlinker=-rpath,{lt.parent}:{cuda / 'lib64'}:{cuda / 'lib'}"]
+            f"-Xlinker=-rpath,{rpath}"]
     if not any((d / "libcudart.so").exists() for d in libdirs):
         # pip's nvidia-cuda-runtime ships libcudart.so.13 alone, which -cudart=shared cannot
         # find by name: link that file itself.

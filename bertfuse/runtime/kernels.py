@@ -9,7 +9,8 @@
                               ─► the lowered form; else 'auto' keeps the contrib form and
                                  says why in one line, 'bertfuse' raises
 
-A model written with `convert --kernels bertfuse` (ai.bertfuse nodes already) runs as written
+A pool's replicas and later sessions of the same model file reuse the first decision (the
+lowering is redone, the device check is not). A model written with `convert --kernels bertfuse` (ai.bertfuse nodes already) runs as written
 under 'auto' and 'bertfuse'; 'ort' cannot undo the lowering and says so. The choice is made on
 the machine that runs the model: conversion usually happens on a CPU host with TensorFlow,
 serving on a GPU host without it.
@@ -18,8 +19,10 @@ serving on a GPU host without it.
 from __future__ import annotations
 
 import logging
+import os
+import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -47,6 +50,7 @@ class KernelChoice:
     max_diff: float = float("nan")
     mean_diff: float = float("nan")
     seconds: float = 0.0
+    settled: bool = True  # False: a missing library decided it, which a build can change
 
     def line(self) -> str:
         """One line for logs: which kernels, and why."""
@@ -78,10 +82,58 @@ def is_fp16(proto: onnx.ModelProto) -> bool:
     return any(i.data_type == onnx.TensorProto.FLOAT16 for i in proto.graph.initializer)
 
 
+# Decisions already made in this process, by (model file, options): a SessionPool's replicas
+# and a server's restarts of one file lower it again but skip the device check. The lowered
+# models are not kept (a copy of the weights each); the decision is a few fields.
+_DECIDED: dict[tuple, KernelChoice] = {}
+_DECIDING: dict[tuple, threading.Lock] = {}
+_DECIDED_LOCK = threading.Lock()
+
+
 def choose(proto: onnx.ModelProto, kernels: str, device: str, max_seq: int,
-           provider_options: Any = None, build: bool = True) -> tuple[onnx.ModelProto, KernelChoice]:
-    """The model a session should open, and why. See the module docstring."""
+           provider_options: Any = None, build: bool = True,
+           source: tuple | None = None) -> tuple[onnx.ModelProto, KernelChoice]:
+    """The model a session should open, and why. See the module docstring. `source` (the
+    model file's identity: path, mtime, size) lets later sessions of the same file reuse the
+    first one's decision and device check."""
     check_kernels_option(kernels)
+    if source is None or kernels == "ort" or device != "cuda":
+        return _timed_choice(proto, kernels, device, max_seq, provider_options, build)
+    key = (source, kernels, device, max_seq, repr(sorted(dict(provider_options or {}).items())))
+    with _DECIDED_LOCK:
+        lock = _DECIDING.setdefault(key, threading.Lock())
+    with lock:  # replicas starting together: the first decides, the others wait for it
+        decided = _DECIDED.get(key)
+        if decided is None:
+            model, choice = _timed_choice(proto, kernels, device, max_seq, provider_options,
+                                          build)
+            if choice.settled:
+                _DECIDED[key] = choice
+            return model, choice
+    start = time.perf_counter()
+    model = proto
+    if decided.used == "bertfuse" and not has_bertfuse_ops(proto):
+        model, _, _ = lower(proto)  # deterministic: the form the device check passed
+    choice = replace(decided, reason=f"{decided.reason}; as decided for this model's first "
+                     "session in this process", seconds=time.perf_counter() - start)
+    LOG.debug(choice.line())
+    return model, choice
+
+
+def file_identity(model: Any) -> tuple | None:
+    """(real path, mtime ns, size) of a model given as a path: the key under which choose()
+    remembers its decision; None for a ModelProto (nothing tells two protos apart cheaply)."""
+    if not isinstance(model, (str, os.PathLike)):
+        return None
+    try:
+        st = os.stat(model)
+    except OSError:
+        return None
+    return (os.path.realpath(model), st.st_mtime_ns, st.st_size)
+
+
+def _timed_choice(proto: onnx.ModelProto, kernels: str, device: str, max_seq: int,
+                  provider_options: Any, build: bool) -> tuple[onnx.ModelProto, KernelChoice]:
     start = time.perf_counter()
     model, choice = _choose(proto, kernels, device, max_seq, provider_options, build)
     choice.seconds = time.perf_counter() - start
@@ -122,7 +174,9 @@ def _choose(proto: onnx.ModelProto, kernels: str, device: str, max_seq: int,
     try:
         library = ensure_library(build)
     except BertfuseError as exc:
-        return fall_back(str(exc).splitlines()[0])
+        model, choice = fall_back(str(exc).splitlines()[0])
+        choice.settled = False
+        return model, choice
     lowered, misses, layers = lower(proto)
     if layers[0] == 0:
         return fall_back("no layer could be lowered" + (f" ({misses[0]})" if misses else ""))

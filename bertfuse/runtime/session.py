@@ -23,7 +23,7 @@ import onnx
 from bertfuse.io.inputs import shape_probe
 from bertfuse.runtime.device import (GATE, SessionMaker, claim_thread, device_copy,
                                      device_memory_used, fetch, staging, upload)
-from bertfuse.runtime.kernels import choose
+from bertfuse.runtime.kernels import choose, file_identity
 from bertfuse.runtime.options import SessionOptions, session_options
 from bertfuse.runtime.pinned import new_stream
 from bertfuse.runtime.progress import check_progress, steps
@@ -69,7 +69,7 @@ class PaddedSession:
                                                    opts.batch_buckets, opts.seq_buckets)
         # The kernels this machine runs (runtime/kernels.py): lowered here, not at convert.
         proto, self.kernels = choose(proto, opts.kernels, opts.device, self.max_seq,
-                                     opts.provider_options)
+                                     opts.provider_options, source=file_identity(model))
         self.batch_buckets = bucket_list(opts.batch_buckets, self.max_batch)
         self.seq_buckets = bucket_list(opts.seq_buckets, self.max_seq)
         self.device, self.validate, self.pad = opts.device, opts.validate, opts.pad

@@ -8,6 +8,7 @@ written with bertfuse's ops, the lowering's coverage, and the comparison the che
 from __future__ import annotations
 
 import logging
+import os
 
 import numpy as np
 import onnx
@@ -158,3 +159,43 @@ def test_general_path_heads_reads_num_heads_and_the_qkv_weight(rng, hidden, head
     from bertfuse.runtime.kernels import general_path_heads
 
     assert general_path_heads(contrib(rng, hidden=hidden, heads=heads, inter=2 * hidden)) == want
+
+
+def test_a_second_session_of_the_same_file_reuses_the_decision(rng, monkeypatch, tmp_path):
+    """A pool's replicas (and restarts) of one model file decide once: the later ones reuse the
+    first decision instead of deciding (and running the device check) again, and say so;
+    another max_seq, or the file rewritten, decides anew; a missing library is not remembered
+    (a build in the meantime changes it)."""
+    from bertfuse.kernels import library
+    from bertfuse.runtime import kernels
+
+    monkeypatch.setenv("BERTFUSE_KERNELS_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(library, "detect_sm", lambda: 90)
+    monkeypatch.setattr(kernels, "_DECIDED", {})
+    tiny = contrib(rng, hidden=52, heads=2, inter=104)  # head size 26: auto keeps contrib
+    path = tmp_path / "model.onnx"
+    onnx.save(tiny, path)
+    decided = []
+    real = kernels._choose
+    monkeypatch.setattr(kernels, "_choose", lambda *a: decided.append(a) or real(*a))
+
+    def open_it(model=tiny, seq=64):
+        return choose(model, "auto", "cuda", seq, build=False, source=kernels.file_identity(str(path)))
+
+    _, first = open_it()
+    again_model, again = open_it()
+    assert len(decided) == 1
+    assert again.used == first.used == "ort" and again_model is tiny
+    assert again.reason.startswith(first.reason) and "first session" in again.reason
+    open_it(seq=128)
+    assert len(decided) == 2  # another max_seq: another decision
+    os.utime(path, ns=(1, 1))  # the file rewritten (a new mtime)
+    open_it()
+    assert len(decided) == 3
+    onnx.save(contrib(rng, hidden=64, heads=2, inter=128), path)  # covered: needs the library
+    for _ in range(2):
+        _, choice = open_it(onnx.load(path))
+        assert "not built" in choice.reason and "first session" not in choice.reason
+    assert len(decided) == 5
+    assert kernels.file_identity(tiny) is None
+    assert kernels.file_identity(str(tmp_path / "missing.onnx")) is None
