@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+
+import numpy as np
 from dataclasses import dataclass, field
 
 KERNELS_FORMS = ("ort", "both")  # bench --kernels: the contrib form alone, or both forms
@@ -179,11 +181,14 @@ def plan_rows(kernels: KernelsSetup | None, paths: dict[str, str], paired: bool 
 def format_comparison(results: list) -> str:
     """The two forms side by side, one line per workload and kernels row: p50, p99, seq/s,
     GPU time and kernel count (CUPTI), parity vs ORT raw fp32, and the ratios to the contrib
-    form's runtime (GPU time and p50)."""
+    form's runtime (GPU time and p50) and to the best peer's p50 (peers.py), the peers too."""
+    from bertfuse.bench.peers import PEER_ROWS, best_peer
+
     lines = ["| workload | variant | p50 (us) | p99 (us) | seq/s | GPU (us) | kernels | "
-             "GPU x contrib | p50 x contrib | max diff | mean diff |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    labels = [CONTRIB_DEFAULT, AUTO_ROW] + [label for label, _, _ in KERNELS_ROWS]
+             "GPU x contrib | p50 x contrib | p50 x best peer | max diff | mean diff |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    labels = [CONTRIB_DEFAULT, AUTO_ROW] + [label for label, _, _ in KERNELS_ROWS] + \
+        list(PEER_ROWS)
     base = {r.workload: r for r in results if r.variant == CONTRIB_DEFAULT}
     for r in results:
         if r.variant not in labels:
@@ -196,7 +201,9 @@ def format_comparison(results: list) -> str:
         gpu_x = (f"{r.gpu_us / b.gpu_us:.2f}" if b is not None and r.gpu_us and b.gpu_us
                  else "")
         p50_x = f"{r.p50_us / b.p50_us:.2f}" if b is not None else ""
+        peer = best_peer(results, r.workload)
+        peer_x = f"{r.p50_us / peer:.2f}" if np.isfinite(peer) else ""
         lines.append(f"| {r.workload} | {r.variant} | {r.p50_us:.1f} | {r.p99_us:.1f} | "
                      f"{r.seq_per_s:,.0f} | {gpu} | {r.kernels if r.kernels is not None else ''}"
-                     f" | {gpu_x} | {p50_x} | {r.max_diff:.2e} | {r.mean_diff:.2e} |")
+                     f" | {gpu_x} | {p50_x} | {peer_x} | {r.max_diff:.2e} | {r.mean_diff:.2e} |")
     return "\n".join(lines)

@@ -20,6 +20,7 @@ import onnx
 
 from bertfuse.bench.kernels import FIRST_ROW, KernelsSetup, plan_rows
 from bertfuse.bench.models import bound_session, memcpy_nodes, packed_form, prepare_models
+from bertfuse.bench.peers import best_peer, setup_peers
 from bertfuse.bench.timing import compare, time_calls, time_interleaved
 from bertfuse.io.inputs import padded_request as request
 from bertfuse.runtime.requests import model_facts
@@ -47,6 +48,7 @@ class Rows:
     kernels: KernelsSetup | None = None  # also the bertfuse-kernels form (kernels.py)
     ort_models: bool = True  # ORT raw fp16 and ORT's transformer optimizer
     paired: bool = False  # of the contrib runtime rows only those the kernels form has too
+    peers: bool = True  # ORT's optimizer on a PyTorch export, torch SDPA (peers.py)
 
 
 def run_workload(name: str, skeleton: str, batch: int, seq: int, iters: int, work: str,
@@ -101,7 +103,12 @@ def run_workload(name: str, skeleton: str, batch: int, seq: int, iters: int, wor
             built[label] = _runtime_session(paths[key], feeds, **kw)
         except Exception as exc:
             results.append(Result(name, label, note=f"failed: {str(exc).splitlines()[0][:200]}"))
-    timed = time_interleaved({label: call for label, (sess, call) in built.items()}, iters)
+    peers, peer_ref, peer_failed = (setup_peers(_metadata(paths["raw32"]), feeds, work)
+                                    if rows.peers else ({}, {}, {}))
+    results += [Result(name, label, note=why) for label, why in peer_failed.items()]
+    calls = {label: call for label, (sess, call) in built.items()}
+    calls.update({label: peer[0] for label, peer in peers.items()})  # the same rounds
+    timed = time_interleaved(calls, iters)
     for label, (sess, call) in built.items():
         res = Result(name, label, *timed[label])
         res.seq_per_s = batch / res.p50_us * 1e6
@@ -113,7 +120,19 @@ def run_workload(name: str, skeleton: str, batch: int, seq: int, iters: int, wor
         results.append(res)
         if profiles is not None and "synchronous" not in label:
             profiles.append((res, call))
+    for label, (call, outputs, note) in peers.items():
+        res = Result(name, label, *timed[label], note=f"{note}; parity vs its own fp32 torch "
+                     "forward (other random weights); inputs already on the device")
+        res.seq_per_s = batch / res.p50_us * 1e6
+        res.max_diff, res.mean_diff = compare(outputs(), peer_ref, mask)
+        results.append(res)
+        if profiles is not None:
+            profiles.append((res, call))
     return results + [Result(name, label, note=note) for label, note in skipped], paths
+
+
+def _metadata(path: str) -> dict[str, str]:
+    return {p.key: p.value for p in onnx.load(path, load_external_data=False).metadata_props}
 
 
 def _runtime_session(path: str, feeds: dict[str, np.ndarray], packed: bool = False,
@@ -214,13 +233,17 @@ def _dlpack_check(s, feeds: dict[str, np.ndarray], want: dict[str, np.ndarray]) 
 
 
 def format_table(results: list[Result]) -> str:
-    lines = ["| workload | variant | p50 (us) | p99 (us) | seq/s | x bertfuse | max diff | "
-             "mean diff | note |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| workload | variant | p50 (us) | p99 (us) | seq/s | x bertfuse | x best peer | "
+             "GPU (us) | wall - GPU (us) | max diff | mean diff | note |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     by_workload: dict[str, float] = {r.workload: r.p50_us for r in results
                                      if r.variant == "bertfuse fp16 runtime (arena + CUDA graph)"}
     for r in results:
         base = by_workload.get(r.workload, float("nan"))
+        peer = best_peer(results, r.workload)
+        gpu = f"{r.gpu_us:.1f}" if r.gpu_us else ""
+        host = f"{r.p50_us - r.gpu_us:.1f}" if r.gpu_us else ""
         lines.append(f"| {r.workload} | {r.variant} | {r.p50_us:.1f} | {r.p99_us:.1f} | "
-                     f"{r.seq_per_s:,.0f} | {r.p50_us / base:.2f} | {r.max_diff:.2e} | "
-                     f"{r.mean_diff:.2e} | {r.note} |")
+                     f"{r.seq_per_s:,.0f} | {r.p50_us / base:.2f} | {r.p50_us / peer:.2f} | "
+                     f"{gpu} | {host} | {r.max_diff:.2e} | {r.mean_diff:.2e} | {r.note} |")
     return "\n".join(lines)

@@ -49,6 +49,11 @@ class Bench(Command):
                        help="all (default): every runtime variant of the contrib form (mask forms, "
                             "pageable copy, packed); paired: only those the bertfuse-kernels form "
                             "has too (the runtime as shipped, raw mask only)")
+        g.add_argument("--peers", choices=("on", "off"), default="on",
+                       help="on (default): also time the peers in the same run, ORT's "
+                            "transformer optimizer on a PyTorch export of the same config and "
+                            "torch SDPA, both fp16 with CUDA graphs (need torch and "
+                            "transformers; else those rows say why)")
         k = p.add_argument_group("kernels")
         k.add_argument("--kernels", choices=KERNELS_FORMS, default="both",
                        help="ort: the fused model on ONNX Runtime's contrib kernels only; both "
@@ -105,7 +110,7 @@ def _bench(args: argparse.Namespace, work: str) -> dict:
         extra["kernels"] = kernels.to_json()
         print(f"bertfuse kernels: {kernels.library or 'not run: ' + kernels.reason}", flush=True)
     rows = Rows(kernels, ort_models=args.ort_rows == "all",
-                paired=args.runtime_rows == "paired")
+                paired=args.runtime_rows == "paired", peers=args.peers == "on")
     prepared: dict[str, dict[str, str]] = {}
     profiles: list = []
 

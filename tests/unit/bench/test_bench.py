@@ -70,19 +70,30 @@ def test_bench_format_table():
                R("large b1 s128", "ORT bert_tf fp16", note="failed: out of memory"),
                R("large b1 s128", "bertfuse fp16 runtime (arena + CUDA graph)", 300.0, 330.0,
                  3333.3, 1e-3, 1e-4)]
+    from bertfuse.bench.peers import ORT_PEER, TORCH_PEER
+
+    results[2].gpu_us = 80.0
+    results += [R("base b1 s128", ORT_PEER, 125.0, 140.0, 8000.0, 3e-3, 1e-4),
+                R("base b1 s128", TORCH_PEER, 200.0, 220.0, 5000.0, 3e-3, 1e-4),
+                R("large b1 s128", TORCH_PEER, note="failed: torch not installed")]
     lines = bench.format_table(results).splitlines()
     assert len(lines) == 2 + len(results)
     header = [c.strip() for c in lines[0].strip("|").split("|")]
-    assert header[:6] == ["workload", "variant", "p50 (us)", "p99 (us)", "seq/s", "x bertfuse"]
+    assert header[:9] == ["workload", "variant", "p50 (us)", "p99 (us)", "seq/s", "x bertfuse",
+                          "x best peer", "GPU (us)", "wall - GPU (us)"]
     assert lines[1].count("---") == len(header)
     rows = [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in lines[2:]]
     assert all(len(row) == len(header) for row in rows)
     assert [(row[0], row[1]) for row in rows] == [(r.workload, r.variant) for r in results]
     ratio = [row[5] for row in rows]
-    assert ratio == ["4.00", "1.50", "1.00", "nan", "1.00"]
+    assert ratio == ["4.00", "1.50", "1.00", "nan", "1.00", "1.25", "2.00", "nan"]
+    # against the best peer that ran in the same workload (ORT's, 125 us); none for large
+    assert [row[6] for row in rows] == ["3.20", "1.20", "0.80", "nan", "nan", "1.00", "1.60",
+                                        "nan"]
+    assert rows[2][7:9] == ["80.0", "20.0"] and rows[0][7:9] == ["", ""]
     assert rows[0][2] == "400.0" and rows[0][4] == "2,500"
-    assert rows[2][6] == "2.00e-03" and rows[2][8] == "CUDA graph"
-    assert rows[3][8] == "failed: out of memory"
+    assert rows[2][9] == "2.00e-03" and rows[2][11] == "CUDA graph"
+    assert rows[3][11] == "failed: out of memory"
 
 
 def test_time_interleaved_alternates_and_counts():
@@ -132,3 +143,22 @@ def test_packed_bench_tables_from_rows():
     assert "failed: CUDA out of memory" in text and "| 0.5 | 300.0 | 250.0 | 1.2 |" in text
     assert "| 2 | 100,000 (380/500) | 150,000 (380/500) | 160,000 (380/500) | " \
            "140,000 (380/500) | 1.5 | 1.6 | 1.4 | 0.00e+00 |" in text
+
+
+def test_peers_say_why_they_cannot_run_here():
+    """Without torch+transformers (or without a bert_config, or a GPU for torch), the peer rows
+    are notes naming what is missing, and the rest of the run goes on."""
+    from bertfuse.bench import peers
+
+    feeds = padded_request(2, 8, VOCAB)
+    got, ref, failed = peers.setup_peers({}, feeds, ".")
+    assert got == {} and ref == {} and set(failed) == set(peers.PEER_ROWS)
+    why = peers.missing_peer_packages()
+    note = next(iter(failed.values()))
+    assert note == (why or "the skeleton carries no bert_config to build the peers from")
+    assert peers.bert_config({"bert_config": '{"hidden_size": 8}'}) == {"hidden_size": 8}
+    assert peers.bert_config({}) is None
+    R = bench.Result
+    assert np.isnan(peers.best_peer([R("w", "ORT raw fp32", 1.0)], "w"))
+    assert peers.best_peer([R("w", peers.TORCH_PEER, 9.0), R("w", peers.ORT_PEER, 7.0),
+                            R("v", peers.ORT_PEER, 1.0), R("w", peers.ORT_PEER)], "w") == 7.0

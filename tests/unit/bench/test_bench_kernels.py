@@ -17,6 +17,7 @@ pytest.importorskip("onnx_graphsurgeon")
 from bertfuse import cli  # noqa: E402
 from bertfuse.bench.kernels import AUTO_ROW, CONTRIB_DEFAULT, CONTRIB_RAW_ONLY, FIRST_ROW, KERNELS_ROWS, KernelsSetup, \
     find_library, format_comparison, plan_rows, runtime_rows  # noqa: E402
+from bertfuse.bench.peers import ORT_PEER, TORCH_PEER  # noqa: E402
 from bertfuse.bench.models import prepare_models  # noqa: E402
 from bertfuse.bench.padded import Result  # noqa: E402
 from bertfuse.ops import BERTFUSE_DOMAIN  # noqa: E402
@@ -134,14 +135,19 @@ def test_comparison_table_puts_the_two_forms_side_by_side():
                Result("shenma-3l b20 s64", raw_only, 250.0, 290.0, 80000.0, 1.1e-2, 5e-4),
                Result("base b1 s128", CONTRIB_DEFAULT, 580.0, 700.0, 1724.0, 2e-2, 1e-3,
                       gpu_us=456.5, kernels=160),
-               Result("base b1 s128", kernels, note="not run: no CUDA GPU found")]
+               Result("base b1 s128", kernels, note="not run: no CUDA GPU found"),
+               Result("shenma-3l b20 s64", ORT_PEER, 296.0, 320.0, 67567.0, 4e-3, 3e-4,
+                      gpu_us=200.0, kernels=40),
+               Result("shenma-3l b20 s64", TORCH_PEER, 320.0, 350.0, 62500.0, 4e-3, 3e-4)]
     lines = format_comparison(results).splitlines()
-    assert len(lines) == 2 + 5  # ORT raw fp32 is not a row of this table
+    assert len(lines) == 2 + 7  # ORT raw fp32 is not a row of this table
     rows = [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in lines[2:]]
-    assert rows[1][:9] == ["shenma-3l b20 s64", kernels, "240.0", "280.0", "83,333", "184.0",
-                           "16", "0.80", "0.80"]
-    assert rows[2][5:9] == ["", "", "", "0.83"]  # no profile: no GPU time, no ratio
+    assert rows[1][:10] == ["shenma-3l b20 s64", kernels, "240.0", "280.0", "83,333", "184.0",
+                            "16", "0.80", "0.80", "0.81"]
+    assert rows[2][5:10] == ["", "", "", "0.83", "0.84"]  # no profile: no GPU time, no ratio
     assert rows[4] == ["base b1 s128", kernels, "not run: no CUDA GPU found"]
+    assert rows[5][1] == ORT_PEER and rows[5][9] == "1.00" and rows[6][9] == "1.08"
+    assert rows[3][9] == ""  # base b1 s128: no peer ran
 
 
 def test_bench_row_options(tmp_path, capsys):

@@ -1,0 +1,226 @@
+"""The peers bertfuse is timed against in the same `bertfuse bench` run: what a PyTorch user
+gets from ONNX Runtime and from torch itself, on the same BERT config with its own seeded
+random weights (the skeleton's config, transformers' BertModel).
+
+    config (skeleton metadata) ─► transformers BertModel, fp32, seeded
+      ├► eager attention ─► torch.onnx.export ─► ORT transformer optimizer (model_type bert,
+      │     fp16) ─► ORT CUDA EP + CUDA graph, IO binding      row "peer: ORT optimizer ..."
+      └► SDPA attention, fp16 ─► torch.cuda.CUDAGraph          row "peer: torch SDPA ..."
+
+Both peers time a replay on device-resident inputs (bertfuse's runtime rows also pay their
+own host->device copy of the request) and are checked against the same model's fp32 torch
+forward on valid positions: a peer that computes something else is no peer. Where torch or
+transformers is missing, the rows say so and the rest of the run goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Callable
+
+import numpy as np
+
+ORT_PEER = "peer: ORT optimizer on a PyTorch export, fp16 + CUDA graph"
+TORCH_PEER = "peer: torch SDPA fp16 + CUDA graph"
+PEER_ROWS = (ORT_PEER, TORCH_PEER)
+SEED = 0
+
+
+def bert_config(raw_metadata: dict[str, str]) -> dict | None:
+    """The model's bert_config (bertfuse writes it into the ONNX metadata), or None."""
+    text = raw_metadata.get("bert_config")
+    return json.loads(text) if text else None
+
+
+def torch_bert(cfg: dict, attention: str):
+    """transformers' BertModel of `cfg` (Google's bert_config keys), fp32, eval, seeded."""
+    import torch
+    import transformers
+
+    act = {"gelu": "gelu", "gelu_new": "gelu_new", "relu": "relu"}.get(cfg.get("hidden_act",
+                                                                            "gelu"), "gelu")
+    hf = transformers.BertConfig(
+        vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"],
+        num_hidden_layers=cfg["num_hidden_layers"],
+        num_attention_heads=cfg["num_attention_heads"],
+        intermediate_size=cfg["intermediate_size"], hidden_act=act,
+        max_position_embeddings=cfg.get("max_position_embeddings", 512),
+        type_vocab_size=cfg.get("type_vocab_size", 2), hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0)
+    hf._attn_implementation = attention  # "eager" | "sdpa"
+    torch.manual_seed(SEED)
+    return transformers.BertModel(hf, add_pooling_layer=True).eval()
+
+
+def encoder(model, classic: bool = False):
+    """BertModel's forward with the classic additive mask computed here, so the same code
+    traces for the ONNX export and captures into a CUDA graph (transformers' own mask helpers
+    may read the mask's values on the host, which a capture forbids).
+
+    classic: the layers written out as transformers 4's BertSelfAttention traced (view to
+    [B, S, heads, d], permute, q @ k^T / sqrt(d) + mask, softmax), the same weights and math:
+    the export form ORT's transformer optimizer fuses into Attention (its patterns predate
+    transformers 5's attention interface, whose export it leaves unfused)."""
+    import math
+
+    import torch
+
+    heads, hidden = model.config.num_attention_heads, model.config.hidden_size
+    size = hidden // heads
+
+    def split(x):
+        return x.view(x.size(0), x.size(1), heads, size).permute(0, 2, 1, 3)
+
+    def layers(h, ext):
+        for layer in model.encoder.layer:
+            sa, out = layer.attention.self, layer.attention.output
+            q, k, v = split(sa.query(h)), split(sa.key(h)), split(sa.value(h))
+            probs = (torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(size) + ext).softmax(-1)
+            ctx = torch.matmul(probs, v).permute(0, 2, 1, 3).contiguous()
+            h = out.LayerNorm(out.dense(ctx.view(ctx.size(0), ctx.size(1), hidden)) + h)
+            inner = layer.intermediate.intermediate_act_fn(layer.intermediate.dense(h))
+            h = layer.output.LayerNorm(layer.output.dense(inner) + h)
+        return h
+
+    class Encoder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.m = model
+
+        def forward(self, input_ids, input_mask, segment_ids):
+            h = self.m.embeddings(input_ids=input_ids, token_type_ids=segment_ids)
+            ext = (1.0 - input_mask[:, None, None, :].to(h.dtype)) * -10000.0
+            if classic:
+                seq = layers(h, ext)
+            else:
+                seq = self.m.encoder(h, attention_mask=ext)
+                seq = seq[0] if isinstance(seq, (tuple, list)) else seq.last_hidden_state
+            return seq, self.m.pooler(seq)
+
+    return Encoder()
+
+
+def reference(cfg: dict, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The fp32 torch forward (CPU) both peers are checked against."""
+    import torch
+
+    enc = encoder(torch_bert(cfg, "eager"))
+    with torch.no_grad():
+        seq, pooled = enc(*_torch_inputs(feeds, "cpu"))
+    return {"sequence_output": seq.double().numpy(), "pooled_output": pooled.double().numpy()}
+
+
+def _torch_inputs(feeds: dict[str, np.ndarray], device: str) -> tuple:
+    import torch
+
+    # int32 as bertfuse's rows get them (torch's embedding takes int32 indices)
+    return tuple(torch.from_numpy(feeds[k].astype(np.int32)).to(device)
+                 for k in ("input_ids", "input_mask", "segment_ids"))
+
+
+def export_ort_peer(cfg: dict, feeds: dict[str, np.ndarray], workdir: str) -> tuple[str, str]:
+    """The PyTorch export through ORT's transformer optimizer, fp16: (path, fused-op note)."""
+    import torch
+    from onnxruntime.transformers import optimizer
+
+    enc = encoder(torch_bert(cfg, "eager"), classic=True)
+    raw = os.path.join(workdir, "peer_torch_export.onnx")
+    axes = {0: "batch", 1: "seq"}
+    with torch.no_grad():
+        torch.onnx.export(enc, _torch_inputs(feeds, "cpu"), raw, dynamo=False, opset_version=17,
+                          input_names=["input_ids", "input_mask", "segment_ids"],
+                          output_names=["sequence_output", "pooled_output"],
+                          dynamic_axes={"input_ids": axes, "input_mask": axes,
+                                        "segment_ids": axes, "sequence_output": axes,
+                                        "pooled_output": {0: "batch"}})
+    opt = optimizer.optimize_model(raw, model_type="bert", num_heads=cfg["num_attention_heads"],
+                                   hidden_size=cfg["hidden_size"], use_gpu=True)
+    fused = {k: v for k, v in opt.get_fused_operator_statistics().items() if v}
+    opt.convert_float_to_float16(keep_io_types=True)
+    path = os.path.join(workdir, "peer_ort_opt16.onnx")
+    opt.save_model_to_file(path)
+    return path, "ORT fused: " + json.dumps(fused)
+
+
+def torch_graph_call(cfg: dict, feeds: dict[str, np.ndarray]) -> tuple[Callable, Callable]:
+    """(call, outputs): one replay of a CUDA graph of the SDPA fp16 model on device inputs,
+    synchronised; outputs() reads the graph's output buffers to the host."""
+    import torch
+
+    enc = encoder(torch_bert(cfg, "sdpa")).half().cuda()
+    inputs = _torch_inputs(feeds, "cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.no_grad(), torch.cuda.stream(stream):
+        for _ in range(3):  # warm-up outside the capture: cuBLAS handles, SDPA's choice
+            enc(*inputs)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(graph):
+        out = enc(*inputs)
+
+    def call() -> None:
+        graph.replay()
+        torch.cuda.synchronize()
+
+    def outputs() -> dict[str, np.ndarray]:
+        return {"sequence_output": out[0].float().cpu().numpy(),
+                "pooled_output": out[1].float().cpu().numpy()}
+
+    return call, outputs
+
+
+def missing_peer_packages() -> str:
+    """Why the peers cannot run here ('' when they can)."""
+    try:
+        import torch
+        import transformers  # noqa: F401
+    except ImportError as exc:
+        return f"peers need torch and transformers ({exc.name} not installed)"
+    if not torch.cuda.is_available():
+        return "peers need torch with CUDA (torch.cuda.is_available() is False)"
+    return ""
+
+
+Peer = tuple[Callable[[], object], Callable[[], dict], str]  # (timed call, outputs, note)
+
+
+def setup_peers(metadata: dict[str, str], feeds: dict[str, np.ndarray],
+                workdir: str) -> tuple[dict[str, Peer], dict[str, np.ndarray], dict[str, str]]:
+    """The peers' timed calls by row label, their fp32 reference, and the rows that could not
+    run with why."""
+    why = missing_peer_packages()
+    cfg = bert_config(metadata)
+    if not why and cfg is None:
+        why = "the skeleton carries no bert_config to build the peers from"
+    if why:
+        return {}, {}, {label: why for label in PEER_ROWS}
+    from bertfuse.bench.models import bound_session
+
+    peers: dict[str, Peer] = {}
+    failed: dict[str, str] = {}
+    ref = reference(cfg, feeds)
+    try:
+        path, note = export_ort_peer(cfg, feeds, workdir)
+        fn, outs, sess, keep = bound_session(path, feeds, graph=True)
+
+        def ort_outputs(outs=outs, sess=sess, keep=keep) -> dict:  # keeps both alive
+            return {k: v.numpy() for k, v in outs.items()}
+
+        peers[ORT_PEER] = (fn, ort_outputs, note)
+    except Exception as exc:  # noqa: BLE001 (a peer that cannot run is a row that says why)
+        failed[ORT_PEER] = f"failed: {str(exc).splitlines()[0][:160] if str(exc) else exc!r}"
+    try:
+        call, outputs = torch_graph_call(cfg, feeds)
+        peers[TORCH_PEER] = (call, outputs, "transformers BertModel, attn_implementation sdpa")
+    except Exception as exc:  # noqa: BLE001
+        failed[TORCH_PEER] = f"failed: {str(exc).splitlines()[0][:160] if str(exc) else exc!r}"
+    return peers, ref, failed
+
+
+def best_peer(results: list, workload: str) -> float:
+    """The best (lowest) peer p50 of a workload, NaN where no peer ran."""
+    p50s = [r.p50_us for r in results
+            if r.workload == workload and r.variant in PEER_ROWS and np.isfinite(r.p50_us)]
+    return min(p50s) if p50s else float("nan")
