@@ -23,23 +23,37 @@ def bound_session(path: str, feeds: dict[str, np.ndarray], graph: bool = False,
 
     from bertfuse.io.ort import make_session
 
-    sess = make_session(path, device="cuda",
-                        cuda_options={"enable_cuda_graph": "1" if graph else "0", **(extra or {})},
-                        config={"session.disable_cpu_ep_fallback": "1"} if strict_gpu else None)
-    io = sess.io_binding()
-    keep = []
-    names = {i.name for i in sess.get_inputs()}
-    for k, v in feeds.items():
-        if k in names:
-            ov = ort.OrtValue.ortvalue_from_numpy(v, "cuda", 0)
-            keep.append(ov)
-            io.bind_ortvalue_input(k, ov)
-    # One probe run with ORT-allocated outputs gives the shapes; then bind fixed buffers.
-    for o in sess.get_outputs():
+    def open_bound(cuda_graph: bool):
+        sess = make_session(path, device="cuda",
+                            cuda_options={"enable_cuda_graph": "1" if cuda_graph else "0",
+                                          **(extra or {})},
+                            config={"session.disable_cpu_ep_fallback": "1"} if strict_gpu
+                            else None)
+        io = sess.io_binding()
+        names = {i.name for i in sess.get_inputs()}
+        for k, v in feeds.items():
+            if k in names:
+                ov = ort.OrtValue.ortvalue_from_numpy(v, "cuda", 0)
+                keep.append(ov)
+                io.bind_ortvalue_input(k, ov)
+        return sess, io
+
+    keep: list = []
+    # One probe run with ORT-allocated outputs gives the shapes, then fixed buffers are bound.
+    # With CUDA graphs the probe runs on a session of its own: the graph session's first run
+    # captures, and a graph captured into the probe's buffers would keep writing there.
+    probe, io = open_bound(False)
+    for o in probe.get_outputs():
         io.bind_output(o.name, "cuda")
-    sess.run_with_iobinding(io)
+    probe.run_with_iobinding(io)
     shapes = [v.shape() for v in io.get_outputs()]
-    io.clear_binding_outputs()
+    if graph:
+        del probe, io
+        keep.clear()
+        sess, io = open_bound(True)
+    else:
+        sess = probe
+        io.clear_binding_outputs()
     outs = {}
     for o, shape in zip(sess.get_outputs(), shapes):
         outs[o.name] = ort.OrtValue.ortvalue_from_shape_and_type(shape, np.float32, "cuda", 0)

@@ -160,7 +160,7 @@ def torch_graph_call(cfg: dict, feeds: dict[str, np.ndarray]) -> tuple[Callable,
     with torch.no_grad(), torch.cuda.graph(graph):
         out = enc(*inputs)
 
-    def call() -> None:
+    def call(keep=(enc, inputs)) -> None:  # the graph reads their memory: it must outlive them
         graph.replay()
         torch.cuda.synchronize()
 
