@@ -27,6 +27,11 @@ class FusionIncomplete(BertfuseError):
     exit_code = 1
 
 
+class CudaUnavailableError(BertfuseError):
+    """A session was asked for on CUDA, and ONNX Runtime's CUDA execution provider did not
+    start (onnxruntime without CUDA, no GPU or driver, a CUDA/cuDNN library not found)."""
+
+
 class MissingDependency(BertfuseError, ImportError):
     """An optional package the command needs is not installed (exit 2, with the pip line)."""
 

@@ -16,6 +16,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Mapping, Union
 
+from bertfuse.errors import CudaUnavailableError
+
 if TYPE_CHECKING:
     import onnx
 
@@ -65,4 +67,13 @@ def make_session(model: Model, *, device: str = "cpu",
         data = bytes(model)
     else:  # a ModelProto past protobuf's 2 GB: save it first (io.model.scratch_file)
         data = model.SerializeToString()
-    return ort.InferenceSession(data, opts, providers=providers)
+    sess = ort.InferenceSession(data, opts, providers=providers)
+    if device == "cuda" and "CUDAExecutionProvider" not in sess.get_providers():
+        # ORT falls back to the CPU with a warning; every device-bound call would then fail
+        # on the first request, far from the cause.
+        raise CudaUnavailableError(
+            f"ONNX Runtime {ort.__version__} did not start its CUDA execution provider (no "
+            "GPU or driver, onnxruntime without CUDA, or a CUDA/cuDNN library it needs not "
+            "found: ONNX Runtime's log line above says which); pip install "
+            "'bertfuse[gpu]' on a CUDA 13 host, or use device='cpu'")
+    return sess

@@ -28,7 +28,7 @@ from typing import Any, Callable
 import numpy as np
 import onnx
 
-from bertfuse.errors import BertfuseError
+from bertfuse.errors import BertfuseError, CudaUnavailableError
 from bertfuse.ops.contract import BERTFUSE_DOMAIN, TOLERANCES
 from bertfuse.runtime.requests import ConfigError, model_facts
 
@@ -183,6 +183,8 @@ def _choose(proto: onnx.ModelProto, kernels: str, device: str, max_seq: int,
     try:
         worst_max, worst_mean, bad = device_check(proto, lowered, library, max_seq,
                                                   provider_options)
+    except CudaUnavailableError:  # no CUDA at all: the session itself cannot open either
+        raise
     except Exception as exc:  # noqa: BLE001 (any failure to run the lowered form is a fallback)
         first = (str(exc).splitlines() or [type(exc).__name__])[0][:240]
         return fall_back(f"the lowered form failed on the device ({first})")

@@ -7,6 +7,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import types
+
 import numpy as np
 import onnx
 import pytest
@@ -34,8 +36,12 @@ def _matmul(n: int = 4) -> onnx.ModelProto:
 def recorded(monkeypatch) -> list:
     """InferenceSession replaced by a recorder of (model, options, providers)."""
     calls: list = []
-    monkeypatch.setattr(ort, "InferenceSession",
-                        lambda model, opts, providers: calls.append((model, opts, providers)))
+    def record(model, opts, providers):
+        calls.append((model, opts, providers))
+        names = [p[0] if isinstance(p, tuple) else p for p in providers]
+        return types.SimpleNamespace(get_providers=lambda: names)
+
+    monkeypatch.setattr(ort, "InferenceSession", record)
     return calls
 
 
@@ -115,3 +121,22 @@ def test_import_loads_no_onnxruntime():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=ROOT, timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.skipif("CUDAExecutionProvider" in ort.get_available_providers(),
+                    reason="this onnxruntime has CUDA")
+def test_cuda_that_does_not_start_is_one_line_at_open_not_at_the_first_request(tiny_onnx):
+    """ORT falls back to the CPU when its CUDA EP cannot start (here: a CPU-only build); a
+    session asked for on CUDA says so when it is opened."""
+    from bertfuse.errors import CudaUnavailableError
+    from bertfuse.runtime import Session
+
+    with pytest.raises(CudaUnavailableError, match="did not start its CUDA execution provider"):
+        make_session(_matmul(), device="cuda")
+    from bertfuse.errors import BertfuseError
+
+    # A Session refuses it at open as well (here the earlier check that onnxruntime lists the
+    # CUDA EP at all; on a host where it lists it and cannot start it, the error above).
+    for precision in ("fp32", "fp16"):
+        with pytest.raises(BertfuseError, match="CUDA|onnxruntime-gpu"):
+            Session(tiny_onnx[precision], max_batch=2, max_seq=8, device="cuda")
