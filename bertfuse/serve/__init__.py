@@ -1,12 +1,15 @@
 """`bertfuse serve`: bertfuse's runtime on Ray Serve, in rooms that import only downwards:
 
-    guard (headers, token, body read as it    ┐
-           arrives, JSON depth, surrogates)   │
-    config (ServeConfig, checked keywords)    ├─► app (the Serve deployment: a warmed Session
-    requests (JSON body -> checked arrays;    │        per replica, serve.batch, HTTP routes)
-              a batch -> one run -> split)    ┘
-    haproxy_conf (limits added to Serve's HAProxy config) ─► ingress
-                                                 ─► api (deploy() -> Served) ─► command (CLI)
+    guard (headers, token, body read as it arrives, JSON depth, surrogates)
+      ─► config (ServeConfig, checked keywords)
+      ─► requests (JSON body -> checked arrays; a batch -> one run -> split)
+           ─► oip (the Open Inference Protocol, KServe v2 as Triton speaks it: /v2 routes)
+    config, requests, oip ─► app (the Serve deployment: a warmed Session per replica,
+                                  serve.batch, the HTTP routes of both protocols)
+    haproxy_conf (limits added to Serve's HAProxy config)
+      ─► http_limits (the same limits in uvicorn, for the proxy and direct ingresses)
+      ─► ingress (auto | proxy | direct | haproxy)
+    app, ingress ─► api (deploy() -> Served) ─► command (CLI)
 
     served = bertfuse.serve.deploy(model="model.onnx", max_batch=32, vocab="vocab.txt")
     ... POST served.url + "v1/infer" ...

@@ -188,7 +188,9 @@ class ServeFailed(BertfuseError):
 def deploy(model: Any = None, **kwargs: Any) -> Served:
     """Serves `model` (a bertfuse-converted .onnx) on Ray Serve; keywords are ServeConfig's
     fields (bertfuse/serve/config.py), checked before Ray starts. Returns when every replica
-    is warm and taking requests."""
+    is warm and taking requests. status: called with each start-up stage's name as it
+    starts (the CLI's progress lines)."""
+    say = kwargs.pop("status", None) or (lambda stage: None)
     cfg = check_config(model, **kwargs)
     import ray
     from ray import serve
@@ -205,6 +207,7 @@ def deploy(model: Any = None, **kwargs: Any) -> Served:
         raise BertfuseError(f"ingress {cfg.ingress!r} is switched on when Ray starts; this "
                             "process already runs Ray: deploy() must start it")
     if not ray.is_initialized():
+        say("ray cluster")
         _importable_by_workers()
         max_body = body_limit(cfg.max_batch, cfg.max_seq)
         with ingress_environment(cfg.ingress, cfg.metrics_host, max_body) as scratch:
@@ -219,6 +222,7 @@ def deploy(model: Any = None, **kwargs: Any) -> Served:
                                     "Ray cluster's Serve; choose another name")
             url_host, url_port = _running_http(cfg)
         else:
+            say("serve start")
             port_free(cfg.host, cfg.port)
             with signal_handlers_kept():
                 serve.start(http_options={"host": cfg.host, "port": cfg.port},
@@ -231,6 +235,7 @@ def deploy(model: Any = None, **kwargs: Any) -> Served:
             max_ongoing_requests=max(4 * cfg.max_batch, 16),
             graceful_shutdown_timeout_s=DRAIN_S).bind(spec)
         prefix = "/" if started_serve else f"/{cfg.name}"
+        say("deploy replicas")  # each replica builds and warms its Session
         with signal_handlers_kept():
             try:
                 deployed = True
@@ -240,6 +245,7 @@ def deploy(model: Any = None, **kwargs: Any) -> Served:
         url = f"http://{_url_host(url_host)}:{url_port}{prefix.rstrip('/')}/"
         urls = replica_urls(cfg.name, _url_host(url_host)) if cfg.ingress == "direct" else [url]
         if cfg.ingress == "haproxy":
+            say("haproxy routes")
             wait_routed(url)
     except BaseException as exc:
         try:

@@ -170,26 +170,8 @@ class BertfuseReplica:
             self.m_requests.inc(tags={"status": str(exc.status)})
             raise
         joined = time.perf_counter()
-        # Alone in this replica, a request neither waits for company that is not coming nor
-        # goes through serve.batch's queue and tasks: straight to the session. With others in
-        # flight it joins a batch (a batch of one takes the same combine, run and split).
-        alone = self.inflight == 0
-        self.inflight += 1
-        try:
-            if alone:
-                self.counts["alone"] += 1
-                result = (await self._run([parsed], parsed.outputs))[0]
-            else:
-                result = await self._batch(parsed)
-        except Exception as exc:  # a bug or a device failure: one line, not a traceback
-            self.m_requests.inc(tags={"status": "500"})
-            why = (str(exc).strip().splitlines() or [""])[0][:200]
-            return json_response(500, {"error": f"internal error: {type(exc).__name__}: {why}"})
-        finally:
-            self.inflight -= 1
+        result = await self.answer(parsed)
         back = time.perf_counter()
-        self.counts["requests"] += 1
-        self.m_requests.inc(tags={"status": "200"})
         response = body_response(encode_body(result, parsed.encoding))
         end = time.perf_counter()
         run_start, run_end = parsed.ran
@@ -198,6 +180,30 @@ class BertfuseReplica:
                             ("encode", end - back), ("request", end - start)):
             self.times[stage].append(took)
         return response
+
+    async def answer(self, parsed: Parsed) -> dict[str, np.ndarray]:
+        """A checked request's outputs, for /v1/infer and /v2's infer alike, counted. Alone in
+        this replica, a request neither waits for company that is not coming nor goes through
+        serve.batch's queue and tasks: straight to the session. With others in flight it
+        joins a batch (a batch of one takes the same combine, run and split). A bug or a
+        device failure is a 500 with one line, not a traceback."""
+        alone = self.inflight == 0
+        self.inflight += 1
+        try:
+            if alone:
+                self.counts["alone"] += 1
+                result = (await self._run([parsed], parsed.outputs))[0]
+            else:
+                result = await self._batch(parsed)
+        except Exception as exc:
+            self.m_requests.inc(tags={"status": "500"})
+            why = (str(exc).strip().splitlines() or [""])[0][:200]
+            raise HTTPError(500, f"internal error: {type(exc).__name__}: {why}") from None
+        finally:
+            self.inflight -= 1
+        self.counts["requests"] += 1
+        self.m_requests.inc(tags={"status": "200"})
+        return result
 
     def _readyz(self) -> Response:
         if self.ready and not self.pool._closed:

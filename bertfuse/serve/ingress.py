@@ -11,7 +11,8 @@ inherit:
 The flags are read when Serve's processes start, so a non-proxy ingress needs a Ray that
 deploy() starts itself. HAProxy's files go to a private temporary folder and its stats,
 metrics and fallback ports are free ones, so two deployments on one machine do not collide.
-`auto` (the default) is haproxy where it can be (auto_ingress says when), else proxy.
+`auto` (the default) is haproxy where it can be (auto_ingress says when), else proxy. With
+proxy and direct, the local Ray's uvicorns get HAProxy's limits too (http_limits.py).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any, Iterator
 
 from bertfuse.ray_cluster import process_start
 from bertfuse.serve.haproxy_conf import CLIENT_TIMEOUT_S, wrapper
+from bertfuse.serve.http_limits import env as limits_env
 
 
 # HAProxy's files: short, since Ray nests a 56-character folder in it and HAProxy's socket
@@ -133,11 +135,13 @@ REPLICA_HTTP = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
                 "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2"}
 
 
-def ingress_env(ingress: str, folder: str) -> dict[str, str]:
+def ingress_env(ingress: str, folder: str, max_body: int) -> dict[str, str]:
     """The environment flags that select `ingress` (HAProxy's files under `folder`, its
-    binary the wrapper there: haproxy_conf.py)."""
+    binary the wrapper there: haproxy_conf.py). Serve's proxy and direct ingress get
+    HAProxy's limits in their uvicorns (http_limits.py); behind HAProxy the replicas' one
+    client is HAProxy, which holds to them itself."""
     if ingress == "direct":
-        return {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1", **REPLICA_HTTP}
+        return {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1", **REPLICA_HTTP, **limits_env(max_body)}
     if ingress == "haproxy":
         return {"RAY_SERVE_ENABLE_HA_PROXY": "1", **REPLICA_HTTP,
                 "RAY_SERVE_HAPROXY_BINARY_PATH": os.path.join(folder, "haproxy"),
@@ -150,7 +154,7 @@ def ingress_env(ingress: str, folder: str) -> dict[str, str]:
                 "RAY_SERVE_HAPROXY_STATS_PORT": str(_free_port()),
                 "RAY_SERVE_HAPROXY_METRICS_PORT": str(_free_port()),
                 "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(_free_port())}
-    return {}
+    return limits_env(max_body)
 
 
 @contextmanager
@@ -170,7 +174,7 @@ def ingress_environment(ingress: str, metrics_host: str, max_body: int
         with open(script, "w") as f:
             f.write(wrapper(real or "haproxy", metrics_host, max_body))
         os.chmod(script, 0o700)
-    env = ingress_env(ingress, folder or "")
+    env = ingress_env(ingress, folder or "", max_body)
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:

@@ -34,7 +34,7 @@ from starlette.responses import Response
 from bertfuse._version import __version__
 from bertfuse.runtime.requests import RequestError, check_request
 from bertfuse.serve.guard import HTTPError, check_depth, check_post, read_body
-from bertfuse.serve.requests import Parsed, _from_text, _outputs, _request_message
+from bertfuse.serve.requests import Parsed, from_text, pick_outputs, request_message
 
 HEADER = "inference-header-content-length"
 VERSION = "1"
@@ -51,7 +51,7 @@ def _response(status: int, data: Any, headers: dict | None = None) -> Response:
 
 class OIP:
     """The /v2 routes of one replica (BertfuseReplica: facts, limits, outputs, tokenizer,
-    spec, counts, _run and _batch). out_dims: declared output dims ('B', 'S', 768)."""
+    spec, counts, answer). out_dims: declared output dims ('B', 'S', 768)."""
 
     def __init__(self, replica: Any, out_dims: dict[str, tuple]) -> None:
         self.r = replica
@@ -118,21 +118,7 @@ class OIP:
             self.r.counts["errors"] += 1
             self.r.m_requests.inc(tags={"status": str(exc.status)})
             raise
-        self.r.inflight += 1
-        try:
-            if self.r.inflight == 1:  # alone: straight to the session, as /v1/infer does
-                self.r.counts["alone"] += 1
-                result = (await self.r._run([parsed], parsed.outputs))[0]
-            else:
-                result = await self.r._batch(parsed)
-        except Exception as exc:  # a bug or a device failure: one line, not a traceback
-            self.r.m_requests.inc(tags={"status": "500"})
-            why = (str(exc).strip().splitlines() or [""])[0][:200]
-            return _response(500, {"error": f"internal error: {type(exc).__name__}: {why}"})
-        finally:
-            self.r.inflight -= 1
-        self.r.counts["requests"] += 1
-        self.r.m_requests.inc(tags={"status": "200"})
+        result = await self.r.answer(parsed)  # /v1/infer's batch or straight path
         response = self.encode(result, rid, binary)
         self.r.times["request"].append(time.perf_counter() - start)
         return response
@@ -217,7 +203,7 @@ class OIP:
             flat = _flat(data)
             if len(flat) != count or not all(isinstance(s, str) for s in flat):
                 raise HTTPError(400, f"input {name!r}: data must be {count} strings")
-            return name, flat, at  # lone surrogates: _from_text's check_text
+            return name, flat, at  # lone surrogates: from_text's check_text
         return name, _ints(data, shape, name, strict), at
 
     def _arrays(self, given: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -228,7 +214,7 @@ class OIP:
         if has_text:
             if "text_pair" in given and len(given["text_pair"]) != len(given.get("text", [])):
                 raise HTTPError(400, "text_pair must have as many rows as text")
-            feeds = _from_text(given, self.r.tokenizer)
+            feeds = from_text(given, self.r.tokenizer)
             given = {r: v for r, v in feeds.items() if r in self.r.facts.inputs}
         if "input_ids" not in given:
             raise HTTPError(400, "input_ids is required (or text, when the server has a vocab)")
@@ -238,18 +224,18 @@ class OIP:
             return check_request(given, self.r.facts, self.r.limits.max_rows,
                                  self.r.limits.max_seq)
         except RequestError as exc:
-            raise HTTPError(400, _request_message(str(exc), self.r.limits)) from None
+            raise HTTPError(400, request_message(str(exc), self.r.limits)) from None
 
     def _outputs(self, value: Any, all_binary: Any) -> tuple[list[str], set[str]]:
         if all_binary is not None and not isinstance(all_binary, bool):
             raise HTTPError(400, "parameters.binary_data_output must be true or false")
         if value is None:
-            names = _outputs(None, self.r.outputs)
+            names = pick_outputs(None, self.r.outputs)
             return names, set(names) if all_binary else set()
         if not isinstance(value, list) or not all(
                 isinstance(o, dict) and isinstance(o.get("name"), str) for o in value):
             raise HTTPError(400, "outputs must be a list of {\"name\": ...} objects")
-        names = _outputs([o["name"] for o in value], self.r.outputs)
+        names = pick_outputs([o["name"] for o in value], self.r.outputs)
         binary = set()
         for o in value:
             flag = _dict(o.get("parameters"), f"output {o['name']!r} parameters").get(

@@ -91,7 +91,7 @@ def parse_body(body: bytes, facts: ModelFacts, limits: Limits, served: Sequence[
     unknown = sorted(k for k in data if k not in FIELDS)
     if unknown:
         raise HTTPError(400, f"unknown field {unknown[0]!r}; fields are {', '.join(FIELDS)}")
-    outputs = _outputs(data.get("outputs"), served)
+    outputs = pick_outputs(data.get("outputs"), served)
     encoding = data.get("encoding", "json")
     if encoding not in ENCODINGS:
         raise HTTPError(400, f"encoding must be 'json' or 'base64', not {encoding!r}")
@@ -99,7 +99,7 @@ def parse_body(body: bytes, facts: ModelFacts, limits: Limits, served: Sequence[
     if has_text and any(r in data for r in ROLES):
         raise HTTPError(400, "send either text (and text_pair) or ids, not both")
     bools = b"true" in body or b"false" in body  # else numpy's conversion is exact
-    given = _from_text(data, tokenizer) if has_text else \
+    given = from_text(data, tokenizer) if has_text else \
         {r: _ids(data.get(r), r, bools) for r in ROLES}
     if given["input_ids"] is None:
         raise HTTPError(400, "input_ids is required (or text, when the server has a vocab)")
@@ -110,11 +110,13 @@ def parse_body(body: bytes, facts: ModelFacts, limits: Limits, served: Sequence[
     try:
         arrays = check_request(given, facts, limits.max_rows, limits.max_seq)
     except RequestError as exc:
-        raise HTTPError(400, _request_message(str(exc), limits)) from None
+        raise HTTPError(400, request_message(str(exc), limits)) from None
     return Parsed(arrays, outputs, encoding)
 
 
-def _outputs(value: Any, served: Sequence[str]) -> list[str]:
+def pick_outputs(value: Any, served: Sequence[str]) -> list[str]:
+    """The outputs a request names (a name or a list; None: every served one), checked
+    against those the server serves."""
     if value is None:
         return list(served)
     names = [value] if isinstance(value, str) else value
@@ -203,7 +205,8 @@ def _tensor(value: dict, role: str) -> np.ndarray:
     return np.frombuffer(raw, dtype).reshape(shape)
 
 
-def _from_text(data: dict, tokenizer: Any) -> dict[str, Any]:
+def from_text(data: dict, tokenizer: Any) -> dict[str, Any]:
+    """data's text (and text_pair) through the server's tokenizer: its feeds, or a 400."""
     if tokenizer is None:
         raise HTTPError(400, "this server takes ids only: it was started without --vocab, so "
                              "it cannot tokenize text")
@@ -219,7 +222,7 @@ def _from_text(data: dict, tokenizer: Any) -> dict[str, Any]:
     return batch.feeds()
 
 
-def _request_message(message: str, limits: Limits) -> str:
+def request_message(message: str, limits: Limits) -> str:
     """The runtime's words, with the server's limits where they are meant."""
     if message.startswith("batch "):
         return f"{message.split(' outside')[0]} rows: a request holds 1..{limits.max_rows} " \

@@ -1,0 +1,168 @@
+"""HAProxy's limits (haproxy_conf.py) for the ingresses without HAProxy. Serve's proxy and each
+direct-ingress replica answer HTTP with uvicorn, which has no header-read timeout (a client
+sending one header byte a second holds its connection for ever), no cap on one client's
+connections, and tells an `Expect: 100-continue` client to go on as soon as Serve's code
+reads the body, before the replica could refuse its length. Serve builds uvicorn's Config
+itself, with no place for any of this, but calls RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH in
+both processes just before it starts uvicorn: callback() swaps uvicorn's protocol class for
+a subclass with the limits.
+
+    Serve's proxy / replica ─► configure_http_middlewares ─► callback() ─► install(limits)
+                            ─► uvicorn.Config.load (resolves "auto": the subclass) ─► serve
+
+What the subclass adds, per connection:
+    the request line and headers within HEADER_TIMEOUT_S of their first byte (or of the
+    connection): else 408 and closed (closed silently where no byte came)
+    at most CLIENT_CONNS connections at once from one address (the rest closed at once)
+    a Content-Length past max_body answered 413 before the app runs: never `100 Continue`
+
+The limits travel in ENV (ingress_env sets it for the local Ray's processes, which inherit
+it); a process without it gets nothing changed. The body's own deadline and byte count are
+the replica's (guard.read_body), whichever ingress.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+ENV = "BERTFUSE_HTTP_LIMITS"  # "MAX_BODY HEADER_TIMEOUT_S CLIENT_CONNS"
+CALLBACK = "bertfuse.serve.http_limits.callback"
+SERVE_CALLBACK = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
+# A callback of the user's own (SERVE_CALLBACK set before bertfuse serve started): still called
+NEXT = "BERTFUSE_HTTP_NEXT_CALLBACK"
+
+
+@dataclass(frozen=True)
+class HTTPLimits:
+    max_body: int
+    header_timeout_s: float
+    client_conns: int
+
+    def to_env(self) -> str:
+        return f"{self.max_body} {self.header_timeout_s:g} {self.client_conns}"
+
+    @classmethod
+    def from_env(cls, value: str) -> "HTTPLimits":
+        body, timeout, conns = value.split()
+        return cls(int(body), float(timeout), int(conns))
+
+
+def callback() -> list[Any]:
+    """Serve's proxy callback: installs the limits in ENV (if any); adds no middleware."""
+    value = os.environ.get(ENV, "")
+    if value:
+        install(HTTPLimits.from_env(value))
+    if os.environ.get(NEXT):
+        from ray._common.utils import import_attr
+
+        return list(import_attr(os.environ[NEXT])())
+    return []
+
+
+def env(max_body: int) -> dict[str, str]:
+    """The flags that put the limits (haproxy_conf's, max_body) in the local Ray's uvicorns."""
+    from bertfuse.serve.haproxy_conf import CLIENT_CONNS, HEADER_TIMEOUT_S
+
+    out = {ENV: HTTPLimits(max_body, HEADER_TIMEOUT_S, CLIENT_CONNS).to_env(),
+           SERVE_CALLBACK: CALLBACK}
+    if os.environ.get(SERVE_CALLBACK, CALLBACK) != CALLBACK:
+        out[NEXT] = os.environ[SERVE_CALLBACK]
+    return out
+
+
+def install(limits: HTTPLimits) -> bool:
+    """uvicorn's "auto" HTTP protocol becomes one with `limits`, for every uvicorn Config
+    loaded after this in this process. False where uvicorn's protocol is not httptools'
+    (its h11 one has other hooks): nothing changed."""
+    import uvicorn.protocols.http.auto as auto
+
+    base = getattr(auto.AutoHTTPProtocol, "_bertfuse_base", auto.AutoHTTPProtocol)
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    except ImportError:
+        return False
+    if not issubclass(base, HttpToolsProtocol):
+        return False
+    auto.AutoHTTPProtocol = limited(base, limits)
+    return True
+
+
+def limited(base: type, limits: HTTPLimits) -> type:
+    """A subclass of uvicorn's HttpToolsProtocol `base` that holds to `limits`."""
+    per_client: Counter[str] = Counter()  # open connections by source address, this process
+
+    async def too_large(scope: Any, receive: Any, send: Any) -> None:
+        """Answers without reading the body (so uvicorn never sends 100 Continue)."""
+        body = json.dumps({"error": f"request body of more than {limits.max_body} bytes is "
+                                    "over the limit"}).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(body)).encode()),
+                                (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": body})
+
+    class Limited(base):  # type: ignore[misc, valid-type]
+        _bertfuse_base = base
+        _bertfuse_limits = limits
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._peer = (self.client or ("?", 0))[0]
+            per_client[self._peer] += 1
+            self._began = False
+            self._header_timer = None
+            if per_client[self._peer] > limits.client_conns:
+                transport.abort()  # as HAProxy's `tcp-request connection reject`
+                return
+            self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            per_client[self._peer] -= 1
+            if per_client[self._peer] <= 0:
+                del per_client[self._peer]
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            if self._header_timer is None:
+                self._header_timer = self.loop.call_later(limits.header_timeout_s,
+                                                          self._headers_late)
+
+        def _disarm(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _headers_late(self) -> None:
+            self._header_timer = None
+            if self.transport.is_closing():
+                return
+            if self._began:
+                self.transport.write(b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\n"
+                                     b"connection: close\r\n\r\n")
+            self.transport.close()
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._began = True
+            self._arm()  # a kept-alive connection's next request: its headers' clock starts
+
+        def on_headers_complete(self) -> None:
+            self._disarm()
+            self._began = False
+            declared = next((v for k, v in self.headers if k == b"content-length"), b"")
+            if declared.strip().isdigit() and int(declared) > limits.max_body:
+                app, self.app = self.app, too_large
+                try:
+                    super().on_headers_complete()
+                finally:
+                    self.app = app
+                return
+            super().on_headers_complete()
+
+    Limited.__name__ = Limited.__qualname__ = f"Limited{base.__name__}"
+    return Limited
