@@ -61,11 +61,27 @@ def verbosity(args: argparse.Namespace) -> int:
     return QUIET if getattr(args, "quiet", False) or getattr(args, "json", False) else NORMAL
 
 
-def stage_lines(args: argparse.Namespace, command: str | None = None):
-    """The command's progress on stderr (runtime/progress.py's StageLines)."""
-    from bertfuse.runtime.progress import StageLines
+def stage_lines(args: argparse.Namespace, command: str | None = None, spinner: bool = True):
+    """The command's progress on stderr (runtime/progress.py's StageLines). spinner=False:
+    nothing on a terminal, where something else draws there (score: Ray Data's bars)."""
+    from bertfuse.runtime.progress import QUIET, StageLines
 
-    return StageLines(command or args.command, verbosity(args))
+    lines = StageLines(command or args.command, verbosity(args))
+    if lines.tty and not spinner:
+        lines.verbosity = QUIET
+    return lines
+
+
+def add_kernels_arg(g: argparse._ActionsContainer, dest: str = "kernels") -> None:
+    """--kernels auto|ort|bertfuse: which kernels a Session on this machine runs
+    (runtime/kernels.py), for the commands that open one (serve, score, verify)."""
+    from bertfuse.runtime.kernels import KERNELS
+
+    g.add_argument("--kernels", dest=dest, choices=KERNELS, default="auto",
+                   help="auto (default): on CUDA, bertfuse's own ops where the op library is "
+                        "here (or builds) and a check on the device agrees, else ONNX "
+                        "Runtime's contrib ops, with a line saying why; ort: the contrib ops; "
+                        "bertfuse: bertfuse's ops or an error (CUDA only)")
 
 
 def add_write_target(p: argparse.ArgumentParser, what: str) -> None:

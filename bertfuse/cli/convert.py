@@ -10,8 +10,8 @@ import json
 import os
 from typing import Callable
 
-from bertfuse.cli.args import (add_options, add_write_target, int_at_least, options_from_args,
-                               stage_lines)
+from bertfuse.cli.args import (add_kernels_arg, add_options, add_write_target, int_at_least,
+                               options_from_args, stage_lines)
 from bertfuse.cli.command import Command
 from bertfuse.cli.render import emit
 from bertfuse.errors import BertfuseError, ParityError
@@ -86,7 +86,9 @@ class Verify(Command):
                "  bertfuse verify tiny.onnx --against out/tiny --text-file queries.tsv "
                "--vocab out/tiny/vocab.txt \\\n      --save-inputs in.npz --save-outputs tf.npz\n"
                "  bertfuse verify tiny.onnx --load-inputs in.npz --load-outputs tf.npz   "
-               "# no TensorFlow")
+               "# no TensorFlow\n"
+               "  bertfuse verify fp16.onnx --against out/tiny --device cuda --kernels bertfuse  "
+               "# bertfuse's ops vs TF")
 
     def add_arguments(self, p: argparse.ArgumentParser) -> None:
         from bertfuse.pipeline.options import GROUPS
@@ -96,6 +98,11 @@ class Verify(Command):
         add_options(p, "TF source", GROUPS["TF source"])
         add_options(p, "verification", GROUPS["verification"])
         add_options(p, "parity data", GROUPS["parity data"])
+        g = p.add_argument_group("where the model runs")
+        g.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                       help="auto (default): cuda where onnxruntime has the CUDA EP, else cpu")
+        # dest: ConvertOptions.kernels is convert's (ort|bertfuse, written into the model)
+        add_kernels_arg(g, dest="session_kernels")
 
     def run(self, args: argparse.Namespace, console) -> int:
         from bertfuse.pipeline import stages
@@ -103,7 +110,8 @@ class Verify(Command):
         opts = options_from_args(args)
         _check_verify_size(opts)
         return _run_with_report(args, console, lambda up: stages.verify(
-            args.model, args.against, opts, up))
+            args.model, args.against, opts, up, device=args.device,
+            kernels=args.session_kernels))
 
 
 class StripWeights(Command):

@@ -7,8 +7,9 @@ import argparse
 import json
 from typing import Any
 
-from bertfuse.cli.args import int_at_least
+from bertfuse.cli.args import add_kernels_arg, int_at_least, stage_lines
 from bertfuse.cli.command import Command
+
 
 class Score(Command):
     name = "score"
@@ -53,6 +54,7 @@ class Score(Command):
                        help="longest row in tokens (default: the model's positions)")
         g.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
                        help="auto: a GPU per actor where the cluster has GPUs")
+        add_kernels_arg(g)
         g.add_argument("--address", help="join this Ray cluster ('auto'); default a local Ray")
         g.add_argument("--max-retries", type=int_at_least(0), default=3,
                        help="restarts of a dead actor, and retries of its batches (default 3)")
@@ -62,15 +64,17 @@ class Score(Command):
     def run(self, args: argparse.Namespace, console: Any) -> int:
         from bertfuse.score import score
 
-        summary = score(args.model, args.input, args.output, text_column=args.text_column,
-                        text_pair_column=args.text_pair_column, vocab=args.vocab,
-                        lower_case=args.lower_case, truncate=args.truncate,
-                        ids_column=args.ids_column, mask_column=args.mask_column,
-                        segment_column=args.segment_column, key_columns=args.key_columns,
-                        outputs=args.outputs, max_seq=args.max_seq, batch_size=args.batch_size,
-                        actors=args.actors, device=args.device, address=args.address,
-                        max_retries=args.max_retries, part_rows=args.part_rows)
-        s = summary
+        # plan, ray cluster, score: a line each on a pipe (a terminal has Ray Data's bars)
+        with stage_lines(args, spinner=False) as progress:
+            s = score(args.model, args.input, args.output, text_column=args.text_column,
+                      text_pair_column=args.text_pair_column, vocab=args.vocab,
+                      lower_case=args.lower_case, truncate=args.truncate,
+                      ids_column=args.ids_column, mask_column=args.mask_column,
+                      segment_column=args.segment_column, key_columns=args.key_columns,
+                      outputs=args.outputs, max_seq=args.max_seq, batch_size=args.batch_size,
+                      actors=args.actors, device=args.device, address=args.address,
+                      max_retries=args.max_retries, part_rows=args.part_rows,
+                      kernels=args.kernels, status=progress)
         if args.json:
             print(json.dumps(s.to_json(), indent=2))
             return 0
@@ -80,4 +84,8 @@ class Score(Command):
                       f"({s.rows_per_s:.4g} rows/s, {s.actors} {s.device.upper()} actor"
                       f"{'s' if s.actors != 1 else ''}{skipped}) -> "
                       f"{s.output}/scores", markup=False, highlight=False, soft_wrap=True)
+        k = s.kernels or {}
+        if "used" in k:  # the first actor's KernelChoice (runtime/kernels.py), as its line()
+            console.print(f"kernels={k['asked']}: {k['used']} ({k['reason']})", markup=False,
+                          highlight=False, soft_wrap=True)
         return 0

@@ -8,8 +8,9 @@ import contextlib
 import json
 import sys
 import time
+from typing import Any, Callable
 
-from bertfuse.cli.args import int_at_least
+from bertfuse.cli.args import add_kernels_arg, int_at_least, stage_lines
 from bertfuse.cli.command import Command
 from bertfuse.errors import BertfuseError
 
@@ -29,12 +30,7 @@ class Serve(Command):
                             "--gpus-per-replica each, else 1 on the CPU)")
         g.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
                        help="auto: cuda where the Ray cluster has GPUs")
-        from bertfuse.runtime.kernels import KERNELS
-
-        g.add_argument("--kernels", choices=KERNELS,
-                       help="auto (default): on CUDA, bertfuse's own ops where the op library "
-                            "is here (or builds) and a check on the device agrees, else ONNX "
-                            "Runtime's contrib ops, with a line saying why; ort; bertfuse")
+        add_kernels_arg(g)
         g.add_argument("--max-batch", type=int_at_least(1), default=32,
                        help="rows per model call, and per request (default 32)")
         g.add_argument("--max-wait-ms", type=float, default=2.0, metavar="T",
@@ -104,18 +100,10 @@ def _serve(args: argparse.Namespace, out) -> int:
     def say(data: dict, text: str) -> None:
         print(json.dumps(data) if args.json else text, file=out, flush=True)
 
-    served = deploy(
-        args.model, replicas=args.replicas, max_batch=args.max_batch,
-        max_wait_ms=args.max_wait_ms, max_seq=args.max_seq, vocab=args.vocab,
-        batch_buckets=args.batch_buckets,
-        lower_case=args.lower_case, device=args.device, address=args.address, host=args.host,
-        port=args.port, outputs=args.outputs, name=args.name,
-        cpus_per_replica=args.cpus_per_replica, gpus_per_replica=args.gpus_per_replica,
-        warmup=args.warmup,
-        access_log=args.access_log, ingress=args.ingress,
-        **{k: v for k, v in (("metrics_host", args.metrics_host),
-                             ("token_file", args.token_file),
-                             ("kernels", args.kernels)) if v is not None})
+    # Start-up on stderr, a line per stage (deploy's `status`); the first stage starts after
+    # the options and model are checked, so a bad one is still the one error line.
+    with stage_lines(args) as progress:
+        served = _deploy(deploy, args, progress)
     stop = "signal"
     try:
         info = {"url": served.url, "infer": served.url + "v1/infer", "device": served.device,
@@ -141,3 +129,20 @@ def _serve(args: argparse.Namespace, out) -> int:
         served.shutdown(drain_s=DRAIN_S if stop != "signal" else 0.0)
     say({"stopped": stop}, f"bertfuse serve: stopped ({stop}); Serve shut down")
     return 0
+
+
+def _deploy(deploy: Callable[..., Any], args: argparse.Namespace,
+            progress: Callable[[str], None]) -> Any:
+    """deploy() with the command's options; its stages reported to `progress`."""
+    return deploy(
+        args.model, status=progress, replicas=args.replicas, max_batch=args.max_batch,
+        max_wait_ms=args.max_wait_ms, max_seq=args.max_seq, vocab=args.vocab,
+        batch_buckets=args.batch_buckets,
+        lower_case=args.lower_case, device=args.device, address=args.address, host=args.host,
+        port=args.port, outputs=args.outputs, name=args.name,
+        cpus_per_replica=args.cpus_per_replica, gpus_per_replica=args.gpus_per_replica,
+        warmup=args.warmup,
+        access_log=args.access_log, ingress=args.ingress,
+        **{k: v for k, v in (("metrics_host", args.metrics_host),
+                             ("token_file", args.token_file),
+                             ("kernels", args.kernels)) if v is not None})

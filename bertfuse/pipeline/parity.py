@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -11,7 +12,7 @@ import numpy as np
 import onnx
 
 from bertfuse.io.inputs import random_inputs
-from bertfuse.errors import BertfuseError
+from bertfuse.errors import BertfuseError, ParityError
 from bertfuse.ops.contract import TOLERANCES
 from bertfuse.pipeline.mask import mask_rows, perturbed_feeds
 
@@ -80,6 +81,8 @@ class ParityReport:
     reference: str = ""  # which TensorFlow computed the reference, and where
     source_kind: str = ""
     inputs: str = ""  # the user's inputs (data.py), "" for the random padded ones
+    device: str = "cpu"  # where ONNX Runtime ran the model under test
+    kernels: dict | None = None  # verify: its KernelChoice (runtime/kernels.py), as JSON
 
     def __post_init__(self) -> None:
         if self.tolerance is None:
@@ -93,8 +96,17 @@ class ParityReport:
         return {"precision": self.precision, "batch": self.batch, "seq": self.seq,
                 "seed": self.seed, "ok": self.ok, "tolerance": self.tolerance.to_json(),
                 "reference": self.reference, "source_kind": self.source_kind,
-                "inputs": self.inputs or "random",
-                "outputs": [o.to_json() for o in self.outputs]}
+                "inputs": self.inputs or "random", "device": self.device,
+                "kernels": self.kernels, "outputs": [o.to_json() for o in self.outputs]}
+
+
+class OrtRunError(ParityError):
+    """The model loads in ONNX Runtime but fails to run on the verification inputs: at
+    convert's gate a failed conversion (exit 1); verify says the pairing is wrong instead."""
+
+    def __init__(self, message: str, detail: str) -> None:
+        super().__init__(message)
+        self.detail = detail  # ONNX Runtime's own first line, without its source location
 
 
 def ort_session(model: onnx.ModelProto | str, device: str = "cpu", optimize: bool = True):
@@ -102,12 +114,16 @@ def ort_session(model: onnx.ModelProto | str, device: str = "cpu", optimize: boo
     from bertfuse.io.ort import make_session
     from bertfuse.kernels.library import uses_library
 
+    # CUDA: TF32 off, so that an fp32 model is held to fp32's limits against TensorFlow
+    cuda = {"use_tf32": "0"} if device == "cuda" else None
     # log 4: run errors come back as exceptions; don't also log them
     if isinstance(model, str) or model_bytes(model) <= EXTERNAL_DATA_THRESHOLD:
-        return make_session(model, device=device, optimize=optimize, log_severity=4)
+        return make_session(model, device=device, optimize=optimize, log_severity=4,
+                            cuda_options=cuda)
     # Past protobuf's 2 GB limit a model cannot be serialised in memory: go via a file.
     with scratch_file(model, prefix="bertfuse-verify-") as path:
         return make_session(path, device=device, optimize=optimize, log_severity=4,
+                            cuda_options=cuda,
                             register_kernels=uses_library(model))  # the proto, not a 2 GB scan
 
 
@@ -149,8 +165,9 @@ def compare(reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray],
 def verify_against_tf(model: onnx.ModelProto | str, source, precision: str, batch: int,
                       seq: int, seed: int | None, pad_anywhere: bool = True, atol: float | None = None,
                       rtol: float | None = None, data: ParityData | None = None,
-                      model_path: str | None = None) -> ParityReport:
-    """Runs TF and ORT (CPU) on the same inputs; padding at the end, middle and start of rows.
+                      model_path: str | None = None, device: str = "cpu") -> ParityReport:
+    """Runs TF and ORT (on `device`) on the same inputs; padding at the end, middle and start
+    of rows.
     Also on the same inputs with padded ids, then padded segment ids, changed (mask checks).
     `data` (data.py): the user's inputs instead of random ones, their saved outputs instead
     of TF's as the reference of the plain comparison, and what to save."""
@@ -173,9 +190,17 @@ def verify_against_tf(model: onnx.ModelProto | str, source, precision: str, batc
         sets.update(perturbed_feeds(feeds, source, seed))
     names = list(sets)
     references = dict(zip(names, source.run_many([sets[n] for n in names])))
-    session = ort_session(model)
+    session = ort_session(model, device)
     # Inputs the model ignores (a canonical segment_ids the source lacks) are fed too.
-    candidates = {n: run_onnx(session, sets[n]) for n in names}
+    try:
+        candidates = {n: run_onnx(session, sets[n]) for n in names}
+    except Exception as exc:  # loads but cannot run (a wrong Reshape): a failed conversion
+        if not type(exc).__module__.startswith("onnxruntime"):
+            raise
+        msg = re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : |\S*onnxruntime_src\S* \S+\(.*?\) ",
+                     "", str(exc).splitlines()[0] if str(exc) else "")
+        raise OrtRunError(f"the ONNX model fails in ONNX Runtime on the verification inputs: "
+                          f"{msg[:400]}", msg[:200]) from None
     expected, backend = references["base"], source.backend
     if data is not None and data.load_outputs:  # TF still runs for the mask checks
         known = {shown: canon for canon, shown in source.original_names.items()}
@@ -188,12 +213,13 @@ def verify_against_tf(model: onnx.ModelProto | str, source, precision: str, batc
                     mask_rows(feeds["input_mask"], references, candidates, tol)]
     if data is not None:
         data.save(feeds, expected, candidates["base"])
-    return ParityReport(precision, batch, seq, results, tol, seed, backend, source.kind, inputs)
+    return ParityReport(precision, batch, seq, results, tol, seed, backend, source.kind, inputs,
+                        device)
 
 
 def verify_against_saved(model: onnx.ModelProto, data: ParityData, precision: str,
                          atol: float | None = None, rtol: float | None = None,
-                         model_path: str | None = None) -> ParityReport:
+                         model_path: str | None = None, device: str = "cpu") -> ParityReport:
     """The model against outputs saved earlier (--load-outputs), on the inputs they came
     from, with no TensorFlow: e.g. on a serving host, against outputs saved where TF is."""
     from bertfuse.converter.roles import assign_roles
@@ -211,7 +237,7 @@ def verify_against_saved(model: onnx.ModelProto, data: ParityData, precision: st
     roles = {n: n for n in names} if all(n in ROLES for n in names) else assign_roles(names)
     feeds = data.feeds(shown, None, model_path)  # by role, or as the source named them
     check_feeds(feeds, *_table_rows(model))
-    session = ort_session(model)
+    session = ort_session(model, device)
     types = {i.name: i.type for i in session.get_inputs()}
     by_name = {name: feeds[role].astype(np.int64 if types.get(name) == "tensor(int64)"
                                         else np.int32) for role, name in roles.items()}
@@ -220,7 +246,8 @@ def verify_against_saved(model: onnx.ModelProto, data: ParityData, precision: st
     data.save(feeds, expected, outs)
     batch, seq = feeds["input_ids"].shape
     return ParityReport(precision, batch, seq, compare(expected, outs, tol), tol, None,
-                        f"saved outputs ({data.load_outputs})", "", data.describe_inputs(batch, seq))
+                        f"saved outputs ({data.load_outputs})", "", data.describe_inputs(batch, seq),
+                        device)
 
 
 def _table_rows(model: onnx.ModelProto) -> tuple[int | None, int, int | None, None]:

@@ -6,7 +6,8 @@
                                                      -> [bertfuse kernels]         --kernels bertfuse
                                                      -> [packing]                  --packed
                                                      -> gate (--strict, parity) -> write
-    verify    load ONNX -> load TF model -> match the interface -> verify vs TensorFlow
+    verify    load ONNX -> [kernels: runtime/kernels.choose on CUDA] -> load TF model
+                        -> match the interface -> verify vs TensorFlow (on --device)
 
 convert and optimize differ only in their front (where the raw graph and the fp32
 reference come from); from the passes on they run the same `_back`. The options and their
@@ -27,7 +28,7 @@ from bertfuse.passes.plans import fusion_plan, packing_plan
 from bertfuse.pipeline.gate import write_gated
 from bertfuse.pipeline.options import OPTIMIZE_OPTIONS, ConvertOptions, check_fusion, check_gate
 from bertfuse.pipeline.data import ParityData
-from bertfuse.pipeline.parity import verify_against_tf
+from bertfuse.pipeline.parity import OrtRunError, verify_against_tf
 from bertfuse.pipeline.report import RunReport
 
 if TYPE_CHECKING:
@@ -217,12 +218,18 @@ def _passes(raw: onnx.ModelProto, report: RunReport, status: Status | None,
     return model
 
 
+VERIFY_DEVICES = ("auto", "cpu", "cuda")
+
+
 def verify(model_path: str, src_path: str | None, opts: ConvertOptions,
-           status: Status | None = None) -> RunReport:
-    """The model against its TF source; src_path None: against --load-outputs, no TF."""
-    from bertfuse.converter import load_source
-    from bertfuse.converter.interface import match_interface
-    from bertfuse.converter.roles import parse_override
+           status: Status | None = None, device: str = "auto", kernels: str = "auto"
+           ) -> RunReport:
+    """The model against its TF source; src_path None: against --load-outputs, no TF.
+
+    device: where ONNX Runtime runs the model ('auto': CUDA where this onnxruntime has its
+    EP). kernels: as a Session on that device would run it (runtime/kernels.py choose(): on
+    CUDA, 'auto' and 'bertfuse' lower the covered layers to bertfuse's ops, so those are
+    what is checked against TensorFlow); the parity report says which ran and why."""
     from bertfuse.io.model import load_model
 
     check_gate(opts)
@@ -231,17 +238,75 @@ def verify(model_path: str, src_path: str | None, opts: ConvertOptions,
         raise BertfuseError("verify needs the reference: --against SOURCE (TensorFlow), or "
                             "--load-outputs FILE with the inputs they came from")
     require(*(("tensorflow",) if src_path is not None else ()), "onnxruntime")
-    report = RunReport(command="verify", options=opts.to_json())
+    asked, device = device, verify_device(device, kernels)
+    # options: the convert-time kernels mean nothing here; these are the session's
+    report = RunReport(command="verify", options={**opts.to_json(), "kernels": kernels,
+                                                  "device": asked})
     # The ONNX first: a missing/corrupt model fails before the slow TF load.
     with report.stage("load ONNX", status) as st:
         model = load_model(model_path)
         st.nodes = len(model.graph.node)
+    model, choice = _session_kernels(model, kernels, device, report, status)
+    _verify(model, model_path, src_path, opts, status, device, data, report)
+    if report.parity is not None:
+        report.parity.kernels = choice.to_json()
+    return report
+
+
+def verify_device(device: str, kernels: str = "auto") -> str:
+    """'cpu' or 'cuda' for verify's --device, and --kernels checked against it: bad input
+    (one line, exit 2) before any slow work."""
+    from bertfuse.runtime.kernels import check_kernels_option
+
+    if device not in VERIFY_DEVICES:
+        raise BertfuseError(f"device must be one of {', '.join(VERIFY_DEVICES)}, not {device!r}")
+    check_kernels_option(kernels)
+    import onnxruntime as ort
+
+    have = ort.get_available_providers()
+    if device == "auto":
+        device = "cuda" if "CUDAExecutionProvider" in have else "cpu"
+    elif device == "cuda" and "CUDAExecutionProvider" not in have:
+        raise BertfuseError(f"--device cuda: onnxruntime {ort.__version__} has no CUDA "
+                            f"execution provider (it has {', '.join(have)}); install "
+                            "onnxruntime-gpu, or verify with --device cpu")
+    if kernels == "bertfuse" and device != "cuda":
+        raise BertfuseError("--kernels bertfuse: bertfuse's ops run on CUDA only, and this "
+                            "verify runs on the CPU (--kernels auto or ort checks the model "
+                            "as ONNX Runtime's CPU runs it)")
+    return device
+
+
+def _session_kernels(model: onnx.ModelProto, kernels: str, device: str, report: RunReport,
+                     status: Status | None):
+    """The model a Session on `device` would run, and its KernelChoice: choose() itself (on
+    the CPU instant, the model as written; on CUDA a stage of its own: the op library, the
+    lowering and its check on the device)."""
+    from bertfuse.runtime.kernels import choose
+    from bertfuse.runtime.requests import model_facts
+
+    max_seq = model_facts(model).max_positions or 512
+    if device != "cuda":
+        return choose(model, kernels, device, max_seq)
+    with report.stage("kernels (on the device)", status) as st:
+        model, choice = choose(model, kernels, device, max_seq, {"use_tf32": "0"})
+        st.nodes, st.detail = len(model.graph.node), choice.line()
+    return model, choice
+
+
+def _verify(model: onnx.ModelProto, model_path: str, src_path: str | None,
+            opts: ConvertOptions, status: Status | None, device: str,
+            data: ParityData | None, report: RunReport) -> RunReport:
+    from bertfuse.converter import load_source
+    from bertfuse.converter.interface import match_interface
+    from bertfuse.converter.roles import parse_override
+
     if src_path is None:
         from bertfuse.pipeline.parity import verify_against_saved
 
         with report.stage("verify vs saved outputs", status) as st:
             report.parity = verify_against_saved(model, data, _precision_of(model), opts.atol,
-                                                 opts.rtol, model_path)
+                                                 opts.rtol, model_path, device)
             st.detail = "ok" if report.parity.ok else "DRIFT"
         return report
     check_source_form(src_path, opts.kind)
@@ -257,12 +322,14 @@ def verify(model_path: str, src_path: str | None, opts: ConvertOptions,
                 report.parity = verify_against_tf(model, source, _precision_of(model),
                                                   opts.batch, opts.seq, opts.seed,
                                                   atol=opts.atol, rtol=opts.rtol, data=data,
-                                                  model_path=model_path)
+                                                  model_path=model_path, device=device)
             except Exception as exc:
-                if not type(exc).__module__.startswith("onnxruntime"):
+                if not (isinstance(exc, OrtRunError)
+                        or type(exc).__module__.startswith("onnxruntime")):
                     raise
                 # The user's pairing of model and source is wrong (e.g. another vocab size).
-                first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+                first = exc.detail if isinstance(exc, OrtRunError) else \
+                    (str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
                 raise BertfuseError(f"{model_path}: ONNX Runtime fails on inputs for "
                                     f"{src_path} ({first}); is it converted from that "
                                     f"source?") from None

@@ -13,7 +13,7 @@ package imports neither Ray nor ONNX Runtime.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
     from bertfuse.score.job import ScoreSummary
@@ -25,7 +25,8 @@ def score(model: Any, input: Any, output: Any, *, text_column: str | None = None
           segment_column: str | None = None, key_columns: Any = None, outputs: Any = None,
           max_seq: int | None = None, batch_size: int = 32, actors: int | None = None,
           device: str = "auto", address: str | None = None, max_retries: int = 3,
-          part_rows: int = 8192, progress: bool = True) -> "ScoreSummary":
+          part_rows: int = 8192, kernels: str = "auto", progress: bool = True,
+          status: Callable[[str], None] | None = None) -> "ScoreSummary":
     """Scores every row of `input` (a Parquet file or a directory of them) into `output`
     (a directory: scores/, rejects/, a manifest); returns a ScoreSummary.
 
@@ -37,6 +38,10 @@ def score(model: Any, input: Any, output: Any, *, text_column: str | None = None
     bucket). `actors`: default one per GPU, else half the CPUs. `address`: join a Ray
     cluster ('auto'); default a local Ray, or the one this process already initialized.
     `part_rows`: rows per output file (whole Parquet row groups), the unit of restart.
+    `kernels`: each actor's Session's ('auto', 'ort', 'bertfuse': runtime/kernels.py); the
+    summary's `kernels` says what the first actor chose. `progress`: Ray Data's progress
+    bars. `status`: called with each stage's name as it starts ('plan', 'ray cluster',
+    'score'; the CLI's progress lines).
     Bad arguments or input raise BertfuseError before Ray starts."""
     from bertfuse.score.job import run_job
     from bertfuse.score.spec import build_job
@@ -45,13 +50,16 @@ def score(model: Any, input: Any, output: Any, *, text_column: str | None = None
         from bertfuse.errors import BertfuseError
 
         raise BertfuseError(f"progress must be True or False, not {progress!r}")
+    if status is not None:
+        status("plan")
     job = build_job(model, input, output, text_column=text_column,
                     text_pair_column=text_pair_column, vocab=vocab, lower_case=lower_case,
                     truncate=truncate, ids_column=ids_column, mask_column=mask_column,
                     segment_column=segment_column, key_columns=key_columns, outputs=outputs,
                     max_seq=max_seq, batch_size=batch_size, actors=actors, device=device,
-                    address=address, max_retries=max_retries, part_rows=part_rows)
-    return run_job(job, progress)
+                    address=address, max_retries=max_retries, part_rows=part_rows,
+                    kernels=kernels)
+    return run_job(job, progress, status)
 
 
 __all__ = ["score"]

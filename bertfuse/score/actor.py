@@ -6,7 +6,8 @@
                            built, warmed and run on the actor's own session thread;
                            a batch ─► rows.py (rejects) ─► sorted by length, runs of max_batch
                            ─► Session.run ─► outputs back in row order, Arrow list<float>
-                           (+ its stage times, stages.py)
+                           (+ its stage times, stages.py, and its Session's KernelChoice as
+                           JSON in the first row of KERNELS: the driver reports the first)
 
 Neither imports Ray: Ray Data calls them. `score_table` is also the single-process loop the
 benchmark compares against.
@@ -28,6 +29,7 @@ from bertfuse.score.rows import InputSpec, Prepared, RowPreparer
 from bertfuse.score.stages import Stages, actor_columns
 
 CRASH_ENV = "BERTFUSE_TEST_SCORE_CRASH"  # tests: FLAGFILE:N, see Scorer._maybe_crash
+KERNELS = "_bf_kernels"  # never written: commit selects the key and output columns
 
 
 class UnreadableInput(ValueError):
@@ -172,11 +174,18 @@ class Scorer:
 
     def __init__(self, model: str, spec: InputSpec, keys: list[str], outputs: list[str],
                  ranks: dict[str, int], max_batch: int, device: str,
-                 crash: str | None = None) -> None:
+                 crash: str | None = None, kernels: str = "auto") -> None:
+        import json
+
         from bertfuse.runtime import Session, SessionPool
 
+        self.kernels: str | None = None  # the Session's KernelChoice as JSON, set by make()
+
         def make() -> Session:
-            return Session(model, max_batch=max_batch, max_seq=spec.max_seq, device=device)
+            session = Session(model, max_batch=max_batch, max_seq=spec.max_seq, device=device,
+                              kernels=kernels)
+            self.kernels = json.dumps(session.kernels.to_json())
+            return session
 
         def prepare(session: Session) -> None:
             if device == "cuda":  # capture every bucket now, not on the first batches
@@ -197,7 +206,10 @@ class Scorer:
         cols = score_table(None, self.preparer, table, self.outputs, self.ranks, self.max_batch,
                            times, on_session=self.pool.call, prepare_lock=self._prepare_lock)
         carried = {name: table.column(name) for name in (PART, ROW, *self.keys)}
-        return pa.table({**carried, **cols, **actor_columns(times.seconds, table.num_rows)})
+        n = table.num_rows
+        choice = pa.array([self.kernels][:n] + [None] * max(n - 1, 0), pa.string())
+        return pa.table({**carried, **cols, **actor_columns(times.seconds, table.num_rows),
+                         KERNELS: choice})
 
     def close(self) -> None:
         """Closes the Session on its own thread and ends that thread."""

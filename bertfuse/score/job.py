@@ -21,15 +21,15 @@ from collections import defaultdict
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from bertfuse.errors import BertfuseError, require
 from bertfuse.io.safety import pause_point
 from bertfuse.ray_cluster import ray_for, task_error
-from bertfuse.score.actor import CRASH_ENV, Scorer, UnreadableInput, read_parts
-from bertfuse.score.output import PART, OutputDir
+from bertfuse.score.actor import CRASH_ENV, KERNELS, Scorer, UnreadableInput, read_parts
+from bertfuse.score.output import PART, OutputDir, part_name
 from bertfuse.score.spec import ScoreJob
 from bertfuse.score.stages import Stages
 
@@ -69,31 +69,53 @@ class ScoreSummary:
     first_result_s: float | None = None  # start until the first scored rows (start-up)
     steady_rows_per_s: float | None = None  # the rows after those, over the time after
     stages: dict[str, dict[str, float]] | None = None  # stages.py: seconds, us/row each
+    # The kernels asked for, and the first actor's KernelChoice (runtime/kernels.py) when
+    # one ran: {"asked", "used", "reason", ...}
+    kernels: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def run_job(job: ScoreJob, progress: bool = True) -> ScoreSummary:
+def run_job(job: ScoreJob, progress: bool = True,
+            status: Callable[[str], None] | None = None) -> ScoreSummary:
+    """The job run to its end (or resumed); `status` is told each stage as it starts ('ray
+    cluster', 'score'), after OUT is checked and locked."""
     require("ray")  # before OUT is made: without the ray extra, one line and nothing written
+    say = status or (lambda stage: None)
     out = OutputDir(job)
     with out.locked():
         done = out.start()
         todo = [p for p in job.parts if p.index not in done]
         start = time.perf_counter()
         device, actors, timing, stages = job.device, job.actors or 0, _Timing(start), Stages()
+        kernels: dict[str, Any] = {}
         if todo:
+            say("ray cluster")
             with _ray(job.address, progress) as ray:
                 device, actors = _placement(job, ray)
-                try:
-                    ds = _dataset(job, todo, device, actors)
-                    gather(ds.iter_batches(batch_size=None, batch_format="pyarrow"), out, job,
-                           timing, stages)
-                except _cluster_errors() as exc:
-                    raise _failed(exc, out, job) from None
+                say("score")
+                left, lost = todo, 0
+                while left:
+                    nodes = _alive_nodes(ray)
+                    try:
+                        ds = _dataset(job, left, device, actors)
+                        gather(ds.iter_batches(batch_size=None, batch_format="pyarrow"), out,
+                               job, timing, stages, kernels)
+                        break
+                    except _cluster_errors() as exc:
+                        # A node lost mid-job ends Ray Data's whole dataset: the parts not yet
+                        # committed go again on the nodes left (each is still written once)
+                        lost += 1
+                        if lost > job.max_retries or not _node_lost(ray, nodes, exc):
+                            raise _failed(exc, out, job) from None
+                        left = [p for p in left if not (out.scores / part_name(p.index)).is_file()]
+                        cpus = int(ray.cluster_resources().get("CPU", 0))
+                        actors = actors if device == "cuda" else max(1, min(actors, cpus - 1))
         summary = _finish(job, out, done, todo, device, actors, time.perf_counter() - start)
         summary.first_result_s, summary.steady_rows_per_s = timing.result()
         summary.stages = stages.result(summary.rows_this_run)
+        summary.kernels = kernels or {"asked": job.kernels}
         out.write_manifest({"complete": True, "summary": summary.to_json()})
         return summary
 
@@ -118,6 +140,35 @@ class _Timing:
         after = self.end - self.first
         return (round(self.first - self.start, 3),
                 round(self.rows_after / after, 1) if after > 0 else None)
+
+
+def _alive_nodes(ray: Any) -> set[str]:
+    return {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+
+
+# An actor whose node is gone is "unavailable" at once; the GCS declares the node dead only
+# after its health checks fail (Ray's defaults: about 15-30 s). This long is waited for that.
+NODE_DEATH_S = 60.0
+
+
+def _node_lost(ray: Any, nodes: set[str], exc: BaseException) -> bool:
+    """Whether one of `nodes` (alive when the attempt began) died: at once, or, for an error
+    that says an actor or node cannot be reached, within NODE_DEATH_S."""
+    from ray import exceptions as rex
+
+    kinds = tuple(getattr(rex, n) for n in ("ActorUnavailableError", "NodeDiedError",
+                                            "LocalRayletDiedError") if hasattr(rex, n))
+    unreachable, e, seen = False, exc, set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        unreachable |= isinstance(e, kinds)
+        e = e.__cause__ or e.__context__
+    deadline = time.monotonic() + (NODE_DEATH_S if unreachable else 0)
+    while not nodes - _alive_nodes(ray):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.5)
+    return True
 
 
 def _cluster_errors() -> tuple[type, ...]:
@@ -189,7 +240,7 @@ def _dataset(job: ScoreJob, todo: list, device: str, actors: int) -> Any:
     import warnings
 
     import ray
-    from ray.data import ActorPoolStrategy
+    from ray.data import ActorPoolStrategy, TaskPoolStrategy
 
     items = [{"part": p.index, "file": p.file, "group_start": p.groups[0],
               "group_stop": p.groups[1], "offset": p.offset, "rows": p.rows,
@@ -197,9 +248,12 @@ def _dataset(job: ScoreJob, todo: list, device: str, actors: int) -> Any:
     columns = list(dict.fromkeys([*job.key_columns, *job.spec.columns]))
     ds = ray.data.from_items(items, override_num_blocks=len(items))
     # Parts are the unit of output and restart; the actors' unit is this streaming split
-    # (fused into the read tasks: one CPU each, kept free of the actors by _placement).
+    # (fused into the read tasks). Reads take no CPU slot, two at a time: after a node's
+    # loss Ray restarts its actors on the nodes left, and a read waiting for a CPU that
+    # the actors hold would stall the job for ever (the actors wait for its rows).
     ds = ds.map_batches(read_parts, batch_size=1, batch_format="numpy",
-                        fn_kwargs={"files": job.files, "columns": columns})
+                        fn_kwargs={"files": job.files, "columns": columns}, num_cpus=0,
+                        compute=TaskPoolStrategy(size=2))
     ds = ds.repartition(target_num_rows_per_block=job.batch_size * ROWS_PER_TASK)
     with warnings.catch_warnings():  # max_restarts/max_task_retries have no named parameter
         warnings.simplefilter("ignore")
@@ -213,17 +267,19 @@ def _dataset(job: ScoreJob, todo: list, device: str, actors: int) -> Any:
             fn_constructor_kwargs={"model": os.path.abspath(job.model), "spec": job.spec,
                                    "keys": job.key_columns, "outputs": job.outputs,
                                    "ranks": job.output_ranks, "max_batch": job.batch_size,
-                                   "device": device, "crash": os.environ.get(CRASH_ENV)})
+                                   "device": device, "crash": os.environ.get(CRASH_ENV),
+                                   "kernels": job.kernels})
 
 
 def gather(blocks: Iterator[Any], out: OutputDir, job: ScoreJob, timing: _Timing,
-           stages: Stages) -> None:
+           stages: Stages, kernels: dict[str, Any] | None = None) -> None:
     """Gathers the scored rows (Arrow blocks, any cut) per part; a part is committed (on a
-    writer thread, so that writing overlaps fetching) once all its rows are in. `blocks` is
-    closed on every exit: Ray Data's iterator must not outlive this (and Ray) in a traceback."""
+    writer thread, so that writing overlaps fetching) once all its rows are in. `kernels` is
+    filled with the first actor's KernelChoice that a block carries. `blocks` is closed on
+    every exit: Ray Data's iterator must not outlive this (and Ray) in a traceback."""
     blocks, cpu = iter(blocks), time.process_time()
     try:
-        _gather(blocks, out, job, timing, stages)
+        _gather(blocks, out, job, timing, stages, {} if kernels is None else kernels)
     finally:
         stages.add("driver_cpu", time.process_time() - cpu)  # every thread of the driver
         close = getattr(blocks, "close", None)
@@ -232,7 +288,7 @@ def gather(blocks: Iterator[Any], out: OutputDir, job: ScoreJob, timing: _Timing
 
 
 def _gather(blocks: Iterator[Any], out: OutputDir, job: ScoreJob, timing: _Timing,
-            stages: Stages) -> None:
+            stages: Stages, kernels: dict[str, Any]) -> None:
     import pyarrow as pa
 
     pending: dict[int, list] = defaultdict(list)
@@ -247,6 +303,8 @@ def _gather(blocks: Iterator[Any], out: OutputDir, job: ScoreJob, timing: _Timin
             timing.got(block.num_rows)
             t0 = time.perf_counter()
             stages.add_actor(block)
+            if not kernels:
+                kernels.update(_kernels_of(block))
             parts = block.column(PART).to_numpy()
             for index in np.unique(parts):
                 index = int(index)
@@ -266,6 +324,19 @@ def _gather(blocks: Iterator[Any], out: OutputDir, job: ScoreJob, timing: _Timin
         first = min(pending)
         raise RuntimeError(f"part {first}: {have[first]} of {job.parts[first].rows} rows "
                            "came back")
+
+
+def _kernels_of(block: Any) -> dict[str, Any]:
+    """The KernelChoice an actor put in its blocks (actor.KERNELS), {} where this piece of a
+    block lacks it."""
+    import json
+
+    import pyarrow.compute as pc
+
+    if KERNELS not in block.column_names:
+        return {}
+    found = pc.drop_null(block.column(KERNELS))
+    return json.loads(found[0].as_py()) if len(found) else {}
 
 
 def _reap(writing: list[Future], wait: bool) -> list[Future]:

@@ -17,6 +17,7 @@ from typing import Any, Sequence
 
 from bertfuse.checks import check_int, check_path
 from bertfuse.errors import BertfuseError
+from bertfuse.runtime.kernels import check_kernels_option
 from bertfuse.score.rows import InputSpec
 
 DEFAULT_PART_ROWS = 8192
@@ -56,11 +57,13 @@ class ScoreJob:
     max_retries: int = 3
     part_rows: int = DEFAULT_PART_ROWS
     fingerprint: dict = field(default_factory=dict)
+    kernels: str = "auto"  # the actors' Sessions' (runtime/kernels.py)
 
     def identity(self) -> dict[str, Any]:
         """What a restarted job must share with the run that wrote the output so far: the
         model, the input files, the columns, the outputs, the parts. Actors, batch size,
-        device and cluster may differ: they do not change a row's result."""
+        device, kernels and cluster may differ: they change a row's result only within the
+        runtime's tolerances."""
         s = self.spec
         return {"model": self.fingerprint["model"], "inputs": self.fingerprint["inputs"],
                 "columns": {"text": s.text_column, "text_pair": s.text_pair_column,
@@ -107,7 +110,7 @@ def build_job(model: Any, input: Any, output: Any, *, text_column: Any = None,
               segment_column: Any = None, key_columns: Any = None, outputs: Any = None,
               max_seq: Any = None, batch_size: Any = DEFAULT_BATCH, actors: Any = None,
               device: Any = "auto", address: Any = None, max_retries: Any = 3,
-              part_rows: Any = DEFAULT_PART_ROWS) -> ScoreJob:
+              part_rows: Any = DEFAULT_PART_ROWS, kernels: Any = "auto") -> ScoreJob:
     """The job for score(...)'s arguments, every one checked (see score/__init__.py)."""
     model, input, output = (check_path(n, v) for n, v in (("model", model), ("input", input),
                                                              ("output", output)))
@@ -137,6 +140,7 @@ def build_job(model: Any, input: Any, output: Any, *, text_column: Any = None,
     max_seq = _maybe_int("max_seq", max_seq, 1)
     if device not in DEVICES:
         raise BertfuseError(f"device must be one of {', '.join(DEVICES)}, not {device!r}")
+    check_kernels_option(kernels)  # ConfigError: one line, before the model is read
     if address is not None and (not isinstance(address, str) or not address):
         raise BertfuseError(f"address must be a Ray address ('auto', 'ray://host:10001'), "
                             f"not {address!r}")
@@ -158,7 +162,8 @@ def build_job(model: Any, input: Any, output: Any, *, text_column: Any = None,
     parts, rows = plan_parts(files, part_rows)
     fingerprint["inputs"] = [{**_stamp(f), "rows": n} for f, n in _file_rows(files)]
     return ScoreJob(model, input, output, files, spec, keys, names, ranks, parts, rows,
-                    batch_size, actors, device, address, max_retries, part_rows, fingerprint)
+                    batch_size, actors, device, address, max_retries, part_rows, fingerprint,
+                    kernels)
 
 
 def _model(model: str, wanted: list[str]):

@@ -40,3 +40,53 @@ def test_variants_pick_and_order_rows_and_a_bad_file_is_one_line(tmp_path, capsy
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not a gpu_bench.json" in err[0]
     assert not (tmp_path / "x.svg").exists()
+
+
+def _breadth_row(cls: str, bertfuse: dict | None, bert_tf: dict) -> dict:
+    return {"library": "transformers", "class": cls, "format": "SavedModel",
+            "fp32": {"rc": 0, "fused": bertfuse} if bertfuse else {"rc": 1, "error": "x"},
+            "ort": {"bert_tf": {"opt_level": 0, "fused": bert_tf, "nodes": 200},
+                    "bert": {"opt_level": 1, "error": "ValueError: no"}}}
+
+
+BREADTH = [_breadth_row("TFBertModel",
+                        {"Attention": 2, "SkipLayerNormalization": 4, "EmbedLayerNormalization": 1,
+                         "BiasGelu": 2, "FastGelu": 0, "Gelu": 0},
+                        {"Attention": 0, "SkipLayerNormalization": 0, "EmbedLayerNormalization": 0,
+                         "BiasGelu": 0, "FastGelu": 1, "Gelu": 0, "LayerNormalization": 4}),
+           _breadth_row("TFMobileBertModel", None, {"Attention": 0})]
+
+
+def test_fusion_counts_sum_the_gelu_forms_and_list_what_failed():
+    panels, missing = charts.fusion_counts(BREADTH)
+    bert = panels["transformers TFBertModel (SavedModel)"]
+    assert bert["bertfuse"] == {"Attention": 2, "SkipLayerNorm": 4, "GELU": 2, "EmbedLayerNorm": 1}
+    assert bert["ORT bert_tf"] == {"Attention": 0, "SkipLayerNorm": 0, "GELU": 1,
+                                   "EmbedLayerNorm": 0}  # LayerNormalization is not a fusion here
+    assert panels["transformers TFMobileBertModel (SavedModel)"] == {
+        "ORT bert_tf": {"Attention": 0, "SkipLayerNorm": 0, "GELU": 0, "EmbedLayerNorm": 0}}
+    assert missing == ["transformers TFBertModel (SavedModel) / ORT bert",
+                       "transformers TFMobileBertModel (SavedModel) / bertfuse",
+                       "transformers TFMobileBertModel (SavedModel) / ORT bert"]
+
+
+def test_the_fusion_chart_draws_every_count_on_one_scale(tmp_path, capsys):
+    run = tmp_path / "breadth.json"
+    run.write_text(json.dumps({"environment": {"date": "2026-12-02"}, "rows": BREADTH}))
+    assert charts.main([str(run), "--fusion", "-o", str(tmp_path / "f.svg")]) == 0
+    svg = ET.parse(tmp_path / "f.svg").getroot()
+    ns = "{http://www.w3.org/2000/svg}"
+    bars = {r.find(f"{ns}title").text: float(r.get("width")) for r in svg.iter(f"{ns}rect")
+            if r.find(f"{ns}title") is not None}
+    assert len(bars) == 2 * 4 + 4  # TFBertModel: bertfuse and bert_tf; MobileBERT: bert_tf
+    top = charts.BAR_W  # 4 SkipLayerNorm, the largest count, is the full width
+    assert bars["transformers TFBertModel (SavedModel): bertfuse, SkipLayerNorm"] == top
+    assert bars["transformers TFBertModel (SavedModel): bertfuse, Attention"] == top / 2
+    assert bars["transformers TFBertModel (SavedModel): ORT bert_tf, Attention"] == 0
+    text = " ".join(t.text or "" for t in svg.iter(f"{ns}text"))
+    assert "2026-12-02" in text and "failed in this run: " in text
+    (tmp_path / "gpu.json").write_text(json.dumps({"results": []}))  # not a breadth run
+    assert charts.main([str(tmp_path / "gpu.json"), "--fusion", "-o", str(tmp_path / "g.svg")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not a breadth.py JSON" in err[0]
+    assert not (tmp_path / "g.svg").exists()

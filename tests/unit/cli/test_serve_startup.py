@@ -1,0 +1,57 @@
+"""`bertfuse serve` start-up on a pipe: one progress line per stage deploy() really runs (Ray
+started here, Serve started, replicas deployed) before the URL line on stdout, none with -q;
+SIGTERM then stops it with nothing left."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from support.paths import ROOT
+
+pytest.importorskip("ray")
+
+from unit.serve.test_serve import descendants, free_port, tiny, wait_gone  # noqa: E402,F401
+
+LINE = re.compile(r"^bertfuse serve: (.+) (\d+\.\d)s \((\d+\.\d)s in all\)$")
+
+
+@pytest.mark.parametrize("flag", [None, "-q"])
+def test_start_up_prints_a_line_per_stage_on_a_pipe(tiny, tmp_path, flag):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get(
+        "PYTHONPATH", "")]), "RAY_ADDRESS": ""}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bertfuse", "serve", tiny["model"], "--port", str(free_port()),
+         "--max-batch", "4", "--ingress", "proxy", "--kernels", "ort", "--no-warmup", *([flag] if flag else [])],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not lines and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert lines and lines[0].startswith("serving "), proc.poll()
+        started = descendants(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    err = proc.stderr.read()
+    assert rc == 0, err[-3000:]
+    stages = [m.group(1) for m in map(LINE.match, err.splitlines()) if m]
+    want = [] if flag else ["ray cluster", "serve start", "deploy replicas"]
+    assert stages == want, err[-3000:]
+    totals = [float(m.group(3)) for m in map(LINE.match, err.splitlines()) if m]
+    assert totals == sorted(totals)
+    assert not wait_gone(started)

@@ -1,0 +1,84 @@
+"""`bertfuse score` as a process, joining this module's local Ray (no Ray start per run): one
+progress line per stage on a pipe (plan, ray cluster, score) and none with --json; --kernels
+carried to the actors' Sessions and the first actor's choice in the summary (on the CPU: the
+contrib ops, and why); a bad --kernels is one line, exit 2, before Ray."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from bertfuse import cli
+from bertfuse.errors import BertfuseError
+from support.paths import ROOT
+
+pytest.importorskip("ray")
+
+from bertfuse.score import score  # noqa: E402
+from unit.score.test_score import cluster, tiny  # noqa: E402,F401  (module fixtures)
+
+LINE = re.compile(r"^bertfuse score: (.+) (\d+\.\d)s \((\d+\.\d)s in all\)$")
+ROWS = 300
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory) -> str:
+    rng = np.random.default_rng(5)
+    ids = [rng.integers(1, 300, n).tolist() for n in rng.integers(1, 40, ROWS)]
+    path = tmp_path_factory.mktemp("score_cli_in") / "small.parquet"
+    pq.write_table(pa.table({"ids": pa.array(ids, pa.list_(pa.int32()))}), path,
+                   row_group_size=100)
+    return str(path)
+
+
+def _score(cluster: str, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "bertfuse", "score", *args, "--address",
+                           cluster, "--actors", "1"], env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_a_line_per_stage_on_a_pipe_and_the_kernels_chosen(cluster, tiny, small, tmp_path):
+    ran = _score(cluster, "--model", tiny["model"], "--input", small, "--output",
+                 str(tmp_path / "o"), "--ids-column", "ids")
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    stages = [m.group(1) for m in map(LINE.match, ran.stderr.splitlines()) if m]
+    assert stages == ["plan", "ray cluster", "score"], ran.stderr[-3000:]
+    assert f"scored {ROWS} rows" in ran.stdout
+    # the first actor's KernelChoice line: auto on the CPU keeps ONNX Runtime's contrib ops
+    assert "kernels=auto: ort (bertfuse's ops run on CUDA only" in ran.stdout, ran.stdout
+
+
+def test_json_is_quiet_and_reports_the_kernels(cluster, tiny, small, tmp_path):
+    ran = _score(cluster, "--model", tiny["model"], "--input", small, "--output",
+                 str(tmp_path / "o"), "--ids-column", "ids", "--kernels", "ort", "--json")
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert not [ln for ln in ran.stderr.splitlines() if ln.startswith("bertfuse score:")]
+    summary = json.loads(ran.stdout)
+    assert summary["scored"] == ROWS
+    k = summary["kernels"]
+    assert (k["asked"], k["used"], k["reason"]) == ("ort", "ort", "asked"), k
+    table = pq.read_table(tmp_path / "o" / "scores")
+    assert table.column_names == ["row", "pooled_output"]  # the choice column is not written
+    again = score(tiny["model"], small, tmp_path / "o", ids_column="ids", kernels="ort",
+                  progress=False)  # all done before: no actor ran, the asked value only
+    assert again.rows_this_run == 0 and again.kernels == {"asked": "ort"}
+
+
+def test_a_bad_kernels_value_is_one_line_before_ray(tiny, small, tmp_path, capsys):
+    code = cli.main(["score", "--model", tiny["model"], "--input", small, "--output",
+                     str(tmp_path / "o"), "--ids-column", "ids", "--kernels", "fast"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "invalid choice: 'fast'" in err[0], err
+    for bad in ("fast", None, 1):
+        with pytest.raises(BertfuseError, match="kernels must be one of"):
+            score(tiny["model"], small, tmp_path / "o", ids_column="ids", kernels=bad)
+    assert not (tmp_path / "o").exists()
