@@ -4,6 +4,7 @@ tf2onnx holds several copies of every constant while it converts (12-14 GB peak 
 3-layer, 183 MB model). Our sources hand it a GraphDef whose large weights are placeholders,
 so it converts structure only; the real weights become ONNX initializers afterwards, by name.
 Shape-only arithmetic on weights that tf2onnx would have folded is folded by our cleanup pass.
+tf2onnx runs with two fixes where its output differs from the TF math (tf2onnx_fixes.py).
 """
 
 from __future__ import annotations
@@ -38,19 +39,13 @@ def tf_to_onnx(src: TFSource, opset: int) -> onnx.ModelProto:
         raise BertfuseError(f"--opset {opset} is not supported by tf2onnx 1.17 "
                             f"(choose {' or '.join(map(str, SUPPORTED_OPSETS))})")
     _quiet_tf2onnx()
-    import tf2onnx
-
-    from bertfuse.converter.handlers import custom_op_handlers
+    from bertfuse.converter.tf2onnx_fixes import from_graph_def
 
     weight_inputs = [f"{name}:0" for name in src.weights]
     try:
-        model, _ = tf2onnx.convert.from_graph_def(
-            src.graph_def,
-            input_names=[src.inputs[r] for r in src.inputs] + weight_inputs,
-            output_names=list(src.outputs.values()),
-            opset=opset,
-            custom_op_handlers=custom_op_handlers(),
-        )
+        model = from_graph_def(src.graph_def,
+                               input_names=[src.inputs[r] for r in src.inputs] + weight_inputs,
+                               output_names=list(src.outputs.values()), opset=opset)
     except Exception as exc:
         raise BertfuseError(f"tf2onnx could not convert the graph: {type(exc).__name__}: "
                             f"{str(exc).splitlines()[0][:300] if str(exc) else ''}") from None

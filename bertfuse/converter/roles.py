@@ -6,6 +6,10 @@ import re
 
 from bertfuse.errors import BertfuseError
 
+# What TF Hub's BERT encoders return beside the roles: `default` (pooled_output again) and
+# `encoder_outputs`, one [batch, seq, hidden] per layer. Kept only when --outputs names them.
+HUB_EXTRAS = re.compile(r"default|encoder_outputs(_\d+)?")
+
 ROLE_NAMES: dict[str, tuple[str, ...]] = {
     "input_ids": ("input_ids", "input_word_ids", "token_ids", "word_ids", "ids", "inputs",
                   "input"),

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from bertfuse.converter.frozen import canonical_output_name, source_from_graph_def
-from bertfuse.converter.roles import UnknownInput, assign_roles
+from bertfuse.converter.roles import HUB_EXTRAS, UnknownInput, assign_roles
 from bertfuse.converter.source import OUTPUT_ROLES, TFSource
 from bertfuse.errors import BertfuseError
 
@@ -60,9 +59,6 @@ def _freeze(concrete) -> tuple[object, dict[str, str], dict[str, str], list[int 
     return graph_def, structured, out_map, [t.shape.rank for t in frozen.outputs]
 
 
-# What TF Hub's BERT encoders return beside the roles: `default` (pooled_output again) and
-# `encoder_outputs`, one [batch, seq, hidden] per layer. Kept only when --outputs names them.
-_HUB_EXTRAS = re.compile(r"default|encoder_outputs(_\d+)?")
 
 
 def _role_outputs(out_map: dict[str, str], rank_of: dict[str, int | None],
@@ -78,7 +74,7 @@ def _role_outputs(out_map: dict[str, str], rank_of: dict[str, int | None],
         if canon in OUTPUT_ROLES:
             keep[key] = tensor
             used.add(canon)
-        elif not _HUB_EXTRAS.fullmatch(key):
+        elif not HUB_EXTRAS.fullmatch(key):
             unknown.append(key)
     if unknown or not keep:
         raise BertfuseError(

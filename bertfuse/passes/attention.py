@@ -10,7 +10,8 @@ Weights are packed [H, 3H] in Q, K, V column order: Q is the operand that is NOT
 into the score MatMul's second input, K is, and V is what the probabilities multiply. The
 scale is the product of every constant factor on the Q, K and score paths; it is written as
 the `scale` attribute when it differs from 1/sqrt(D). The mask is checked numerically
-(attention_mask.py); Attention then reads the model's raw 2-D mask input (padding anywhere).
+(attention_mask.py); Attention then reads the model's raw 2-D mask input (padding anywhere),
+or the 0/1 [B, S] mask the graph computes from its inputs, cast to int32 once for all layers.
 
 Layers in any other arrangement (Keras einsum, HF) are matched by evaluation instead:
 attention_match.py.

@@ -7,6 +7,11 @@ evaluated with ONNX Runtime on random hidden states and probe masks, and the mat
 (Q/K order, head count, scale, mask input) whose float64 reference reproduces it. A Q/K swap
 or a wrong head count cannot reproduce it, so it cannot be chosen.
 
+The mask is a model input, or a 0/1 [B, S] tensor computed in the graph (attention_mask.py's
+`computed_masks`: bert4keras' ids != 0 with key 0 kept), fed the probes in place; the latter
+must leave kept keys' scores alone and lower padded ones by 10000 or more (-1e12, -inf), so
+that Attention's -10000 filter is the same math once softmax saturates.
+
 This module also holds what a match is (`AttentionMatch`), shared with attention.py.
 """
 
@@ -17,12 +22,14 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from bertfuse.passes.attention_mask import computed_masks, holds_ids, id_probe, reader
 from bertfuse.passes.base import const_value, producer, scalar_factor
 from bertfuse.passes.evaluate import ancestors, bs_input, eval_with_ort, rank_of
 from bertfuse.passes.match import MatchFailure, expect, fail
 from bertfuse.io.inputs import probe_feeds, probe_mask
 
 MASK_FLOOR = -10000.0  # exp underflows to 0 already; finite in fp16
+MASK_BIG = 10000.0  # a computed mask must lower padded keys' scores at least this much
 
 
 @dataclass
@@ -69,8 +76,10 @@ def _dense_weight(node: gs.Node) -> np.ndarray | None:
     return None
 
 
-def _find_projections(start: gs.Tensor, limit: int = 40) -> tuple[list[gs.Node], list[float]]:
-    """Dense layers feeding `start` without passing another dense layer; scalar factors met."""
+def _find_projections(start: gs.Tensor, limit: int = 100) -> tuple[list[gs.Node], list[float]]:
+    """Dense layers feeding `start` without passing another dense layer; scalar factors met.
+    The walk is depth-first: in keras-bert's second layer more than 40 nodes of the mask
+    subgraph (recomputed from the ids in every layer) come before Q and K."""
     found: list[gs.Node] = []
     scales: list[float] = []
     seen: set[int] = set()
@@ -187,20 +196,89 @@ def match_numeric(graph: gs.Graph, softmax: gs.Node) -> AttentionMatch:
 
 
 def _solve(graph, softmax, x, out, weights, biases, scales, hidden_in, hidden) -> AttentionMatch:
-    """The first mask input (or none) under which the layer is reproduced."""
+    """The first mask (a model input, a 0/1 [B, S] tensor computed in the graph, or none)
+    under which the layer is reproduced."""
     feeds = probe_feeds(graph)
     _, sources = ancestors([softmax.inputs[0]], [x])
     candidates = [src for src in sources if src is not x and src.dtype is not None and
                   np.dtype(src.dtype).kind in "iub" and src.shape is not None and
                   len(src.shape) == 2]
+    ref = bs_input(graph)
+    shape = feeds[ref.name].shape[:2] if ref is not None else next(iter(feeds.values())).shape[:2]
+    computed = computed_masks(graph, [softmax.inputs[0]], (x,), shape)
     last = "no mask input reproduces the layer"
-    for mask_input in candidates + [None]:
+    for mask_input in candidates + computed + [None]:
+        if mask_input is None and any(_reads_values(graph, x, out, c, feeds, hidden_in)
+                                       for c in candidates):
+            # All-ones probe ids would let "no mask" pass for a mask of another form
+            # (bert4keras keeps key 0 always): the layer reads an input's values, so refuse.
+            fail(f"{last} (the layer is masked by an input in a form not understood)")
+        inner = mask_input is not None and bool(mask_input.inputs)
         try:
-            return _solve_with_mask(graph, x, out, weights, biases, scales, hidden_in, hidden,
-                                    mask_input, feeds)
+            if inner:
+                _keys_only(graph, softmax.inputs[0], x, mask_input, feeds, hidden_in, shape)
+            found = _solve_with_mask(graph, x, out, weights, biases, scales, hidden_in, hidden,
+                                     mask_input, feeds)
+            if mask_input is not None and not inner and holds_ids(mask_input):
+                expect(not _reads_values(graph, x, out, mask_input, feeds, hidden_in, wide=True),
+                       f"{mask_input.name} holds token ids and the layer reads their values "
+                       f"({reader(mask_input, [softmax.inputs[0]])}), not only which are 0")
+            return found
         except MatchFailure as failure:
-            last = failure.reason
+            last = f"0/1 mask {producer(mask_input).name}: {failure.reason}" if inner \
+                else failure.reason
     fail(last)
+
+
+def _keys_only(graph, scores, x, mask: gs.Variable, feeds, hidden_in: int,
+               shape: tuple[int, int]) -> None:
+    """The 0/1 [B, S] tensor `mask` must leave the scores of kept keys as they are and lower
+    those of padded keys by MASK_BIG or more, for every head and query (the key axis is its
+    axis 1): then Attention's -10000 filter is the same math, softmax saturated."""
+    feeds, (b, s) = dict(feeds), shape
+    probe = np.random.default_rng(11).standard_normal((b, s, hidden_in)).astype(np.float32)
+    feeds[x.name] = probe if (rank_of(x) or 2) == 3 else probe.reshape(b * s, -1)
+    keep = probe_mask(b, s, seed=5)
+    cut = {x.name: x, mask.name: mask}
+    try:
+        (plain,) = eval_with_ort(graph, [scores], feeds | {mask.name: np.ones((b, s), mask.dtype)},
+                                 cut=cut)
+        (masked,) = eval_with_ort(graph, [scores], feeds | {mask.name: keep.astype(mask.dtype)},
+                                  cut=cut)
+    except Exception as exc:
+        fail(f"cannot evaluate the scores ({type(exc).__name__})")
+    plain, masked = np.asarray(plain, np.float64), np.asarray(masked, np.float64)
+    expect(plain.ndim == 4 and plain.shape[0] == b and plain.shape[-1] == s,
+           f"scores have shape {list(plain.shape)}, expected [B, N, S, S]")
+    kept = np.broadcast_to(keep[:, None, None, :].astype(bool), plain.shape)
+    expect(np.allclose(masked[kept], plain[kept], rtol=1e-5, atol=1e-5),
+           "it moves the scores of kept keys (not broadcast over heads and queries onto the "
+           "key axis)")
+    with np.errstate(invalid="ignore"):
+        drop = masked[~kept] - plain[~kept]
+    expect(drop.size and bool(np.all(drop <= -MASK_BIG + 1.0)),
+           f"padded keys' scores are lowered by {-np.nanmax(drop):.3g}, less than {MASK_BIG:g}")
+
+
+def _reads_values(graph, x, out, source, feeds, hidden_in: int, wide: bool = False) -> bool:
+    """Whether the layer's output moves when `source` holds a padded probe mask instead of
+    ones (x fixed); wide: token-id-like values instead of the ones at kept positions."""
+    feeds = dict(feeds)
+    b, s = feeds[source.name].shape[:2]
+    probe = np.random.default_rng(11).standard_normal((b, s, hidden_in))
+    feeds[x.name] = (probe if (rank_of(x) or 2) == 3 else probe.reshape(b * s, -1)).astype(
+        np.float32)
+    try:
+        mask = probe_mask(b, s, seed=5)
+        if wide:
+            feeds[source.name] = mask.astype(feeds[source.name].dtype)
+        (ones,) = eval_with_ort(graph, [out], feeds, cut={x.name: x})
+        feeds[source.name] = (id_probe(mask, 5) if wide else mask).astype(
+            feeds[source.name].dtype)
+        (masked,) = eval_with_ort(graph, [out], feeds, cut={x.name: x})
+    except Exception:
+        return False
+    return not np.allclose(ones, masked, rtol=1e-5, atol=1e-6)
 
 
 def _solve_with_mask(graph, x, out, weights, biases, scales, hidden_in, hidden, mask_input,
@@ -211,13 +289,17 @@ def _solve_with_mask(graph, x, out, weights, biases, scales, hidden_in, hidden, 
     ref = bs_input(graph)
     b, s = feeds[ref.name].shape[:2] if ref is not None else next(iter(feeds.values())).shape[:2]
     mask = probe_mask(b, s, seed=5)
+    cut = {x.name: x}
     if mask_input is not None:
-        feeds[mask_input.name] = mask.astype(feeds[mask_input.name].dtype)
+        feeds[mask_input.name] = mask.astype(mask_input.dtype if mask_input.inputs else
+                                             feeds[mask_input.name].dtype)
+        if mask_input.inputs:  # computed in the graph: fed in place
+            cut[mask_input.name] = mask_input
     x_rank = rank_of(x) or 2
     probe = rng.standard_normal((b, s, hidden_in)).astype(np.float32)
     feeds[x.name] = probe if x_rank == 3 else probe.reshape(b * s, hidden_in)
     try:
-        (got,) = eval_with_ort(graph, [out], feeds, cut={x.name: x})
+        (got,) = eval_with_ort(graph, [out], feeds, cut=cut)
     except Exception as exc:
         fail(f"cannot evaluate the layer ({type(exc).__name__}: {str(exc)[:80]})")
     got = np.asarray(got, np.float64)

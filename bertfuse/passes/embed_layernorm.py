@@ -12,7 +12,9 @@ token-valued input feeds), then the whole sum is evaluated with ONNX Runtime on 
 and compared with word[ids] + type[segments] + position[0:S]. A table gathered at indices
 computed from the ids that are not the ids themselves (RoBERTa's padding-aware
 `cumsum(ids != pad) * (ids != pad) + pad`) is the position table: its index subgraph stays,
-and feeds the fused node's `position_ids` input.
+and feeds the fused node's `position_ids` input. A position Slice must start at row 0 and end
+at S; where S is fixed by the ids' shape (bert-for-tf2) the slice arrives folded, as a
+constant [1, S, H] term, and is the position table itself.
 """
 
 from __future__ import annotations
@@ -157,7 +159,7 @@ def _reads_input_as_is(graph: gs.Graph, index: gs.Tensor | None, inp: gs.Variabl
 
 
 def _position_table(t: gs.Tensor) -> np.ndarray | None:
-    node = producer(t)
+    node = producer(_untile_batch(t))
     if node is not None and node.op in ("Slice", "Gather"):
         table = const_value(node.inputs[0])
         if table is not None and table.ndim == 3 and table.shape[0] == 1:
@@ -167,11 +169,22 @@ def _position_table(t: gs.Tensor) -> np.ndarray | None:
     return None
 
 
+def _untile_batch(t: gs.Tensor) -> gs.Tensor:
+    """The table slice under a Tile over the batch only (keras-bert's PositionEmbedding in
+    ADD mode tiles its [1, S, H] slice to [B, S, H]); the numeric check of the sum confirms."""
+    node = producer(t)
+    if node is not None and node.op == "Tile":
+        reps = const_value(node.inputs[1])
+        if reps is None or np.all(np.ravel(reps)[1:] == 1):  # a constant must repeat only B
+            return _unwrap(node.inputs[0])
+    return t
+
+
 def _match(graph: gs.Graph, leaves: list[gs.Tensor]) -> tuple:
     """(word, (position, position ids), segment, ids, segments) from the sum's terms; raises
     NotACandidate for a sum with no token lookup (a residual add), MatchFailure for an
     embedding sum that does not have BERT's terms."""
-    lookups, positions = [], []
+    lookups, positions, position_terms = [], [], []
     for leaf in leaves:
         core = _unwrap(leaf)
         hit = _lookup(core, graph)
@@ -184,19 +197,102 @@ def _match(graph: gs.Graph, leaves: list[gs.Tensor]) -> tuple:
             continue
         table = _position_table(core)
         if table is None:
+            table = _constant_positions(core)
+        if table is None:
             if not lookups:
                 raise NotACandidate
             fail("an embedding term is neither a lookup nor positions")
         positions.append((table, None))
+        position_terms.append(core)
     if not lookups:
         raise NotACandidate
     expect(len(positions) == 1, f"expected one position table, found {len(positions)}")
     lookups.sort(key=lambda h: -h[0].shape[0])  # the word table has the most rows
     word, ids = lookups[0]
+    for core in position_terms:
+        _check_position_rows(graph, core, ids)
     segment, segs = (lookups[1] if len(lookups) > 1 else (None, None))
     expect(len(lookups) <= 2, f"{len(lookups)} lookups: more than words and token types")
     expect(ids is not segs, "word and token-type lookups read the same input")
     return word, positions[0], segment, ids, segs
+
+
+# Positions as rows 0..S-1 of a table, S the ids' sequence length (bert-for-tf2's
+# tf.slice(table, [0, 0], [S, -1]), S read from the input's fixed shape; keras-bert's and
+# Google's slices). Where S is fixed, the slice of a constant table is folded into a constant
+# [1, S, H] before the passes run: that constant is the positions.
+
+
+def _constant_positions(t: gs.Tensor) -> np.ndarray | None:
+    """A constant [1, S, H] or [S, H] embedding term (S > 1) as a [S, H] table."""
+    value = const_value(t)
+    if value is None or value.ndim not in (2, 3) or (value.ndim == 3 and value.shape[0] != 1):
+        return None
+    rows = value.reshape(value.shape[-2:])
+    return rows if rows.shape[0] > 1 else None
+
+
+def _fixed_seq(ids: gs.Tensor) -> int | None:
+    dims = ids.shape if ids.shape is not None and len(ids.shape) == 2 else (None, None)
+    return dims[1] if isinstance(dims[1], int) and dims[1] > 0 else None
+
+
+def _check_position_rows(graph: gs.Graph, term: gs.Tensor, ids: gs.Tensor) -> None:
+    """Raises MatchFailure, naming the node, unless a position term is rows 0..S-1: a
+    constant has S rows, S fixed by the ids' shape; a Slice of the table starts at row 0
+    with step 1 and ends at S. (A Gather at Range(0, S): the sum's numeric check decides.)"""
+    seq = _fixed_seq(ids)
+    node = producer(term)
+    if node is not None and node.op == "Tile":  # keras-bert tiles its slice over the batch
+        node = producer(_unwrap(node.inputs[0]))
+    if node is None and const_value(term) is not None:
+        rows = const_value(term).shape[-2]
+        expect(seq is not None, f"constant position term {term.name}: the sequence length "
+                                f"of {ids.name} is not fixed")
+        expect(rows == seq, f"constant position term {term.name} has {rows} rows, the "
+                            f"sequence length of {ids.name} is {seq}")
+    elif node is not None and node.op == "Slice" and const_value(node.inputs[0]) is not None:
+        _check_position_slice(graph, node, ids, seq)
+
+
+def _slice_arg(node: gs.Node, i: int, default: list[int]) -> np.ndarray | None:
+    if len(node.inputs) > i and node.inputs[i].name:
+        value = const_value(node.inputs[i])
+        return None if value is None else np.ravel(value).astype(np.int64)
+    return np.array(default, np.int64)
+
+
+def _check_position_slice(graph: gs.Graph, node: gs.Node, ids: gs.Tensor,
+                          seq: int | None) -> None:
+    table = const_value(node.inputs[0])
+    rows_axis, n_rows = table.ndim - 2, table.shape[-2]  # [P, H], or [1, P, H]
+    starts = _slice_arg(node, 1, [])
+    expect(starts is not None, f"position slice {node.name}: its start is not a constant")
+    axes = _slice_arg(node, 3, list(range(starts.size)))
+    steps = _slice_arg(node, 4, [1] * starts.size)
+    expect(axes is not None, f"position slice {node.name}: its axes are not constants")
+    at_rows = [i for i, a in enumerate(axes) if a % table.ndim == rows_axis]
+    expect(at_rows, f"position slice {node.name} does not slice the table's rows")
+    k = at_rows[0]
+    start = int(starts[k]) + (n_rows if starts[k] < 0 else 0)
+    expect(start == 0, f"position slice {node.name} starts at row {start}, not 0")
+    expect(steps is not None and steps[k] == 1, f"position slice {node.name}: step is not 1")
+    ends = _slice_arg(node, 2, [])
+    if ends is not None:  # a constant end: S must be the ids' fixed length
+        end = int(ends[k]) + n_rows if ends[k] < 0 else min(int(ends[k]), n_rows)
+        expect(seq is not None and end == seq,
+               f"position slice {node.name} takes rows 0..{end - 1}, the sequence length of "
+               f"{ids.name} is {seq if seq is not None else 'not fixed'}")
+        return
+    for probe in (PROBE_SEQ, PROBE_SEQ + 2):  # a computed end: S at two sequence lengths
+        feeds = probe_feeds(graph, seq=probe)
+        try:
+            (got,) = eval_with_ort(graph, [node.inputs[2]], feeds)
+        except Exception:
+            return  # not evaluable here: the sum's numeric check decides
+        end, want = int(np.ravel(got)[k]), feeds[ids.name].shape[1]
+        expect(min(end, n_rows) == want, f"position slice {node.name} ends at row {end} for "
+                                         f"sequence length {want}")
 
 
 def _check_numerically(graph, total, word, position, segment, ids, segs, pos_ids=None) -> None:
@@ -207,7 +303,7 @@ def _check_numerically(graph, total, word, position, segment, ids, segs, pos_ids
     id_vals = rng.integers(0, min(word.shape[0], 97), size=feeds[ids.name].shape)
     feeds[ids.name] = id_vals.astype(feeds[ids.name].dtype)
     if pos_ids is None:
-        expected = word[id_vals] + position[None, :PROBE_SEQ]
+        expected = word[id_vals] + position[None, :id_vals.shape[1]]  # a fixed S, or the probe's
     else:
         try:
             (pos_vals,) = eval_with_ort(graph, [pos_ids], feeds)

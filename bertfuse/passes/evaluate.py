@@ -24,6 +24,9 @@ from bertfuse.passes.base import const_value, producer
 
 ELEMENTWISE = {"Add", "Sub", "Mul", "Div", "Neg", "Sqrt", "Reciprocal", "Pow", "Erf", "Tanh",
                "ReduceMean", "GlobalAveragePool", "Cast", "Identity"}
+# Guards some libraries write around a normalisation's divisor, no-ops on its math:
+# Max(var + eps, 0) (Keras' sqrt guard) and div_no_nan's Where(Equal(d, 0), 0, x / d).
+GUARDS = {"Max", "Min", "Equal", "Where"}
 
 
 RANK3_PRODUCERS = {"Attention", "EmbedLayerNormalization"}
@@ -133,6 +136,12 @@ def eval_elementwise(region: list[gs.Node], feeds: dict[int, np.ndarray]) -> dic
             r = np.tanh(ins[0])
         elif op in ("Cast", "Identity"):
             r = ins[0]
+        elif op in ("Max", "Min"):
+            r = (np.maximum if op == "Max" else np.minimum).reduce(np.broadcast_arrays(*ins))
+        elif op == "Equal":
+            r = ins[0] == ins[1]
+        elif op == "Where":
+            r = np.where(ins[0].astype(bool), ins[1], ins[2])
         elif op == "GlobalAveragePool":
             r = ins[0].mean(axis=tuple(range(2, ins[0].ndim)), keepdims=True)
         elif op == "ReduceMean":
@@ -144,7 +153,8 @@ def eval_elementwise(region: list[gs.Node], feeds: dict[int, np.ndarray]) -> dic
                             keepdims=keep)
         else:
             raise KeyError(op)
-        env[id(node.outputs[0])] = np.asarray(r, dtype=np.float64)
+        r = np.asarray(r)
+        env[id(node.outputs[0])] = r if r.dtype == bool else r.astype(np.float64)
     return env
 
 

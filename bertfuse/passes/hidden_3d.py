@@ -132,15 +132,18 @@ def _check_terminals(graph: gs.Graph, terminals: list[gs.Node]) -> list[gs.Tenso
     """Each unflatten must give [B, S, H] (Keras' einsum: [B, S, H, 1, ..] then a Squeeze of
     the trailing ones). Per terminal the tensor that becomes 3-D; raises MatchFailure."""
     pending = [t.inputs[1] for t in terminals if const_value(t.inputs[1]) is None]
+    feeds = probe_feeds(graph)
+    # S is the inputs' own where it is fixed (bert-for-tf2's [batch, 16]), else the probe's
+    seq = next((np.shape(f)[1] for f in feeds.values() if np.ndim(f) == 2), PROBE_SEQ)
     try:
-        evaluated = iter(eval_with_ort(graph, pending, probe_feeds(graph)) if pending else [])
+        evaluated = iter(eval_with_ort(graph, pending, feeds) if pending else [])
     except Exception as exc:
         fail(f"cannot evaluate the unflatten shapes ({type(exc).__name__})")
     outs = []
     for term in terminals:
         value = const_value(term.inputs[1])
         v = [int(x) for x in np.ravel(value if value is not None else next(evaluated))]
-        if v[:2] != [PROBE_BATCH, PROBE_SEQ] and v[:2] != [PROBE_BATCH, -1] or len(v) < 3:
+        if v[:2] != [PROBE_BATCH, seq] and v[:2] != [PROBE_BATCH, -1] or len(v) < 3:
             fail(f"an unflatten Reshape targets {v}, not [B, S, H]")
         if len(v) == 3:
             outs.append(term.outputs[0])

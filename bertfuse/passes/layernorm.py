@@ -14,6 +14,11 @@ reads eps off the Add on the variance, then evaluates the region in float64 on r
 y must equal normalize(x) * γ + β for some per-channel γ, β, which it solves for and checks on
 a fresh probe. Reductions over anything but the last axis fail that check.
 
+Keras 2 libraries guard the divisor: keras-layer-normalization (keras-bert) takes
+Sqrt(Max(var + eps, 0)), bert4keras also divides with div_no_nan, Where(Equal(s, 0), 0, d / s).
+Both are no-ops on the math (var + eps > 0), so Max, Min, Equal and Where join the region and
+the same probe check decides; eps added after the Sqrt is refused (no Add(eps) on the variance).
+
 Candidates: every mean-like reduce whose output a Sub reads (a plain mean, such as pooling, is
 not one); each ends fused or missed, in its encoder layer.
 """
@@ -27,7 +32,8 @@ import onnx_graphsurgeon as gs
 
 from bertfuse.ops.contrib.layernorm import CONTRACT as LAYER_NORM
 from bertfuse.passes.base import CandidatePass, const, detach, replace_tensor, scalar_value
-from bertfuse.passes.evaluate import closed_region, eval_elementwise, region_outputs
+from bertfuse.passes.evaluate import ELEMENTWISE, GUARDS, closed_region, eval_elementwise, \
+    region_outputs
 from bertfuse.passes.match import MatchFailure, expect, fail
 
 REDUCE = ("ReduceMean", "GlobalAveragePool")
@@ -61,7 +67,7 @@ class LayerNormFusion(CandidatePass):
 
 def match_layernorm(graph: gs.Graph, x: gs.Tensor) -> tuple:
     """(region, y, gamma, beta, eps) of the LayerNorm that x feeds; raises MatchFailure."""
-    full = closed_region([x])
+    full = closed_region([x], ELEMENTWISE | GUARDS)
     expect(region_outputs(graph, full), "normalisation output not found")
     # Constant-only ops after the LN output (a mean pooling, a Tanh, ...) also land in the
     # closed region, so its last output need not be the LN's. Every tensor made in the region

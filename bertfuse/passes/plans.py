@@ -28,11 +28,15 @@ def fusion_plan(precision: str) -> list[Pass]:
     from bertfuse.passes.shape_from_inputs import ShapeFromInputs
     from bertfuse.passes.shared_weights import SharedWeights
     from bertfuse.passes.skip_layernorm import SkipLayerNormFusion
+    from bertfuse.passes.softmax_from_exp import SoftmaxFromExp
 
+    # The hand-written LayerNorm and softmax become ops first: the embedding, attention and
+    # skip fusions match on LayerNormalization and Softmax.
     passes: list[Pass] = [Cleanup(), EinsumToMatMul(), GemmToMatMul(), LayerNormFusion(),
-                          EmbedLayerNormFusion(), GeluFusion(), AttentionFusion(),
-                          SkipLayerNormFusion(), Cleanup(), ShapeFromInputs(), Cleanup(),
-                          Hidden3DPass(), DenseGemmFusion(), Cleanup(), SharedWeights()]
+                          SoftmaxFromExp(), EmbedLayerNormFusion(), GeluFusion(),
+                          AttentionFusion(), SkipLayerNormFusion(), Cleanup(), ShapeFromInputs(),
+                          Cleanup(), Hidden3DPass(), DenseGemmFusion(), Cleanup(),
+                          SharedWeights()]
     if precision == "fp16":
         from bertfuse.passes.fp16 import Fp16Pass
 

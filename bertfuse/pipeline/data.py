@@ -293,10 +293,16 @@ class ParityData:
 
     def expected(self, known: Mapping[str, str], outputs: list[str]) -> dict[str, np.ndarray]:
         """The saved outputs under the model's names (`known`: a source's own output name ->
-        the model's); a name the model lacks is bad input."""
+        the model's); a name the model lacks is bad input, but for TF Hub's `default` and
+        `encoder_outputs`, which conversion leaves out unless asked (saved from the
+        signature, they are there)."""
+        from bertfuse.converter.roles import HUB_EXTRAS
+
         out = {}
         for name, array in self.outputs_by_name().items():
             canon = name if name in outputs else known.get(name, known.get(f"{name}:0"))
+            if canon not in outputs and HUB_EXTRAS.fullmatch(name):
+                continue
             if canon not in outputs:
                 raise BertfuseError(f"--load-outputs {self.load_outputs}: {name!r} is no "
                                     f"output of the model (outputs: {', '.join(outputs)})")

@@ -216,3 +216,26 @@ def test_api_keywords_reach_the_data(work, tmp_path):
                                  save_outputs=tmp_path / "api.npz")
     assert report.parity.ok and report.parity.reference.startswith("saved outputs")
     assert "onnx/pooled_output" in np.load(tmp_path / "api.npz").files
+
+
+def test_saved_tf_hub_extras_the_model_leaves_out_are_not_compared(tmp_path):
+    """Outputs saved from a TF Hub encoder's signature include `default` (pooled_output
+    again) and `encoder_outputs_N`, which conversion keeps only when asked: they are skipped;
+    any other name the model lacks is still bad input."""
+    from bertfuse.errors import BertfuseError
+    from bertfuse.pipeline.data import ParityData
+
+    ids = np.ones((2, 4), np.int32)
+    seq, pooled = np.zeros((2, 4, 8), np.float32), np.ones((2, 8), np.float32)
+    path = tmp_path / "ref.npz"
+    np.savez(path, **{"in/input_word_ids": ids, "out/sequence_output": seq,
+                      "out/pooled_output": pooled, "out/default": pooled,
+                      "out/encoder_outputs_0": seq})
+    data = ParityData(load_inputs=str(path), load_outputs=str(path))
+    got = data.expected({}, ["sequence_output", "pooled_output"])
+    assert sorted(got) == ["pooled_output", "sequence_output"]
+    np.savez(path, **{"in/input_word_ids": ids, "out/sequence_output": seq,
+                      "out/logits": pooled})
+    with pytest.raises(BertfuseError, match="'logits' is no output of the model"):
+        ParityData(load_inputs=str(path), load_outputs=str(path)).expected(
+            {}, ["sequence_output", "pooled_output"])
