@@ -64,6 +64,14 @@ def _head(width: int, height: int, heading: str) -> list[str]:
             f'{escape(heading)}</text>']
 
 
+def _tail(out: list[str], y: float, what: str, missing: list[str]) -> str:
+    """The SVG's end: a footnote naming what is left out, if anything, and the close."""
+    if missing:
+        out.append(f'<text x="{PAD}" y="{y + 12}" font-size="10">{what}: '
+                   f'{escape("; ".join(missing))[:300]}</text>')
+    return "\n".join(out + ["</svg>"]) + "\n"
+
+
 def render(panels: dict[str, list[tuple[str, float]]], field: str, title: str,
            missing: list[str]) -> str:
     height = PAD * 2 + 28 + sum(24 + len(rows) * (BAR_H + GAP) + GAP for rows in panels.values()) \
@@ -84,11 +92,7 @@ def render(panels: dict[str, list[tuple[str, float]]], field: str, title: str,
             out.append(f'<text x="{LABEL_W + w + 4:.1f}" y="{y + BAR_H - 5}">{value:,.1f}</text>')
             y += BAR_H + GAP
         y += GAP
-    if missing:
-        out.append(f'<text x="{PAD}" y="{y + 12}" font-size="10">not timed in this run: '
-                   f'{escape("; ".join(missing))[:300]}</text>')
-    out.append("</svg>")
-    return "\n".join(out) + "\n"
+    return _tail(out, y, "not timed in this run", missing)
 
 
 Counts = dict[str, dict[str, int]]  # {tool: {op label: count}}
@@ -151,11 +155,7 @@ def render_fusion(panels: dict[str, Counts], title: str, missing: list[str]) -> 
                 y += FUSION_BAR_H + 2
             y += GAP
         y += GAP
-    if missing:
-        out.append(f'<text x="{PAD}" y="{y + 12}" font-size="10">failed in this run: '
-                   f'{escape("; ".join(missing))[:300]}</text>')
-    out.append("</svg>")
-    return "\n".join(out) + "\n"
+    return _tail(out, y, "failed in this run", missing)
 
 
 def _fusion_main(args: argparse.Namespace) -> int:

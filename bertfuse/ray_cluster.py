@@ -186,7 +186,8 @@ def process_start(pid: int) -> str | None:
     return None if fields[0] == "Z" else fields[19]
 
 
-def _descendants(pid: int) -> set[int]:
+def descendants(pid: int) -> set[int]:
+    """Every process below `pid` (zombies included), from /proc."""
     children: dict[int, list[int]] = {}
     for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -217,7 +218,7 @@ def _watch(owner: int, leftovers: list[str]) -> None:
             if os.read(0, 16).startswith(b"ok"):
                 return
             break  # the pipe ended: the owner is gone
-        for pid in _descendants(owner) - {me}:
+        for pid in descendants(owner) - {me}:
             known.setdefault(pid, process_start(pid))
     for sig, wait in ((signal.SIGTERM, KILL_AFTER_S), (signal.SIGKILL, 0)):
         live = [p for p, ident in known.items() if ident and process_start(p) == ident]

@@ -46,6 +46,8 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
+from bertfuse.ray_cluster import descendants  # noqa: E402 (after the path)
+
 PHASES = ("load", "replica", "node", "sigterm")
 UP_S = 240
 
@@ -54,29 +56,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def children() -> dict[int, list[int]]:
-    out: dict[int, list[int]] = {}
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        if fields[0] != "Z":
-            out.setdefault(int(fields[1]), []).append(int(entry))
-    return out
-
-
-def descendants(pid: int) -> set[int]:
-    kids, out, todo = children(), set(), [pid]
-    while todo:
-        for c in kids.get(todo.pop(), []):
-            if c not in out:
-                out.add(c)
-                todo.append(c)
-    return out
 
 
 def cmdline(pid: int) -> str:

@@ -101,11 +101,11 @@ def encoder(model, classic: bool = False):
     return Encoder()
 
 
-def reference(cfg: dict, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The fp32 torch forward (CPU) both peers are checked against."""
+def reference(enc, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The fp32 torch forward (CPU) of `enc` (encoder(...) of the config's seeded model), which
+    both peers are checked against."""
     import torch
 
-    enc = encoder(torch_bert(cfg, "eager"))
     with torch.no_grad():
         seq, pooled = enc(*_torch_inputs(feeds, "cpu"))
     return {"sequence_output": seq.double().numpy(), "pooled_output": pooled.double().numpy()}
@@ -119,12 +119,13 @@ def _torch_inputs(feeds: dict[str, np.ndarray], device: str) -> tuple:
                  for k in ("input_ids", "input_mask", "segment_ids"))
 
 
-def export_ort_peer(cfg: dict, feeds: dict[str, np.ndarray], workdir: str) -> tuple[str, str]:
-    """The PyTorch export through ORT's transformer optimizer, fp16: (path, fused-op note)."""
+def export_ort_peer(enc, cfg: dict, feeds: dict[str, np.ndarray],
+                    workdir: str) -> tuple[str, str]:
+    """`enc` (the classic form) exported and through ORT's transformer optimizer, fp16:
+    (path, fused-op note)."""
     import torch
     from onnxruntime.transformers import optimizer
 
-    enc = encoder(torch_bert(cfg, "eager"), classic=True)
     raw = os.path.join(workdir, "peer_torch_export.onnx")
     axes = {0: "batch", 1: "seq"}
     with torch.no_grad():
@@ -200,9 +201,11 @@ def setup_peers(metadata: dict[str, str], feeds: dict[str, np.ndarray],
 
     peers: dict[str, Peer] = {}
     failed: dict[str, str] = {}
-    ref = reference(cfg, feeds)
+    # One fp32 model for the reference and the export (the classic form: the same math)
+    classic = encoder(torch_bert(cfg, "eager"), classic=True)
+    ref = reference(classic, feeds)
     try:
-        path, note = export_ort_peer(cfg, feeds, workdir)
+        path, note = export_ort_peer(classic, cfg, feeds, workdir)
         fn, outs, sess, keep = bound_session(path, feeds, graph=True)
 
         def ort_outputs(outs=outs, sess=sess, keep=keep) -> dict:  # keeps both alive

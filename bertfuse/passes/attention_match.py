@@ -203,8 +203,7 @@ def _solve(graph, softmax, x, out, weights, biases, scales, hidden_in, hidden) -
     candidates = [src for src in sources if src is not x and src.dtype is not None and
                   np.dtype(src.dtype).kind in "iub" and src.shape is not None and
                   len(src.shape) == 2]
-    ref = bs_input(graph)
-    shape = feeds[ref.name].shape[:2] if ref is not None else next(iter(feeds.values())).shape[:2]
+    shape = _probe_shape(graph, feeds)
     computed = computed_masks(graph, [softmax.inputs[0]], (x,), shape)
     last = "no mask input reproduces the layer"
     for mask_input in candidates + computed + [None]:
@@ -230,14 +229,25 @@ def _solve(graph, softmax, x, out, weights, biases, scales, hidden_in, hidden) -
     fail(last)
 
 
+def _probe_shape(graph: gs.Graph, feeds: dict) -> tuple[int, int]:
+    """B and S of the probes: a [batch, seq] input's (the first input may be another tensor)."""
+    ref = bs_input(graph)
+    return feeds[ref.name].shape[:2] if ref is not None else next(iter(feeds.values())).shape[:2]
+
+
+def _hidden_probe(x: gs.Tensor, b: int, s: int, hidden_in: int) -> np.ndarray:
+    """Seeded random hidden states for the layer input `x`, [B, S, H] or [B*S, H] as x is."""
+    probe = np.random.default_rng(11).standard_normal((b, s, hidden_in)).astype(np.float32)
+    return probe if (rank_of(x) or 2) == 3 else probe.reshape(b * s, -1)
+
+
 def _keys_only(graph, scores, x, mask: gs.Variable, feeds, hidden_in: int,
                shape: tuple[int, int]) -> None:
     """The 0/1 [B, S] tensor `mask` must leave the scores of kept keys as they are and lower
     those of padded keys by MASK_BIG or more, for every head and query (the key axis is its
     axis 1): then Attention's -10000 filter is the same math, softmax saturated."""
     feeds, (b, s) = dict(feeds), shape
-    probe = np.random.default_rng(11).standard_normal((b, s, hidden_in)).astype(np.float32)
-    feeds[x.name] = probe if (rank_of(x) or 2) == 3 else probe.reshape(b * s, -1)
+    feeds[x.name] = _hidden_probe(x, b, s, hidden_in)
     keep = probe_mask(b, s, seed=5)
     cut = {x.name: x, mask.name: mask}
     try:
@@ -265,9 +275,7 @@ def _reads_values(graph, x, out, source, feeds, hidden_in: int, wide: bool = Fal
     ones (x fixed); wide: token-id-like values instead of the ones at kept positions."""
     feeds = dict(feeds)
     b, s = feeds[source.name].shape[:2]
-    probe = np.random.default_rng(11).standard_normal((b, s, hidden_in))
-    feeds[x.name] = (probe if (rank_of(x) or 2) == 3 else probe.reshape(b * s, -1)).astype(
-        np.float32)
+    feeds[x.name] = _hidden_probe(x, b, s, hidden_in)
     try:
         mask = probe_mask(b, s, seed=5)
         if wide:
@@ -285,9 +293,7 @@ def _solve_with_mask(graph, x, out, weights, biases, scales, hidden_in, hidden, 
                      feeds) -> AttentionMatch:
     rng = np.random.default_rng(11)
     feeds = dict(feeds)
-    # B and S of the probes: a [batch, seq] input's (the first input may be another tensor)
-    ref = bs_input(graph)
-    b, s = feeds[ref.name].shape[:2] if ref is not None else next(iter(feeds.values())).shape[:2]
+    b, s = _probe_shape(graph, feeds)
     mask = probe_mask(b, s, seed=5)
     cut = {x.name: x}
     if mask_input is not None:
