@@ -67,6 +67,8 @@ def make_session(model: Model, *, device: str = "cpu",
         data = bytes(model)
     else:  # a ModelProto past protobuf's 2 GB: save it first (io.model.scratch_file)
         data = model.SerializeToString()
+    if device == "cuda":
+        _preload_cuda(ort)
     sess = ort.InferenceSession(data, opts, providers=providers)
     if device == "cuda" and "CUDAExecutionProvider" not in sess.get_providers():
         # ORT falls back to the CPU with a warning; every device-bound call would then fail
@@ -77,3 +79,17 @@ def make_session(model: Model, *, device: str = "cpu",
             "found: ONNX Runtime's log line above says which); pip install "
             "'bertfuse[gpu]' on a CUDA 13 host, or use device='cpu'")
     return sess
+
+
+_preloaded = False
+
+
+def _preload_cuda(ort: Any) -> None:
+    """CUDA and cuDNN from pip's nvidia-* wheels (onnxruntime-gpu >= 1.21 finds them only
+    when asked), once per process, before the first CUDA session of any caller (verify,
+    bench, the runtime's device check)."""
+    global _preloaded
+    if not _preloaded and hasattr(ort, "preload_dlls") and \
+            "CUDAExecutionProvider" in ort.get_available_providers():
+        ort.preload_dlls()
+    _preloaded = True
