@@ -42,6 +42,7 @@ def build(tmp: str) -> str:
     cmd = [nvcc, "-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC,-fvisibility=hidden",
            f"-arch=sm_{major}{minor}", "-I", os.path.join(root, "include"), "-o", so,
            os.path.join(CSRC, "dense.cu"), os.path.join(CSRC, "layernorm.cu"),
+           os.path.join(CSRC, "gemm_sm90.cu"),  # the table only: the sm_90a GEMMs need --lib
            "-L", libdir, f"-l{lt}", "-Xlinker", f"-rpath,{libdir}"]
     print("building:", " ".join(cmd), flush=True)
     if subprocess.run(cmd).returncode != 0:
@@ -62,9 +63,12 @@ def load(path: str) -> ctypes.CDLL:
     lib.bf_check_bias_act.argtypes = [U64, U64, U64, I32, I32, I32, U64]
     lib.bf_check_set_pdl.argtypes = [I32]
     lib.bf_dense_last_error.restype = ctypes.c_char_p
+    lib.bf_check_set_gemm.argtypes = [I32, I32]
+    lib.bf_gemm_choices.restype = ctypes.c_char_p
+    lib.bf_sm90_configs.restype = ctypes.c_char_p
     for f in ("bf_check_dense", "bf_check_dense_fp8", "bf_check_layernorm", "bf_check_set_algo_rank",
               "bf_check_set_workspace_mb", "bf_check_unsupported_mask", "bf_check_bias_act",
-              "bf_check_set_pdl"):
+              "bf_check_set_pdl", "bf_check_set_gemm"):
         getattr(lib, f).restype = I32
     return lib
 

@@ -79,6 +79,15 @@ def run_shape(lib, args, wl: str, M: int, name: str, K: int, N: int, kind: int, 
     for variant in VARIANTS[kind] if not (kind == GELU and approximate) else [0]:
         rows.append(checked_row(dict(base, impl=f"bertfuse v{variant}", precision="fp16"), ours(variant),
                                 y, ref, args, s))
+    # Which GEMM runs variant 0: cuBLASLt alone, each sm_90a configuration pinned, then the
+    # automatic choice (timed once per shape) that the ORT ops make.
+    if not (kind == GELU and approximate):
+        configs = json.loads(lib.bf_sm90_configs().decode())
+        for mode, cfg, label in [(1, -1, "cuBLASLt"), *((2, c, f"sm90 {n}") for c, n in enumerate(configs)),
+                                 (0, -1, "auto")]:
+            checked(lib, lib.bf_check_set_gemm(mode, cfg))
+            rows.append(checked_row(dict(base, impl=f"bertfuse v0 GEMM {label}", precision="fp16"),
+                                    ours(0), y, ref, args, s))
     if kind == SLN or (kind == GELU and not approximate):  # the kernel after the GEMM, no PDL
         checked(lib, lib.bf_check_set_pdl(0))
         rows.append(checked_row(dict(base, impl="bertfuse v0 without PDL", precision="fp16"), ours(0), y,
@@ -251,6 +260,12 @@ def main() -> None:
     fell = [f"{['plain', 'bias', 'bias+tanh GELU'][b // 4]} epilogue{' + residual' if b & 1 else ''}"
             f" ({'fp8' if b & 2 else 'fp16'})" for b in range(12) if mask > 0 and mask >> b & 1]
     print("cuBLASLt had no algorithm for (ran as our kernels instead):", ", ".join(fell) or "none")
+    choices = json.loads(lib.bf_gemm_choices().decode())
+    with open(os.path.join(args.out, "gemm_choices.json"), "w") as fh:
+        json.dump(choices, fh, indent=1)
+    print("GEMM chosen per shape (auto; us: cuBLASLt, then each sm90 configuration):")
+    for c in choices:
+        print(f"  M={c['M']} N={c['N']} K={c['K']} gelu={c['gelu']}: {c['choice']}  {c['us']}")
     summary(rows)
     failed = [r for r in rows if r.get("gate") is False and r["impl"].startswith("bertfuse")]
     print(f"{len(failed)} bertfuse rows failed their gate" if failed else "all bertfuse rows within the gate")

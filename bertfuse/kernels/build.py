@@ -1,7 +1,9 @@
 """Build libbertfuse_ops.so for the local GPU into the kernel cache (`bertfuse kernels build`).
 
-CMake (CMakeLists.txt beside this file) when cmake is on PATH, else one nvcc command with the
-same flags. The build runs in a temporary directory removed on every exit path; the finished
+CMake (CMakeLists.txt beside this file) when cmake is on PATH, else nvcc directly with the
+same flags (one compile per source, in parallel, then one link). With $BERTFUSE_CUTLASS_DIR set
+(a CUTLASS source root, or `pip` for pip's nvidia-cutlass) and compute capability 9.0, the
+library also holds bertfuse's own sm_90a GEMMs (csrc/sm90/) and targets sm_90a. The build runs in a temporary directory removed on every exit path; the finished
 library is renamed into the cache, so a failed or interrupted build leaves the cache as it was.
 The build log goes to <cache>/<key>/build.log.
 """
@@ -13,6 +15,8 @@ import os
 import re
 import shutil
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Callable
 
@@ -23,6 +27,7 @@ from bertfuse.io.safety import replace_file, temp_dir, temp_file, write_text
 SOURCE_DIR = Path(__file__).resolve().parent
 FETCH_SCRIPT = SOURCE_DIR / "fetch_ort_headers.sh"
 ORT_ENV = "ORT_INCLUDE_DIR"
+CUTLASS_ENV = "BERTFUSE_CUTLASS_DIR"
 
 
 def header_dir(path: str | Path) -> Path | None:
@@ -131,6 +136,34 @@ def _cublas_root() -> Path | None:
     return Path(root) if root else None
 
 
+def find_cutlass() -> Path | None:
+    """CUTLASS's source root (include/cutlass/cutlass.h, tools/util/include/) when the sm_90a GEMMs
+    are asked for: $BERTFUSE_CUTLASS_DIR, a CUTLASS checkout, or `pip` to take pip's
+    nvidia-cutlass (cutlass_library/source). Unset: None, cuBLASLt GEMMs only. Opt-in because,
+    as measured on the H200, cuBLASLt is faster at every BERT shape so far (docs/benchmarks/
+    kernels.md) and the CUTLASS files add minutes to the build."""
+    env = os.environ.get(CUTLASS_ENV, "").strip()
+    if not env:
+        return None
+    if env == "pip":
+        spec = find_spec("cutlass_library")
+        for loc in (spec.submodule_search_locations or []) if spec else []:
+            root = Path(loc) / "source"
+            if (root / "include" / "cutlass" / "cutlass.h").is_file():
+                return root.resolve()
+        raise KernelLibraryError(f"${CUTLASS_ENV}=pip but pip's nvidia-cutlass is not installed "
+                                 "(pip install nvidia-cutlass)")
+    root = Path(env).resolve()
+    if not (root / "include" / "cutlass" / "cutlass.h").is_file():
+        raise KernelLibraryError(f"${CUTLASS_ENV}={env} has no include/cutlass/cutlass.h")
+    return root
+
+
+def sm90_gemms(sm: int, cutlass: Path | None) -> bool:
+    """Whether a build for `sm` holds the sm_90a GEMMs (and so targets sm_90a)."""
+    return sm == 90 and cutlass is not None
+
+
 def _run(cmd: list[str], log: Path, cwd: Path | None = None) -> None:
     with open(log, "a") as f:
         f.write("$ " + " ".join(cmd) + "\n")
@@ -154,6 +187,8 @@ def _cmake_build(build: Path, include: Path, sm: int, nvcc: str, log: Path) -> P
            f"-DCMAKE_CUDA_COMPILER={nvcc}", f"-DCUDAToolkit_ROOT={Path(nvcc).parent.parent}"]
     if _cublas_root():
         cfg.append(f"-DCUBLAS_ROOT={_cublas_root()}")
+    cutlass = find_cutlass()
+    cfg.append(f"-DBF_CUTLASS_DIR={cutlass if sm90_gemms(sm, cutlass) else ''}")
     _run(cfg, log)
     _run([cmake, "--build", str(build), "-j", str(max(1, os.cpu_count() or 1))], log)
     return build / LIB_NAME
@@ -164,28 +199,50 @@ def _nvcc_build(build: Path, include: Path, sm: int, nvcc: str, log: Path) -> Pa
     from bertfuse._version import __version__
 
     cuda = Path(nvcc).parent.parent
-    sources = sorted(str(p) for p in (SOURCE_DIR / "csrc").iterdir() if p.suffix in (".cc", ".cu"))
-    cmd = [nvcc, "-std=c++17", "-O3", "-shared", f"-gencode=arch=compute_{sm},code=[compute_{sm},sm_{sm}]",
-           "-cudart=shared", "--expt-relaxed-constexpr",
-           "-Xcompiler=-fPIC,-fvisibility=hidden,-fvisibility-inlines-hidden",
-           "-Xlinker=--no-undefined", f"-I{SOURCE_DIR / 'csrc'}", f"-I{include}",
-           f'-DBF_VERSION="{__version__}"', f'-DBF_CUDA_ARCHS="{sm}"', "-DNDEBUG"]
+    csrc = SOURCE_DIR / "csrc"
+    sources = sorted(p for p in csrc.iterdir() if p.suffix in (".cc", ".cu"))
+    cutlass = find_cutlass()
+    arch = f"{sm}a" if sm90_gemms(sm, cutlass) else str(sm)
+    flags = ["-std=c++17", "-O3", f"-gencode=arch=compute_{arch},code=[compute_{arch},sm_{arch}]",
+             "--expt-relaxed-constexpr",
+             "-Xcompiler=-fPIC,-fvisibility=hidden,-fvisibility-inlines-hidden",
+             f"-I{csrc}", f"-I{include}",
+             f'-DBF_VERSION="{__version__}"', f'-DBF_CUDA_ARCHS="{arch}"', "-DNDEBUG"]
+    if sm90_gemms(sm, cutlass):
+        sources += sorted((csrc / "sm90").glob("*.cu"))
+        flags += [f"-I{cutlass / 'include'}", f"-I{cutlass / 'tools' / 'util' / 'include'}",
+                  "-DBF_HAVE_SM90_GEMM=1"]
     libdirs = [cuda / "lib64", cuda / "lib"]
     for tree in _pip_siblings(cuda):  # split pip trees: what the nvcc tree lacks
         if (tree / "include").is_dir():
-            cmd.append(f"-I{tree / 'include'}")
+            flags.append(f"-I{tree / 'include'}")
         libdirs.append(tree / "lib")
     root = _cublas_root()
     if root:
-        cmd.append(f"-I{root / 'include'}")
+        flags.append(f"-I{root / 'include'}")
         libdirs[:0] = [root / "lib", root / "lib64"]
+    # One compile per source, as many at once as there are cores: the CUTLASS files take most
+    # of a minute each.
+    objects = [build / f"{i:02d}_{p.stem}.o" for i, p in enumerate(sources)]
+    logs = [build / f"{o.stem}.log" for o in objects]
+    with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
+        failures = [f for f in pool.map(lambda job: _compile([nvcc, *flags], *job, log),
+                                        zip(sources, objects, logs)) if f]
+    for part in logs:  # one build log, in source order
+        if part.is_file():
+            with log.open("a", encoding="utf-8") as out:
+                out.write(part.read_text(errors="replace"))
+    if failures:
+        raise failures[0]
+    cmd = [nvcc, "-shared", f"-gencode=arch=compute_{arch},code=[compute_{arch},sm_{arch}]",
+           "-cudart=shared", "-Xlinker=--no-undefined", *map(str, objects)]
     lt = _versioned(libdirs, "libcublasLt")
     if lt is None:
         raise KernelLibraryError(f"libcublasLt not found in {', '.join(map(str, libdirs))}: set CUBLAS_ROOT")
     out = build / LIB_NAME
     rpath = ":".join(dict.fromkeys(str(d) for d in (lt.parent, cuda / "lib64", cuda / "lib",
                                                      *libdirs[2:])))
-    cmd += [*sources, "-o", str(out), f"-L{cuda / 'lib64'}", f"-L{lt.parent}", f"-l:{lt.name}",
+    cmd += ["-o", str(out), f"-L{cuda / 'lib64'}", f"-L{lt.parent}", f"-l:{lt.name}",
             f"-Xlinker=-rpath,{rpath}"]
     if not any((d / "libcudart.so").exists() for d in libdirs):
         # pip's nvidia-cuda-runtime ships libcudart.so.13 alone, which -cudart=shared cannot
@@ -197,6 +254,16 @@ def _nvcc_build(build: Path, include: Path, sm: int, nvcc: str, log: Path) -> Pa
         cmd += [f"-L{rt.parent}", f"-l:{rt.name}"]
     _run(cmd, log)
     return out
+
+
+def _compile(cmd: list[str], source: Path, obj: Path, part_log: Path, log: Path) -> Exception | None:
+    """One `nvcc -c` of `source` into `obj`, its output in `part_log` (appended to `log` after);
+    the error, naming `log`, returned rather than raised."""
+    try:
+        _run([*cmd, "-c", str(source), "-o", str(obj)], part_log)
+    except KernelLibraryError as e:
+        return KernelLibraryError(str(e).replace(str(part_log), str(log)))
+    return None
 
 
 def _versioned(dirs: list[Path], stem: str) -> Path | None:

@@ -6,8 +6,11 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <functional>
 #include <stdexcept>
 
+#include "gemm_sm90.h"
 #include "launch.h"
 #include "layernorm.h"
 
@@ -355,6 +358,161 @@ const char* CudaFail(const char* what, cudaError_t err) {
 
 }  // namespace
 
+// ---- the sm_90a GEMMs against cuBLASLt, chosen per shape ---------------------------------------
+
+std::atomic<int>& GemmModeFlag() {
+  // BERTFUSE_GEMM: auto (default: the faster of cuBLASLt and the sm_90a configurations, timed
+  // once per shape), cublas, or sm90 (the sm_90a GEMMs wherever they apply; BERTFUSE_GEMM_CONFIG=n
+  // pins configuration n).
+  static std::atomic<int> flag{[] {
+    const char* s = std::getenv("BERTFUSE_GEMM");
+    if (s && std::strcmp(s, "cublas") == 0) return static_cast<int>(GemmMode::kCublas);
+    if (s && std::strcmp(s, "sm90") == 0) return static_cast<int>(GemmMode::kSm90);
+    return static_cast<int>(GemmMode::kAuto);
+  }()};
+  return flag;
+}
+
+std::atomic<int>& GemmConfigFlag() {
+  static std::atomic<int> flag{[] {
+    const char* s = std::getenv("BERTFUSE_GEMM_CONFIG");
+    return s ? static_cast<int>(std::strtol(s, nullptr, 10)) : -1;
+  }()};
+  return flag;
+}
+
+namespace {
+
+struct ChoiceKey {
+  int device, act, residual, M, N, K;
+  bool operator==(const ChoiceKey& o) const {
+    return device == o.device && act == o.act && residual == o.residual && M == o.M && N == o.N &&
+           K == o.K;
+  }
+};
+
+struct GemmTiming {
+  ChoiceKey key;
+  int choice;                        // -1 cuBLASLt, else the sm90 configuration
+  float us[1 + sm90::kNumConfigs];   // per candidate (cuBLASLt first); < 0: not run
+};
+
+// Process-wide: every session's kernels share what was timed for a shape on a device.
+std::mutex g_choice_mu;
+std::vector<GemmTiming> g_choices;
+
+// Holds the stream for `ns` nanoseconds, so that the launches queued behind it are timed by
+// the GPU alone: a candidate whose host launch is slower than its kernel would otherwise be
+// timed by its launch.
+__global__ void hold_stream(long long ns) {
+  long long start = 0, now = 0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < ns);
+}
+
+constexpr int kTimedRuns = 8;
+
+// One warm-up, then the mean of kTimedRuns back-to-back runs queued behind hold_stream.
+float TimeCandidate(cudaStream_t stream, cudaEvent_t e0, cudaEvent_t e1,
+                    const std::function<const char*()>& run) {
+  if (run() != nullptr) {
+    cudaGetLastError();
+    return -1.0f;
+  }
+  hold_stream<<<1, 1, 0, stream>>>(400000);
+  if (cudaEventRecord(e0, stream) != cudaSuccess) return -1.0f;
+  for (int i = 0; i < kTimedRuns; ++i) {
+    if (run() != nullptr) {
+      cudaGetLastError();
+      return -1.0f;
+    }
+  }
+  float ms = 0.0f;
+  if (cudaEventRecord(e1, stream) != cudaSuccess || cudaEventSynchronize(e1) != cudaSuccess ||
+      cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess) {
+    cudaGetLastError();
+    return -1.0f;
+  }
+  return ms * 1000.0f / kTimedRuns;
+}
+
+const char* RunSm90(int cfg, const sm90::Problem& p, cudaStream_t stream, WorkspaceSource* ws) {
+  const size_t need = sm90::WorkspaceBytes(cfg, p);
+  void* w = need ? (ws ? ws->Get(need) : nullptr) : nullptr;
+  if (need && !w) return "no workspace for the sm90 GEMM";
+  return sm90::Run(cfg, p, stream, w, need);
+}
+
+// Which GEMM computes `p`: -1 cuBLASLt (`cublas` enqueues its whole part), else the sm90
+// configuration. The first call per shape, outside a CUDA-graph capture, times every candidate
+// on the call's own buffers (the candidates only write Y, never read it, so the run that follows
+// is unaffected); inside a capture an untimed shape goes to cuBLASLt.
+int ChooseGemm(cudaStream_t stream, WorkspaceSource* ws, const sm90::Problem& p,
+               const std::function<const char*()>& cublas) {
+  const int mode = GemmModeFlag().load();
+  if (mode == static_cast<int>(GemmMode::kCublas) || !sm90::Available() || !sm90::Eligible(p)) return -1;
+  const int pinned = GemmConfigFlag().load();
+  if (mode == static_cast<int>(GemmMode::kSm90) && pinned >= 0 && pinned < sm90::kNumConfigs) return pinned;
+  int device = 0;
+  cudaGetDevice(&device);
+  const ChoiceKey key{device, static_cast<int>(p.act), p.beta != 0.0f, p.M, p.N, p.K};
+  {
+    std::lock_guard<std::mutex> lock(g_choice_mu);
+    for (const auto& t : g_choices)
+      if (t.key == key) return mode == static_cast<int>(GemmMode::kSm90) && t.choice < 0 ? 0 : t.choice;
+  }
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) {
+    cudaGetLastError();
+    return mode == static_cast<int>(GemmMode::kSm90) ? 0 : -1;
+  }
+  GemmTiming t{key, -1, {}};
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess) {
+    cudaGetLastError();
+    if (e0) cudaEventDestroy(e0);
+    return -1;
+  }
+  t.us[0] = mode == static_cast<int>(GemmMode::kSm90) ? -1.0f : TimeCandidate(stream, e0, e1, cublas);
+  float best = t.us[0];
+  for (int c = 0; c < sm90::kNumConfigs; ++c) {
+    t.us[1 + c] = TimeCandidate(stream, e0, e1, [&] { return RunSm90(c, p, stream, ws); });
+    if (t.us[1 + c] >= 0.0f && (best < 0.0f || t.us[1 + c] < best)) {
+      best = t.us[1 + c];
+      t.choice = c;
+    }
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  if (best < 0.0f) t.choice = -1;  // nothing ran: cuBLASLt, whose error the caller then sees
+  std::lock_guard<std::mutex> lock(g_choice_mu);
+  g_choices.push_back(t);
+  return t.choice;
+}
+
+}  // namespace
+
+std::string GemmChoicesJson() {
+  std::lock_guard<std::mutex> lock(g_choice_mu);
+  std::string out = "[";
+  char buf[160];
+  for (size_t i = 0; i < g_choices.size(); ++i) {
+    const GemmTiming& t = g_choices[i];
+    std::snprintf(buf, sizeof(buf), "%s{\"device\":%d,\"M\":%d,\"N\":%d,\"K\":%d,\"gelu\":%d,\"residual\":%d,\"choice\":\"%s\",\"us\":[",
+                  i ? "," : "", t.key.device, t.key.M, t.key.N, t.key.K, t.key.act, t.key.residual,
+                  t.choice < 0 ? "cublas" : sm90::ConfigName(t.choice));
+    out += buf;
+    for (int c = 0; c <= sm90::kNumConfigs; ++c) {
+      std::snprintf(buf, sizeof(buf), "%s%.3f", c ? "," : "", t.us[c]);
+      out += buf;
+    }
+    out += "]}";
+  }
+  return out + "]";
+}
+
 const char* bf_dense_forward(DenseGemm& gemm, cudaStream_t stream, WorkspaceSource* ws,
                              const DenseArgs& a) {
   const int M = a.M, N = a.N, K = a.K;
@@ -420,6 +578,41 @@ const char* bf_dense_forward(DenseGemm& gemm, cudaStream_t stream, WorkspaceSour
     epi = Epilogue::kNone;
   }
   const char* err = nullptr;
+  // fp16 with the production variant: bertfuse's sm_90a GEMM, with bias and erf GELU in its
+  // epilogue, where it beats cuBLASLt at this shape (tanh GELU stays on cuBLASLt's epilogue).
+  if (!a.fp8 && a.variant == 0 && !(a.kind == DenseKind::kBiasGelu && a.approximate) &&
+      sm90::Available()) {
+    sm90::Problem p;
+    p.x = a.x;
+    p.w = static_cast<const __half*>(a.w);
+    p.bias = a.bias;
+    p.y = a.y;
+    p.M = M;
+    p.N = N;
+    p.K = K;
+    p.act = a.kind == DenseKind::kBiasGelu ? sm90::Act::kGeluErf : sm90::Act::kIdentity;
+    const auto cublas_part = [&]() -> const char* {
+      const char* e = gemm.RunF16(stream, ws, a.x, static_cast<const __half*>(a.w),
+                                  epi == Epilogue::kNone ? nullptr : a.bias, C, a.y, M, N, K, epi);
+      if (e || !post) return e;
+      const cudaError_t pe = bf_bias_act_f16(stream, a.y, a.y, post_bias, M, N, act);
+      return pe == cudaSuccess ? nullptr : CudaFail("bias/GELU", pe);
+    };
+    const int cfg = ChooseGemm(stream, ws, p, cublas_part);
+    if (cfg >= 0 && RunSm90(cfg, p, stream, ws) == nullptr) {
+      if (a.yq && !sln) {  // the e4m3 copy for an FP8 GEMM downstream
+        const cudaError_t qe = bf_bias_act_f16(stream, a.y, nullptr, nullptr, M, N, Act::kNone, a.yq, a.yq_scale);
+        if (qe != cudaSuccess) return CudaFail("e4m3 copy", qe);
+      }
+      if (sln) {  // the bias is in; the LayerNorm adds the residual
+        const cudaError_t le = bf_layernorm_f16(stream, a.y, nullptr, a.skip, a.gamma, a.beta,
+                                                a.epsilon, a.y, M, N, a.yq, a.yq_scale, a.weights_const);
+        if (le != cudaSuccess) return CudaFail("LayerNorm", le);
+      }
+      return nullptr;
+    }
+    cudaGetLastError();  // an sm90 launch that failed leaves the work to cuBLASLt below
+  }
   if (a.fp8) {
     if (!a.xq) return "FP8 dense: no scratch buffer for the quantized activations";
     if (a.x) {  // else xq already holds them (quantized upstream)
@@ -635,6 +828,35 @@ BF_DENSE_EXPORT int bf_check_set_workspace_mb(int mb) {
   const size_t bytes = static_cast<size_t>(mb < 0 ? 0 : mb) << 20;
   st->gemm->set_max_workspace(bytes < st->ws->bytes() ? bytes : st->ws->bytes());
   return 0;
+}
+
+// Which GEMM the dense ops run from now on: mode 0 auto (timed per shape), 1 cuBLASLt, 2 the
+// sm_90a GEMMs (config >= 0 pins one, -1 the fastest of them); as BERTFUSE_GEMM(_CONFIG).
+BF_DENSE_EXPORT int bf_check_set_gemm(int mode, int config) {
+  if (mode < 0 || mode > 2) return 1;
+  bertfuse::GemmModeFlag().store(mode);
+  bertfuse::GemmConfigFlag().store(config);
+  return 0;
+}
+
+// What auto mode timed so far, one JSON array: shape, candidate times (cuBLASLt first, then
+// each sm_90a configuration; -1 = could not run), and the choice.
+BF_DENSE_EXPORT const char* bf_gemm_choices() {
+  static thread_local std::string json;
+  json = bertfuse::GemmChoicesJson();
+  return json.c_str();
+}
+
+// The sm_90a configurations in this build (empty when built without them), as a JSON array.
+BF_DENSE_EXPORT const char* bf_sm90_configs() {
+  static thread_local std::string json;
+  json = "[";
+  for (int c = 0; c < bertfuse::sm90::kNumConfigs; ++c) {
+    if (std::strcmp(bertfuse::sm90::ConfigName(c), "none") == 0) continue;
+    json += std::string(json.size() > 1 ? "," : "") + "\"" + bertfuse::sm90::ConfigName(c) + "\"";
+  }
+  json += "]";
+  return json.c_str();
 }
 
 BF_DENSE_EXPORT const char* bf_dense_last_error() { return bertfuse::g_error.c_str(); }

@@ -152,6 +152,15 @@ struct DenseArgs {
   float yq_scale = 1.0f;
 };
 
+// Which GEMM runs the fp16 dense ops (env BERTFUSE_GEMM=auto|cublas|sm90, or
+// bf_check_set_gemm): auto times cuBLASLt against bertfuse's sm_90a GEMMs once per shape and
+// keeps the faster. GemmConfigFlag (BERTFUSE_GEMM_CONFIG) pins one sm_90a configuration in
+// sm90 mode. GemmChoicesJson: what was timed and chosen, per shape.
+enum class GemmMode : int { kAuto = 0, kCublas = 1, kSm90 = 2 };
+std::atomic<int>& GemmModeFlag();
+std::atomic<int>& GemmConfigFlag();
+std::string GemmChoicesJson();
+
 // Enqueues the whole op on `stream`, the GEMM's workspace from `ws`. nullptr on success, else
 // a message.
 const char* bf_dense_forward(DenseGemm& gemm, cudaStream_t stream, WorkspaceSource* ws,

@@ -39,14 +39,21 @@ def installed(wheel, tmp_path_factory):
     return site
 
 
-@pytest.mark.parametrize("arch", [80, 90])
-def test_the_op_library_compiles_from_the_wheel(installed, tmp_path, arch):
+# (arch, with bertfuse's sm_90a CUTLASS GEMMs): the opt-in build is compiled too, from pip's
+# nvidia-cutlass headers, so its files' package data and template instantiations are checked.
+@pytest.mark.parametrize("arch,cutlass", [(80, False), (90, False), (90, True)],
+                         ids=["sm80", "sm90", "sm90a-cutlass"])
+def test_the_op_library_compiles_from_the_wheel(installed, tmp_path, arch, cutlass):
     why = _toolchain()
     if why is not None:
         pytest.skip(f"no CUDA toolchain to compile with: {why}")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(installed), *filter(None, [os.environ.get("PYTHONPATH")])]),
            "BERTFUSE_KERNELS_DIR": str(tmp_path / "cache")}
+    env.pop("BERTFUSE_CUTLASS_DIR", None)
+    if cutlass:
+        pytest.importorskip("cutlass_library", reason="pip's nvidia-cutlass (the test extra) not installed")
+        env["BERTFUSE_CUTLASS_DIR"] = "pip"
     code = ("import sys; from bertfuse.cli import main; sys.exit(main(sys.argv[1:]))")
     proc = subprocess.run([sys.executable, "-c", code, "kernels", "build", "--arch", str(arch),
                            "--builder", "nvcc", "--json"], cwd=tmp_path, env=env,
@@ -57,4 +64,7 @@ def test_the_op_library_compiles_from_the_wheel(installed, tmp_path, arch):
     # Built from the unpacked wheel's sources, not this checkout's.
     log = (tmp_path / "cache").glob("*/build.log")
     assert str(installed) in next(log).read_text()
-    assert out["info"]["cuda_archs"] == str(arch) and out["info"]["domain"] == "ai.bertfuse"
+    assert out["info"]["cuda_archs"] == (f"{arch}a" if cutlass else str(arch))
+    assert out["info"]["domain"] == "ai.bertfuse"
+    built = next((tmp_path / "cache").glob("*/build.log")).read_text()
+    assert ("sm90" + os.sep + "coop_128x256.cu" in built) == cutlass, "sm90 sources compiled iff asked"

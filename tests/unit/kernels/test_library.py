@@ -418,3 +418,28 @@ def test_file_scan_finds_the_domain_across_chunk_edges(tmp_path):
         assert lib._file_mentions(p, needle, chunk=64)
     p.write_bytes(b"x" * 200)
     assert not lib._file_mentions(p, needle, chunk=64)
+
+
+def test_the_sm90_gemms_are_built_only_when_asked(monkeypatch, tmp_path):
+    """$BERTFUSE_CUTLASS_DIR opts in: unset, no CUTLASS; a dir without CUTLASS's headers or `pip`
+    without the package is one clear error; a real root is taken, for sm 90 only."""
+    from bertfuse.kernels.build import find_cutlass, sm90_gemms
+    from bertfuse.kernels.library import KernelLibraryError
+
+    monkeypatch.delenv("BERTFUSE_CUTLASS_DIR", raising=False)
+    assert find_cutlass() is None
+    monkeypatch.setenv("BERTFUSE_CUTLASS_DIR", str(tmp_path))
+    with pytest.raises(KernelLibraryError, match="no include/cutlass/cutlass.h"):
+        find_cutlass()
+    (tmp_path / "include" / "cutlass").mkdir(parents=True)
+    (tmp_path / "include" / "cutlass" / "cutlass.h").write_text("#pragma once\n")
+    assert find_cutlass() == tmp_path.resolve()
+    assert sm90_gemms(90, tmp_path) and not sm90_gemms(80, tmp_path) and not sm90_gemms(90, None)
+    monkeypatch.setenv("BERTFUSE_CUTLASS_DIR", "pip")
+    try:
+        import cutlass_library  # noqa: F401
+    except ImportError:
+        with pytest.raises(KernelLibraryError, match="nvidia-cutlass"):
+            find_cutlass()
+    else:
+        assert (find_cutlass() / "include" / "cutlass" / "cutlass.h").is_file()

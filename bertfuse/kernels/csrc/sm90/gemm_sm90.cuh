@@ -1,0 +1,124 @@
+// The CUTLASS 3 (CuTe) template behind gemm_sm90.h: one GemmUniversal per tile configuration and
+// activation, each instantiated in its own .cu file so the build compiles them in parallel.
+#pragma once
+
+#include <cutlass/cutlass.h>
+#include <cute/tensor.hpp>
+#include <cutlass/epilogue/collective/collective_builder.hpp>
+#include <cutlass/epilogue/thread/activation.h>
+#include <cutlass/gemm/collective/collective_builder.hpp>
+#include <cutlass/gemm/device/gemm_universal_adapter.h>
+#include <cutlass/gemm/kernel/gemm_universal.hpp>
+#include <cutlass/util/packed_stride.hpp>
+
+#include <string>
+
+#include "../gemm_sm90.h"
+
+namespace bertfuse {
+namespace sm90 {
+
+thread_local inline std::string g_sm90_error;
+
+inline const char* Sm90Fail(const char* what, cutlass::Status st) {
+  g_sm90_error = std::string("sm90 GEMM ") + what + ": " + cutlassGetStatusString(st);
+  return g_sm90_error.c_str();
+}
+
+int SmCount();  // gemm_sm90.cu: the current device's SM count, queried once
+
+template <class MainloopSchedule, class EpilogueSchedule, class TileShape, class ClusterShape,
+          class TileScheduler, template <class> class ActFn>
+struct Sm90Gemm {
+  using T = cutlass::half_t;
+  using Layout = cutlass::layout::RowMajor;  // X [M,K] K-major; W [K,N] N-major; C, Y [M,N]
+  static constexpr int kAlign = 8;           // 16 bytes of fp16: what TMA needs
+
+  using Fusion = cutlass::epilogue::fusion::LinCombPerColBiasEltAct<ActFn, T, float, T, T, float>;
+  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, T, Layout, kAlign, T, Layout,
+      kAlign, EpilogueSchedule, Fusion>::CollectiveOp;
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, T, Layout, kAlign, T, Layout, kAlign,
+      float, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename Epilogue::SharedStorage))>,
+      MainloopSchedule>::CollectiveOp;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<cute::Shape<int, int, int, int>, Mainloop,
+                                                      Epilogue, TileScheduler>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+
+  static typename Gemm::Arguments Args(const Problem& p) {
+    using StrideA = typename Kernel::StrideA;
+    using StrideB = typename Kernel::StrideB;
+    using StrideC = typename Kernel::StrideC;
+    using StrideD = typename Kernel::StrideD;
+    const auto a = cutlass::make_cute_packed_stride(StrideA{}, cute::make_shape(p.M, p.K, 1));
+    const auto b = cutlass::make_cute_packed_stride(StrideB{}, cute::make_shape(p.N, p.K, 1));
+    const auto c = cutlass::make_cute_packed_stride(StrideC{}, cute::make_shape(p.M, p.N, 1));
+    const auto d = cutlass::make_cute_packed_stride(StrideD{}, cute::make_shape(p.M, p.N, 1));
+    cutlass::KernelHardwareInfo hw;
+    cudaGetDevice(&hw.device_id);
+    hw.sm_count = SmCount();
+    typename Gemm::Arguments args{
+        cutlass::gemm::GemmUniversalMode::kGemm,
+        {p.M, p.N, p.K, 1},
+        {reinterpret_cast<const T*>(p.x), a, reinterpret_cast<const T*>(p.w), b},
+        {{},
+         // With beta == 0 the epilogue never reads C; Y stands in as a valid address.
+         reinterpret_cast<const T*>(p.beta != 0.0f && p.c ? p.c : p.y), c,
+         reinterpret_cast<T*>(p.y), d},
+        hw};
+    auto& t = args.epilogue.thread;
+    t.alpha = 1.0f;
+    t.beta = p.beta;
+    t.bias_ptr = reinterpret_cast<const T*>(p.bias);
+    return args;
+  }
+
+  static size_t Workspace(const Problem& p) { return Gemm::get_workspace_size(Args(p)); }
+
+  static const char* Run(const Problem& p, cudaStream_t stream, void* ws, size_t ws_bytes) {
+    Gemm gemm;
+    const auto args = Args(p);
+    cutlass::Status st = gemm.can_implement(args);
+    if (st != cutlass::Status::kSuccess) return Sm90Fail("cannot run this shape", st);
+    if (Gemm::get_workspace_size(args) > ws_bytes) {
+      g_sm90_error = "sm90 GEMM: workspace too small";
+      return g_sm90_error.c_str();
+    }
+    st = gemm.initialize(args, ws, stream);
+    if (st != cutlass::Status::kSuccess) return Sm90Fail("initialize", st);
+    st = gemm.run(stream);
+    if (st != cutlass::Status::kSuccess) return Sm90Fail("launch", st);
+    return nullptr;
+  }
+};
+
+// One configuration: both activations.
+template <class MainloopSchedule, class EpilogueSchedule, class TileShape, class ClusterShape,
+          class TileScheduler>
+struct Sm90Config {
+  template <template <class> class A>
+  using G = Sm90Gemm<MainloopSchedule, EpilogueSchedule, TileShape, ClusterShape, TileScheduler, A>;
+
+  static size_t Workspace(const Problem& p) {
+    return p.act == Act::kGeluErf ? G<cutlass::epilogue::thread::GELU>::Workspace(p)
+                                  : G<cutlass::epilogue::thread::Identity>::Workspace(p);
+  }
+  static const char* Run(const Problem& p, cudaStream_t s, void* ws, size_t ws_bytes) {
+    return p.act == Act::kGeluErf ? G<cutlass::epilogue::thread::GELU>::Run(p, s, ws, ws_bytes)
+                                  : G<cutlass::epilogue::thread::Identity>::Run(p, s, ws, ws_bytes);
+  }
+};
+
+// The entry each configuration's .cu file defines.
+#define BF_SM90_CONFIG(NAME, ...)                                                         \
+  size_t NAME##_workspace(const Problem& p) { return Sm90Config<__VA_ARGS__>::Workspace(p); } \
+  const char* NAME##_run(const Problem& p, cudaStream_t s, void* ws, size_t n) {          \
+    return Sm90Config<__VA_ARGS__>::Run(p, s, ws, n);                                     \
+  }
+
+}  // namespace sm90
+}  // namespace bertfuse
