@@ -11,6 +11,19 @@ from bertfuse.cli.args import add_kernels_arg, int_at_least, stage_lines
 from bertfuse.cli.command import Command
 
 
+def _seconds(text: str) -> float:
+    """A finite number of seconds > 0."""
+    import math
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text!r}")
+    return value
+
+
 class Score(Command):
     name = "score"
     summary = "score a Parquet corpus offline on Ray Data (embeddings, relevance), one Session per actor"
@@ -58,6 +71,11 @@ class Score(Command):
         g.add_argument("--address", help="join this Ray cluster ('auto'); default a local Ray")
         g.add_argument("--max-retries", type=int_at_least(0), default=3,
                        help="restarts of a dead actor, and retries of its batches (default 3)")
+        g.add_argument("--stall-s", type=_seconds, metavar="S",
+                       help="longest wait between two blocks of scored rows before the Ray Data "
+                            "run is cancelled and the parts left run again, as after a lost "
+                            "node (default: 10x the longest such wait so far, at least 120; a "
+                            "run's first rows: 600, then 3x the longest start-up)")
         g.add_argument("--part-rows", type=int_at_least(1), default=8192,
                        help="rows per output file (whole row groups), the unit of restart")
 
@@ -74,7 +92,7 @@ class Score(Command):
                       outputs=args.outputs, max_seq=args.max_seq, batch_size=args.batch_size,
                       actors=args.actors, device=args.device, address=args.address,
                       max_retries=args.max_retries, part_rows=args.part_rows,
-                      kernels=args.kernels, status=progress)
+                      kernels=args.kernels, stall_s=args.stall_s, status=progress)
         if args.json:
             print(json.dumps(s.to_json(), indent=2))
             return 0

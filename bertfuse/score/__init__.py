@@ -25,7 +25,8 @@ def score(model: Any, input: Any, output: Any, *, text_column: str | None = None
           segment_column: str | None = None, key_columns: Any = None, outputs: Any = None,
           max_seq: int | None = None, batch_size: int = 32, actors: int | None = None,
           device: str = "auto", address: str | None = None, max_retries: int = 3,
-          part_rows: int = 8192, kernels: str = "auto", progress: bool = True,
+          part_rows: int = 8192, kernels: str = "auto", stall_s: float | None = None,
+          progress: bool = True,
           status: Callable[[str], None] | None = None) -> "ScoreSummary":
     """Scores every row of `input` (a Parquet file or a directory of them) into `output`
     (a directory: scores/, rejects/, a manifest); returns a ScoreSummary.
@@ -39,7 +40,11 @@ def score(model: Any, input: Any, output: Any, *, text_column: str | None = None
     cluster ('auto'); default a local Ray, or the one this process already initialized.
     `part_rows`: rows per output file (whole Parquet row groups), the unit of restart.
     `kernels`: each actor's Session's ('auto', 'ort', 'bertfuse': runtime/kernels.py); the
-    summary's `kernels` says what the first actor chose. `progress`: Ray Data's progress
+    summary's `kernels` says what the first actor chose. `stall_s`: the longest wait between
+    two blocks of scored rows before the run on Ray is cancelled and the parts not yet
+    written run again, as after a lost node (default None: 10x the longest such wait so far,
+    at least 120 s); a run's first rows may take 3x the longest start-up so far, 600 s
+    before any came back (score/watch.py). `progress`: Ray Data's progress
     bars. `status`: called with each stage's name as it starts ('plan', 'ray cluster',
     'score'; the CLI's progress lines).
     Bad arguments or input raise BertfuseError before Ray starts."""
@@ -58,7 +63,7 @@ def score(model: Any, input: Any, output: Any, *, text_column: str | None = None
                     segment_column=segment_column, key_columns=key_columns, outputs=outputs,
                     max_seq=max_seq, batch_size=batch_size, actors=actors, device=device,
                     address=address, max_retries=max_retries, part_rows=part_rows,
-                    kernels=kernels)
+                    kernels=kernels, stall_s=stall_s)
     return run_job(job, progress, status)
 
 

@@ -29,6 +29,7 @@ from bertfuse.score.rows import InputSpec, Prepared, RowPreparer
 from bertfuse.score.stages import Stages, actor_columns
 
 CRASH_ENV = "BERTFUSE_TEST_SCORE_CRASH"  # tests: FLAGFILE:N, see Scorer._maybe_crash
+HANG_ENV = "BERTFUSE_TEST_SCORE_HANG"  # tests: FLAGFILE:N, the same but the call never returns
 KERNELS = "_bf_kernels"  # never written: commit selects the key and output columns
 
 
@@ -174,7 +175,8 @@ class Scorer:
 
     def __init__(self, model: str, spec: InputSpec, keys: list[str], outputs: list[str],
                  ranks: dict[str, int], max_batch: int, device: str,
-                 crash: str | None = None, kernels: str = "auto") -> None:
+                 crash: str | None = None, kernels: str = "auto",
+                 hang: str | None = None) -> None:
         import json
 
         from bertfuse.runtime import Session, SessionPool
@@ -194,7 +196,7 @@ class Scorer:
         self.pool = SessionPool(make, replicas=1, prepare=prepare)
         self.preparer = RowPreparer(spec)
         self.keys, self.outputs, self.ranks, self.max_batch = keys, outputs, ranks, max_batch
-        self.crash, self.calls = crash, 0
+        self.crash, self.hang, self.calls = crash, hang, 0
         self._lock, self._prepare_lock = threading.Lock(), threading.Lock()
 
     def __call__(self, table: pa.Table) -> pa.Table:
@@ -202,6 +204,7 @@ class Scorer:
             self.calls += 1
             call = self.calls
         self._maybe_crash(call)
+        self._maybe_crash(call, hang=True)
         times = Stages()
         cols = score_table(None, self.preparer, table, self.outputs, self.ranks, self.max_batch,
                            times, on_session=self.pool.call, prepare_lock=self._prepare_lock)
@@ -221,12 +224,14 @@ class Scorer:
         if not sys.is_finalizing():  # past that, the session thread may never run again
             self.close()
 
-    def _maybe_crash(self, call: int) -> None:
+    def _maybe_crash(self, call: int, hang: bool = False) -> None:
         """Tests: with crash='FLAGFILE:N' the first actor to reach its Nth batch while FLAGFILE
-        does not exist creates it and dies at once (os._exit: no cleanup, like a lost node)."""
-        if not self.crash:
+        does not exist creates it and dies at once (os._exit: no cleanup, like a lost node);
+        with hang='FLAGFILE:N' that call blocks for ever instead (a stall Ray never reports)."""
+        how = self.hang if hang else self.crash
+        if not how:
             return
-        flag, _, nth = self.crash.rpartition(":")
+        flag, _, nth = how.rpartition(":")
         if call != int(nth):
             return
         try:
@@ -235,4 +240,6 @@ class Scorer:
             return
         os.write(fd, str(os.getpid()).encode())
         os.close(fd)
+        if hang:
+            threading.Event().wait()
         os._exit(1)

@@ -9,7 +9,10 @@ part committed as soon as all its rows are back, and the summary.
                       ─► driver: rows gathered per part ─► OutputDir.commit (atomic, exactly once)
 
 Ray Data shows the progress; a task's output reaches the driver only when the task succeeded,
-so a retried batch is never seen twice (commit checks it anyway).
+so a retried batch is never seen twice (commit checks it anyway). A run that ends on a lost
+node, or that stops sending rows for longer than the stall limit (watch.py: Ray Data raising
+nothing), is cancelled and the parts not yet committed run again, up to max_retries times;
+each such rerun is one line on stderr and one entry of the summary's `reruns`.
 """
 
 from __future__ import annotations
@@ -28,10 +31,12 @@ import numpy as np
 from bertfuse.errors import BertfuseError, require
 from bertfuse.io.safety import pause_point
 from bertfuse.ray_cluster import ray_for, task_error
-from bertfuse.score.actor import CRASH_ENV, KERNELS, Scorer, UnreadableInput, read_parts
+from bertfuse.score.actor import (CRASH_ENV, HANG_ENV, KERNELS, Scorer, UnreadableInput,
+                                  read_parts)
 from bertfuse.score.output import PART, OutputDir, part_name
 from bertfuse.score.spec import ScoreJob
 from bertfuse.score.stages import Stages
+from bertfuse.score.watch import StallClock, Stalled, watched
 
 # A Ray Data batch is this many session batches: fewer, larger calls. On two H200s (shenma-3l
 # fp16, 1M rows) 4,096-row calls kept each GPU's session 98% busy: 2 actors 1.98x one, where
@@ -72,6 +77,8 @@ class ScoreSummary:
     # The kernels asked for, and the first actor's KernelChoice (runtime/kernels.py) when
     # one ran: {"asked", "used", "reason", ...}
     kernels: dict[str, Any] | None = None
+    # Why each rerun of the parts left happened (a lost node, a stall), as its stderr line
+    reruns: list[str] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -90,32 +97,42 @@ def run_job(job: ScoreJob, progress: bool = True,
         start = time.perf_counter()
         device, actors, timing, stages = job.device, job.actors or 0, _Timing(start), Stages()
         kernels: dict[str, Any] = {}
+        reruns: list[str] = []
         if todo:
             say("ray cluster")
             with _ray(job.address, progress) as ray:
                 device, actors = _placement(job, ray)
                 say("score")
-                left, lost = todo, 0
+                left, clock = todo, StallClock(job.stall_s)
                 while left:
                     nodes = _alive_nodes(ray)
                     try:
                         ds = _dataset(job, left, device, actors)
-                        gather(ds.iter_batches(batch_size=None, batch_format="pyarrow"), out,
-                               job, timing, stages, kernels)
+                        blocks = watched(ds, clock, lambda: ds.iter_batches(
+                            batch_size=None, batch_format="pyarrow"))
+                        gather(blocks, out, job, timing, stages, kernels)
                         break
-                    except _cluster_errors() as exc:
-                        # A node lost mid-job ends Ray Data's whole dataset: the parts not yet
-                        # committed go again on the nodes left (each is still written once)
-                        lost += 1
-                        if lost > job.max_retries or not _node_lost(ray, nodes, exc):
+                    except (Stalled, *_cluster_errors()) as exc:
+                        # A node lost mid-job ends Ray Data's whole dataset; a run that stopped
+                        # sending rows is cancelled (its actors killed): either way the parts
+                        # not yet committed go again on the nodes left (each written once)
+                        stalled = isinstance(exc, Stalled)
+                        if len(reruns) >= job.max_retries or not (
+                                stalled or _node_lost(ray, nodes, exc)):
                             raise _failed(exc, out, job) from None
                         left = [p for p in left if not (out.scores / part_name(p.index)).is_file()]
                         cpus = int(ray.cluster_resources().get("CPU", 0))
                         actors = actors if device == "cuda" else max(1, min(actors, cpus - 1))
+                        why = str(exc) if stalled else "a Ray node was lost"
+                        reruns.append(f"{why}: the run is cancelled and the {len(left)} parts "
+                                      f"left of {len(job.parts)} run again (rerun "
+                                      f"{len(reruns) + 1} of at most {job.max_retries})")
+                        _note(reruns[-1])
         summary = _finish(job, out, done, todo, device, actors, time.perf_counter() - start)
         summary.first_result_s, summary.steady_rows_per_s = timing.result()
         summary.stages = stages.result(summary.rows_this_run)
         summary.kernels = kernels or {"asked": job.kernels}
+        summary.reruns = reruns
         out.write_manifest({"complete": True, "summary": summary.to_json()})
         return summary
 
@@ -140,6 +157,18 @@ class _Timing:
         after = self.end - self.first
         return (round(self.first - self.start, 3),
                 round(self.rows_after / after, 1) if after > 0 else None)
+
+
+def _note(line: str) -> None:
+    """One line on the user's stderr (io/quiet.py), whatever the progress lines' verbosity."""
+    from bertfuse.io.quiet import user_stderr
+
+    try:
+        stream = user_stderr()
+        stream.write(f"bertfuse score: {line}\n")
+        stream.flush()
+    except (OSError, ValueError):  # a closed stderr: the summary's reruns still say it
+        pass
 
 
 def _alive_nodes(ray: Any) -> set[str]:
@@ -181,9 +210,13 @@ def _cluster_errors() -> tuple[type, ...]:
 def _failed(exc: BaseException, out: OutputDir, job: ScoreJob) -> BertfuseError:
     """The task's own error, one line: an unreadable input is bad input (exit 2: rerunning
     will not help); anything else a cluster failure that the same command resumes (exit 1)."""
-    why = task_error(exc)
     done = len(list(out.scores.glob("part-*.parquet")))
     kept = f"{done} of {len(job.parts)} parts are complete in {job.output}"
+    if isinstance(exc, Stalled):
+        return ScoreFailed(f"scoring stalled on the Ray cluster: {exc}, "
+                           f"max_retries {job.max_retries} spent; {kept}: run the same command "
+                           "again to resume, with a larger --stall-s if the job is just slow")
+    why = task_error(exc)
     unreadable = f"{UnreadableInput.__name__}: "
     if unreadable in why:
         return BertfuseError(f"{why.split(unreadable, 1)[1]}; {kept}")
@@ -248,13 +281,18 @@ def _dataset(job: ScoreJob, todo: list, device: str, actors: int) -> Any:
     columns = list(dict.fromkeys([*job.key_columns, *job.spec.columns]))
     ds = ray.data.from_items(items, override_num_blocks=len(items))
     # Parts are the unit of output and restart; the actors' unit is this streaming split
-    # (fused into the read tasks). Reads take no CPU slot, two at a time: after a node's
-    # loss Ray restarts its actors on the nodes left, and a read waiting for a CPU that
-    # the actors hold would stall the job for ever (the actors wait for its rows).
+    # (tasks of its own: the reads' pool of two does not fuse with it). Neither takes a CPU
+    # slot: after a node's loss Ray restarts its actors on the nodes left, and a read or a
+    # split waiting for a CPU that the actors hold stalls the job for ever, Ray Data raising
+    # nothing (the actors wait for its rows). Seen with the split: repartition() takes no
+    # num_cpus, so its logical operator's remote args are set (docs/benchmarks/serving.md).
     ds = ds.map_batches(read_parts, batch_size=1, batch_format="numpy",
                         fn_kwargs={"files": job.files, "columns": columns}, num_cpus=0,
                         compute=TaskPoolStrategy(size=2))
     ds = ds.repartition(target_num_rows_per_block=job.batch_size * ROWS_PER_TASK)
+    split = getattr(getattr(ds, "_logical_plan", None), "dag", None)
+    if isinstance(getattr(split, "ray_remote_args", None), dict):
+        split.ray_remote_args["num_cpus"] = 0
     with warnings.catch_warnings():  # max_restarts/max_task_retries have no named parameter
         warnings.simplefilter("ignore")
         return ds.map_batches(
@@ -268,7 +306,7 @@ def _dataset(job: ScoreJob, todo: list, device: str, actors: int) -> Any:
                                    "keys": job.key_columns, "outputs": job.outputs,
                                    "ranks": job.output_ranks, "max_batch": job.batch_size,
                                    "device": device, "crash": os.environ.get(CRASH_ENV),
-                                   "kernels": job.kernels})
+                                   "kernels": job.kernels, "hang": os.environ.get(HANG_ENV)})
 
 
 def gather(blocks: Iterator[Any], out: OutputDir, job: ScoreJob, timing: _Timing,

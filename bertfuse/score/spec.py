@@ -10,6 +10,7 @@ No Ray here.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +59,9 @@ class ScoreJob:
     part_rows: int = DEFAULT_PART_ROWS
     fingerprint: dict = field(default_factory=dict)
     kernels: str = "auto"  # the actors' Sessions' (runtime/kernels.py)
+    # The longest wait for rows before a run is cancelled and rerun (watch.py); None: derived
+    # from the job's own waits
+    stall_s: float | None = None
 
     def identity(self) -> dict[str, Any]:
         """What a restarted job must share with the run that wrote the output so far: the
@@ -110,7 +114,8 @@ def build_job(model: Any, input: Any, output: Any, *, text_column: Any = None,
               segment_column: Any = None, key_columns: Any = None, outputs: Any = None,
               max_seq: Any = None, batch_size: Any = DEFAULT_BATCH, actors: Any = None,
               device: Any = "auto", address: Any = None, max_retries: Any = 3,
-              part_rows: Any = DEFAULT_PART_ROWS, kernels: Any = "auto") -> ScoreJob:
+              part_rows: Any = DEFAULT_PART_ROWS, kernels: Any = "auto",
+              stall_s: Any = None) -> ScoreJob:
     """The job for score(...)'s arguments, every one checked (see score/__init__.py)."""
     model, input, output = (check_path(n, v) for n, v in (("model", model), ("input", input),
                                                              ("output", output)))
@@ -138,6 +143,10 @@ def build_job(model: Any, input: Any, output: Any, *, text_column: Any = None,
     max_retries = check_int("max_retries", max_retries, 0)
     part_rows = check_int("part_rows", part_rows, 1)
     max_seq = _maybe_int("max_seq", max_seq, 1)
+    if stall_s is not None and (isinstance(stall_s, bool) or not isinstance(stall_s, (int, float))
+                                or not math.isfinite(stall_s) or stall_s <= 0):
+        raise BertfuseError(f"stall_s must be a number of seconds > 0, or None (derived from "
+                            f"the job's own waits), not {stall_s!r}")
     if device not in DEVICES:
         raise BertfuseError(f"device must be one of {', '.join(DEVICES)}, not {device!r}")
     check_kernels_option(kernels)  # ConfigError: one line, before the model is read
@@ -163,7 +172,7 @@ def build_job(model: Any, input: Any, output: Any, *, text_column: Any = None,
     fingerprint["inputs"] = [{**_stamp(f), "rows": n} for f, n in _file_rows(files)]
     return ScoreJob(model, input, output, files, spec, keys, names, ranks, parts, rows,
                     batch_size, actors, device, address, max_retries, part_rows, fingerprint,
-                    kernels)
+                    kernels, None if stall_s is None else float(stall_s))
 
 
 def _model(model: str, wanted: list[str]):
