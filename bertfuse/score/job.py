@@ -35,8 +35,8 @@ from bertfuse.score.actor import (CRASH_ENV, HANG_ENV, KERNELS, Scorer, Unreadab
                                   read_parts)
 from bertfuse.score.output import PART, OutputDir, part_name
 from bertfuse.score.spec import ScoreJob
-from bertfuse.score.stages import Stages
-from bertfuse.score.watch import StallClock, Stalled, watched
+from bertfuse.score.stages import Stages, Timing
+from bertfuse.score.watch import StallClock, Stalled, note, watched
 
 # A Ray Data batch is this many session batches: fewer, larger calls. On two H200s (shenma-3l
 # fp16, 1M rows) 4,096-row calls kept each GPU's session 98% busy: 2 actors 1.98x one, where
@@ -95,7 +95,7 @@ def run_job(job: ScoreJob, progress: bool = True,
         done = out.start()
         todo = [p for p in job.parts if p.index not in done]
         start = time.perf_counter()
-        device, actors, timing, stages = job.device, job.actors or 0, _Timing(start), Stages()
+        device, actors, timing, stages = job.device, job.actors or 0, Timing(start), Stages()
         kernels: dict[str, Any] = {}
         reruns: list[str] = []
         if todo:
@@ -127,7 +127,7 @@ def run_job(job: ScoreJob, progress: bool = True,
                         reruns.append(f"{why}: the run is cancelled and the {len(left)} parts "
                                       f"left of {len(job.parts)} run again (rerun "
                                       f"{len(reruns) + 1} of at most {job.max_retries})")
-                        _note(reruns[-1])
+                        note(reruns[-1])
         summary = _finish(job, out, done, todo, device, actors, time.perf_counter() - start)
         summary.first_result_s, summary.steady_rows_per_s = timing.result()
         summary.stages = stages.result(summary.rows_this_run)
@@ -135,40 +135,6 @@ def run_job(job: ScoreJob, progress: bool = True,
         summary.reruns = reruns
         out.write_manifest({"complete": True, "summary": summary.to_json()})
         return summary
-
-
-class _Timing:
-    """When the first scored rows reached the driver, and the rows and time after them."""
-
-    def __init__(self, start: float) -> None:
-        self.start, self.first, self.end, self.rows_after = start, None, None, 0
-
-    def got(self, rows: int) -> None:
-        now = time.perf_counter()
-        if self.first is None:
-            self.first = now
-        else:
-            self.rows_after += rows
-        self.end = now
-
-    def result(self) -> tuple[float | None, float | None]:
-        if self.first is None:
-            return None, None
-        after = self.end - self.first
-        return (round(self.first - self.start, 3),
-                round(self.rows_after / after, 1) if after > 0 else None)
-
-
-def _note(line: str) -> None:
-    """One line on the user's stderr (io/quiet.py), whatever the progress lines' verbosity."""
-    from bertfuse.io.quiet import user_stderr
-
-    try:
-        stream = user_stderr()
-        stream.write(f"bertfuse score: {line}\n")
-        stream.flush()
-    except (OSError, ValueError):  # a closed stderr: the summary's reruns still say it
-        pass
 
 
 def _alive_nodes(ray: Any) -> set[str]:
@@ -309,7 +275,7 @@ def _dataset(job: ScoreJob, todo: list, device: str, actors: int) -> Any:
                                    "kernels": job.kernels, "hang": os.environ.get(HANG_ENV)})
 
 
-def gather(blocks: Iterator[Any], out: OutputDir, job: ScoreJob, timing: _Timing,
+def gather(blocks: Iterator[Any], out: OutputDir, job: ScoreJob, timing: Timing,
            stages: Stages, kernels: dict[str, Any] | None = None) -> None:
     """Gathers the scored rows (Arrow blocks, any cut) per part; a part is committed (on a
     writer thread, so that writing overlaps fetching) once all its rows are in. `kernels` is
@@ -325,7 +291,7 @@ def gather(blocks: Iterator[Any], out: OutputDir, job: ScoreJob, timing: _Timing
             close()
 
 
-def _gather(blocks: Iterator[Any], out: OutputDir, job: ScoreJob, timing: _Timing,
+def _gather(blocks: Iterator[Any], out: OutputDir, job: ScoreJob, timing: Timing,
             stages: Stages, kernels: dict[str, Any]) -> None:
     import pyarrow as pa
 

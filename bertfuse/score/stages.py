@@ -74,3 +74,25 @@ class Stages:
         return {n: {"s": round(got[n], 3),
                     "us_per_row": round(got[n] / rows * 1e6, 2) if rows else 0.0}
                 for n in names}
+
+
+class Timing:
+    """When the first scored rows reached the driver, and the rows and time after them."""
+
+    def __init__(self, start: float) -> None:
+        self.start, self.first, self.end, self.rows_after = start, None, None, 0
+
+    def got(self, rows: int) -> None:
+        now = time.perf_counter()
+        if self.first is None:
+            self.first = now
+        else:
+            self.rows_after += rows
+        self.end = now
+
+    def result(self) -> tuple[float | None, float | None]:
+        if self.first is None:
+            return None, None
+        after = self.end - self.first
+        return (round(self.first - self.start, 3),
+                round(self.rows_after / after, 1) if after > 0 else None)

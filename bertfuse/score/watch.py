@@ -181,3 +181,15 @@ def watched(ds: Any, clock: StallClock, open_blocks: Callable[[], Iterator[Any]]
             cancel(ds, executors)
         thread.join(_JOIN_S)
         release(ds)
+
+
+def note(line: str) -> None:
+    """One line on the user's stderr (io/quiet.py), whatever the progress lines' verbosity."""
+    from bertfuse.io.quiet import user_stderr
+
+    try:
+        stream = user_stderr()
+        stream.write(f"bertfuse score: {line}\n")
+        stream.flush()
+    except (OSError, ValueError):  # a closed stderr: the summary's reruns still say it
+        pass
