@@ -65,6 +65,7 @@ def load(path: str) -> ctypes.CDLL:
     lib.bf_dense_last_error.restype = ctypes.c_char_p
     lib.bf_check_set_gemm.argtypes = [I32, I32]
     lib.bf_gemm_choices.restype = ctypes.c_char_p
+    lib.bf_cublas_timings.restype = ctypes.c_char_p
     lib.bf_sm90_configs.restype = ctypes.c_char_p
     for f in ("bf_check_dense", "bf_check_dense_fp8", "bf_check_layernorm", "bf_check_set_algo_rank",
               "bf_check_set_workspace_mb", "bf_check_unsupported_mask", "bf_check_bias_act",

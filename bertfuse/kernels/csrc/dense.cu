@@ -39,6 +39,43 @@ int AlignmentOf(const void* p) {
   return a;
 }
 
+// Holds the stream for `ns` nanoseconds, so that the launches queued behind it are timed by
+// the GPU alone: a candidate whose host launch is slower than its kernel would otherwise be
+// timed by its launch.
+__global__ void hold_stream(long long ns) {
+  long long start = 0, now = 0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < ns);
+}
+
+constexpr int kTimedRuns = 8;
+
+// One warm-up, then the mean of kTimedRuns back-to-back runs queued behind hold_stream.
+float TimeCandidate(cudaStream_t stream, cudaEvent_t e0, cudaEvent_t e1,
+                    const std::function<const char*()>& run) {
+  if (run() != nullptr) {
+    cudaGetLastError();
+    return -1.0f;
+  }
+  hold_stream<<<1, 1, 0, stream>>>(400000);
+  if (cudaEventRecord(e0, stream) != cudaSuccess) return -1.0f;
+  for (int i = 0; i < kTimedRuns; ++i) {
+    if (run() != nullptr) {
+      cudaGetLastError();
+      return -1.0f;
+    }
+  }
+  float ms = 0.0f;
+  if (cudaEventRecord(e1, stream) != cudaSuccess || cudaEventSynchronize(e1) != cudaSuccess ||
+      cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess) {
+    cudaGetLastError();
+    return -1.0f;
+  }
+  return ms * 1000.0f / kTimedRuns;
+}
+
 }  // namespace
 
 size_t DefaultWorkspaceBytes() {
@@ -48,11 +85,20 @@ size_t DefaultWorkspaceBytes() {
   return static_cast<size_t>(mb) << 20;
 }
 
+int DenseGemm::DefaultAlgoRank() {
+  // BERTFUSE_GEMM_TIMING=0: the heuristic's first choice, untimed (as before the timing).
+  const char* s = std::getenv("BERTFUSE_GEMM_TIMING");
+  return s && s[0] == '0' ? 0 : -1;
+}
+
 struct DenseGemm::Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;
   cublasLtMatmulAlgo_t algo{};
   size_t workspace = 0;  // what the chosen algorithm needs
+  // The heuristic's valid algorithms in its order, while the plan still has to time them
+  // (emptied once timed: one candidate, a pinned rank, or the fastest found).
+  std::vector<cublasLtMatmulHeuristicResult_t> untimed;
   ~Plan() {
     if (desc) cublasLtMatmulDescDestroy(desc);
     if (a) cublasLtMatrixLayoutDestroy(a);
@@ -172,12 +218,14 @@ const char* DenseGemm::Run(cudaStream_t stream, WorkspaceSource* ws, bool fp8, c
     }
     if (st != CUBLAS_STATUS_SUCCESS) found = 0;
     int pick = -1, valid = 0;
-    for (int i = 0; i < found && valid <= algo_rank_; ++i) {
-      if (res[i].state == CUBLAS_STATUS_SUCCESS && res[i].workspaceSize <= ws_bytes) {
-        pick = i;  // the algo_rank_-th valid one, else the last valid one
-        ++valid;
-      }
+    const int rank = algo_rank_ < 0 ? 0 : algo_rank_;
+    for (int i = 0; i < found; ++i) {
+      if (res[i].state != CUBLAS_STATUS_SUCCESS || res[i].workspaceSize > ws_bytes) continue;
+      if (valid <= rank) pick = i;  // the rank-th valid one, else the last valid one
+      ++valid;
+      if (algo_rank_ < 0) p->untimed.push_back(res[i]);
     }
+    if (p->untimed.size() < 2) p->untimed.clear();
     if (pick < 0) {
       unsupported_ |= ConfigBit(fp8, epi, C != nullptr);
       char buf[192];
@@ -200,6 +248,10 @@ const char* DenseGemm::Run(cudaStream_t stream, WorkspaceSource* ws, bool fp8, c
     LT_TRY(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale,
                                           sizeof(a_scale)));
   }
+  if (!p.untimed.empty() && C != Y) {  // (a residual that is Y would add up over the runs)
+    const char* err = TimePlan(p, stream, ws, A, B, C, Y, alpha, C ? 1.0f : 0.0f, key);
+    if (err) return err;
+  }
   void* workspace = nullptr;
   if (p.workspace > 0) {
     workspace = ws ? ws->Get(p.workspace) : nullptr;
@@ -209,6 +261,92 @@ const char* DenseGemm::Run(cudaStream_t stream, WorkspaceSource* ws, bool fp8, c
   LT_TRY(cublasLtMatmul(handle_, p.desc, &alpha, A, p.a, B, p.b, &beta, C ? C : Y, p.c, Y, p.d,
                         &p.algo, workspace, p.workspace, stream));
   return nullptr;
+}
+
+namespace {
+
+// `us` as the JSON array that ends one record: 1.000,2.500]}
+void AppendTimes(std::string& out, const float* us, size_t n) {
+  char buf[32];
+  for (size_t c = 0; c < n; ++c) {
+    std::snprintf(buf, sizeof(buf), "%s%.3f", c ? "," : "", us[c]);
+    out += buf;
+  }
+  out += "]}";
+}
+
+// Process-wide record of what the cuBLASLt timing found, for bf_cublas_timings.
+struct AlgoTiming {
+  int fp8, epi, residual, M, N, K, chosen;
+  std::vector<float> us;  // per valid heuristic algorithm, in the heuristic's order
+};
+std::mutex g_algo_mu;
+std::vector<AlgoTiming> g_algo_timings;
+
+}  // namespace
+
+// Times each of the heuristic's valid algorithms for this plan on the call's own buffers (they
+// only write Y, which the real run then overwrites) and keeps the fastest; the heuristic's first
+// choice stays unless another is at least 2% faster, so noise does not flip it. Inside a CUDA
+// graph capture nothing can be timed: the plan keeps the first choice and times on a later call.
+const char* DenseGemm::TimePlan(Plan& p, cudaStream_t stream, WorkspaceSource* ws, const void* A,
+                                const void* B, const __half* C, __half* Y, float alpha, float beta,
+                                const PlanKey& key) {
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  size_t need = 0;
+  for (const auto& r : p.untimed) need = r.workspaceSize > need ? r.workspaceSize : need;
+  void* w = need ? (ws ? ws->Get(need) : nullptr) : nullptr;
+  if (need && !w) return Fail("no cuBLASLt workspace for timing the algorithms", static_cast<int>(need));
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess) {
+    cudaGetLastError();
+    if (e0) cudaEventDestroy(e0);
+    p.untimed.clear();
+    return nullptr;
+  }
+  AlgoTiming t{key.fp8, key.epi, key.residual, key.M, key.N, key.K, 0, {}};
+  int best = -1;
+  for (size_t i = 0; i < p.untimed.size(); ++i) {
+    const cublasLtMatmulHeuristicResult_t& r = p.untimed[i];
+    const float us = TimeCandidate(stream, e0, e1, [&]() -> const char* {
+      const cublasStatus_t st = cublasLtMatmul(handle_, p.desc, &alpha, A, p.a, B, p.b, &beta,
+                                               C ? C : Y, p.c, Y, p.d, &r.algo, w, r.workspaceSize,
+                                               stream);
+      return st == CUBLAS_STATUS_SUCCESS ? nullptr : "cublasLtMatmul";
+    });
+    t.us.push_back(us);
+    if (us < 0.0f) continue;
+    if (best < 0 || (best == 0 ? us < 0.98f * t.us[0] : us < t.us[best])) best = static_cast<int>(i);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  if (best >= 0) {
+    p.algo = p.untimed[best].algo;
+    p.workspace = p.untimed[best].workspaceSize;
+    t.chosen = best;
+  }
+  p.untimed.clear();
+  std::lock_guard<std::mutex> lock(g_algo_mu);
+  g_algo_timings.push_back(std::move(t));
+  return nullptr;
+}
+
+std::string CublasTimingsJson() {
+  std::lock_guard<std::mutex> lock(g_algo_mu);
+  std::string out = "[";
+  char buf[160];
+  for (size_t i = 0; i < g_algo_timings.size(); ++i) {
+    const AlgoTiming& t = g_algo_timings[i];
+    std::snprintf(buf, sizeof(buf), "%s{\"fp8\":%d,\"epilogue\":%d,\"residual\":%d,\"M\":%d,\"N\":%d,\"K\":%d,\"chosen\":%d,\"us\":[",
+                  i ? "," : "", t.fp8, t.epi, t.residual, t.M, t.N, t.K, t.chosen);
+    out += buf;
+    AppendTimes(out, t.us.data(), t.us.size());
+  }
+  return out + "]";
 }
 
 // ---- elementwise kernels ----------------------------------------------------------------------
@@ -401,43 +539,6 @@ struct GemmTiming {
 std::mutex g_choice_mu;
 std::vector<GemmTiming> g_choices;
 
-// Holds the stream for `ns` nanoseconds, so that the launches queued behind it are timed by
-// the GPU alone: a candidate whose host launch is slower than its kernel would otherwise be
-// timed by its launch.
-__global__ void hold_stream(long long ns) {
-  long long start = 0, now = 0;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-  do {
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  } while (now - start < ns);
-}
-
-constexpr int kTimedRuns = 8;
-
-// One warm-up, then the mean of kTimedRuns back-to-back runs queued behind hold_stream.
-float TimeCandidate(cudaStream_t stream, cudaEvent_t e0, cudaEvent_t e1,
-                    const std::function<const char*()>& run) {
-  if (run() != nullptr) {
-    cudaGetLastError();
-    return -1.0f;
-  }
-  hold_stream<<<1, 1, 0, stream>>>(400000);
-  if (cudaEventRecord(e0, stream) != cudaSuccess) return -1.0f;
-  for (int i = 0; i < kTimedRuns; ++i) {
-    if (run() != nullptr) {
-      cudaGetLastError();
-      return -1.0f;
-    }
-  }
-  float ms = 0.0f;
-  if (cudaEventRecord(e1, stream) != cudaSuccess || cudaEventSynchronize(e1) != cudaSuccess ||
-      cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess) {
-    cudaGetLastError();
-    return -1.0f;
-  }
-  return ms * 1000.0f / kTimedRuns;
-}
-
 const char* RunSm90(int cfg, const sm90::Problem& p, cudaStream_t stream, WorkspaceSource* ws) {
   const size_t need = sm90::WorkspaceBytes(cfg, p);
   void* w = need ? (ws ? ws->Get(need) : nullptr) : nullptr;
@@ -504,11 +605,7 @@ std::string GemmChoicesJson() {
                   i ? "," : "", t.key.device, t.key.M, t.key.N, t.key.K, t.key.act, t.key.residual,
                   t.choice < 0 ? "cublas" : sm90::ConfigName(t.choice));
     out += buf;
-    for (int c = 0; c <= sm90::kNumConfigs; ++c) {
-      std::snprintf(buf, sizeof(buf), "%s%.3f", c ? "," : "", t.us[c]);
-      out += buf;
-    }
-    out += "]}";
+    AppendTimes(out, t.us, 1 + sm90::kNumConfigs);
   }
   return out + "]";
 }
@@ -802,7 +899,9 @@ BF_DENSE_EXPORT int bf_check_set_pdl(int on) {
   return 0;
 }
 
-// Heuristic rank of the algorithm the check entry points use from now on (0 = first choice).
+// Which cuBLASLt algorithm the check entry points use from now on: rank >= 0 pins the
+// heuristic's rank-th valid one (0 = its first choice), -1 times them and keeps the fastest
+// (the default, as the ORT ops; BERTFUSE_GEMM_TIMING=0 makes rank 0 their default).
 BF_DENSE_EXPORT int bf_check_set_algo_rank(int rank) {
   const char* err = nullptr;
   CheckState* st = Check(&err);
@@ -844,6 +943,15 @@ BF_DENSE_EXPORT int bf_check_set_gemm(int mode, int config) {
 BF_DENSE_EXPORT const char* bf_gemm_choices() {
   static thread_local std::string json;
   json = bertfuse::GemmChoicesJson();
+  return json.c_str();
+}
+
+// What the cuBLASLt timing found so far, one JSON array: per plan its shape, epilogue, the
+// time of each valid heuristic algorithm (in the heuristic's order; -1 = could not run) and the
+// index chosen.
+BF_DENSE_EXPORT const char* bf_cublas_timings() {
+  static thread_local std::string json;
+  json = bertfuse::CublasTimingsJson();
   return json.c_str();
 }
 

@@ -71,9 +71,11 @@ class DenseGemm {
                      const float* w_scale, float x_scale, const __half* bias, const __half* C,
                      __half* Y, int M, int N, int K, Epilogue epi, bool fast_accum);
 
-  // Which of the heuristic's valid algorithms to use (0 = its first choice, what the ORT ops
-  // run); the device check sets others to see what the heuristic leaves on the table.
-  void set_algo_rank(int rank) { algo_rank_ = rank < 0 ? 0 : rank; }
+  // Which of the heuristic's valid algorithms to use: -1 (the default, unless
+  // BERTFUSE_GEMM_TIMING=0) times each on the first call of a shape outside a CUDA-graph
+  // capture and keeps the fastest; rank >= 0 pins the rank-th (0 = the heuristic's first
+  // choice), which the device check sets to see what the timing gains.
+  void set_algo_rank(int rank) { algo_rank_ = rank < 0 ? -1 : rank; }
   // The workspace cap the heuristic is given (the check measures 0 against the default).
   void set_max_workspace(size_t bytes) { max_workspace_ = bytes; }
 
@@ -99,7 +101,8 @@ class DenseGemm {
     return 1 << (static_cast<int>(epi) * 4 + (fp8 ? 2 : 0) + (residual ? 1 : 0));
   }
 
-  int algo_rank_ = 0;
+  int algo_rank_ = DefaultAlgoRank();
+  static int DefaultAlgoRank();
   std::atomic<int> unsupported_{0};
   // What makes a plan: a kernel sees few shapes (one per batch/sequence bucket), so a linear
   // search over a vector beats hashing a string key on the host path of every call.
@@ -112,6 +115,9 @@ class DenseGemm {
              fast_accum == o.fast_accum && rank == o.rank && workspace == o.workspace;
     }
   };
+  const char* TimePlan(Plan& p, cudaStream_t stream, WorkspaceSource* ws, const void* A,
+                       const void* B, const __half* C, __half* Y, float alpha, float beta,
+                       const PlanKey& key);
   std::mutex mu_;  // guards plans_ (ORT may call Compute from several threads)
   std::vector<std::pair<PlanKey, std::unique_ptr<Plan>>> plans_;
 };
@@ -160,6 +166,8 @@ enum class GemmMode : int { kAuto = 0, kCublas = 1, kSm90 = 2 };
 std::atomic<int>& GemmModeFlag();
 std::atomic<int>& GemmConfigFlag();
 std::string GemmChoicesJson();
+// What DenseGemm's timing of cuBLASLt's algorithms found, per plan (bf_cublas_timings).
+std::string CublasTimingsJson();
 
 // Enqueues the whole op on `stream`, the GEMM's workspace from `ws`. nullptr on success, else
 // a message.
