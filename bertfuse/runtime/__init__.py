@@ -1,9 +1,9 @@
 """The serving runtime, in rooms that import only downwards:
 
     requests (checks, model facts) -> kernels (contrib or bertfuse's ops, chosen at load)
-    -> options -> progress -> pinned -> device (providers,
-    staging, capture gate) -> variants -> session (padded) -> packed -> router (Session)
-    -> pool
+    -> options -> progress -> pinned -> device (providers, staging, capture gate, replay)
+    -> variants -> staging (the native fast lane for warm buckets) -> session (padded)
+    -> packed -> router (Session) -> pool
 
 `from bertfuse.runtime import Session, SessionOptions, SessionPool` is the entry point.
 """

@@ -34,7 +34,8 @@ from bertfuse.errors import BertfuseError
 from bertfuse.ops.packing_layout import (PACKED_INPUTS, PackedShape, capture_mask,
                                      choose_device_shape, choose_shape, device_shapes,
                                      pack_into, packed_shapes)
-from bertfuse.runtime.device import GATE, SessionMaker, claim_thread, fetch, staging, upload
+from bertfuse.runtime.device import GATE, SessionMaker, claim_thread, fetch, replay, staging, \
+    upload
 from bertfuse.runtime.options import SessionOptions, session_options
 from bertfuse.runtime.pinned import new_stream
 from bertfuse.runtime.progress import check_progress, steps
@@ -223,7 +224,7 @@ class PackedSession:
         batch, seq = mask.shape
         shape = self.shape_for(batch, seq, int(np.count_nonzero(mask)))
         bucket = self._buckets[shape]
-        return lambda: self.session.run_with_iobinding(bucket.binding, bucket.run_options)
+        return lambda: replay(self.session, bucket.binding, bucket.run_options)
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -278,7 +279,7 @@ class PackedSession:
             bucket = self._bucket(shape)
             self._stage(bucket.views, arrays, shape)
             upload(bucket.device, bucket.host, self.stream)
-            self.session.run_with_iobinding(bucket.binding, bucket.run_options)
+            replay(self.session, bucket.binding, bucket.run_options)
             if not to_host:
                 return {"batch": batch, "seq": seq, "shape": shape,
                         **{n: bucket.outputs[n] for n in names}}

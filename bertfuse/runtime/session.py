@@ -22,7 +22,8 @@ import onnx
 
 from bertfuse.io.inputs import shape_probe
 from bertfuse.runtime.device import (GATE, SessionMaker, claim_thread, device_copy,
-                                     device_memory_used, fetch, staging, upload)
+                                     device_memory_used, fetch, probe_output_dims, replay,
+                                     staging, upload)
 from bertfuse.runtime.kernels import choose, file_identity
 from bertfuse.runtime.options import SessionOptions, session_options
 from bertfuse.runtime.pinned import new_stream
@@ -32,6 +33,7 @@ from bertfuse.runtime.requests import (ClosedError, bucket_list, check_canonical
                                        declared_output_dims, load_model, model_facts,
                                        select_outputs, smallest, unmask_empty_rows,
                                        upper_bound)
+from bertfuse.runtime.staging import FastStager
 from bertfuse.runtime.variants import VariantPolicy, attention_mask_variant, check_variants
 
 
@@ -92,8 +94,10 @@ class PaddedSession:
                 if variant is not None:
                     self.sessions[mode] = self._maker.open(variant.SerializeToString())
         self.session = self.sessions["raw"]
+        self._stager = FastStager.for_session(self)
         with GATE.capturing():
-            self._output_dims = declared_output_dims(proto) or self._probe_output_dims()
+            self._output_dims = declared_output_dims(proto) or probe_output_dims(
+                self.session, self.facts, self._maker.run_options(-1))
 
     @property
     def cuda_graph(self) -> bool:
@@ -108,11 +112,13 @@ class PaddedSession:
         """Why CUDA graphs are off although asked for ('' when they are on)."""
         return self._maker.fallback_reason
 
-    def _session_for(self, mask: Any, bucket: _Bucket, batch: int, seq: int) -> str:
-        """The session (mask variant) that serves this request in this bucket."""
+    def _session_for(self, mask: Any, bucket: _Bucket, batch: int, seq: int,
+                     form: str | None = None) -> str:
+        """The session (mask variant) that serves this request in this bucket; `form`: the
+        mask's mask_mode when the caller knows it."""
         if len(self.sessions) == 1:
             return "raw"
-        kind = self.policy.request_kind(mask, (bucket.batch, bucket.seq), (batch, seq))
+        kind = self.policy.request_kind(mask, (bucket.batch, bucket.seq), (batch, seq), form)
         mode = self.policy.mode_for(kind, bucket.seq)
         return "raw" if mode not in self.sessions or mode in bucket.disabled else mode
 
@@ -150,21 +156,6 @@ class PaddedSession:
                         self.session.run(None, shape_probe(self.facts.inputs, *key))
                     step(key)
         return keys
-
-    def _probe_output_dims(self) -> dict[str, tuple[str | int, ...]]:
-        """Output shapes as ('B', 'S', 768)-style templates, from one tiny CPU-side run."""
-        dims = {}
-        b, s = 2, 3
-        binding = self.session.io_binding()
-        for name, value in shape_probe(self.facts.inputs, b, s).items():
-            binding.bind_cpu_input(name, value)
-        for name in self.facts.outputs:
-            binding.bind_output(name, "cpu")
-        self.session.run_with_iobinding(binding, self._maker.run_options(-1))
-        for name, value in zip(self.facts.outputs, binding.copy_outputs_to_cpu()):
-            dims[name] = tuple("B" if i == 0 and d == b else "S" if i == 1 and d == s else d
-                               for i, d in enumerate(value.shape))
-        return dims
 
     def _bucket(self, batch: int, seq: int) -> _Bucket:
         key = (batch, seq)
@@ -241,6 +232,10 @@ class PaddedSession:
         self._require_open()
         names = select_outputs(self.facts.outputs, outputs)
         given = {"input_ids": input_ids, "input_mask": input_mask, "segment_ids": segment_ids}
+        if self._stager is not None:  # host arrays into a warm bucket: one native pass
+            out = self._stager.serve(self, given, names, to_host)
+            if out is not None:
+                return out
         return self._serve(self._check(given), names, to_host)
 
     def _serve(self, arrays: dict[str, Any], names: list[str], to_host: bool) -> dict[str, Any]:
@@ -259,8 +254,7 @@ class PaddedSession:
             bucket = self._bucket(*key)
             mode = self._session_for(mask, bucket, batch, seq)
             self._fill(bucket, arrays, batch, seq)
-            self.sessions[mode].run_with_iobinding(bucket.bindings[mode],
-                                                   bucket.run_options[mode])
+            replay(self.sessions[mode], bucket.bindings[mode], bucket.run_options[mode])
             if not to_host:
                 return {"batch": batch, "seq": seq, **{n: bucket.outputs[n] for n in names}}
             return {n: fetch(bucket.outputs[n], batch, seq, self._output_dims[n][1:2] == ("S",))
@@ -295,7 +289,7 @@ class PaddedSession:
         mode = self._session_for(mask, bucket, batch, seq)
         session, binding, options = self.sessions[mode], bucket.bindings[mode], \
             bucket.run_options[mode]
-        return lambda: session.run_with_iobinding(binding, options)
+        return lambda: replay(session, binding, options)
 
     def _fill(self, bucket: _Bucket, arrays: dict[str, Any], batch: int, seq: int) -> None:
         host = bucket.host

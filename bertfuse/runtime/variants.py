@@ -80,9 +80,11 @@ class VariantPolicy:
         return sorted(used - {"raw"})
 
     @staticmethod
-    def request_kind(mask: object, bucket: tuple[int, int], request: tuple[int, int]) -> str:
-        """mask_mode of a request's mask in a bucket: None is 'nomask', a device mask 'raw'."""
-        kind = "nomask" if mask is None else \
+    def request_kind(mask: object, bucket: tuple[int, int], request: tuple[int, int],
+                     form: str | None = None) -> str:
+        """mask_mode of a request's mask in a bucket: None is 'nomask', a device mask 'raw';
+        `form`: that mask_mode, where the caller has it already (runtime/staging.py)."""
+        kind = "nomask" if mask is None else form if form is not None else \
             mask_mode(mask) if isinstance(mask, np.ndarray) else "raw"
         if kind == "nomask" and bucket != request:
             kind = "keylen"  # bucket padding adds padded keys to every row: right padding

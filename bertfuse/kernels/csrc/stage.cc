@@ -1,0 +1,104 @@
+// Host-side staging of one padded request (no CUDA): the runtime's fast path
+// (bertfuse/runtime/staging.py) for what its Python path does in several NumPy passes. One pass
+// over the request writes the whole pinned staging buffer [n_inputs, bucket_batch, bucket_seq]
+// int32 and tells the mask's form; anything the checked path must see (a value out of range, a
+// dtype it does not take) returns -1 and nothing is decided here, so every error message stays
+// in one place (runtime/requests.py).
+//
+// Semantics, equal to the Python path (tests/unit/runtime/test_staging.py holds them to it):
+//   - values are read as int32 or int64 and cast to int32 (as NumPy's astype(int32));
+//   - with validate, each role's values must lie in [0, upper) (upper <= 0: >= 0 only), and a
+//     value past int32's range goes to the checked path;
+//   - a mask row of all zeros is staged as all ones (requests.unmask_empty_rows);
+//   - an absent mask is ones over [batch, seq]; an absent segment_ids (or ids) is zeros;
+//   - the mask's rows past the batch get one key (position 0), never zero keys;
+//   - the form (variants.mask_mode) of the mask as staged: 0 all ones (or no mask), 1 every row
+//     ones then zeros, 2 anything else.
+#include <cstdint>
+#include <cstring>
+
+namespace {
+
+constexpr int kIds = 0, kMask = 1, kSegments = 2;
+
+// One row into dst as int32 (NumPy's astype cast); false, with validate, on a value outside
+// [0, limit). Branch-free so the compiler vectorises it: the largest value as unsigned (a
+// negative one wraps past any limit, which is at most 2**31).
+template <typename T, typename U>
+bool CopyRow(const T* __restrict__ src, int seq, int32_t* __restrict__ dst, bool validate,
+             uint64_t limit) {
+  U top = 0;
+  for (int j = 0; j < seq; ++j) {
+    const U u = static_cast<U>(src[j]);
+    top = u > top ? u : top;
+    dst[j] = static_cast<int32_t>(src[j]);
+  }
+  return !validate || static_cast<uint64_t>(top) < limit;
+}
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) int bf_stage_request(
+    const void* ids, int ids_bytes, const void* mask, int mask_bytes, const void* segments,
+    int segments_bytes, const int* slot_role, int n_inputs, const int64_t* upper, int batch,
+    int seq, int validate, int32_t* host, int bucket_batch, int bucket_seq) {
+  if (batch < 1 || seq < 1 || batch > bucket_batch || seq > bucket_seq || n_inputs < 1 ||
+      n_inputs > 3)
+    return -1;
+  const void* src[3] = {ids, mask, segments};
+  const int bytes[3] = {ids_bytes, mask_bytes, segments_bytes};
+  for (int r = 0; r < 3; ++r)
+    if (src[r] && bytes[r] != 4 && bytes[r] != 8) return -1;
+  uint64_t limit[3];  // per slot: values must lie in [0, limit) (int32's range at most)
+  for (int s = 0; s < n_inputs; ++s)
+    limit[s] = upper[s] > 0 && upper[s] < (int64_t{1} << 31) ? static_cast<uint64_t>(upper[s])
+                                                             : uint64_t{1} << 31;
+  const size_t plane = static_cast<size_t>(bucket_batch) * bucket_seq;
+  const size_t tail = static_cast<size_t>(bucket_seq - seq) * sizeof(int32_t);
+  bool all_ones = true, right_padded = true;
+  for (int s = 0; s < n_inputs; ++s) {
+    const int role = slot_role[s];
+    if (role < kIds || role > kSegments) return -1;
+    int32_t* out = host + s * plane;
+    const bool check = validate != 0;
+    for (int r = 0; r < batch; ++r) {
+      int32_t* dst = out + static_cast<size_t>(r) * bucket_seq;
+      if (!src[role]) {
+        const int32_t fill = role == kMask ? 1 : 0;
+        for (int j = 0; j < seq; ++j) dst[j] = fill;
+      } else {
+        const size_t at = static_cast<size_t>(r) * seq;
+        const bool ok = bytes[role] == 4
+            ? CopyRow<int32_t, uint32_t>(static_cast<const int32_t*>(src[role]) + at, seq, dst,
+                                         check, limit[s])
+            : CopyRow<int64_t, uint64_t>(static_cast<const int64_t*>(src[role]) + at, seq, dst,
+                                         check, limit[s]);
+        if (!ok) return -1;
+        if (role == kMask) {
+          int32_t lo = dst[0], nonzero = dst[0];
+          int rises = 0;
+          for (int j = 1; j < seq; ++j) {  // (plain reductions, so they vectorise)
+            lo = dst[j] < lo ? dst[j] : lo;
+            nonzero |= dst[j];
+            rises |= dst[j - 1] < dst[j];
+          }
+          if (!nonzero) {  // all masked: unmasked, as unmask_empty_rows does
+            for (int j = 0; j < seq; ++j) dst[j] = 1;
+            lo = 1;
+            rises = 0;
+          }
+          all_ones = all_ones && lo > 0;
+          right_padded = right_padded && !rises && dst[0] != 0;
+        }
+      }
+      std::memset(dst + seq, 0, tail);
+    }
+    std::memset(out + static_cast<size_t>(batch) * bucket_seq, 0,
+                static_cast<size_t>(bucket_batch - batch) * bucket_seq * sizeof(int32_t));
+    if (role == kMask) {
+      for (int r = batch; r < bucket_batch; ++r) out[static_cast<size_t>(r) * bucket_seq] = 1;
+    }
+  }
+  if (all_ones) return 0;
+  return right_padded ? 1 : 2;
+}

@@ -1,0 +1,172 @@
+"""The native fast lane (runtime/staging.py, kernels/csrc/stage.cc) against the checked path.
+
+stage.cc is host-only C++, so CI compiles it alone with the system's C++ compiler and holds it
+to what the Python path does: the same staged buffer, the same mask form, every bad value sent
+back to the checked path (which then raises its own error), and the same outputs end to end
+through a CPU session with buckets.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from bertfuse.runtime import RequestError
+from bertfuse.runtime.requests import upper_bound
+from bertfuse.runtime.staging import FORMS, FastStager, stage_function
+from bertfuse.runtime.variants import mask_mode
+from support.paths import ROOT
+from support.runtime_common import OUTPUTS, TYPE_VOCAB, VOCAB, make_request, new_session
+
+STAGE_CC = ROOT / "bertfuse" / "kernels" / "csrc" / "stage.cc"
+
+
+@pytest.fixture(scope="module")
+def stage_fn(tmp_path_factory):
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler to build csrc/stage.cc with")
+    so = tmp_path_factory.mktemp("stage") / "libstage.so"
+    subprocess.run([cxx, "-O3", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden", "-o",
+                    str(so), str(STAGE_CC)], check=True, capture_output=True, timeout=120)
+    fn = stage_function(str(so))
+    assert fn is not None
+    return fn
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_onnx, stage_fn):
+    """Two CPU sessions with buckets and mask variants: one with the fast lane, one without."""
+    fast, slow = new_session(tiny_onnx["fp16"]), new_session(tiny_onnx["fp16"])
+    assert fast._stager is None  # CPU: not made by default
+    fast._stager = FastStager(stage_fn, fast.facts.inputs,
+                              [upper_bound(fast.facts, n) for n in fast.facts.inputs])
+    yield fast, slow
+    fast.close()
+    slow.close()
+
+
+def _stage_both(session, stager, given):
+    """(host buffer, form) from the checked path and from the fast lane, same bucket."""
+    batch, seq = given["input_ids"].shape
+    bucket = session._bucket(*session.bucket_for(batch, seq))
+    checked = session._check(dict(given))
+    session._fill(bucket, checked, batch, seq)
+    want = bucket.host.copy()
+    mask = checked.get("input_mask")
+    want_form = None if mask is None else mask_mode(mask)
+    bucket.host.fill(-7)  # the fast lane must write every element
+    got = stager._fn(*_args(stager, given, bucket, session.validate))
+    return want, want_form, bucket.host.copy(), got
+
+
+def _args(stager, given, bucket, validate):
+    ids, mask, seg = given["input_ids"], given.get("input_mask"), given.get("segment_ids")
+
+    def ptr(a):
+        return (a.ctypes.data, a.itemsize) if a is not None else (None, 0)
+
+    batch, seq = ids.shape
+    return (*ptr(ids), *ptr(mask), *ptr(seg), stager._roles.ctypes.data, len(stager._roles),
+            stager._upper.ctypes.data, batch, seq, int(validate), bucket.host.ctypes.data,
+            bucket.batch, bucket.seq)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("shape", [(1, 1), (3, 7), (4, 16), (8, 64), (5, 100)])
+def test_the_fast_lane_stages_what_the_checked_path_stages(pair, dtype, shape):
+    fast, _ = pair
+    rng = np.random.default_rng(shape[0] * 131 + shape[1])
+    for trial in range(4):
+        given = {k: v.astype(dtype) for k, v in make_request(rng, *shape).items()}
+        if trial == 1:
+            given["input_mask"][0] = 0  # an all-masked row: staged as ones by both
+        if trial == 2:
+            given["input_mask"] = None  # no mask: ones over the request, as the checked path
+        if trial == 3:
+            given["segment_ids"] = None
+        want, want_form, got, form = _stage_both(fast, fast._stager, given)
+        assert form >= 0
+        np.testing.assert_array_equal(got, want)
+        if want_form is not None:
+            assert FORMS[form] == want_form
+
+
+@pytest.mark.parametrize("rows", ["full", "right", "left", "hole"])
+def test_the_mask_form_matches_mask_mode(pair, rows):
+    fast, _ = pair
+    rng = np.random.default_rng(7)
+    given = make_request(rng, 4, 32, kinds=(rows,))
+    want, want_form, got, form = _stage_both(fast, fast._stager, given)
+    np.testing.assert_array_equal(got, want)
+    assert FORMS[form] == want_form
+    assert want_form == {"full": "nomask", "right": "keylen"}.get(rows, "raw")
+
+
+@pytest.mark.parametrize("role,value", [("input_ids", VOCAB), ("input_ids", -1),
+                                        ("segment_ids", TYPE_VOCAB), ("input_mask", 2),
+                                        ("input_mask", -1), ("input_ids", 2**33)])
+def test_a_bad_value_goes_back_to_the_checked_path(pair, role, value):
+    fast, slow = pair
+    given = {k: v.astype(np.int64) for k, v in make_request(np.random.default_rng(1), 2, 8).items()}
+    given[role][1, 3] = value
+    fast.run(**make_request(np.random.default_rng(2), 2, 8))  # the bucket is warm
+    bucket = fast._bucket(*fast.bucket_for(2, 8))
+    assert fast._stager._fn(*_args(fast._stager, given, bucket, True)) == -1
+    with pytest.raises(RequestError) as fast_err:
+        fast.run(**given)
+    with pytest.raises(RequestError) as slow_err:
+        slow.run(**given)
+    assert str(fast_err.value) == str(slow_err.value)
+
+
+def test_outputs_through_the_fast_lane_equal_the_checked_path(pair, monkeypatch):
+    fast, slow = pair
+    calls = []
+    real = fast._stager.serve
+    monkeypatch.setattr(fast._stager, "serve", lambda *a, **k: calls.append(r := real(*a, **k)) or r)
+    rng = np.random.default_rng(5)
+    for batch, seq in [(3, 20), (8, 64), (1, 5), (8, 64)]:
+        req = make_request(rng, batch, seq)
+        fast.run(**req)  # a cold bucket takes the checked path and warms it
+        got, want = fast.run(**req), slow.run(**req)
+        for name in OUTPUTS:
+            np.testing.assert_array_equal(got[name], want[name])
+    assert any(c is not None for c in calls), "no request took the fast lane"
+
+
+def test_what_the_fast_lane_does_not_take_goes_the_checked_way(pair):
+    fast, slow = pair
+    req = make_request(np.random.default_rng(9), 2, 8)
+    fast.run(**req)
+    for odd in [{"input_ids": req["input_ids"].astype(np.int16)},  # another dtype
+                {"input_ids": req["input_ids"].tolist()},  # a list
+                {"input_ids": np.asfortranarray(req["input_ids"])},  # not C-contiguous
+                {"input_mask": req["input_mask"][:, :4]}]:  # shapes that disagree
+        given = {**req, **odd}
+        assert fast._stager.serve(fast, {k: given.get(k) for k in
+                                         ("input_ids", "input_mask", "segment_ids")},
+                                  list(OUTPUTS), True) is None
+        try:
+            want = slow.run(**given)
+        except RequestError as exc:
+            with pytest.raises(RequestError, match=re.escape(str(exc))):
+                fast.run(**given)
+        else:
+            got = fast.run(**given)
+            for name in OUTPUTS:
+                np.testing.assert_array_equal(got[name], want[name])
+
+
+def test_a_session_with_a_packed_model_keeps_its_routing(pair, monkeypatch):
+    fast, _ = pair
+    req = make_request(np.random.default_rng(4), 2, 8)
+    fast.run(**req)
+    given = {k: req.get(k) for k in ("input_ids", "input_mask", "segment_ids")}
+    assert fast._stager.serve(fast, given, list(OUTPUTS), True) is not None
+    monkeypatch.setattr(fast, "packed", object())  # router.Session decides what it packs
+    assert fast._stager.serve(fast, given, list(OUTPUTS), True) is None
