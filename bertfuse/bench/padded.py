@@ -173,8 +173,9 @@ def _host_split(sess, feeds: dict[str, np.ndarray], iters: int) -> str:
     replay, _ = time_calls(sess.replay_call(feeds["input_mask"]), iters)
     graph = "CUDA graph" if sess.cuda_graph else f"no graph: {sess.fallback_reason}"
     chosen = f"; {sess.kernels.line()}" if sess.kernels.asked == "auto" else ""
-    return (f"{graph}; attention mask path: {mode}; check {check:.0f} us + prep {prep:.0f} us + "
-            f"ORT run {replay:.0f} us{chosen}")
+    lane = "native fast lane" if getattr(sess, "_stager", None) is not None else "checked path"
+    return (f"{graph}; attention mask path: {mode}; request via the {lane} (the checked path: "
+            f"check {check:.0f} us + prep {prep:.0f} us) + ORT run {replay:.0f} us{chosen}")
 
 
 def soak(model_path: str, requests: int = 10_000, seed: int = 3) -> dict:

@@ -34,7 +34,8 @@ from bertfuse.runtime.requests import (ClosedError, bucket_list, check_canonical
                                        select_outputs, smallest, unmask_empty_rows,
                                        upper_bound)
 from bertfuse.runtime.staging import FastStager
-from bertfuse.runtime.variants import VariantPolicy, attention_mask_variant, check_variants
+from bertfuse.runtime.variants import VariantPolicy, attention_mask_variant, check_variants, \
+    has_own_attention
 
 
 @dataclass
@@ -79,7 +80,8 @@ class PaddedSession:
         self.right_padded, self.variant_min_seq = opts.right_padded, opts.variant_min_seq
         self.variant_notes: dict[tuple[int, int, str], str] = {}
         self.fp16 = any(i.data_type == onnx.TensorProto.FLOAT16 for i in proto.graph.initializer)
-        self.policy = VariantPolicy(opts.right_padded, opts.variant_min_seq, self.fp16)
+        self.policy = VariantPolicy(opts.right_padded, opts.variant_min_seq, self.fp16,
+                                    own_attention=has_own_attention(proto))
         self._lock = threading.Lock()
         self._buckets: dict[tuple[int, int], _Bucket] = {}
         self._owner: int | None = None  # the thread its CUDA graphs belong to (claim_thread)

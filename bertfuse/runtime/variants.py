@@ -57,11 +57,16 @@ class VariantPolicy:
     memory-efficient attention). Measured on the H200 (docs/benchmarks/gpu.md): keyseq is
     fastest below seq 128 (243 -> 229 us GPU at 3 layers b20 s64), cuDNN's keylen from 128
     on, so 'auto' splits there. min_seq keeps the raw mask below a bucket length. [3B+2]
-    selects cutlass attention in fp16 only; fp32 would take the unfused path."""
+    selects cutlass attention in fp16 only; fp32 would take the unfused path. A model whose
+    attention is all bertfuse's BertAttention (own_attention) keeps the raw mask below 128:
+    its kernel reads the raw mask at no cost, and the key-length form only adds its ReduceSum
+    (measured on the H200 at shenma-3l b20 s64: GPU 182.6 against 184.2 us, p50 8-22 us
+    lower in three runs; docs/benchmarks/kernels.md)."""
 
     right_padded: str  # 'auto', 'keylen' or 'keyseq'
     min_seq: int
     fp16: bool
+    own_attention: bool = False
 
     def mode_for(self, kind: str, bucket_seq: int) -> str:
         """The session for a request whose mask is of `kind` (mask_mode) in a bucket."""
@@ -69,7 +74,7 @@ class VariantPolicy:
             return "raw"
         if self.right_padded == "auto":
             if bucket_seq < AUTO_KEYLEN_MIN_SEQ:  # right-padded and full rows alike
-                return "keyseq" if self.fp16 else "raw"
+                return "keyseq" if self.fp16 and not self.own_attention else "raw"
             return kind
         return self.right_padded if kind == "keylen" else kind
 
@@ -122,6 +127,12 @@ def check_variants(modes: Sequence[str], batch: int, seq: int, inputs: Sequence[
 # The mask's input slot of each attention op: ORT's Attention, bertfuse's BertAttention.
 # BertAttention reads raw [B, S] or key lengths [B]: 'keyseq' gives it the key lengths.
 MASK_SLOT = {("com.microsoft", "Attention"): 3, ("ai.bertfuse", "BertAttention"): 1}
+
+
+def has_own_attention(model: onnx.ModelProto) -> bool:
+    """Whether every attention op that reads the mask is bertfuse's BertAttention."""
+    ops = {(n.domain, n.op_type) for n in model.graph.node if (n.domain, n.op_type) in MASK_SLOT}
+    return bool(ops) and all(op != "Attention" for _, op in ops)
 
 
 def attention_mask_variant(model: onnx.ModelProto, mode: str) -> onnx.ModelProto | None:
