@@ -47,6 +47,7 @@ class _Bucket:
     packed: Any  # device [n_inputs, batch, seq] int32, bound as the inputs
     outputs: dict[str, Any]
     host: np.ndarray  # host staging for `packed`
+    host_ptr: int  # host's address, for the native staging (staging.py)
     disabled: set[str] = field(default_factory=set)  # variants that failed check_variants
 
 
@@ -196,7 +197,7 @@ class PaddedSession:
             ro = options[mode] = self._maker.run_options(graph_id)
             for _ in range(2):
                 sess.run_with_iobinding(binding, ro)
-        bucket = _Bucket(batch, seq, options, bindings, packed, outputs, host)
+        bucket = _Bucket(batch, seq, options, bindings, packed, outputs, host, host.ctypes.data)
         self._verify_variants(bucket)
         return bucket
 
@@ -256,11 +257,16 @@ class PaddedSession:
             bucket = self._bucket(*key)
             mode = self._session_for(mask, bucket, batch, seq)
             self._fill(bucket, arrays, batch, seq)
-            replay(self.sessions[mode], bucket.bindings[mode], bucket.run_options[mode])
-            if not to_host:
-                return {"batch": batch, "seq": seq, **{n: bucket.outputs[n] for n in names}}
-            return {n: fetch(bucket.outputs[n], batch, seq, self._output_dims[n][1:2] == ("S",))
-                    for n in names}
+            return self._replay(bucket, mode, names, to_host, batch, seq)
+
+    def _replay(self, bucket: _Bucket, mode: str, names: list[str], to_host: bool, batch: int,
+                seq: int) -> dict[str, Any]:
+        """The staged bucket through its variant's graph; the outputs as run() returns them."""
+        replay(self.sessions[mode], bucket.bindings[mode], bucket.run_options[mode])
+        if not to_host:
+            return {"batch": batch, "seq": seq, **{n: bucket.outputs[n] for n in names}}
+        return {n: fetch(bucket.outputs[n], batch, seq, self._output_dims[n][1:2] == ("S",))
+                for n in names}
 
     def _run_unpadded(self, arrays: dict[str, Any], names: list[str], to_host: bool,
                       batch: int, seq: int) -> dict[str, Any]:
