@@ -17,27 +17,18 @@ fast lane was not used.
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import json
 import os
 import sys
-import tempfile
 
 import numpy as np
-
-WORKLOADS = [("shenma-3l", 20, 64), ("base", 1, 128), ("base", 32, 128)]
+from gpu_setup import WORKLOADS, fused_model, parse_args, start_ort
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--skeletons", default="out/skeletons")
-    ap.add_argument("--iters", type=int, default=3000)
-    args = ap.parse_args()
-    import onnxruntime as ort
-
-    ort.preload_dlls()
-    from bertfuse.bench.models import prepare_models
+    args = parse_args(__doc__)
+    ort = start_ort()
     from bertfuse.bench.timing import time_interleaved
     from bertfuse.io.inputs import random_inputs
     from bertfuse.kernels.library import locate
@@ -45,12 +36,8 @@ def main() -> int:
 
     rows, models = [], {}
     for config, batch, seq in WORKLOADS:
-        if config not in models:
-            models[config] = prepare_models(os.path.join(args.skeletons, f"{config}_raw.skel.onnx"),
-                                            tempfile.mkdtemp(prefix=f"host-{config}-"),
-                                            anchors=False)["bertfuse16"]
-        s = Session(models[config], max_batch=batch, max_seq=seq, batch_buckets=(batch,),
-                    seq_buckets=(seq,), device="cuda", kernels="auto")
+        s = Session(fused_model(models, args.skeletons, config), max_batch=batch, max_seq=seq,
+                    batch_buckets=(batch,), seq_buckets=(seq,), device="cuda", kernels="auto")
         f = random_inputs(batch, seq, 1000, 2, seed=batch + seq)  # right-padded rows
         req = (f["input_ids"], f["input_mask"], f["segment_ids"])
         stager = s._stager

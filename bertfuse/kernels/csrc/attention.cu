@@ -15,6 +15,7 @@
 
 #include <cmath>
 
+#include "launch.h"
 #include "warp_mma.cuh"
 
 namespace bertfuse {
@@ -51,6 +52,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
   constexpr int SP = 16 * KT;  // padded key count
   constexpr int NT = 2 * KT;   // 8-key score tiles per row
   extern __shared__ __align__(16) unsigned char smem_raw[];
+  wait_for_producer();  // Q, K, V (and the mask) come from the kernels before: nothing is read earlier
   const int nthreads = blockDim.x, warps = nthreads / 32;
   const int rows_q = 16 * warps;
   __half* Qs = reinterpret_cast<__half*>(smem_raw);
@@ -178,9 +180,8 @@ cudaError_t launch(cudaStream_t stream, const __half* qkv, const int32_t* mask, 
   const int rows_q = 16 * warps;
   const dim3 grid((S + rows_q - 1) / rows_q, num_heads, B);
   const size_t smem = sizeof(__half) * static_cast<size_t>(rows_q + 2 * 16 * KT) * kLd + sizeof(float) * 16 * KT;
-  attention_kernel<KT><<<grid, 32 * warps, smem, stream>>>(qkv, mask, mask_rank, S, num_heads * kD, scale_log2,
-                                                           out);
-  return cudaGetLastError();
+  return LaunchPdl(attention_kernel<KT>, grid, dim3(32 * warps), smem, stream, true, qkv, mask, mask_rank, S,
+                   num_heads * kD, scale_log2, out);
 }
 
 }  // namespace

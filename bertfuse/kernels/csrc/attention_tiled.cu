@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cmath>
 
+#include "launch.h"
 #include "warp_mma.cuh"
 
 namespace bertfuse {
@@ -72,6 +73,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   constexpr int LD = ld<D>();
   constexpr int NT = kKB / 8;  // 8-key score tiles per block
   extern __shared__ __align__(16) unsigned char smem_raw[];
+  wait_for_producer();  // every input comes from the kernels before: nothing is read earlier
   __half* Qs = reinterpret_cast<__half*>(smem_raw);
   __half* Ks = Qs + kRowsQ * LD;     // [2][kKB][LD]
   __half* Vs = Ks + 2 * kKB * LD;    // [2][kKB][LD]
@@ -240,9 +242,8 @@ cudaError_t launch(cudaStream_t stream, const __half* qkv, const int32_t* mask, 
     opted[dev].store(true, std::memory_order_release);
   }
   const dim3 grid((S + kRowsQ - 1) / kRowsQ, num_heads, cu != nullptr ? B + 1 : B);
-  tiled_kernel<D><<<grid, kWarps * 32, smem, stream>>>(qkv, mask, mask_rank, cu, T, B, S, num_heads * D,
-                                                       scale_log2, out);
-  return cudaGetLastError();
+  return LaunchPdl(tiled_kernel<D>, grid, dim3(kWarps * 32), smem, stream, true, qkv, mask, mask_rank, cu, T,
+                   B, S, num_heads * D, scale_log2, out);
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 
 #include <cmath>
 
+#include "launch.h"
 #include "warp_mma.cuh"
 
 namespace bertfuse {
@@ -62,6 +63,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
   constexpr int SP = 16 * KT;
   constexpr int NT = 2 * KT;
   extern __shared__ __align__(16) unsigned char smem_raw[];
+  wait_for_producer();  // Q, K, V and cu_seqlens come from the kernels before
   const int nthreads = blockDim.x, warps = nthreads / 32;
   const int rows_q = 16 * warps;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -218,9 +220,8 @@ cudaError_t launch(cudaStream_t stream, const __half* qkv, const int32_t* cu, in
   const int rows_q = 16 * warps;
   const dim3 grid((S_max + rows_q - 1) / rows_q, num_heads, R + 1);
   const size_t smem = sizeof(__half) * static_cast<size_t>(rows_q + 2 * 16 * KT) * kLd;
-  packed_attention_kernel<KT><<<grid, 32 * warps, smem, stream>>>(qkv, cu, T, R, S_max, num_heads * kD,
-                                                                  scale_log2, out);
-  return cudaGetLastError();
+  return LaunchPdl(packed_attention_kernel<KT>, grid, dim3(32 * warps), smem, stream, true, qkv, cu, T, R, S_max,
+                   num_heads * kD, scale_log2, out);
 }
 
 }  // namespace
