@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
+from typing import Any
 
 WORKLOADS = [("shenma-3l", 20, 64), ("base", 1, 128), ("base", 32, 128)]
 
@@ -18,7 +19,7 @@ def parse_args(doc: str) -> argparse.Namespace:
     return ap.parse_args()
 
 
-def start_ort():
+def start_ort() -> Any:
     import onnxruntime as ort
 
     ort.preload_dlls()

@@ -354,7 +354,6 @@ std::string CublasTimingsJson() {
 
 namespace {
 
-// Identity, exact erf GELU, or the tanh GELU cuBLASLt's epilogue computes; fp32 math.
 // Identity, the erf GELU (A&S erf, the production form), the tanh GELU cuBLASLt's epilogue
 // computes, or the erf GELU with CUDA's erff (kept to measure against); fp32 math.
 template <Act A>
