@@ -30,7 +30,8 @@ def make_session(model: Model, *, device: str = "cpu",
                  log_severity: int = 3, register_kernels: bool | Literal["auto"] = "auto",
                  kernels_library: str | Path | None = None,
                  config: Mapping[str, str] | None = None,
-                 optimized_model_path: str | Path | None = None) -> Any:
+                 optimized_model_path: str | Path | None = None,
+                 intra_op_threads: int | None = None) -> Any:
     """An onnxruntime.InferenceSession of `model` (a path, serialized bytes or a ModelProto
     under protobuf's 2 GB; a larger one goes by io.model.scratch_file).
 
@@ -41,7 +42,9 @@ def make_session(model: Model, *, device: str = "cpu",
     nodes; True always (the caller knows it does); False never (ORT then refuses such a model
     itself). kernels_library: that library's path (default: the cached build for this GPU).
     config: session config entries (e.g. session.disable_cpu_ep_fallback).
-    optimized_model_path: where ORT writes the graph it placed and optimised."""
+    optimized_model_path: where ORT writes the graph it placed and optimised.
+    intra_op_threads: the session's intra-op thread pool size (None: ORT's default, one
+    thread per physical core)."""
     import onnxruntime as ort
 
     from bertfuse.kernels.library import prepare
@@ -50,6 +53,8 @@ def make_session(model: Model, *, device: str = "cpu",
         raise ValueError(f"device must be one of {DEVICES}, not {device!r}")
     opts = ort.SessionOptions()
     opts.log_severity_level = log_severity
+    if intra_op_threads is not None:
+        opts.intra_op_num_threads = intra_op_threads
     if not optimize:
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     for key, value in (config or {}).items():

@@ -62,6 +62,9 @@ def test_options_and_providers(recorded, tmp_path):
     _, opts, providers = recorded[-1]
     assert opts.log_severity_level == 3 and providers == ["CPUExecutionProvider"]
     assert opts.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    assert opts.intra_op_num_threads == 0  # ORT's default pool unless asked
+    make_session(b"m", intra_op_threads=1)
+    assert recorded[-1][1].intra_op_num_threads == 1
     make_session(b"m", optimize=False, log_severity=4,
                  config={"session.disable_cpu_ep_fallback": "1"},
                  optimized_model_path=tmp_path / "placed.onnx")
