@@ -26,6 +26,7 @@ import gc
 import json
 import os
 import sys
+import tempfile
 from typing import Iterator
 
 from gpu_setup import parse_args, start_ort
@@ -56,7 +57,6 @@ def main() -> int:
     from bertfuse.bench.timing import time_interleaved
     from bertfuse.io.inputs import random_inputs
     from bertfuse.runtime import Session
-    import tempfile
 
     paths = prepare_models(os.path.join(args.skeletons, f"{CONFIG}_raw.skel.onnx"),
                            tempfile.mkdtemp(prefix="ctx-"), ort_models=False)
