@@ -73,6 +73,8 @@ _DENSE = [
     ("DenseBiasGelu", {"approximate": 0}, (3, 37), 768, 3072),
     ("DenseBiasSkipLayerNorm", {"epsilon": 1e-12}, (4, 64), 3072, 768),
     ("DenseBiasSkipLayerNorm", {"epsilon": 1e-12}, (3, 37), 768, 768),
+    ("DenseBiasSkipLayerNorm", {"epsilon": 1e-12, "y32": True}, (4, 64), 3072, 768),
+    ("DenseBiasSkipLayerNorm", {"epsilon": 1e-12, "y32": True}, (3, 37), 768, 768),
 ]
 
 
@@ -82,9 +84,17 @@ def dense_cases(rng: np.random.Generator) -> list[Case]:
         feeds = _dense_inputs(rng, lead, k, n, op == "DenseBiasSkipLayerNorm")
         model = dense.make_model(op, (*lead, k), n, **attrs)
         label = f"X{list(feeds['X'].shape)} W[{k},{n}]{_attrs_label(attrs)}"
-        cases.append(Case(op, label, model, feeds,
-                          lambda f, op=op, attrs=attrs: [dense.reference(op, *f.values(), **attrs)]))
+        cases.append(Case(op, label, model, feeds, lambda f, op=op, attrs=attrs: _dense_ref(op, f, attrs)))
     return cases
+
+
+def _dense_ref(op: str, feeds: Feeds, attrs: dict[str, Any]) -> list[np.ndarray]:
+    """Y, and Y32 (the unrounded value in fp32) where the case asks for it."""
+    attrs = dict(attrs)
+    if not attrs.pop("y32", False):
+        return [dense.reference(op, *feeds.values(), **attrs)]
+    y = dense.dense_bias_skip_layernorm64(*feeds.values(), **attrs)
+    return [y.astype(np.float16), y.astype(np.float32)]
 
 
 def attention_cases(rng: np.random.Generator) -> list[Case]:

@@ -117,11 +117,21 @@ class DenseBiasGelu(_Custom):
         return (dense.dense_bias_gelu(x, w, bias, approximate=approximate),)
 
 
+def _with_y32(op: OpRun, y: np.ndarray, y64: np.ndarray) -> tuple:
+    """(Y,) or, where the node asks for output Y32 (slot 2), (Y, an empty stand-in for the
+    absent Yq, Y32)."""
+    if len(op.onnx_node.output) > 2 and op.onnx_node.output[2]:
+        return y, np.empty(0, np.uint8), y64.astype(np.float32)
+    return (y,)
+
+
 class DenseBiasSkipLayerNorm(_Custom):
     op_domain = BERTFUSE_DOMAIN
 
-    def _run(self, x, w, bias, skip, gamma, beta, epsilon=skip_layernorm.DEFAULT_EPSILON):
-        return (dense.dense_bias_skip_layernorm(x, w, bias, skip, gamma, beta, epsilon=epsilon),)
+    def _run(self, x, w, bias, skip, gamma, beta, epsilon=skip_layernorm.DEFAULT_EPSILON,
+             yq_scale=None):
+        y = dense.dense_bias_skip_layernorm64(x, w, bias, skip, gamma, beta, epsilon=epsilon)
+        return _with_y32(self, y.astype(x.dtype), y)
 
 
 class BertAttention(_Custom):
@@ -150,9 +160,10 @@ class DenseBiasSkipLayerNormFp8(_Custom):
     op_domain = BERTFUSE_DOMAIN
 
     def _run(self, x, wt, bias, skip, gamma, beta, w_scale,
-             epsilon=skip_layernorm.DEFAULT_EPSILON, x_scale=None, fast_accum=0):
-        return (dense_fp8.reference("DenseBiasSkipLayerNormFp8", x, wt, bias, skip, gamma, beta,
-                                    w_scale, x_scale=x_scale, epsilon=epsilon),)
+             epsilon=skip_layernorm.DEFAULT_EPSILON, x_scale=None, fast_accum=0, yq_scale=None):
+        y = dense_fp8.reference64("DenseBiasSkipLayerNormFp8", x, wt, bias, skip, gamma, beta,
+                                  w_scale, x_scale=x_scale, epsilon=epsilon)
+        return _with_y32(self, y.astype(x.dtype), y)
 
 
 class PackTokens(_Custom):

@@ -66,6 +66,6 @@ class Fp8Weights(CandidatePass):
         ins = [node.inputs[0], const(f"{prefix}_wt", wt), *node.inputs[2:],
                const(f"{prefix}_w_scale", w_scale)]
         attrs = {**node.attrs, "x_scale": x_scale, "fast_accum": 0}
-        out = node.outputs[0]
+        outs = list(node.outputs)  # Y and any optional output (Y32) the fp16 op wrote
         detach([node])
-        graph.nodes.append(FP8_CONTRACTS[FP8_OF[node.op]].node(f"{prefix}", ins, [out], **attrs))
+        graph.nodes.append(FP8_CONTRACTS[FP8_OF[node.op]].node(f"{prefix}", ins, outs, **attrs))

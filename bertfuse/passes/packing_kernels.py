@@ -25,6 +25,7 @@ import onnx_graphsurgeon as gs
 from bertfuse.ops.contract import BERTFUSE_DOMAIN, MS_DOMAIN
 from bertfuse.ops.bertfuse.packed_ops import PACK_TOKENS, PACKED_BERT_ATTENTION, UNPACK_TOKENS
 from bertfuse.passes.base import Layers, PassResult, cast_int32, replace_tensor
+from bertfuse.passes.dense_fp32_output import unfold
 from bertfuse.passes.match import MatchFailure, expect, fail
 from bertfuse.passes.packing import gather_tokens
 
@@ -93,6 +94,8 @@ def _hidden_output(graph: gs.Graph) -> gs.Tensor | None:
     """Where the encoder's hidden states end: sequence_output before any output Cast (the
     pooler of an fp16 model reads the fp16 tensor, not the fp32 output)."""
     final = next((t for t in graph.outputs if t.name == "sequence_output"), None)
+    if final is not None:  # the packed hidden states are unpacked first, then cast
+        final = unfold(graph, final)
     while final is not None and final.inputs and final.inputs[0].op == "Cast":
         final = final.inputs[0].inputs[0]
     return final

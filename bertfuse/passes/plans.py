@@ -47,8 +47,9 @@ def fusion_plan(precision: str) -> list[Pass]:
 def lowering_plan() -> list[Pass]:
     """The fused fp16 contrib encoder rewritten into ai.bertfuse ops."""
     from bertfuse.passes.bertfuse_kernels import BertfuseKernels
+    from bertfuse.passes.dense_fp32_output import DenseFp32Output
 
-    return [BertfuseKernels(), Cleanup()]
+    return [BertfuseKernels(), DenseFp32Output(), Cleanup()]
 
 
 def fp8_plan(x_amax: dict[str, float]) -> list[Pass]:

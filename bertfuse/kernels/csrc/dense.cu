@@ -682,7 +682,7 @@ const char* bf_dense_forward(DenseGemm& gemm, cudaStream_t stream, WorkspaceSour
       }
       if (sln) {  // the bias is in; the LayerNorm adds the residual
         const cudaError_t le = bf_layernorm_f16(stream, a.y, nullptr, a.skip, a.gamma, a.beta,
-                                                a.epsilon, a.y, M, N, a.yq, a.yq_scale, a.weights_const);
+                                                a.epsilon, a.y, M, N, a.yq, a.yq_scale, a.y32, a.weights_const);
         if (le != cudaSuccess) return CudaFail("LayerNorm", le);
       }
       return nullptr;
@@ -713,7 +713,7 @@ const char* bf_dense_forward(DenseGemm& gemm, cudaStream_t stream, WorkspaceSour
   }
   if (sln) {
     const cudaError_t le = bf_layernorm_f16(stream, a.y, ln_bias, ln_skip, a.gamma, a.beta,
-                                            a.epsilon, a.y, M, N, a.yq, a.yq_scale, a.weights_const);
+                                            a.epsilon, a.y, M, N, a.yq, a.yq_scale, a.y32, a.weights_const);
     if (le != cudaSuccess) return CudaFail("LayerNorm", le);
   }
   return nullptr;

@@ -156,6 +156,9 @@ struct DenseArgs {
   // written by the kernel that writes Y last (the LayerNorm, the GELU pass, else one pass).
   uint8_t* yq = nullptr;
   float yq_scale = 1.0f;
+  // DenseBiasSkipLayerNorm only, optional: the fp32 copy of Y (before its fp16 rounding),
+  // [M*N] floats, written by the LayerNorm beside Y.
+  float* y32 = nullptr;
 };
 
 // Which GEMM runs the fp16 dense ops (env BERTFUSE_GEMM=auto|cublas|sm90, or

@@ -5,7 +5,8 @@
 //
 // FP8 form = the fp16 op's inputs with W replaced by Wt (float8e4m3fn [N, K], W transposed)
 // and one more input appended, w_scale (float32 [1]); attribute x_scale (required, > 0) and
-// fast_accum (int, default 1). See bertfuse/ops/README.md.
+// fast_accum (int, default 1). Optional outputs: Yq (e4m3 copy of Y, with yq_scale) and, for the
+// SkipLayerNorm ops, Y32 (Y in fp32). See bertfuse/ops/README.md.
 #include <cuda_fp16.h>
 
 #include <memory>
@@ -215,12 +216,20 @@ class DenseKernel {
         yq = static_cast<uint8_t*>(Ort::UnownedValue(v).GetTensorMutableRawData());
       }
     }
+    // Optional output 2 (the SkipLayerNorm ops): Y in fp32, for a graph output.
+    float* y32 = nullptr;
+    if (T::kKind == DenseKind::kBiasSkipLayerNorm && ctx.GetOutputCount() > 2) {
+      OrtValue* v = nullptr;
+      Ort::ThrowOnError(Ort::GetApi().KernelContext_GetOutput(context, 2, y_shape.data(), y_shape.size(), &v));
+      if (v != nullptr) y32 = static_cast<float*>(Ort::UnownedValue(v).GetTensorMutableRawData());
+    }
     if (M == 0 || N == 0) return nullptr;
     const cudaStream_t stream = bf::ComputeStream(ctx);
 
     a.x = x_fp8 ? nullptr : x.as<__half>();
     a.yq = yq;
     a.yq_scale = yq_scale_;
+    a.y32 = y32;
     a.weights_const = weights_const_;
     a.w = w.data;
     a.bias = bias.as<__half>();
@@ -265,10 +274,13 @@ struct DenseOp : bf::CudaOp<DenseOp<T>, DenseKernel<T>> {
   const char* GetName() const { return T::Name(); }
   size_t GetInputTypeCount() const { return T::kInputs; }
   ONNXTensorElementDataType GetInputType(size_t i) const { return T::InputType(i); }
-  size_t GetOutputTypeCount() const { return 2; }  // Y, optional Yq
-  ONNXTensorElementDataType GetOutputType(size_t i) const { return i == 1 ? kE4M3 : kF16; }
+  // Y, optional Yq; the SkipLayerNorm ops also optional Y32
+  size_t GetOutputTypeCount() const { return T::kKind == DenseKind::kBiasSkipLayerNorm ? 3 : 2; }
+  ONNXTensorElementDataType GetOutputType(size_t i) const {
+    return i == 1 ? kE4M3 : i == 2 ? kF32 : kF16;
+  }
   OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t i) const {
-    return i == 1 ? OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL
+    return i >= 1 ? OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL
                   : OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED;
   }
 };

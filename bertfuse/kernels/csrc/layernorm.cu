@@ -15,6 +15,7 @@ struct LnParams {
   __half* y;
   uint8_t* yq;      // optional e4m3 copy of y: e4m3(y * yq_inv)
   float yq_inv;     // 1 / yq_scale, rounded to fp32 once (a multiply, not a divide, per element)
+  float* y32;       // optional fp32 copy of y, before the fp16 rounding
   float eps;
   int M, N;
 };
@@ -116,14 +117,19 @@ __global__ void ln_warp_kernel(LnParams p) {
       float g[8], b[8];
       unpack8(wg[i], g);
       unpack8(wb[i], b);  // zeros without a beta
+      float r[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) r[j] = (v[i][j] - mean) * rstd * g[j] + b[j];
       uint4 out;
       __half2* o = reinterpret_cast<__half2*>(&out);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        o[j] = __floats2half2_rn((v[i][2 * j] - mean) * rstd * g[2 * j] + b[2 * j],
-                                 (v[i][2 * j + 1] - mean) * rstd * g[2 * j + 1] + b[2 * j + 1]);
-      }
+      for (int j = 0; j < 4; ++j) o[j] = __floats2half2_rn(r[2 * j], r[2 * j + 1]);
       *reinterpret_cast<uint4*>(y + base + c) = out;
+      if (p.y32) {  // the graph's fp32 output, written here instead of by a Cast after the op
+        float4* o32 = reinterpret_cast<float4*>(p.y32 + base + c);
+        o32[0] = make_float4(r[0], r[1], r[2], r[3]);
+        o32[1] = make_float4(r[4], r[5], r[6], r[7]);
+      }
       if (p.yq) {  // the e4m3 copy of the fp16 result, for an FP8 GEMM downstream
         uint2 q;
         uint16_t* qq = reinterpret_cast<uint16_t*>(&q);
@@ -182,8 +188,10 @@ __global__ void ln_block_kernel(LnParams p) {
   for (int c = threadIdx.x; c < N; c += THREADS) {
     const float s = row_value(x, bias, skip, base, c);
     const float b = beta ? __half2float(beta[c]) : 0.f;
-    const __half h = __float2half_rn((s - mean) * rstd * __half2float(gamma[c]) + b);
+    const float r = (s - mean) * rstd * __half2float(gamma[c]) + b;
+    const __half h = __float2half_rn(r);
     y[base + c] = h;
+    if (p.y32) p.y32[base + c] = r;
     if (p.yq) p.yq[base + c] = __nv_cvt_float_to_fp8(__half2float(h) * p.yq_inv, __NV_SATFINITE, __NV_E4M3);
   }
 }
@@ -202,12 +210,12 @@ cudaError_t launch_warp(cudaStream_t stream, bool pdl, const LnParams& p) {
 cudaError_t bf_layernorm_f16(cudaStream_t stream, const __half* x, const __half* bias,
                              const __half* skip, const __half* gamma, const __half* beta,
                              float epsilon, __half* y, int M, int N, uint8_t* yq, float yq_scale,
-                             bool pdl) {
+                             float* y32, bool pdl) {
   if (M <= 0 || N <= 0) return cudaSuccess;
-  const LnParams p{x, bias, skip, gamma, beta, y, yq, 1.0f / yq_scale, epsilon, M, N};
+  const LnParams p{x, bias, skip, gamma, beta, y, yq, 1.0f / yq_scale, y32, epsilon, M, N};
   const bool vec = N % 8 == 0 && aligned16(x) && aligned16(y) && aligned16(gamma) &&
                    (!bias || aligned16(bias)) && (!skip || aligned16(skip)) &&
-                   (!beta || aligned16(beta)) && (!yq || (reinterpret_cast<uintptr_t>(yq) & 7u) == 0);
+                   (!beta || aligned16(beta)) && (!yq || (reinterpret_cast<uintptr_t>(yq) & 7u) == 0) && (!y32 || aligned16(y32));
   if (vec) {
     switch ((N / 8 + 31) / 32) {  // 8-element chunks per lane
       case 1: return launch_warp<1>(stream, pdl, p);

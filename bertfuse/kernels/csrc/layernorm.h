@@ -14,12 +14,14 @@ namespace bertfuse {
 // [M, N]. bias/skip/beta may be null. Two-pass statistics in fp32 from registers when
 // N % 8 == 0 and N <= 2048 (one warp per row, 16-byte loads), else a block-per-row kernel.
 // yq (optional): also write e4m3_satfinite(float(y) * (1 / yq_scale)) there, [M, N] bytes, for
-// an FP8 GEMM that consumes y (saves it a quantize pass). pdl: launch with programmatic
+// an FP8 GEMM that consumes y (saves it a quantize pass). y32 (optional): also write the fp32
+// value before its rounding to fp16 there, [M, N] floats (a graph's fp32 output without a Cast
+// kernel after the op). pdl: launch with programmatic
 // dependent launch (see launch.h); only when bias, gamma and beta are not written by the kernel
 // just before this one (they are read before waiting for it).
 cudaError_t bf_layernorm_f16(cudaStream_t stream, const __half* x, const __half* bias,
                              const __half* skip, const __half* gamma, const __half* beta,
                              float epsilon, __half* y, int M, int N, uint8_t* yq = nullptr,
-                             float yq_scale = 1.0f, bool pdl = false);
+                             float yq_scale = 1.0f, float* y32 = nullptr, bool pdl = false);
 
 }  // namespace bertfuse

@@ -28,6 +28,10 @@ _T = ("float16",)
 _X = TensorSpec("X", ("...", "K"), _T, doc="M = product of the leading dims")
 _W = TensorSpec("W", ("K", "N"), _T, doc="ONNX MatMul's B, row-major (TF Dense kernel)")
 _BIAS = TensorSpec("bias", ("N",), _T, doc="added in the GEMM epilogue")
+_YQ = TensorSpec("Yq", ("...", "N"), ("float8e4m3fn",), optional=True,
+                 doc="e4m3_satfinite(Y * (1 / yq_scale)), for an FP8 op downstream; needs yq_scale")
+_YQ_SCALE = AttrSpec("yq_scale", "float", None,
+                     "the scale of output Yq (finite, > 0; required when Yq is requested)")
 _PITFALL_W = ("W is [K, N] like ONNX MatMul's B and TF's Dense kernel; PyTorch Linear weights "
               "([N, K]) must be transposed first.")
 
@@ -37,7 +41,8 @@ DENSE_BIAS = OpContract(
     since_version=1,
     summary="Y = X @ W + bias (the QKV projection ahead of BertAttention).",
     inputs=(_X, _W, _BIAS),
-    outputs=(TensorSpec("Y", ("...", "N"), _T, doc="X's leading dims kept"),),
+    outputs=(TensorSpec("Y", ("...", "N"), _T, doc="X's leading dims kept"), _YQ),
+    attributes=(_YQ_SCALE,),
     pitfalls=(_PITFALL_W,),
 )
 
@@ -47,9 +52,10 @@ DENSE_BIAS_GELU = OpContract(
     since_version=1,
     summary="Y = gelu(X @ W + bias), exact erf GELU or its tanh approximation.",
     inputs=(_X, _W, _BIAS),
-    outputs=(TensorSpec("Y", ("...", "N"), _T),),
+    outputs=(TensorSpec("Y", ("...", "N"), _T), _YQ),
     attributes=(AttrSpec("approximate", "int", 0,
-                         "0 = exact erf GELU (BiasGelu), 1 = tanh approximation (FastGelu)"),),
+                         "0 = exact erf GELU (BiasGelu), 1 = tanh approximation (FastGelu)"),
+                _YQ_SCALE),
     pitfalls=(_PITFALL_W,
               "approximate picks the GELU: 0 erf (HF 'gelu', Keras), 1 tanh (Google BERT's "
               "modeling.py, HF 'gelu_new'); they differ by up to ~5e-4, so the wrong one drifts."),
@@ -64,8 +70,12 @@ DENSE_BIAS_SKIP_LAYERNORM = OpContract(
             TensorSpec("skip", ("...", "N"), _T, doc="the residual; same shape as Y (no broadcast)"),
             TensorSpec("gamma", ("N",), _T),
             TensorSpec("beta", ("N",), _T)),
-    outputs=(TensorSpec("Y", ("...", "N"), _T),),
-    attributes=(AttrSpec("epsilon", "float", DEFAULT_EPSILON, "added to the biased variance"),),
+    outputs=(TensorSpec("Y", ("...", "N"), _T), _YQ,
+             TensorSpec("Y32", ("...", "N"), ("float32",), optional=True,
+                        doc="Y in fp32, before its rounding to fp16: a graph's fp32 output "
+                            "with no Cast kernel after the op")),
+    attributes=(AttrSpec("epsilon", "float", DEFAULT_EPSILON, "added to the biased variance"),
+                _YQ_SCALE),
     pitfalls=(_PITFALL_W,
               "skip must have Y's shape: SkipLayerNormalization's broadcast skip ([1,S,H], "
               "[S,H]) is not taken.",
@@ -103,14 +113,22 @@ def dense_bias_gelu(x: np.ndarray, w: np.ndarray, bias: np.ndarray, *,
     return gelu.reference(_affine64(x, w, bias), approximate=bool(approximate)).astype(x.dtype)
 
 
-def dense_bias_skip_layernorm(x: np.ndarray, w: np.ndarray, bias: np.ndarray, skip: np.ndarray,
-                              gamma: np.ndarray, beta: np.ndarray, *,
-                              epsilon: float = DEFAULT_EPSILON) -> np.ndarray:
+def dense_bias_skip_layernorm64(x: np.ndarray, w: np.ndarray, bias: np.ndarray,
+                                skip: np.ndarray, gamma: np.ndarray, beta: np.ndarray, *,
+                                epsilon: float = DEFAULT_EPSILON) -> np.ndarray:
+    """Y in float64, unrounded: Y is it rounded to X's dtype, Y32 to float32."""
     s = _affine64(x, w, bias)
     if skip.shape != s.shape:
         raise ValueError(f"skip {list(skip.shape)} must have Y's shape {list(s.shape)}")
     y, _, _ = layer_norm64(s + np.asarray(skip, np.float64), gamma, beta, epsilon)
-    return y.astype(x.dtype)
+    return y
+
+
+def dense_bias_skip_layernorm(x: np.ndarray, w: np.ndarray, bias: np.ndarray, skip: np.ndarray,
+                              gamma: np.ndarray, beta: np.ndarray, *,
+                              epsilon: float = DEFAULT_EPSILON) -> np.ndarray:
+    return dense_bias_skip_layernorm64(x, w, bias, skip, gamma, beta,
+                                       epsilon=epsilon).astype(x.dtype)
 
 
 def reference(op_type: DenseOp, *inputs: np.ndarray, **attrs) -> np.ndarray:
@@ -122,8 +140,11 @@ def reference(op_type: DenseOp, *inputs: np.ndarray, **attrs) -> np.ndarray:
 
 def make_model(op_type: DenseOp, x_shape: tuple[int | str, ...], n_out: int,
                dtype: type | np.dtype = np.float16, *, approximate: int | None = None,
-               epsilon: float | None = None) -> onnx.ModelProto:
-    """One node; graph inputs carry the slot names (X, W, bias[, skip, gamma, beta])."""
+               epsilon: float | None = None, y32: bool = False) -> onnx.ModelProto:
+    """One node; graph inputs carry the slot names (X, W, bias[, skip, gamma, beta]); y32
+    (DenseBiasSkipLayerNorm) adds output Y32 beside Y."""
+    if y32 and op_type != "DenseBiasSkipLayerNorm":
+        raise ValueError(f"{op_type} has no output Y32")
     k = x_shape[-1]
     y_shape = tuple(x_shape[:-1]) + (n_out,)
     ins = [("X", dtype, x_shape), ("W", dtype, (k, n_out)), ("bias", dtype, (n_out,))]
@@ -135,4 +156,5 @@ def make_model(op_type: DenseOp, x_shape: tuple[int | str, ...], n_out: int,
         attrs["epsilon"] = None if epsilon is None else float(epsilon)
     elif op_type != "DenseBias":
         raise ValueError(op_type)
-    return one_node_model(op_type, BERTFUSE_DOMAIN, ins, [("Y", dtype, y_shape)], attrs)
+    outs = [("Y", dtype, y_shape)] + ([None, ("Y32", np.float32, y_shape)] if y32 else [])
+    return one_node_model(op_type, BERTFUSE_DOMAIN, ins, outs, attrs)

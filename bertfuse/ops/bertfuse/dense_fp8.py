@@ -98,11 +98,17 @@ def _dequantized(x: np.ndarray, wt: np.ndarray, w_scale: np.ndarray, x_scale: fl
     return xq, w
 
 
-def reference(op_type: Fp8Op, *inputs: np.ndarray, x_scale: float, fast_accum: int = 0,
-              **attrs) -> np.ndarray:
-    """Reference by op name, inputs in slot order (w_scale last); output in X's dtype."""
+def reference64(op_type: Fp8Op, *inputs: np.ndarray, x_scale: float, fast_accum: int = 0,
+                **attrs) -> np.ndarray:
+    """Reference by op name, inputs in slot order (w_scale last); float64, unrounded."""
     x, wt, *rest = inputs
     w_scale = rest.pop()
     xq, w = _dequantized(x, wt, w_scale, x_scale)
     base = {v: k for k, v in FP8_OF.items()}[op_type]
-    return dense.reference(base, xq, w, *rest, **attrs).astype(x.dtype)
+    return dense.reference(base, xq, w, *rest, **attrs)  # float64 operands: float64 out
+
+
+def reference(op_type: Fp8Op, *inputs: np.ndarray, x_scale: float, fast_accum: int = 0,
+              **attrs) -> np.ndarray:
+    """Reference by op name, inputs in slot order (w_scale last); output in X's dtype."""
+    return reference64(op_type, *inputs, x_scale=x_scale, **attrs).astype(inputs[0].dtype)

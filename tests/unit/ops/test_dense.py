@@ -58,13 +58,17 @@ def test_contracts_are_bertfuse_domain_and_apart_from_ort_ones() -> None:
     for c in BERTFUSE_CONTRACTS.values():
         assert c.domain == BERTFUSE_DOMAIN == "ai.bertfuse" and c.since_version == 1
         assert c.cpu_kernel_types == ()  # CUDA EP only
-    fp8 = {"Wt": "float8e4m3fn", "w_scale": "float32"}
+    fp8 = {"Wt": "float8e4m3fn", "w_scale": "float32", "Yq": "float8e4m3fn", "Y32": "float32"}
     for op in encoder_ops:
         c = BERTFUSE_CONTRACTS[op]
         assert all(t.dtypes == (fp8.get(t.name, "int32" if t.name == "mask" else "float16"),)
                    for t in c.inputs + c.outputs), c.op_type
     assert [t.name for t in dense.DENSE_BIAS_SKIP_LAYERNORM.inputs] == \
         ["X", "W", "bias", "skip", "gamma", "beta"]
+    # Y required; Yq (all) and Y32 (the SkipLayerNorm ops) optional, in the kernels' slots
+    assert [(t.name, t.optional) for t in dense.DENSE_BIAS_SKIP_LAYERNORM.outputs] == \
+        [("Y", False), ("Yq", True), ("Y32", True)]
+    assert [t.name for t in dense.DENSE_BIAS_GELU.outputs] == ["Y", "Yq"]
     assert dense.DENSE_BIAS_GELU.attribute("approximate").default == 0
     assert dense.DENSE_BIAS_SKIP_LAYERNORM.attribute("epsilon").default == 1e-12
 
