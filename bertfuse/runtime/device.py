@@ -33,28 +33,17 @@ class CaptureGate:
     request to end."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()  # the condition's: taken directly on the request path
+        self._cond = threading.Condition(self._lock)
         self._running = 0  # threads inside running(), outermost call only
         self._capturing = False
+        self._waiting = 0  # captures waiting for the running count to fall to zero
         self._mine = threading.local()  # depth: running() nesting; holds: this thread captures
+        self._run = _Running(self)
 
-    @contextlib.contextmanager
-    def running(self) -> Iterator[None]:
-        depth = getattr(self._mine, "depth", 0)
-        counted = depth == 0 and not getattr(self._mine, "holds", False)
-        if counted:
-            with self._cond:
-                self._cond.wait_for(lambda: not self._capturing)
-                self._running += 1
-        self._mine.depth = depth + 1
-        try:
-            yield
-        finally:
-            self._mine.depth = depth
-            if counted:
-                with self._cond:
-                    self._running -= 1
-                    self._cond.notify_all()
+    def running(self) -> "_Running":
+        """A context manager (one object, no generator: it is on every request's path)."""
+        return self._run
 
     @contextlib.contextmanager
     def capturing(self) -> Iterator[None]:
@@ -65,7 +54,11 @@ class CaptureGate:
         with self._cond:
             self._running -= inside
             self._cond.notify_all()
-            self._cond.wait_for(lambda: self._running == 0 and not self._capturing)
+            self._waiting += 1
+            try:
+                self._cond.wait_for(lambda: self._running == 0 and not self._capturing)
+            finally:
+                self._waiting -= 1
             self._capturing = True
         self._mine.holds = True
         try:
@@ -76,6 +69,38 @@ class CaptureGate:
                 self._capturing = False
                 self._running += inside
                 self._cond.notify_all()
+
+
+class _Running:
+    """CaptureGate.running(): counts the calling thread in (outermost call only) once no
+    capture is on, and out again; wakes waiting captures only when there are any."""
+
+    __slots__ = ("_gate",)
+
+    def __init__(self, gate: CaptureGate) -> None:
+        self._gate = gate
+
+    def __enter__(self) -> None:
+        g, mine = self._gate, self._gate._mine
+        depth = getattr(mine, "depth", 0)
+        if depth == 0 and not getattr(mine, "holds", False):
+            with g._lock:
+                while g._capturing:
+                    g._cond.wait()
+                g._running += 1
+            mine.counted = True
+        elif depth == 0:
+            mine.counted = False
+        mine.depth = depth + 1
+
+    def __exit__(self, *exc: object) -> None:
+        g, mine = self._gate, self._gate._mine
+        mine.depth -= 1
+        if mine.depth == 0 and mine.counted:
+            with g._lock:
+                g._running -= 1
+                if g._waiting:
+                    g._cond.notify_all()
 
 
 # One gate for the process: a global-mode stream capture fails work from every thread, so

@@ -20,6 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from bertfuse.runtime.device import GATE, claim_thread, upload
+from bertfuse.runtime.pinned import address
 
 LOG = logging.getLogger("bertfuse.runtime")
 ROLES = ("input_ids", "input_mask", "segment_ids")
@@ -94,10 +95,10 @@ class FastStager:
             if bucket is None:  # a new bucket captures: the checked path does it
                 return None
             claim_thread(session)
-            form = self._fn(ids.ctypes.data, ids.itemsize,
-                            mask.ctypes.data if mask is not None else None,
+            form = self._fn(address(ids), ids.itemsize,
+                            address(mask) if mask is not None else None,
                             mask.itemsize if mask is not None else 0,
-                            segments.ctypes.data if segments is not None else None,
+                            address(segments) if segments is not None else None,
                             segments.itemsize if segments is not None else 0,
                             *self._fixed, batch, seq, int(session.validate), bucket.host_ptr,
                             bucket.batch, bucket.seq)

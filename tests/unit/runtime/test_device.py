@@ -104,6 +104,44 @@ def test_capture_gate_nests():
     assert gate._running == 0
 
 
+def test_capture_gate_counts_each_thread_and_survives_errors():
+    """running() is one shared object: the nesting is per thread, two threads inside count two,
+    and an exception inside still counts its thread out."""
+    from bertfuse.runtime.device import CaptureGate
+
+    gate = CaptureGate()
+    inside, release = threading.Barrier(2), threading.Event()
+
+    def hold() -> None:
+        with gate.running():
+            inside.wait(10)
+            release.wait(10)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    with gate.running():
+        inside.wait(10)
+        assert gate._running == 2
+        release.set()
+    t.join(10)
+    assert gate._running == 0
+    with pytest.raises(KeyError):
+        with gate.running(), gate.running():
+            raise KeyError("boom")
+    assert gate._running == 0 and gate._mine.depth == 0
+
+
+def test_address_is_the_arrays_first_byte():
+    from bertfuse.runtime.pinned import address
+
+    a = np.arange(24, dtype=np.int64).reshape(4, 6)
+    frozen = np.arange(6, dtype=np.int32)
+    frozen.flags.writeable = False
+    for arr in (a, a[1:], np.ascontiguousarray(a.astype(np.int32)), frozen,
+                np.frombuffer(b"\x01\x00\x00\x00" * 3, np.int32)):
+        assert address(arr) == arr.ctypes.data
+
+
 def test_staging_falls_back_to_numpy_without_cuda():
     from bertfuse.runtime.device import staging
 
