@@ -25,7 +25,7 @@ from bertfuse.io.ort import make_session
 from bertfuse.kernels.cases import Case, Feeds, normal16
 from bertfuse.kernels.check_packed import packed_cases
 from bertfuse.kernels.library import DOMAIN, KernelLibraryError
-from bertfuse.ops.bertfuse import bert_attention, dense
+from bertfuse.ops.bertfuse import bert_attention, dense, pooler
 
 MAX_ABS, MEAN_ABS = 4e-2, 2e-3
 E4M3_MAX = 448.0
@@ -187,9 +187,30 @@ def fp8_cases(rng: np.random.Generator) -> list[Case]:
     return cases
 
 
+def pooler_cases(rng: np.random.Generator) -> list[Case]:
+    cases = []
+    # (B, S, K, N, Y32): the ranker's shape, one row, a batch past two of the kernel's 16-row
+    # tiles at K 1024, TinyBERT's K 312 (no multiple of the 32-k step) with N no multiple of the
+    # 8-column block, and the largest K the kernel holds.
+    for b, s, k, n, y32 in [(20, 64, 768, 768, True), (1, 128, 768, 768, False),
+                            (33, 7, 1024, 1024, True), (3, 1, 312, 300, True),
+                            (2, 5, 2048, 16, False)]:
+        feeds = {"X": normal16(rng, (b, s, k)), "Wt": normal16(rng, (n, k), k ** -0.5),
+                 "bias": normal16(rng, (n,), 0.1)}
+
+        def ref(f: Feeds, y32: bool = y32) -> list[np.ndarray]:
+            y = pooler.reference64(f["X"], f["Wt"], f["bias"])
+            return [y.astype(np.float16)] + ([y.astype(np.float32)] if y32 else [])
+
+        cases.append(Case("BertPooler", f"X[{b},{s},{k}] Wt[{n},{k}]" + (" y32" if y32 else ""),
+                          pooler.make_model(b, s, k, n, y32=y32), feeds, ref))
+    return cases
+
+
 def all_cases(seed: int = 0, ops: list[str] | None = None, fp8: bool = True) -> list[Case]:
     rng = np.random.default_rng(seed)
-    cases = dense_cases(rng) + attention_cases(rng) + (fp8_cases(rng) if fp8 else []) + packed_cases(rng)
+    cases = dense_cases(rng) + attention_cases(rng) + (fp8_cases(rng) if fp8 else []) + \
+        packed_cases(rng) + pooler_cases(rng)
     if ops:
         unknown = set(ops) - {c.op for c in cases}
         if unknown:

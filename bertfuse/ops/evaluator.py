@@ -14,7 +14,7 @@ import onnx
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
-from bertfuse.ops.bertfuse import bert_attention, dense, dense_fp8, packed_ops
+from bertfuse.ops.bertfuse import bert_attention, dense, dense_fp8, packed_ops, pooler
 from bertfuse.ops.contrib import attention, embed_layernorm, gelu, skip_layernorm
 from bertfuse.ops.contract import BERTFUSE_DOMAIN, MS_DOMAIN
 
@@ -166,6 +166,16 @@ class DenseBiasSkipLayerNormFp8(_Custom):
         return _with_y32(self, y.astype(x.dtype), y)
 
 
+class BertPooler(_Custom):
+    op_domain = BERTFUSE_DOMAIN
+
+    def _run(self, x, wt, bias):
+        y = pooler.reference64(x, wt, bias)
+        if len(self.onnx_node.output) > 1 and self.onnx_node.output[1]:
+            return y.astype(x.dtype), y.astype(np.float32)
+        return (y.astype(x.dtype),)
+
+
 class PackTokens(_Custom):
     op_domain = BERTFUSE_DOMAIN
 
@@ -192,7 +202,7 @@ NEW_OPS: list[type[OpRun]] = [MatMul, Gemm, Attention, SkipLayerNormalization,
                               EmbedLayerNormalization, BiasGelu, FastGelu, Gelu, DenseBias,
                               DenseBiasGelu, DenseBiasSkipLayerNorm, BertAttention,
                               DenseBiasFp8, DenseBiasGeluFp8, DenseBiasSkipLayerNormFp8,
-                              PackTokens, PackedBertAttention, UnpackTokens]
+                              PackTokens, PackedBertAttention, UnpackTokens, BertPooler]
 
 
 def evaluate(model: onnx.ModelProto, feeds: dict[str, np.ndarray],

@@ -268,6 +268,16 @@ inline T* Output(Ort::KernelContext& ctx, size_t index, const Shape& shape) {
     return v.GetTensorMutableData<T>();
 }
 
+// Output `index` where the node has it (an optional output the graph asks for), else nullptr.
+template <typename T>
+inline T* OptionalOutput(Ort::KernelContext& ctx, size_t index, const Shape& shape) {
+    if (ctx.GetOutputCount() <= index) return nullptr;
+    OrtValue* v = nullptr;
+    Ort::ThrowOnError(Ort::GetApi().KernelContext_GetOutput(ctx.GetOrtKernelContext(), index, shape.data(),
+                                                              shape.size(), &v));
+    return v == nullptr ? nullptr : Ort::UnownedValue(v).GetTensorMutableData<T>();
+}
+
 // ---- op base -------------------------------------------------------------------------------
 
 // A CUDA-EP custom op whose kernel returns a status (ComputeV2) instead of throwing.

@@ -206,23 +206,12 @@ class DenseKernel {
 
     __half* y = reinterpret_cast<__half*>(bf::Output<Ort::Float16_t>(ctx, 0, y_shape));
     // Optional output 1: the e4m3 copy of Y for an FP8 GEMM downstream.
-    uint8_t* yq = nullptr;
-    if (ctx.GetOutputCount() > 1) {
-      OrtValue* v = nullptr;
-      Ort::ThrowOnError(Ort::GetApi().KernelContext_GetOutput(context, 1, y_shape.data(), y_shape.size(), &v));
-      if (v != nullptr) {
-        BF_REQUIRE(yq_scale_ > 0.f && yq_scale_ != INFINITY,
-                   "output Yq needs the attribute yq_scale (finite, > 0): Yq = e4m3(Y / yq_scale)");
-        yq = static_cast<uint8_t*>(Ort::UnownedValue(v).GetTensorMutableRawData());
-      }
-    }
+    uint8_t* yq = bf::OptionalOutput<uint8_t>(ctx, 1, y_shape);
+    BF_REQUIRE(yq == nullptr || (yq_scale_ > 0.f && yq_scale_ != INFINITY),
+               "output Yq needs the attribute yq_scale (finite, > 0): Yq = e4m3(Y / yq_scale)");
     // Optional output 2 (the SkipLayerNorm ops): Y in fp32, for a graph output.
-    float* y32 = nullptr;
-    if (T::kKind == DenseKind::kBiasSkipLayerNorm && ctx.GetOutputCount() > 2) {
-      OrtValue* v = nullptr;
-      Ort::ThrowOnError(Ort::GetApi().KernelContext_GetOutput(context, 2, y_shape.data(), y_shape.size(), &v));
-      if (v != nullptr) y32 = static_cast<float*>(Ort::UnownedValue(v).GetTensorMutableRawData());
-    }
+    float* y32 = T::kKind == DenseKind::kBiasSkipLayerNorm ? bf::OptionalOutput<float>(ctx, 2, y_shape)
+                                                           : nullptr;
     if (M == 0 || N == 0) return nullptr;
     const cudaStream_t stream = bf::ComputeStream(ctx);
 

@@ -2,6 +2,7 @@
 #include "layernorm.h"
 
 #include "launch.h"
+#include "vec8.cuh"
 
 #include <cuda_fp8.h>
 
@@ -20,38 +21,11 @@ struct LnParams {
   int M, N;
 };
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
-__device__ __forceinline__ void load8(const __half* p, float (&f)[8]) {
-  uint4 u = *reinterpret_cast<const uint4*>(p);
-  const __half2* h = reinterpret_cast<const __half2*>(&u);
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    float2 t = __half22float2(h[j]);
-    f[2 * j] = t.x;
-    f[2 * j + 1] = t.y;
-  }
-}
-
 __device__ __forceinline__ void add8(const __half* p, float (&f)[8]) {
   float t[8];
   load8(p, t);
 #pragma unroll
   for (int j = 0; j < 8; ++j) f[j] += t[j];
-}
-
-__device__ __forceinline__ void unpack8(const uint4& u, float (&f)[8]) {
-  const __half2* h = reinterpret_cast<const __half2*>(&u);
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const float2 t = __half22float2(h[j]);
-    f[2 * j] = t.x;
-    f[2 * j + 1] = t.y;
-  }
 }
 
 // One warp per row; lane l holds 8-element chunks l, l+32, ... (VPT of them) in registers,

@@ -73,6 +73,7 @@ extern "C" BF_EXPORT OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions
         AddDenseOps(domain);
         AddAttentionOps(domain);
         AddPackedOps(domain);
+        AddPoolerOps(domain);
         Ort::UnownedSessionOptions(options).Add(domain);
         Domains().push_back(std::move(domain));
         return nullptr;

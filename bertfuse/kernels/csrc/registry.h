@@ -32,3 +32,5 @@ void AddDenseOps(Ort::CustomOpDomain& domain);
 void AddAttentionOps(Ort::CustomOpDomain& domain);
 // Defined in packed_ops.cc: PackTokens, PackedBertAttention, UnpackTokens.
 void AddPackedOps(Ort::CustomOpDomain& domain);
+// Defined in pooler_op.cc: BertPooler.
+void AddPoolerOps(Ort::CustomOpDomain& domain);

@@ -29,9 +29,11 @@ def test_the_output_cast_folds_into_the_last_layernorm(rng):
     assert _writer(plain, "sequence_output").op_type == "Cast"
     last = _writer(folded, "sequence_output")
     assert last.op_type == "DenseBiasSkipLayerNorm" and list(last.output)[1:] == ["", "sequence_output"]
-    assert [n.op_type for n in folded.graph.node].count("Cast") == \
-        [n.op_type for n in plain.graph.node].count("Cast") - 1
-    assert [d.fused for d in report.diagnostics if d.component == "kernels_fp32_output"] == [True]
+    # both output Casts fold: the last LayerNorm's and the pooler's (passes/bert_pooler.py)
+    assert [n.op_type for n in plain.graph.node].count("Cast") == 2
+    assert "Cast" not in [n.op_type for n in folded.graph.node]
+    assert [d.fused for d in report.diagnostics if d.component == "kernels_fp32_output"] == \
+        [True, True]
     # the pooler still reads the fp16 Y
     assert any(last.output[0] in n.input for n in folded.graph.node)
     feeds = bert_feeds(rng)
@@ -44,7 +46,7 @@ def test_the_output_cast_folds_into_the_last_layernorm(rng):
     step = np.abs(cast) * 2.0 ** -10 + 2.0 ** -24
     assert (np.abs(y32 - cast) <= step / 2 * 1.001).all()
     assert (y32.astype(np.float16).astype(np.float32) != y32).mean() > 0.9
-    assert np.array_equal(got["pooled_output"], before["pooled_output"])
+    assert np.abs(got["pooled_output"] - before["pooled_output"]).max() <= 2e-3
 
 
 def test_a_second_cast_of_the_same_y_stays_with_the_reason(rng):
