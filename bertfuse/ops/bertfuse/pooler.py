@@ -1,7 +1,8 @@
 """ai.bertfuse BertPooler: BERT's pooler (the first token through a dense layer and tanh) in one
 op — contract, NumPy reference, one-node model.
 
-It replaces what ONNX Runtime runs as four kernels after the encoder:
+It replaces what ONNX Runtime runs as five kernels after the encoder (Gather, the bias
+broadcast, the GEMM, Tanh, the Cast):
 
     X [B,S,H] ─► Gather(axis 1, index 0) ─► Gemm(W, bias) ─► Tanh ─► [Cast to float32]
     ==>  X ─► BertPooler(Wt, bias) ─► Y [B,N] fp16 (and Y32, the fp32 output, for the Cast)
