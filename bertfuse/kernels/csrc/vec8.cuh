@@ -1,5 +1,5 @@
 // Eight fp16 values in one 16-byte access, unpacked to fp32, and a warp's sum: the building
-// blocks of the row kernels (layernorm.cu, pooler.cu).
+// blocks of the row kernels (layernorm.cu).
 #pragma once
 
 #include <cuda_fp16.h>

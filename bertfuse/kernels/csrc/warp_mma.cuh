@@ -1,6 +1,6 @@
-// Warp-level tensor-core primitives (sm_80+) for the attention kernels: cp.async copies,
-// ldmatrix loads, the m16n8k16 fp16 mma with fp32 accumulation, ex2 and quad reductions.
-// Device-only, header-only; shared by attention.cu and packed_attention.cu.
+// Warp-level tensor-core primitives (sm_80+) for the attention and pooler kernels: cp.async
+// copies, ldmatrix loads, the m16n8k16 fp16 mma with fp32 accumulation, ex2 and quad reductions.
+// Device-only, header-only; shared by attention.cu, packed_attention.cu and pooler.cu.
 #pragma once
 
 #include <cstdint>
