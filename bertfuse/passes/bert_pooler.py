@@ -3,7 +3,8 @@
     X [B,S,H] ─► Gather(axis 1, index 0) ─► Gemm(W, bias) ─► Tanh ─► y [B,N]
     ==>  X ─► BertPooler(Wt = W^T, bias) ─► y
 
-Four kernels after the encoder become one (ops/bertfuse/pooler.py). The Gather and Gemm are what
+Five ORT kernels after the encoder (Gather, bias broadcast, GEMM, Tanh, Cast) become one
+(ops/bertfuse/pooler.py). The Gather and Gemm are what
 the fusion plan makes of the pooler (passes/dense_gemm.py: first-token Slice+Squeeze ->
 Gather, MatMul + Add -> Gemm); Gemm's transB=1 weight is already Wt. fp16 only, like the other
 bertfuse ops; the output Cast to fp32 folds in afterwards (passes/dense_fp32_output.py).
