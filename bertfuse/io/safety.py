@@ -47,6 +47,7 @@ class _State:
     fired = False     # a signal was raised: later ones must not interrupt the cleanup
     extra = 0         # signals after the first
     live: dict[str, bool] = {}  # temp path -> is a directory
+    paused = False    # pause_point has paused once
 
 
 def _on_signal(signo: int, frame) -> None:
@@ -71,7 +72,15 @@ def _fire(signo: int) -> None:
 
 @contextmanager
 def held() -> Iterator[None]:
-    """Defers SIGINT/SIGTERM/SIGHUP until the block ends (create-and-register, rename pairs)."""
+    """Defers SIGINT/SIGTERM/SIGHUP until the block ends (create-and-register, rename pairs).
+
+    Only the main thread's blocks defer: Python runs handlers there, so a signal deferred by a
+    worker thread's block would be raised in that worker (its future's error, seen late or
+    never while the main thread waits elsewhere). A worker's block needs no deferral: the
+    main thread's unwinding waits for the workers before it removes the temps."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     _State.hold += 1
     try:
         yield
@@ -311,6 +320,9 @@ def pause_point(stage: str) -> None:
     name, _, flag = spec.partition(":")
     if name != stage or not flag:
         return
+    if _State.paused:  # once per process: the test signals the first arrival
+        return
+    _State.paused = True
     Path(flag).write_text(str(os.getpid()))
     end = time.monotonic() + 60
     while time.monotonic() < end:

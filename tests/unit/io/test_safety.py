@@ -492,6 +492,38 @@ def test_a_signal_waits_for_a_held_block_and_temps_go():
     assert signal.getsignal(signal.SIGTERM) is not safety._on_signal  # handlers restored
 
 
+def test_a_worker_threads_held_block_does_not_keep_the_signal_from_the_main_thread():
+    """A writer thread inside held() while SIGTERM arrives: the main thread, where Python runs
+    the handler, raises at once (deferred, it would be raised later in the worker, and the main
+    thread would go on waiting); the worker's block still ends whole."""
+    import threading
+
+    from bertfuse.io import safety
+
+    inside, release, worker_done = threading.Event(), threading.Event(), []
+
+    def worker() -> None:
+        with safety.held():
+            inside.set()
+            release.wait(10)
+            worker_done.append("held block finished")
+
+    t = threading.Thread(target=worker)
+    start = time.monotonic()
+    with pytest.raises(safety.Terminated):
+        with safety.handle_signals():
+            t.start()
+            inside.wait(10)
+            os.kill(os.getpid(), signal.SIGTERM)
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:  # the handler runs between these sleeps
+                time.sleep(0.01)
+    release.set()
+    t.join(10)
+    assert time.monotonic() - start < 5
+    assert worker_done == ["held block finished"]
+
+
 @pytest.mark.parametrize("api", ["convert", "optimize"])
 def test_python_api_refuses_an_output_that_is_an_input(work, api):
     """The guarantee is the pipeline's, not only the CLI's."""
