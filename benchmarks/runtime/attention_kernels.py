@@ -54,7 +54,7 @@ def main() -> None:
                     a = (feeds["input_ids"], feeds["input_mask"], feeds["segment_ids"])
                     fn = lambda: s.run(*a, to_host=False)  # noqa: E731
                     p50, p99 = time_calls(fn, args.iters)
-                    gpu, kernels, top = kernel_profile(fn)
+                    gpu, kernels, top, _ = kernel_profile(fn)
                     att = [k for k, _ in top if "ttention" in k or "sdpa" in k or "fmha" in k
                            or "Softmax" in k][:1]
                     rows.append((name, value or "default", "keylen" if variants else "raw",

@@ -42,7 +42,7 @@ def main() -> None:
             def call(sess=sess):
                 return sess.run(ids, mask, segs, to_host=False)
             wall, _ = time_calls(call, 300)
-            gpu, kernels, top = kernel_profile(call)
+            gpu, kernels, top, _ = kernel_profile(call)
             print(f"fill {mask.mean():.2f} {label}: wall {wall:.1f} us, GPU {gpu:.1f} us, "
                   f"{kernels} kernels", flush=True)
             for name, us in top:

@@ -180,13 +180,13 @@ def plan_rows(kernels: KernelsSetup | None, paths: dict[str, str], paired: bool 
 
 def format_comparison(results: list) -> str:
     """The two forms side by side, one line per workload and kernels row: p50, p99, seq/s,
-    GPU time and kernel count (CUPTI), parity vs ORT raw fp32, and the ratios to the contrib
+    GPU time (summed and busy) and kernel count (CUPTI), parity vs ORT raw fp32, and the ratios to the contrib
     form's runtime (GPU time and p50) and to the best peer's p50 (peers.py), the peers too."""
     from bertfuse.bench.peers import PEER_ROWS, best_peer
 
-    lines = ["| workload | variant | p50 (us) | p99 (us) | seq/s | GPU (us) | kernels | "
-             "GPU x contrib | p50 x contrib | p50 x best peer | max diff | mean diff |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| workload | variant | p50 (us) | p99 (us) | seq/s | GPU (us) | GPU busy (us) | "
+             "kernels | GPU x contrib | p50 x contrib | p50 x best peer | max diff | mean diff |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     labels = [CONTRIB_DEFAULT, AUTO_ROW] + [label for label, _, _ in KERNELS_ROWS] + \
         list(PEER_ROWS)
     base = {r.workload: r for r in results if r.variant == CONTRIB_DEFAULT}
@@ -198,12 +198,13 @@ def format_comparison(results: list) -> str:
             continue
         b = base.get(r.workload)
         gpu = f"{r.gpu_us:.1f}" if r.gpu_us is not None else ""
+        busy = f"{r.gpu_busy_us:.1f}" if getattr(r, "gpu_busy_us", None) is not None else ""
         gpu_x = (f"{r.gpu_us / b.gpu_us:.2f}" if b is not None and r.gpu_us and b.gpu_us
                  else "")
         p50_x = f"{r.p50_us / b.p50_us:.2f}" if b is not None else ""
         peer = best_peer(results, r.workload)
         peer_x = f"{r.p50_us / peer:.2f}" if np.isfinite(peer) else ""
         lines.append(f"| {r.workload} | {r.variant} | {r.p50_us:.1f} | {r.p99_us:.1f} | "
-                     f"{r.seq_per_s:,.0f} | {gpu} | {r.kernels if r.kernels is not None else ''}"
+                     f"{r.seq_per_s:,.0f} | {gpu} | {busy} | {r.kernels if r.kernels is not None else ''}"
                      f" | {gpu_x} | {p50_x} | {peer_x} | {r.max_diff:.2e} | {r.mean_diff:.2e} |")
     return "\n".join(lines)

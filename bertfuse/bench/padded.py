@@ -34,7 +34,8 @@ class Result:
     seq_per_s: float = float("nan")
     max_diff: float = float("nan")
     mean_diff: float = float("nan")
-    gpu_us: float | None = None
+    gpu_us: float | None = None  # the kernels' summed durations per call (CUPTI)
+    gpu_busy_us: float | None = None  # the union of their intervals (PDL overlap once)
     kernels: int | None = None
     note: str = ""
     breakdown: list = field(default_factory=list)
@@ -238,16 +239,17 @@ def _dlpack_check(s, feeds: dict[str, np.ndarray], want: dict[str, np.ndarray]) 
 
 def format_table(results: list[Result]) -> str:
     lines = ["| workload | variant | p50 (us) | p99 (us) | seq/s | x bertfuse | x best peer | "
-             "GPU (us) | wall - GPU (us) | max diff | mean diff | note |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "GPU (us) | GPU busy (us) | wall - GPU (us) | max diff | mean diff | note |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     by_workload: dict[str, float] = {r.workload: r.p50_us for r in results
                                      if r.variant == "bertfuse fp16 runtime (arena + CUDA graph)"}
     for r in results:
         base = by_workload.get(r.workload, float("nan"))
         peer = best_peer(results, r.workload)
         gpu = f"{r.gpu_us:.1f}" if r.gpu_us else ""
+        busy = f"{r.gpu_busy_us:.1f}" if r.gpu_busy_us else ""
         host = f"{r.p50_us - r.gpu_us:.1f}" if r.gpu_us else ""
         lines.append(f"| {r.workload} | {r.variant} | {r.p50_us:.1f} | {r.p99_us:.1f} | "
                      f"{r.seq_per_s:,.0f} | {r.p50_us / base:.2f} | {r.p50_us / peer:.2f} | "
-                     f"{gpu} | {host} | {r.max_diff:.2e} | {r.mean_diff:.2e} | {r.note} |")
+                     f"{gpu} | {busy} | {host} | {r.max_diff:.2e} | {r.mean_diff:.2e} | {r.note} |")
     return "\n".join(lines)

@@ -55,8 +55,22 @@ def compare(outs: dict[str, np.ndarray], ref: dict[str, np.ndarray],
     return worst, float(np.mean(means)) if means else float("nan")
 
 
-def kernel_profile(fn: Callable[[], object], reps: int = 20) -> tuple[float, int, list]:
-    """GPU kernel time per call via CUPTI (torch.profiler sees ORT's kernels too)."""
+def busy_us(intervals: list[tuple[float, float]]) -> float:
+    """The length of the union of [start, end) intervals: the time some kernel ran. Kernels
+    launched with programmatic dependent launch start before their predecessor ends and wait
+    inside, so their summed durations count the overlap twice; the union does not."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end <= reach:
+            continue
+        total += end - max(start, reach)
+        reach = end
+    return total
+
+
+def kernel_profile(fn: Callable[[], object], reps: int = 20) -> tuple[float, int, list, float]:
+    """GPU kernel time per call via CUPTI (torch.profiler sees ORT's kernels too): the sum of
+    the kernels' durations, their count, the top 15 by name, and the busy time (busy_us)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -73,4 +87,6 @@ def kernel_profile(fn: Callable[[], object], reps: int = 20) -> tuple[float, int
     agg: collections.Counter = collections.Counter()
     for e in events:
         agg[e.name[:70]] += dur(e) / reps
-    return total, len(events) // reps, [(k, round(v, 1)) for k, v in agg.most_common(15)]
+    busy = busy_us([(e.time_range.start, e.time_range.end) for e in events]) / reps
+    return (total, len(events) // reps, [(k, round(v, 1)) for k, v in agg.most_common(15)],
+            busy)

@@ -150,9 +150,10 @@ def _bench(args: argparse.Namespace, work: str) -> dict:
                                            tuple(args.streams), kernels)
     save()
     for result, call in profiles:  # last: the profiler slows whatever runs after it
-        result.gpu_us, result.kernels, result.breakdown = kernel_profile(call)
-        print(f"   profile {result.workload} / {result.variant}: GPU {result.gpu_us:.1f} us, "
-              f"{result.kernels} kernels", flush=True)
+        result.gpu_us, result.kernels, result.breakdown, result.gpu_busy_us = \
+            kernel_profile(call)
+        print(f"   profile {result.workload} / {result.variant}: GPU {result.gpu_us:.1f} us "
+              f"(busy {result.gpu_busy_us:.1f}), {result.kernels} kernels", flush=True)
     save()
     print(format_table(results))
     if "packed" in extra:

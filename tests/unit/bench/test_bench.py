@@ -72,15 +72,15 @@ def test_bench_format_table():
                  3333.3, 1e-3, 1e-4)]
     from bertfuse.bench.peers import ORT_PEER, TORCH_PEER
 
-    results[2].gpu_us = 80.0
+    results[2].gpu_us, results[2].gpu_busy_us = 80.0, 72.5
     results += [R("base b1 s128", ORT_PEER, 125.0, 140.0, 8000.0, 3e-3, 1e-4),
                 R("base b1 s128", TORCH_PEER, 200.0, 220.0, 5000.0, 3e-3, 1e-4),
                 R("large b1 s128", TORCH_PEER, note="failed: torch not installed")]
     lines = bench.format_table(results).splitlines()
     assert len(lines) == 2 + len(results)
     header = [c.strip() for c in lines[0].strip("|").split("|")]
-    assert header[:9] == ["workload", "variant", "p50 (us)", "p99 (us)", "seq/s", "x bertfuse",
-                          "x best peer", "GPU (us)", "wall - GPU (us)"]
+    assert header[:10] == ["workload", "variant", "p50 (us)", "p99 (us)", "seq/s", "x bertfuse",
+                          "x best peer", "GPU (us)", "GPU busy (us)", "wall - GPU (us)"]
     assert lines[1].count("---") == len(header)
     rows = [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in lines[2:]]
     assert all(len(row) == len(header) for row in rows)
@@ -90,10 +90,21 @@ def test_bench_format_table():
     # against the best peer that ran in the same workload (ORT's, 125 us); none for large
     assert [row[6] for row in rows] == ["3.20", "1.20", "0.80", "nan", "nan", "1.00", "1.60",
                                         "nan"]
-    assert rows[2][7:9] == ["80.0", "20.0"] and rows[0][7:9] == ["", ""]
+    assert rows[2][7:10] == ["80.0", "72.5", "20.0"] and rows[0][7:10] == ["", "", ""]
     assert rows[0][2] == "400.0" and rows[0][4] == "2,500"
-    assert rows[2][9] == "2.00e-03" and rows[2][11] == "CUDA graph"
-    assert rows[3][11] == "failed: out of memory"
+    assert rows[2][10] == "2.00e-03" and rows[2][12] == "CUDA graph"
+    assert rows[3][12] == "failed: out of memory"
+
+
+def test_busy_time_counts_overlapping_kernels_once():
+    """PDL: a kernel starts inside its predecessor; the union counts the overlap once, gaps
+    not at all, and a kernel wholly inside another adds nothing."""
+    from bertfuse.bench.timing import busy_us
+
+    assert busy_us([]) == 0.0
+    assert busy_us([(0.0, 10.0), (8.0, 15.0)]) == pytest.approx(15.0)  # overlap 2 once
+    assert busy_us([(20.0, 25.0), (0.0, 10.0), (2.0, 3.0)]) == pytest.approx(15.0)  # gap, inside
+    assert busy_us([(0.0, 10.0), (10.0, 12.0)]) == pytest.approx(12.0)
 
 
 def test_time_interleaved_alternates_and_counts():

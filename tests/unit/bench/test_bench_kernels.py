@@ -132,7 +132,7 @@ def test_comparison_table_puts_the_two_forms_side_by_side():
                Result("shenma-3l b20 s64", CONTRIB_DEFAULT, 300.0, 360.0, 66667.0, 1.3e-2,
                       6e-4, gpu_us=230.0, kernels=45),
                Result("shenma-3l b20 s64", kernels, 240.0, 280.0, 83333.0, 1.1e-2, 5e-4,
-                      gpu_us=184.0, kernels=16),
+                      gpu_us=184.0, gpu_busy_us=170.5, kernels=16),
                Result("shenma-3l b20 s64", raw_only, 250.0, 290.0, 80000.0, 1.1e-2, 5e-4),
                Result("base b1 s128", CONTRIB_DEFAULT, 580.0, 700.0, 1724.0, 2e-2, 1e-3,
                       gpu_us=456.5, kernels=160),
@@ -143,12 +143,12 @@ def test_comparison_table_puts_the_two_forms_side_by_side():
     lines = format_comparison(results).splitlines()
     assert len(lines) == 2 + 7  # ORT raw fp32 is not a row of this table
     rows = [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in lines[2:]]
-    assert rows[1][:10] == ["shenma-3l b20 s64", kernels, "240.0", "280.0", "83,333", "184.0",
-                            "16", "0.80", "0.80", "0.81"]
-    assert rows[2][5:10] == ["", "", "", "0.83", "0.84"]  # no profile: no GPU time, no ratio
+    assert rows[1][:11] == ["shenma-3l b20 s64", kernels, "240.0", "280.0", "83,333", "184.0",
+                            "170.5", "16", "0.80", "0.80", "0.81"]
+    assert rows[2][5:11] == ["", "", "", "", "0.83", "0.84"]  # no profile: no GPU time, no ratio
     assert rows[4] == ["base b1 s128", kernels, "not run: no CUDA GPU found"]
-    assert rows[5][1] == ORT_PEER and rows[5][9] == "1.00" and rows[6][9] == "1.08"
-    assert rows[3][9] == ""  # base b1 s128: no peer ran
+    assert rows[5][1] == ORT_PEER and rows[5][10] == "1.00" and rows[6][10] == "1.08"
+    assert rows[3][10] == ""  # base b1 s128: no peer ran
 
 
 def test_bench_row_options(tmp_path, capsys):
