@@ -27,6 +27,7 @@ from pathlib import Path
 import onnx
 
 from bertfuse.inspect.encoder_table import ATTENTION_OPS, GELU_OPS, RAW_LN_OPS, SKIP_LN_OPS
+from bertfuse.ops.bertfuse.embed_layernorm import EMBEDDING_OPS
 from bertfuse.errors import BertfuseError
 from bertfuse.io.safety import mode_of, replace_file, temp_file
 
@@ -34,7 +35,7 @@ CORE_OPS = ATTENTION_OPS + ("Softmax",)
 FUSED = {  # op -> (fill, legend label); --kernels bertfuse's ops as the ones they replace
     **{a: ("#f4a261", "Attention") for a in ATTENTION_OPS + ("DenseBias", "DenseBiasFp8")},
     **{s: ("#8ecae6", "SkipLayerNorm") for s in SKIP_LN_OPS},
-    "EmbedLayerNormalization": ("#cdb4db", "EmbedLayerNorm"),
+    **{e: ("#cdb4db", "EmbedLayerNorm") for e in EMBEDDING_OPS},
     **{g: ("#95d5b2", "GELU family") for g in GELU_OPS},
 }
 CONTRIB_FILL = "#e9c46a"

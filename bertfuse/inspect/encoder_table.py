@@ -16,6 +16,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
+from bertfuse.ops.bertfuse.embed_layernorm import EMBEDDING_OPS
+
 GELU_OPS = ("BiasGelu", "FastGelu", "Gelu", "GemmFastGelu", "DenseBiasGelu", "DenseBiasGeluFp8")
 # The ai.bertfuse ops (--kernels bertfuse) count as the contrib ops they replace.
 ATTENTION_OPS = ("Attention", "BertAttention", "PackedBertAttention")
@@ -106,7 +108,7 @@ def encoder_table(op_types: Sequence[str], diagnostics: Iterable = ()) -> Encode
         if not l.fused:
             l.reasons = [_reason(d) for d in misses if d.layer == l.layer]
             l.reasons.extend(r for r in general if r not in l.reasons)
-    embed = "EmbedLayerNormalization" in prelude or "EmbedLayerNormalization" in op_types[:3]
+    embed = any(op in prelude or op in op_types[:3] for op in EMBEDDING_OPS)
     embed_reasons = [d.reason for d in diagnostics
                      if d.component == "embed_layernorm" and not d.fused]
     return EncoderTable(embed, embed_reasons, layers)

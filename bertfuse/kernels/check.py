@@ -26,6 +26,7 @@ from bertfuse.kernels.cases import Case, Feeds, normal16
 from bertfuse.kernels.check_packed import packed_cases
 from bertfuse.kernels.library import DOMAIN, KernelLibraryError
 from bertfuse.ops.bertfuse import bert_attention, dense, pooler
+from bertfuse.ops.bertfuse import embed_layernorm as bert_embed
 
 MAX_ABS, MEAN_ABS = 4e-2, 2e-3
 E4M3_MAX = 448.0
@@ -207,10 +208,44 @@ def pooler_cases(rng: np.random.Generator) -> list[Case]:
     return cases
 
 
+def embed_cases(rng: np.random.Generator) -> list[Case]:
+    cases = []
+    # (B, S, H, V, P, T, position_ids rows): the ranker's and base's shapes with segments,
+    # TinyBERT's H 312 (no multiple of a warp's 256 columns) without segments (DistilBERT) and
+    # broadcast position ids, batched position ids at H 1024, and the largest H the kernel holds.
+    for b, s, h, v, p, t, rows in [(20, 64, 768, 1000, 512, 2, None),
+                                   (1, 128, 768, 3000, 512, 2, None),
+                                   (3, 7, 312, 50, 16, None, 1), (4, 9, 1024, 64, 32, 3, 4),
+                                   (2, 5, 2048, 16, 8, 2, None)]:
+        feeds = {"input_ids": rng.integers(0, v, (b, s)).astype(np.int32)}
+        if t:
+            feeds["segment_ids"] = rng.integers(0, t, (b, s)).astype(np.int32)
+        feeds["word_embedding"] = normal16(rng, (v, h), 0.5)
+        feeds["position_embedding"] = normal16(rng, (p, h), 0.2)
+        if t:
+            feeds["segment_embedding"] = normal16(rng, (t, h), 0.2)
+        feeds["gamma"] = normal16(rng, (h,), 0.1, 1.0)
+        feeds["beta"] = normal16(rng, (h,), 0.1)
+        if rows:
+            feeds["position_ids"] = rng.integers(0, p, (rows, s)).astype(np.int32)
+
+        def ref(f: Feeds) -> list[np.ndarray]:
+            y = bert_embed.reference64(f["input_ids"], f.get("segment_ids"), f["word_embedding"],
+                                       f["position_embedding"], f.get("segment_embedding"),
+                                       f["gamma"], f["beta"], f.get("position_ids"))
+            return [y.astype(np.float16)]
+
+        label = f"ids[{b},{s}] word[{v},{h}]" + (f" segments {t}" if t else "") + \
+            (f" position_ids[{rows},{s}]" if rows else "")
+        cases.append(Case("BertEmbedLayerNorm", label,
+                          bert_embed.make_model(b, s, h, v, p, t, rows), feeds, ref))
+    return cases
+
+
 def all_cases(seed: int = 0, ops: list[str] | None = None, fp8: bool = True) -> list[Case]:
     rng = np.random.default_rng(seed)
     cases = dense_cases(rng) + attention_cases(rng) + (fp8_cases(rng) if fp8 else []) + \
-        packed_cases(rng) + pooler_cases(rng)
+        packed_cases(rng) + pooler_cases(rng) + embed_cases(rng)
     if ops:
         unknown = set(ops) - {c.op for c in cases}
         if unknown:

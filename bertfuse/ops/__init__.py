@@ -11,7 +11,8 @@ ai.onnx 17 + com.microsoft 1). No TensorFlow anywhere: this must import on the G
 
 from __future__ import annotations
 
-from bertfuse.ops.bertfuse import bert_attention, dense, dense_fp8, packed_ops, pooler
+from bertfuse.ops.bertfuse import bert_attention, dense, dense_fp8, embed_layernorm as bert_embed, \
+    packed_ops, pooler
 from bertfuse.ops.contrib import attention, embed_layernorm, gelu, layernorm, packed_attention, \
     skip_layernorm
 from bertfuse.ops.contract import BERTFUSE_DOMAIN, BERTFUSE_OPSET, MS_DOMAIN, MS_OPSET, ONNX_OPSET, AttrSpec, \
@@ -47,6 +48,7 @@ BERTFUSE_CONTRACTS: dict[str, OpContract] = {
         dense_fp8.DENSE_BIAS_SKIP_LAYERNORM_FP8,
         *packed_ops.CONTRACTS.values(),
         pooler.CONTRACT,
+        bert_embed.CONTRACT,
     )
 }
 

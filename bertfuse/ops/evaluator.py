@@ -15,6 +15,7 @@ from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
 from bertfuse.ops.bertfuse import bert_attention, dense, dense_fp8, packed_ops, pooler
+from bertfuse.ops.bertfuse import embed_layernorm as bert_embed
 from bertfuse.ops.contrib import attention, embed_layernorm, gelu, skip_layernorm
 from bertfuse.ops.contract import BERTFUSE_DOMAIN, MS_DOMAIN
 
@@ -176,6 +177,15 @@ class BertPooler(_Custom):
         return (y.astype(x.dtype),)
 
 
+class BertEmbedLayerNorm(_Custom):
+    op_domain = BERTFUSE_DOMAIN
+
+    def _run(self, input_ids, segment_ids, word, position, segment=None, gamma=None, beta=None,
+             position_ids=None, epsilon=embed_layernorm.DEFAULT_EPSILON):
+        return (bert_embed.reference64(input_ids, segment_ids, word, position, segment, gamma,
+                                       beta, position_ids, epsilon=epsilon).astype(word.dtype),)
+
+
 class PackTokens(_Custom):
     op_domain = BERTFUSE_DOMAIN
 
@@ -202,7 +212,8 @@ NEW_OPS: list[type[OpRun]] = [MatMul, Gemm, Attention, SkipLayerNormalization,
                               EmbedLayerNormalization, BiasGelu, FastGelu, Gelu, DenseBias,
                               DenseBiasGelu, DenseBiasSkipLayerNorm, BertAttention,
                               DenseBiasFp8, DenseBiasGeluFp8, DenseBiasSkipLayerNormFp8,
-                              PackTokens, PackedBertAttention, UnpackTokens, BertPooler]
+                              PackTokens, PackedBertAttention, UnpackTokens, BertPooler,
+                              BertEmbedLayerNorm]
 
 
 def evaluate(model: onnx.ModelProto, feeds: dict[str, np.ndarray],

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from bertfuse.ops.bertfuse.embed_layernorm import EMBEDDING_OPS
+
 from bertfuse.passes.base import const_value, producer, reaches_op, scalar_factor, scalar_value
 from bertfuse.passes.evaluate import ancestors, eval_with_ort
 from bertfuse.passes.match import MatchFailure, expect, fail
@@ -37,7 +39,7 @@ _KEEPS_BINARY = {"Cast": 1, "Slice": 1, "Reshape": 1, "Unsqueeze": 1, "Squeeze":
                  "Gather": 1, "Concat": None, "Mul": None, "Min": None, "Max": None}
 _BOOL_OPS = ("Equal", "Greater", "Less", "GreaterOrEqual", "LessOrEqual", "Not", "And", "Or",
              "Xor", "IsNaN", "IsInf")
-_ID_READERS = {"Gather": 1, "EmbedLayerNormalization": (0, 1)}  # slots that index a table
+_ID_READERS = {"Gather": 1, **{op: (0, 1) for op in EMBEDDING_OPS}}  # slots that index a table
 
 
 @dataclass

@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from bertfuse.ops.bertfuse.embed_layernorm import EMBEDDING_OPS
 from bertfuse.ops.contract import MS_DOMAIN, MS_OPSET
 from bertfuse.passes.base import const_value, producer
 
@@ -29,7 +30,7 @@ ELEMENTWISE = {"Add", "Sub", "Mul", "Div", "Neg", "Sqrt", "Reciprocal", "Pow", "
 GUARDS = {"Max", "Min", "Equal", "Where"}
 
 
-RANK3_PRODUCERS = {"Attention", "EmbedLayerNormalization"}
+RANK3_PRODUCERS = {"Attention", *EMBEDDING_OPS}
 RANK_PRESERVING = {"MatMul", "Add", "Sub", "Mul", "Div", "SkipLayerNormalization",
                    "LayerNormalization", "BiasGelu", "FastGelu", "Gelu", "Relu", "Tanh", "Erf",
                    "Cast", "Sigmoid", "Softmax", "Identity"}

@@ -23,6 +23,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from bertfuse.ops.contract import BERTFUSE_DOMAIN, MS_DOMAIN
+from bertfuse.ops.bertfuse.embed_layernorm import EMBEDDING_OPS
 from bertfuse.ops.bertfuse.packed_ops import PACK_TOKENS, PACKED_BERT_ATTENTION, UNPACK_TOKENS
 from bertfuse.passes.base import Layers, PassResult, cast_int32, replace_tensor
 from bertfuse.passes.dense_fp32_output import unfold
@@ -44,7 +45,7 @@ class PackingKernelsPass:
         except MatchFailure as failure:
             result.missed(COMPONENT, failure.reason)
             return result
-        embed = next(n for n in graph.nodes if n.op == "EmbedLayerNormalization")
+        embed = next(n for n in graph.nodes if n.op in EMBEDDING_OPS)
         attentions = [n for n in graph.nodes
                       if n.op == "BertAttention" and n.domain == BERTFUSE_DOMAIN]
         final = _hidden_output(graph)
@@ -74,8 +75,8 @@ class PackingKernelsPass:
 
 def _check_packable(graph: gs.Graph) -> None:
     """Raises MatchFailure with why the graph cannot take the device-packed form."""
-    expect(sum(n.op == "EmbedLayerNormalization" for n in graph.nodes) == 1,
-           "needs one EmbedLayerNormalization (a fused model)")
+    expect(sum(n.op in EMBEDDING_OPS for n in graph.nodes) == 1,
+           "needs one embedding op (EmbedLayerNormalization or BertEmbedLayerNorm: a fused model)")
     expect(any(n.op == "BertAttention" and n.domain == BERTFUSE_DOMAIN for n in graph.nodes),
            "needs BertAttention nodes (run the bertfuse_kernels pass first)")
     left = [n.name for n in graph.nodes

@@ -46,11 +46,13 @@ def fusion_plan(precision: str) -> list[Pass]:
 
 def lowering_plan() -> list[Pass]:
     """The fused fp16 contrib encoder rewritten into ai.bertfuse ops."""
+    from bertfuse.passes.bert_embed_layernorm import BertEmbedLayerNormFusion
     from bertfuse.passes.bert_pooler import BertPoolerFusion
     from bertfuse.passes.bertfuse_kernels import BertfuseKernels
     from bertfuse.passes.dense_fp32_output import DenseFp32Output
 
-    return [BertfuseKernels(), BertPoolerFusion(), DenseFp32Output(), Cleanup()]
+    return [BertfuseKernels(), BertEmbedLayerNormFusion(), BertPoolerFusion(), DenseFp32Output(),
+            Cleanup()]
 
 
 def fp8_plan(x_amax: dict[str, float]) -> list[Pass]:

@@ -23,6 +23,7 @@ import numpy as np
 import onnx
 
 from bertfuse.errors import FusionIncomplete, ParityError
+from bertfuse.ops.bertfuse.embed_layernorm import EMBEDDING_OPS
 
 if TYPE_CHECKING:
     from bertfuse.pipeline.fp8 import Fp32Reference
@@ -58,13 +59,13 @@ def model_feeds(model: onnx.ModelProto, batch: int, seq: int, seed: int | None
                 ) -> dict[str, np.ndarray]:
     """Random padded inputs for a BERT model's graph inputs, by role (mask, segment/type,
     else ids), in their dtypes; vocab, positions and token types read off the embedding
-    tables of EmbedLayerNormalization (ids stay in range)."""
+    tables of the embedding op (ids stay in range)."""
     from bertfuse.io.inputs import random_inputs
 
     vocab, types, positions = 100, 2, seq
     inits = {t.name: list(t.dims) for t in model.graph.initializer}
     for n in model.graph.node:
-        if n.op_type == "EmbedLayerNormalization":
+        if n.op_type in EMBEDDING_OPS:
             dims = [inits.get(name, [0])[0] if name else 0 for name in list(n.input)[2:5]]
             vocab, positions = dims[0] or vocab, dims[1] or positions
             types = dims[2] if len(dims) > 2 and dims[2] else 1

@@ -19,6 +19,7 @@ import onnx
 from onnx import numpy_helper
 
 from bertfuse.errors import BertfuseError
+from bertfuse.ops.bertfuse.embed_layernorm import EMBEDDING_OPS
 
 
 class RequestError(BertfuseError, ValueError):
@@ -78,7 +79,7 @@ def model_facts(model: onnx.ModelProto) -> ModelFacts:
     inputs = [i.name for i in model.graph.input if i.name not in inits]
     vocab = types = positions = None
     for node in model.graph.node:
-        if node.op_type == "EmbedLayerNormalization":
+        if node.op_type in EMBEDDING_OPS:
             dims = [list(inits[n].dims) if n in inits else None for n in node.input[2:5]]
             vocab = dims[0][0] if dims[0] else None
             positions = dims[1][0] if len(dims) > 1 and dims[1] else None

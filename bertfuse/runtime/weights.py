@@ -18,6 +18,7 @@ import onnx
 from onnx import numpy_helper
 
 from bertfuse.errors import BertfuseError
+from bertfuse.ops.bertfuse.embed_layernorm import EMBEDDING_OPS
 
 META_KEY = "bertfuse_stripped"
 # The record's digest: an edited shape would otherwise refill a model with wrong dims.
@@ -26,7 +27,7 @@ MIN_ELEMENTS = 1024
 
 # (op, input index) pairs that read a LayerNorm scale.
 _SCALE_SLOTS = {("LayerNormalization", 1), ("SkipLayerNormalization", 2),
-                ("EmbedLayerNormalization", 5)}
+                *((op, 5) for op in EMBEDDING_OPS)}
 
 
 def _record(model: onnx.ModelProto) -> list[dict] | None:

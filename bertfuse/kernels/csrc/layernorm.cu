@@ -21,13 +21,6 @@ struct LnParams {
   int M, N;
 };
 
-__device__ __forceinline__ void add8(const __half* p, float (&f)[8]) {
-  float t[8];
-  load8(p, t);
-#pragma unroll
-  for (int j = 0; j < 8; ++j) f[j] += t[j];
-}
-
 // One warp per row; lane l holds 8-element chunks l, l+32, ... (VPT of them) in registers,
 // so the row is read once and the variance is an exact second pass over registers. The
 // weights (bias, gamma, beta) are fetched first, so their latency overlaps the row's (and,
@@ -55,7 +48,6 @@ __global__ void ln_warp_kernel(LnParams p) {
   if (row >= M) return;
   const size_t base = static_cast<size_t>(row) * N;
   float v[VPT][8];
-  float sum = 0.f;
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     const int c = (lane + 32 * i) * 8;
@@ -66,39 +58,19 @@ __global__ void ln_warp_kernel(LnParams p) {
 #pragma unroll
       for (int j = 0; j < 8; ++j) v[i][j] += t[j];
       if (skip) add8(skip + base + c, v[i]);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) sum += v[i][j];
     }
   }
-  const float mean = warp_sum(sum) / N;
-  float sq = 0.f;
+  float mean, rstd;
+  warp_row_stats<VPT>(v, lane, N, eps, &mean, &rstd);
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
     const int c = (lane + 32 * i) * 8;
     if (c < N) {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const float d = v[i][j] - mean;
-        sq += d * d;
-      }
-    }
-  }
-  const float rstd = rsqrtf(warp_sum(sq) / N + eps);
-#pragma unroll
-  for (int i = 0; i < VPT; ++i) {
-    const int c = (lane + 32 * i) * 8;
-    if (c < N) {
-      float g[8], b[8];
-      unpack8(wg[i], g);
-      unpack8(wb[i], b);  // zeros without a beta
       float r[8];
-#pragma unroll
-      for (int j = 0; j < 8; ++j) r[j] = (v[i][j] - mean) * rstd * g[j] + b[j];
-      uint4 out;
-      __half2* o = reinterpret_cast<__half2*>(&out);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) o[j] = __floats2half2_rn(r[2 * j], r[2 * j + 1]);
+      ln_chunk(v[i], mean, rstd, wg[i], wb[i], r);  // beta zeros without a beta
+      const uint4 out = pack8(r);
       *reinterpret_cast<uint4*>(y + base + c) = out;
+      const __half2* o = reinterpret_cast<const __half2*>(&out);
       if (p.y32) {  // the graph's fp32 output, written here instead of by a Cast after the op
         float4* o32 = reinterpret_cast<float4*>(p.y32 + base + c);
         o32[0] = make_float4(r[0], r[1], r[2], r[3]);

@@ -74,6 +74,7 @@ extern "C" BF_EXPORT OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions
         AddAttentionOps(domain);
         AddPackedOps(domain);
         AddPoolerOps(domain);
+        AddEmbedOps(domain);
         Ort::UnownedSessionOptions(options).Add(domain);
         Domains().push_back(std::move(domain));
         return nullptr;

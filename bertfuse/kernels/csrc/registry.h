@@ -34,3 +34,5 @@ void AddAttentionOps(Ort::CustomOpDomain& domain);
 void AddPackedOps(Ort::CustomOpDomain& domain);
 // Defined in pooler_op.cc: BertPooler.
 void AddPoolerOps(Ort::CustomOpDomain& domain);
+// Defined in embed_op.cc: BertEmbedLayerNorm.
+void AddEmbedOps(Ort::CustomOpDomain& domain);

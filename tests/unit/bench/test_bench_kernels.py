@@ -103,12 +103,14 @@ def test_kernels_model_rewrites_the_fused_fp16_model(tiny_onnx, tmp_path):
     assert rows == runtime_rows(True) and not skipped
     fp8 = onnx.load(paths["kernels_fp8"])
     fp8_ops = Counter(n.op_type for n in fp8.graph.node if n.domain == BERTFUSE_DOMAIN)
-    # attention and the pooler stay fp16
+    # attention, the pooler and the embedding stay fp16
     assert fp8_ops["BertAttention"] == ops["BertAttention"] and fp8_ops["BertPooler"] == ops["BertPooler"] == 1
+    assert fp8_ops["BertEmbedLayerNorm"] == ops["BertEmbedLayerNorm"] == 1
     for op in ("DenseBias", "DenseBiasGelu", "DenseBiasSkipLayerNorm"):
         assert fp8_ops[op + "Fp8"] == ops[op] and op not in fp8_ops
     scales = [a.f for n in fp8.graph.node for a in n.attribute if a.name == "x_scale"]
-    assert len(scales) == sum(ops.values()) - ops["BertAttention"] - ops["BertPooler"]
+    assert len(scales) == sum(ops.values()) - ops["BertAttention"] - ops["BertPooler"] - \
+        ops["BertEmbedLayerNorm"]
     assert all(0 < s < float("inf") for s in scales)
     assert "DenseBiasFp8" in notes["kernels_fp8"]
 

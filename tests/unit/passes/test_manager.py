@@ -87,7 +87,8 @@ def test_plans_name_every_form():
         fp32.index("hidden_3d") < fp32.index("dense_gemm")
     assert [p.name for p in fusion_plan("fp16")] == fp32 + ["fp16", "cleanup", "shared_weights"]
     assert [p.name for p in lowering_plan()] == \
-        ["bertfuse_kernels", "bert_pooler", "dense_fp32_output", "cleanup"]
+        ["bertfuse_kernels", "bert_embed_layernorm", "bert_pooler", "dense_fp32_output",
+         "cleanup"]
     assert [p.name for p in fp8_plan({"x": 1.0})] == ["fp8_weights", "cleanup"]
     assert fp8_plan({"x": 1.0})[0].x_amax == {"x": 1.0}
     assert [p.name for p in packing_plan(on_kernels=True)] == ["packing_kernels", "cleanup"]
@@ -105,7 +106,8 @@ def test_a_later_plans_report_joins_the_first(rng):
     kmodel, more = run_passes(contrib, lowering_plan())
     report.join(more, kmodel)
     assert [r.name for r in report.records[before[0]:]] == \
-        ["bertfuse_kernels", "bert_pooler", "dense_fp32_output", "cleanup"]
+        ["bertfuse_kernels", "bert_embed_layernorm", "bert_pooler", "dense_fp32_output",
+         "cleanup"]
     assert report.diagnostics[before[1]:] == more.diagnostics
     assert any(d.component == "kernels_attention" and d.fused for d in report.diagnostics)
     assert report.census_before is before[2]  # still the first input's
