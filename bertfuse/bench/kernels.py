@@ -180,8 +180,9 @@ def plan_rows(kernels: KernelsSetup | None, paths: dict[str, str], paired: bool 
 
 def format_comparison(results: list) -> str:
     """The two forms side by side, one line per workload and kernels row: p50, p99, seq/s,
-    GPU time (summed and busy) and kernel count (CUPTI), parity vs ORT raw fp32, and the ratios to the contrib
-    form's runtime (GPU time and p50) and to the best peer's p50 (peers.py), the peers too."""
+    GPU time (summed and busy) and kernel count (CUPTI), parity vs ORT raw fp32, and the ratios
+    to the contrib form's runtime (GPU time and p50) and to the best peer's p50 (peers.py), the
+    peers too."""
     from bertfuse.bench.peers import PEER_ROWS, best_peer
 
     lines = ["| workload | variant | p50 (us) | p99 (us) | seq/s | GPU (us) | GPU busy (us) | "
@@ -198,7 +199,7 @@ def format_comparison(results: list) -> str:
             continue
         b = base.get(r.workload)
         gpu = f"{r.gpu_us:.1f}" if r.gpu_us is not None else ""
-        busy = f"{r.gpu_busy_us:.1f}" if getattr(r, "gpu_busy_us", None) is not None else ""
+        busy = f"{r.gpu_busy_us:.1f}" if r.gpu_busy_us is not None else ""
         gpu_x = (f"{r.gpu_us / b.gpu_us:.2f}" if b is not None and r.gpu_us and b.gpu_us
                  else "")
         p50_x = f"{r.p50_us / b.p50_us:.2f}" if b is not None else ""

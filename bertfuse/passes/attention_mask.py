@@ -27,7 +27,6 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from bertfuse.ops.bertfuse.embed_layernorm import EMBEDDING_OPS
-
 from bertfuse.passes.base import const_value, producer, reaches_op, scalar_factor, scalar_value
 from bertfuse.passes.evaluate import ancestors, eval_with_ort
 from bertfuse.passes.match import MatchFailure, expect, fail

@@ -27,12 +27,14 @@ import onnx_graphsurgeon as gs
 from bertfuse.ops.bertfuse.embed_layernorm import CONTRACT as BERT_EMBED_LN
 from bertfuse.ops.bertfuse.embed_layernorm import MAX_HIDDEN
 from bertfuse.ops.contract import MS_DOMAIN
+from bertfuse.ops.contrib.embed_layernorm import CONTRACT as EMBED_LN
 from bertfuse.ops.contrib.embed_layernorm import DEFAULT_EPSILON
 from bertfuse.passes.base import CandidatePass, detach, is_graph_output
 from bertfuse.passes.match import expect
 
 COMPONENT = "kernels_embed_layernorm"
-_WORD, _POSITION, _SEGMENT, _POSITION_IDS = 2, 3, 4, 8  # EmbedLayerNormalization's slots
+_SLOT = {t.name: i for i, t in enumerate(EMBED_LN.inputs)}  # EmbedLayerNormalization's slots
+_TABLES = ("word_embedding", "position_embedding", "segment_embedding")
 
 
 class BertEmbedLayerNormFusion(CandidatePass):
@@ -52,19 +54,17 @@ class BertEmbedLayerNormFusion(CandidatePass):
                 t = node.outputs[slot]
                 expect(not t.outputs and not is_graph_output(graph, t),
                        f"the {what} output of {node.name} is read (no bertfuse kernel writes it)")
-        ins = list(node.inputs) + [None] * (9 - len(node.inputs))
+        ins = list(node.inputs) + [None] * (len(_SLOT) - len(node.inputs))
         ins = [t if t is not None and t.name else None for t in ins]
-        for slot in (_WORD, _POSITION, _SEGMENT):
-            t = ins[slot]
-            if t is None:
-                continue
-            expect(t.dtype is not None and np.dtype(t.dtype) == np.float16,
-                   f"{node.name}: the embedding table {t.name} is not fp16")
-        shape = ins[_WORD].shape
+        for t in (ins[_SLOT[name]] for name in _TABLES):
+            if t is not None:
+                expect(t.dtype is not None and np.dtype(t.dtype) == np.float16,
+                       f"{node.name}: the embedding table {t.name} is not fp16")
+        shape = ins[_SLOT["word_embedding"]].shape
         hidden = shape[1] if shape is not None and len(shape) == 2 else None
         expect(isinstance(hidden, int) and hidden % 8 == 0 and hidden <= MAX_HIDDEN,
                f"{node.name}: hidden size {hidden} is not a multiple of 8 up to {MAX_HIDDEN}")
-        return ins[:7] + [ins[_POSITION_IDS]]  # slot 7, the mask, is dropped
+        return [ins[_SLOT[t.name]] for t in BERT_EMBED_LN.inputs]  # the mask is dropped
 
     def rewrite(self, graph: gs.Graph, node: gs.Node, found: list) -> None:
         out = node.outputs[0]

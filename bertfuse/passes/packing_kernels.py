@@ -76,7 +76,7 @@ class PackingKernelsPass:
 def _check_packable(graph: gs.Graph) -> None:
     """Raises MatchFailure with why the graph cannot take the device-packed form."""
     expect(sum(n.op in EMBEDDING_OPS for n in graph.nodes) == 1,
-           "needs one embedding op (EmbedLayerNormalization or BertEmbedLayerNorm: a fused model)")
+           f"needs one embedding op ({' or '.join(EMBEDDING_OPS)}: a fused model)")
     expect(any(n.op == "BertAttention" and n.domain == BERTFUSE_DOMAIN for n in graph.nodes),
            "needs BertAttention nodes (run the bertfuse_kernels pass first)")
     left = [n.name for n in graph.nodes
