@@ -1,7 +1,7 @@
 """BertAttention CUDA kernel on the GPU: parity against a float64 NumPy reference, then timing
 against torch SDPA (same key mask) and a naive torch attention. No ONNX Runtime needed.
 
-    python3 benchmarks/kernels/kernels_attention.py                 # nvcc-builds csrc/attention{,_general}.cu in a temp dir
+    python3 benchmarks/kernels/kernels_attention.py                 # nvcc-builds csrc/attention{,_tiled,_general}.cu in a temp dir
     python3 benchmarks/kernels/kernels_attention.py --lib build/libbertfuse_ops.so
 
 Gate per case: max |diff| <= 4e-2 and mean |diff| <= 2e-3 against the reference, no NaN.
@@ -33,7 +33,7 @@ except ImportError:  # run from a checkout without bertfuse installed
     from bertfuse.io.safety import handle_signals, temp_dir, write_text
 
 CSRC = ROOT / "bertfuse" / "kernels" / "csrc"
-SOURCES = [CSRC / "attention.cu", CSRC / "attention_general.cu"]  # the op's two paths
+SOURCES = [CSRC / "attention.cu", CSRC / "attention_tiled.cu", CSRC / "attention_general.cu"]  # the op's three paths
 MASK_FILTER = -10000.0
 GATE_MAX, GATE_MEAN = 4e-2, 2e-3
 
@@ -64,8 +64,8 @@ def build(tmp: Path, arch: str) -> Path:
 def load(lib: Path) -> ctypes.CDLL:
     dll = ctypes.CDLL(str(lib))
     u, i = ctypes.c_uint64, ctypes.c_int
-    dll.bf_check_attention_warps.argtypes = [u, u, i, i, i, i, i, ctypes.c_float, u, u, i]
-    dll.bf_check_attention_warps.restype = i
+    dll.bf_check_attention_config.argtypes = [u, u, i, i, i, i, i, ctypes.c_float, u, u, i, i]
+    dll.bf_check_attention_config.restype = i
     dll.bf_attention_unsupported.argtypes = [i, i, i, i, i]
     dll.bf_attention_unsupported.restype = ctypes.c_char_p
     return dll
@@ -113,14 +113,16 @@ def reference(qkv: np.ndarray, mask: np.ndarray | None, heads: int, scale: float
 
 # ---- torch side ------------------------------------------------------------------------------
 
-def launcher(dll, torch, qkv, mask, heads: int, scale: float, out, warps: int):
+def launcher(dll, torch, qkv, mask, heads: int, scale: float, out, config: tuple[int, int]):
+    """config: (warps per CTA, passes per warp); (0, 0) is what the op picks."""
     mask_ptr = 0 if mask is None else mask.data_ptr()
     rank = 0 if mask is None else mask.dim()
     b, s, _ = qkv.shape
+    warps, passes = config
 
     def call():
-        rc = dll.bf_check_attention_warps(qkv.data_ptr(), mask_ptr, rank, b, s, heads, 64, scale, out.data_ptr(),
-                                          torch.cuda.current_stream().cuda_stream, warps)
+        rc = dll.bf_check_attention_config(qkv.data_ptr(), mask_ptr, rank, b, s, heads, 64, scale, out.data_ptr(),
+                                           torch.cuda.current_stream().cuda_stream, warps, passes)
         if rc != 0:
             raise RuntimeError(f"bf_check_attention returned {rc}")
     return call
@@ -217,8 +219,13 @@ TIMINGS = [  # (label, B, S, heads, mask kind)
     ("shenma b20 s64 nomask", 20, 64, 12, "none"),
     ("base b1 s128 raw", 1, 128, 12, "raw"),
     ("base b32 s128 raw", 32, 128, 12, "raw"),
+    ("b8 s128 raw", 8, 128, 12, "raw"),
+    ("b16 s128 raw", 16, 128, 12, "raw"),
+    ("b32 s100 keylen", 32, 100, 12, "keylen"),
 ]
-UNSUPPORTED = [("head size 32", 2, 64, 24, 32, 2), ("S 129", 2, 129, 12, 64, 2), ("S 0", 2, 0, 12, 64, 0)]
+# (warps per CTA, passes per warp): the op's pick first, then the fixed configurations.
+CONFIGS = [(0, 0), (1, 1), (2, 1), (4, 1), (2, 2), (4, 2)]
+UNSUPPORTED = [("head size 320", 2, 64, 2, 320, 2), ("mask rank 3", 2, 64, 12, 64, 3), ("S 0", 2, 0, 12, 64, 0)]
 
 
 def run(args, torch, dll) -> dict:
@@ -231,11 +238,11 @@ def run(args, torch, dll) -> dict:
         ref = reference(qkv_np, mask_np, heads, eff_scale)
         qkv = torch.from_numpy(qkv_np).cuda()
         mask = None if mask_np is None else torch.from_numpy(mask_np).cuda()
-        for warps in (0, 1, 2, 4):
+        for config in CONFIGS:
             out = torch.full((b, s, heads * 64), float("nan"), dtype=torch.float16, device="cuda")
-            rec = {"case": label, "B": b, "S": s, "heads": heads, "mask": kind, "warps": warps}
+            rec = {"case": label, "B": b, "S": s, "heads": heads, "mask": kind, "config": list(config)}
             try:
-                launcher(dll, torch, qkv, mask, heads, scale, out, warps)()
+                launcher(dll, torch, qkv, mask, heads, scale, out, config)()
             except RuntimeError as exc:  # the launcher refused: a failed check, not a crash
                 log["checks"].append({**rec, "max_abs": float("nan"), "mean_abs": float("nan"), "ok": False,
                                       "error": str(exc)})
@@ -260,13 +267,13 @@ def run(args, torch, dll) -> dict:
         mask = None if mask_np is None else torch.from_numpy(mask_np).cuda()
         out = torch.empty((b, s, heads * 64), dtype=torch.float16, device="cuda")
         row = {"case": label, "B": b, "S": s, "heads": heads, "mask": kind}
-        for warps in (0, 1, 2, 4):
-            row[f"bertfuse_w{warps}_us"] = time_us(torch, launcher(dll, torch, qkv, mask, heads, 0.0, out, warps),
+        for w, p in CONFIGS:
+            row[f"bertfuse_w{w}p{p}_us"] = time_us(torch, launcher(dll, torch, qkv, mask, heads, 0.0, out, (w, p)),
                                                    args.iters, args.graph_calls)
         sdpa, naive = torch_baselines(torch, qkv, mask, heads, 1 / 8)
         row["sdpa_us"] = time_us(torch, sdpa, args.iters, args.graph_calls)
         row["naive_us"] = time_us(torch, naive, args.iters, args.graph_calls)
-        for name, fn in (("bertfuse", launcher(dll, torch, qkv, mask, heads, 0.0, out, 0)), ("sdpa", sdpa),
+        for name, fn in (("bertfuse", launcher(dll, torch, qkv, mask, heads, 0.0, out, (0, 0))), ("sdpa", sdpa),
                          ("naive", naive)):
             row[f"{name}_kernel_us"] = kernel_us(torch, fn)
         log["timings"].append(row)
@@ -275,7 +282,8 @@ def run(args, torch, dll) -> dict:
 
 def print_tables(log: dict) -> None:
     print(f"device: {log['device']}, torch {log['torch']}")
-    print("| case | max abs | mean abs | ok (warps auto/1/2/4) |")  # worst over the warps variants
+    print("| case | max abs | mean abs | ok (" + " / ".join(f"w{w}p{p}" for w, p in CONFIGS)
+          + "; w0p0 = the op's pick) |")  # worst over the configurations
     print("|---|---|---|---|")
     for case in dict.fromkeys(c["case"] for c in log["checks"]):
         rows = [c for c in log["checks"] if c["case"] == case]
@@ -288,12 +296,13 @@ def print_tables(log: dict) -> None:
     def us(v) -> str:
         return "-" if v is None else f"{v:.2f}"
     print("\nus per call: CUDA-graph replay (and profiler kernel time)")
-    print("| case | bertfuse auto | w1 | w2 | w4 | torch SDPA | torch naive |")
-    print("|---|---|---|---|---|---|---|")
+    fixed = CONFIGS[1:]
+    print("| case | bertfuse pick | " + " | ".join(f"w{w}p{p}" for w, p in fixed) + " | torch SDPA | torch naive |")
+    print("|---|---|" + "---|" * len(fixed) + "---|---|")
     for t in log["timings"]:
-        print(f"| {t['case']} | {us(t['bertfuse_w0_us'])} ({us(t['bertfuse_kernel_us'])}) | "
-              f"{us(t['bertfuse_w1_us'])} | {us(t['bertfuse_w2_us'])} | {us(t['bertfuse_w4_us'])} | "
-              f"{us(t['sdpa_us'])} ({us(t['sdpa_kernel_us'])}) | {us(t['naive_us'])} ({us(t['naive_kernel_us'])}) |")
+        print(f"| {t['case']} | {us(t['bertfuse_w0p0_us'])} ({us(t['bertfuse_kernel_us'])}) | "
+              + " | ".join(us(t[f"bertfuse_w{w}p{p}_us"]) for w, p in fixed)
+              + f" | {us(t['sdpa_us'])} ({us(t['sdpa_kernel_us'])}) | {us(t['naive_us'])} ({us(t['naive_kernel_us'])}) |")
     bad = [c for c in log["checks"] + log["unsupported"] if not c["ok"]]
     print(f"\n{len(bad)} failing checks" if bad else "\nall checks pass")
 

@@ -107,6 +107,9 @@ def attention_cases(rng: np.random.Generator) -> list[Case]:
         (2, 128, 768, 12, "raw", None),
         (3, 37, 768, 12, "lengths", 0.2),
         (2, 16, 256, 4, "raw", None),
+        # Grids past one wave of CTAs: two passes per warp where that takes fewer waves.
+        (32, 128, 768, 12, "raw", None),
+        (24, 100, 768, 12, "lengths", None),
         # The tiled kernel: head sizes 32, 128, and 64 past the first kernel's 128 keys.
         (2, 1, 384, 12, "lengths", None),     # MiniLM: head size 32, one token
         (2, 129, 384, 12, "raw", None),

@@ -1,18 +1,22 @@
-// BertAttention kernel: one CTA per (query tile, head, batch row); each warp owns 16 queries.
+// BertAttention kernel: one CTA per (query tile, head, batch row); each warp owns 16 queries per
+// pass, and makes `passes` passes over the CTA's query tiles (1 or 2).
 //
-// The CTA copies its Q tile and the head's K and V (read straight out of the [B, S, 3H] qkv
+// The CTA copies its Q tiles and the head's K and V (read straight out of the [B, S, 3H] qkv
 // layout, no transpose kernels) into shared memory with cp.async, turns the mask into an additive
-// per-key term in shared memory (no separate mask pass), then per warp:
+// per-key term in shared memory (no separate mask pass), then per warp and pass:
 //   S = Q K^T       mma.sync m16n8k16 fp16 -> fp32, all keys held in registers (S <= 128)
 //   softmax         fp32 in registers, row max/sum over the 4 lanes sharing a row
 //   O = P V         P re-packed from the score accumulators as fp16 A fragments
 // and writes O through shared memory with 16-byte stores. Keys are padded to a multiple of 16
 // inside the kernel: padded keys get -inf (probability exactly 0), padded K/V/Q rows are zeros.
+// A second pass lets one CTA of 4 warps cover 128 queries: the head's K and V are read once
+// instead of once per 64 queries, and a grid that needed two waves of CTAs fits in one.
 #include "attention.h"
 
 #include "attention_general.h"
 #include "attention_tiled.h"
 
+#include <atomic>
 #include <cmath>
 
 #include "launch.h"
@@ -44,17 +48,89 @@ __device__ __forceinline__ void load_rows(__half* dst, const __half* src, size_t
   }
 }
 
+// S = Q K^T for one warp's 16 queries, scaled into the log2 domain with the additive mask, then
+// the softmax numerators exp2(s - max) in place and the two row sums (rows g and g + 8).
+template <int KT>
+__device__ __forceinline__ void scores(const __half* Qw, const __half* Ks, const float* madd, int lane, int t,
+                                       float scale_log2, float (&acc)[2 * KT][4], float* sum0, float* sum1) {
+  constexpr int NT = 2 * KT;  // 8-key score tiles per row
+  uint32_t qa[kD / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk) ldsm_x4(qa[kk], Qw + (lane & 15) * kLd + kk * 16 + (lane >> 4) * 8);
+  float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+#pragma unroll
+    for (int p = 0; p < kD / 32; ++p) {
+      uint32_t kb[4];  // B fragments of k-steps 2p and 2p+1 for keys nt*8 .. nt*8+7
+      ldsm_x4(kb, Ks + (nt * 8 + (lane & 7)) * kLd + p * 32 + (lane >> 3) * 8);
+      mma16816(acc[nt], qa[2 * p], kb[0], kb[1]);
+      mma16816(acc[nt], qa[2 * p + 1], kb[2], kb[3]);
+    }
+    const float2 m = *reinterpret_cast<const float2*>(madd + nt * 8 + 2 * t);
+    acc[nt][0] = fmaf(acc[nt][0], scale_log2, m.x);
+    acc[nt][1] = fmaf(acc[nt][1], scale_log2, m.y);
+    acc[nt][2] = fmaf(acc[nt][2], scale_log2, m.x);
+    acc[nt][3] = fmaf(acc[nt][3], scale_log2, m.y);
+    mx0 = fmaxf(mx0, fmaxf(acc[nt][0], acc[nt][1]));
+    mx1 = fmaxf(mx1, fmaxf(acc[nt][2], acc[nt][3]));
+  }
+  exp2_rows(acc, mx0, mx1, sum0, sum1);  // maxima finite: key 0 is real, its term at worst -10000*log2e
+}
+
+// O = P V for the warp's tile, normalised, staged in the warp's own Q rows (only it read them)
+// and written to out rows qw0 .. qw0 + 15 (those below S) with 16-byte stores.
+template <int KT>
+__device__ __forceinline__ void context(const float (&acc)[2 * KT][4], const __half* Vs, __half* Qw, int lane,
+                                        int g, int t, float sum0, float sum1, __half* __restrict__ out, int b,
+                                        int S, int H, int head, int qw0) {
+  float o[kD / 8][4];
+#pragma unroll
+  for (int dt = 0; dt < kD / 8; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < KT; ++kk) {
+    // The C layout of score tiles 2kk, 2kk+1 is the A layout of keys 16kk .. 16kk+15.
+    const uint32_t pa[4] = {pack_half2(acc[2 * kk][0], acc[2 * kk][1]), pack_half2(acc[2 * kk][2], acc[2 * kk][3]),
+                            pack_half2(acc[2 * kk + 1][0], acc[2 * kk + 1][1]),
+                            pack_half2(acc[2 * kk + 1][2], acc[2 * kk + 1][3])};
+#pragma unroll
+    for (int np = 0; np < kD / 16; ++np) {
+      uint32_t vb[4];  // B fragments (both key halves) of d-tiles 2np and 2np+1
+      ldsm_x4_trans(vb, Vs + (kk * 16 + (lane & 15)) * kLd + np * 16 + (lane >> 4) * 8);
+      mma16816(o[2 * np], pa, vb[0], vb[1]);
+      mma16816(o[2 * np + 1], pa, vb[2], vb[3]);
+    }
+  }
+  const float inv0 = 1.0f / sum0, inv1 = 1.0f / sum1;
+  __syncwarp();
+#pragma unroll
+  for (int dt = 0; dt < kD / 8; ++dt) {
+    *reinterpret_cast<__half2*>(Qw + g * kLd + dt * 8 + 2 * t) = __floats2half2_rn(o[dt][0] * inv0, o[dt][1] * inv0);
+    *reinterpret_cast<__half2*>(Qw + (g + 8) * kLd + dt * 8 + 2 * t) =
+        __floats2half2_rn(o[dt][2] * inv1, o[dt][3] * inv1);
+  }
+  __syncwarp();
+#pragma unroll
+  for (int c = lane; c < 16 * (kD / 8); c += 32) {
+    const int r = c / (kD / 8), col = (c % (kD / 8)) * 8;
+    if (qw0 + r < S) {
+      *reinterpret_cast<uint4*>(out + (static_cast<size_t>(b) * S + qw0 + r) * H + head * kD + col) =
+          *reinterpret_cast<const uint4*>(Qw + r * kLd + col);
+    }
+  }
+}
+
 // KT = number of 16-key tiles (keys padded to 16*KT >= S).
 template <int KT>
 __global__ void __launch_bounds__(kMaxWarps * 32)
     attention_kernel(const __half* __restrict__ qkv, const int32_t* __restrict__ mask, int mask_rank, int S,
-                     int H, float scale_log2, __half* __restrict__ out) {
+                     int H, float scale_log2, int passes, __half* __restrict__ out) {
   constexpr int SP = 16 * KT;  // padded key count
-  constexpr int NT = 2 * KT;   // 8-key score tiles per row
   extern __shared__ __align__(16) unsigned char smem_raw[];
   wait_for_producer();  // Q, K, V (and the mask) come from the kernels before: nothing is read earlier
   const int nthreads = blockDim.x, warps = nthreads / 32;
-  const int rows_q = 16 * warps;
+  const int rows_q = 16 * warps * passes;
   __half* Qs = reinterpret_cast<__half*>(smem_raw);
   __half* Ks = Qs + rows_q * kLd;
   __half* Vs = Ks + SP * kLd;
@@ -62,6 +138,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;  // mma fragment row group / column pair
+  constexpr int NT = 2 * KT;
   const int q0 = blockIdx.x * rows_q, head = blockIdx.y, b = blockIdx.z;
   const size_t stride = 3 * static_cast<size_t>(H);
   const __half* base = qkv + static_cast<size_t>(b) * S * stride + head * kD;
@@ -80,88 +157,19 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
   cp_async_wait<1>();  // Q and K have landed; V may still be in flight
   __syncthreads();
 
-  const bool active = q0 + warp * 16 < S;  // warp-uniform: a tail warp past S only syncs
-  __half* Qw = Qs + warp * 16 * kLd;
-  float acc[NT][4];
-  float sum0 = 1.0f, sum1 = 1.0f;  // rows g and g + 8 of this warp's tile
-  if (active) {
-    uint32_t qa[kD / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) ldsm_x4(qa[kk], Qw + (lane & 15) * kLd + kk * 16 + (lane >> 4) * 8);
-    float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
-#pragma unroll
-      for (int p = 0; p < kD / 32; ++p) {
-        uint32_t kb[4];  // B fragments of k-steps 2p and 2p+1 for keys nt*8 .. nt*8+7
-        ldsm_x4(kb, Ks + (nt * 8 + (lane & 7)) * kLd + p * 32 + (lane >> 3) * 8);
-        mma16816(acc[nt], qa[2 * p], kb[0], kb[1]);
-        mma16816(acc[nt], qa[2 * p + 1], kb[2], kb[3]);
-      }
-      const float2 m = *reinterpret_cast<const float2*>(madd + nt * 8 + 2 * t);
-      acc[nt][0] = fmaf(acc[nt][0], scale_log2, m.x);
-      acc[nt][1] = fmaf(acc[nt][1], scale_log2, m.y);
-      acc[nt][2] = fmaf(acc[nt][2], scale_log2, m.x);
-      acc[nt][3] = fmaf(acc[nt][3], scale_log2, m.y);
-      mx0 = fmaxf(mx0, fmaxf(acc[nt][0], acc[nt][1]));
-      mx1 = fmaxf(mx1, fmaxf(acc[nt][2], acc[nt][3]));
+#pragma unroll 1
+  for (int pass = 0; pass < passes; ++pass) {
+    const int tile = pass * warps + warp;  // this warp's 16-query tile in the CTA
+    const bool active = q0 + tile * 16 < S;  // warp-uniform: a tail warp past S only syncs
+    __half* Qw = Qs + tile * 16 * kLd;
+    float acc[NT][4];
+    float sum0 = 1.0f, sum1 = 1.0f;  // rows g and g + 8 of this warp's tile
+    if (active) scores<KT>(Qw, Ks, madd, lane, t, scale_log2, acc, &sum0, &sum1);
+    if (pass == 0) {  // V lands once, for every pass (the barrier is the whole CTA's)
+      cp_async_wait<0>();
+      __syncthreads();
     }
-    mx0 = quad_max(mx0);  // finite: key 0 is real, its term is at worst -10000*log2e
-    mx1 = quad_max(mx1);
-    float s0 = 0.0f, s1 = 0.0f;
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      acc[nt][0] = fast_exp2(acc[nt][0] - mx0);
-      acc[nt][1] = fast_exp2(acc[nt][1] - mx0);
-      acc[nt][2] = fast_exp2(acc[nt][2] - mx1);
-      acc[nt][3] = fast_exp2(acc[nt][3] - mx1);
-      s0 += acc[nt][0] + acc[nt][1];
-      s1 += acc[nt][2] + acc[nt][3];
-    }
-    sum0 = quad_sum(s0);
-    sum1 = quad_sum(s1);
-  }
-  cp_async_wait<0>();
-  __syncthreads();
-  if (!active) return;
-
-  float o[kD / 8][4];
-#pragma unroll
-  for (int dt = 0; dt < kD / 8; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
-#pragma unroll
-  for (int kk = 0; kk < KT; ++kk) {
-    // The C layout of score tiles 2kk, 2kk+1 is the A layout of keys 16kk .. 16kk+15.
-    const uint32_t pa[4] = {pack_half2(acc[2 * kk][0], acc[2 * kk][1]), pack_half2(acc[2 * kk][2], acc[2 * kk][3]),
-                            pack_half2(acc[2 * kk + 1][0], acc[2 * kk + 1][1]),
-                            pack_half2(acc[2 * kk + 1][2], acc[2 * kk + 1][3])};
-#pragma unroll
-    for (int np = 0; np < kD / 16; ++np) {
-      uint32_t vb[4];  // B fragments (both key halves) of d-tiles 2np and 2np+1
-      ldsm_x4_trans(vb, Vs + (kk * 16 + (lane & 15)) * kLd + np * 16 + (lane >> 4) * 8);
-      mma16816(o[2 * np], pa, vb[0], vb[1]);
-      mma16816(o[2 * np + 1], pa, vb[2], vb[3]);
-    }
-  }
-
-  // Stage the normalised tile in this warp's own Q rows (only it read them), then 16-byte stores.
-  const float inv0 = 1.0f / sum0, inv1 = 1.0f / sum1;
-  __syncwarp();
-#pragma unroll
-  for (int dt = 0; dt < kD / 8; ++dt) {
-    *reinterpret_cast<__half2*>(Qw + g * kLd + dt * 8 + 2 * t) = __floats2half2_rn(o[dt][0] * inv0, o[dt][1] * inv0);
-    *reinterpret_cast<__half2*>(Qw + (g + 8) * kLd + dt * 8 + 2 * t) =
-        __floats2half2_rn(o[dt][2] * inv1, o[dt][3] * inv1);
-  }
-  __syncwarp();
-  const int qw0 = q0 + warp * 16;
-#pragma unroll
-  for (int c = lane; c < 16 * (kD / 8); c += 32) {
-    const int r = c / (kD / 8), col = (c % (kD / 8)) * 8;
-    if (qw0 + r < S) {
-      *reinterpret_cast<uint4*>(out + (static_cast<size_t>(b) * S + qw0 + r) * H + head * kD + col) =
-          *reinterpret_cast<const uint4*>(Qw + r * kLd + col);
-    }
+    if (active) context<KT>(acc, Vs, Qw, lane, g, t, sum0, sum1, out, b, S, H, head, q0 + tile * 16);
   }
 }
 
@@ -174,14 +182,71 @@ int pick_warps(int /*B*/, int S, int /*num_heads*/) {
   return tiles16 < kMaxWarps ? tiles16 : kMaxWarps;
 }
 
+size_t smem_bytes(int KT, int warps, int passes) {
+  return sizeof(__half) * static_cast<size_t>(16 * warps * passes + 2 * 16 * KT) * kLd + sizeof(float) * 16 * KT;
+}
+
+constexpr int kMaxDevices = 16;
+
+// CTAs of attention_kernel<KT> (warps, passes) resident per SM on the current device times its SM
+// count, asked once per device and configuration; 0 where CUDA cannot say.
+template <int KT>
+int resident_ctas(int warps, int passes) {
+  static std::atomic<int> cache[kMaxDevices][kMaxWarps + 1][3];  // 0: not asked yet, < 0: failed
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) {
+    cudaGetLastError();
+    return 0;
+  }
+  std::atomic<int>& slot = cache[dev][warps][passes];
+  int v = slot.load(std::memory_order_relaxed);
+  if (v == 0) {
+    int per_sm = 0, sms = 0;
+    const size_t smem = smem_bytes(KT, warps, passes);
+    bool ok = cudaFuncSetAttribute(attention_kernel<KT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   static_cast<int>(smem)) == cudaSuccess &&
+              cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attention_kernel<KT>, 32 * warps, smem) ==
+                  cudaSuccess &&
+              cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess;
+    if (!ok) cudaGetLastError();
+    v = ok && per_sm > 0 ? per_sm * sms : -1;
+    slot.store(v, std::memory_order_relaxed);
+  }
+  return v > 0 ? v : 0;
+}
+
+// Passes per warp: 2 where it takes fewer waves of CTAs than 1 (with S > 64 a CTA of 4 warps then
+// covers the whole sequence and reads K and V once), else 1 (more CTAs, a shorter path each).
+// Measured on the H200 (kernels_attention.py): base b32 s128 h12 goes from 768 CTAs in two waves
+// to 384 in one.
+template <int KT>
+int pick_passes(int B, int S, int num_heads, int warps) {
+  const int tiles16 = (S + 15) / 16;
+  if (tiles16 <= warps) return 1;
+  long long waves[3] = {0, 0, 0};
+  for (int p = 1; p <= 2; ++p) {
+    const long long ctas = static_cast<long long>((tiles16 + warps * p - 1) / (warps * p)) * num_heads * B;
+    const int slots = resident_ctas<KT>(warps, p);
+    if (slots <= 0) return 1;
+    waves[p] = (ctas + slots - 1) / slots;
+  }
+  return waves[2] < waves[1] ? 2 : 1;
+}
+
 template <int KT>
 cudaError_t launch(cudaStream_t stream, const __half* qkv, const int32_t* mask, int mask_rank, int B, int S,
-                   int num_heads, float scale_log2, __half* out, int warps) {
-  const int rows_q = 16 * warps;
+                   int num_heads, float scale_log2, __half* out, int warps, int passes) {
+  if (passes == 0) passes = pick_passes<KT>(B, S, num_heads, warps);
+  const int rows_q = 16 * warps * passes;
   const dim3 grid((S + rows_q - 1) / rows_q, num_heads, B);
-  const size_t smem = sizeof(__half) * static_cast<size_t>(rows_q + 2 * 16 * KT) * kLd + sizeof(float) * 16 * KT;
+  const size_t smem = smem_bytes(KT, warps, passes);
+  if (smem > 48 * 1024) {  // past the default dynamic shared memory cap: opt in (once is enough)
+    const cudaError_t e = cudaFuncSetAttribute(attention_kernel<KT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(smem));
+    if (e != cudaSuccess) return e;
+  }
   return LaunchPdl(attention_kernel<KT>, grid, dim3(32 * warps), smem, stream, true, qkv, mask, mask_rank, S,
-                   num_heads * kD, scale_log2, out);
+                   num_heads * kD, scale_log2, passes, out);
 }
 
 }  // namespace
@@ -204,25 +269,25 @@ const char* attention_unsupported(int B, int S, int num_heads, int head_size, in
 
 cudaError_t bf_attention_f16_warps(cudaStream_t stream, const __half* qkv, const int32_t* mask, int mask_rank,
                                    int B, int S, int num_heads, int head_size, float scale, __half* out,
-                                   int warps) {
+                                   int warps, int passes) {
   if (attention_fast_unsupported(B, S, num_heads, head_size, mask_rank) != nullptr) return cudaErrorInvalidValue;
   if (qkv == nullptr || out == nullptr || (mask_rank > 0 && mask == nullptr)) return cudaErrorInvalidValue;
   // 16-byte vector access: the row strides (3H, H halves) are multiples of 8 since D = 64.
   if ((reinterpret_cast<uintptr_t>(qkv) | reinterpret_cast<uintptr_t>(out)) % 16 != 0) return cudaErrorInvalidValue;
   if (mask_rank == 0) mask = nullptr;
-  if (warps < 0 || warps > kMaxWarps) return cudaErrorInvalidValue;
+  if (warps < 0 || warps > kMaxWarps || passes < 0 || passes > 2) return cudaErrorInvalidValue;
   if (warps == 0) warps = pick_warps(B, S, num_heads);
   const float sc = scale > 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(head_size));
   const float scale_log2 = sc * kLog2e;
   switch ((S + 15) / 16) {
-    case 1: return launch<1>(stream, qkv, mask, mask_rank, B, S, num_heads, scale_log2, out, warps);
-    case 2: return launch<2>(stream, qkv, mask, mask_rank, B, S, num_heads, scale_log2, out, warps);
-    case 3: return launch<3>(stream, qkv, mask, mask_rank, B, S, num_heads, scale_log2, out, warps);
-    case 4: return launch<4>(stream, qkv, mask, mask_rank, B, S, num_heads, scale_log2, out, warps);
-    case 5: return launch<5>(stream, qkv, mask, mask_rank, B, S, num_heads, scale_log2, out, warps);
-    case 6: return launch<6>(stream, qkv, mask, mask_rank, B, S, num_heads, scale_log2, out, warps);
-    case 7: return launch<7>(stream, qkv, mask, mask_rank, B, S, num_heads, scale_log2, out, warps);
-    case 8: return launch<8>(stream, qkv, mask, mask_rank, B, S, num_heads, scale_log2, out, warps);
+    case 1: return launch<1>(stream, qkv, mask, mask_rank, B, S, num_heads, scale_log2, out, warps, passes);
+    case 2: return launch<2>(stream, qkv, mask, mask_rank, B, S, num_heads, scale_log2, out, warps, passes);
+    case 3: return launch<3>(stream, qkv, mask, mask_rank, B, S, num_heads, scale_log2, out, warps, passes);
+    case 4: return launch<4>(stream, qkv, mask, mask_rank, B, S, num_heads, scale_log2, out, warps, passes);
+    case 5: return launch<5>(stream, qkv, mask, mask_rank, B, S, num_heads, scale_log2, out, warps, passes);
+    case 6: return launch<6>(stream, qkv, mask, mask_rank, B, S, num_heads, scale_log2, out, warps, passes);
+    case 7: return launch<7>(stream, qkv, mask, mask_rank, B, S, num_heads, scale_log2, out, warps, passes);
+    case 8: return launch<8>(stream, qkv, mask, mask_rank, B, S, num_heads, scale_log2, out, warps, passes);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -234,7 +299,7 @@ cudaError_t bf_attention_f16(cudaStream_t stream, const __half* qkv, const int32
   // everywhere else.
   const bool aligned = ((reinterpret_cast<uintptr_t>(qkv) | reinterpret_cast<uintptr_t>(out)) % 16) == 0;
   if (aligned && attention_fast_unsupported(B, S, num_heads, head_size, mask_rank) == nullptr)
-    return bf_attention_f16_warps(stream, qkv, mask, mask_rank, B, S, num_heads, head_size, scale, out, 0);
+    return bf_attention_f16_warps(stream, qkv, mask, mask_rank, B, S, num_heads, head_size, scale, out, 0, 0);
   if (aligned && attention_tiled_unsupported(B, S, num_heads, head_size, mask_rank) == nullptr)
     return bf_attention_tiled_f16(stream, qkv, mask, mask_rank, B, S, num_heads, head_size, scale, out);
   return bf_attention_general_f16(stream, qkv, mask, mask_rank, B, S, num_heads, head_size, scale, out);
@@ -242,14 +307,23 @@ cudaError_t bf_attention_f16(cudaStream_t stream, const __half* qkv, const int32
 
 }  // namespace bertfuse
 
-extern "C" int bf_check_attention_warps(uintptr_t qkv, uintptr_t mask, int mask_rank, int B, int S, int num_heads,
-                                        int head_size, float scale, uintptr_t out, uintptr_t stream, int warps) {
-  // The tensor-core kernel alone (warps picks its CTA size): -1 where it does not cover the shape.
+extern "C" int bf_check_attention_config(uintptr_t qkv, uintptr_t mask, int mask_rank, int B, int S, int num_heads,
+                                         int head_size, float scale, uintptr_t out, uintptr_t stream, int warps,
+                                         int passes) {
+  // The tensor-core kernel alone, in a chosen configuration (warps 1..4 per CTA, passes 1..2 per
+  // warp; 0 = the heuristic's): -1 where it does not cover the shape.
   if (bertfuse::attention_fast_unsupported(B, S, num_heads, head_size, mask_rank) != nullptr) return -1;
   return static_cast<int>(bertfuse::bf_attention_f16_warps(
       reinterpret_cast<cudaStream_t>(stream), reinterpret_cast<const __half*>(qkv),
       reinterpret_cast<const int32_t*>(mask), mask_rank, B, S, num_heads, head_size, scale,
-      reinterpret_cast<__half*>(out), warps));
+      reinterpret_cast<__half*>(out), warps, passes));
+}
+
+extern "C" int bf_check_attention_warps(uintptr_t qkv, uintptr_t mask, int mask_rank, int B, int S, int num_heads,
+                                        int head_size, float scale, uintptr_t out, uintptr_t stream, int warps) {
+  // As bf_check_attention_config with one pass per warp (warps 0: the heuristic's, passes too).
+  return bf_check_attention_config(qkv, mask, mask_rank, B, S, num_heads, head_size, scale, out, stream, warps,
+                                   warps == 0 ? 0 : 1);
 }
 
 extern "C" int bf_check_attention(uintptr_t qkv, uintptr_t mask, int mask_rank, int B, int S, int num_heads,

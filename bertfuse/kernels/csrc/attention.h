@@ -31,11 +31,12 @@ const char* attention_fast_unsupported(int B, int S, int num_heads, int head_siz
 cudaError_t bf_attention_f16(cudaStream_t stream, const __half* qkv, const int32_t* mask, int mask_rank,
                              int B, int S, int num_heads, int head_size, float scale, __half* out);
 
-// The tensor-core kernel alone, with an explicit number of warps per CTA (1..4; 0 = heuristic):
-// each warp owns 16 queries. cudaErrorInvalidValue where it does not cover the shape.
+// The tensor-core kernel alone, with an explicit number of warps per CTA (1..4; 0 = heuristic)
+// and of passes per warp (1..2; 0 = heuristic): each warp owns 16 queries per pass.
+// cudaErrorInvalidValue where it does not cover the shape.
 cudaError_t bf_attention_f16_warps(cudaStream_t stream, const __half* qkv, const int32_t* mask,
                                    int mask_rank, int B, int S, int num_heads, int head_size, float scale,
-                                   __half* out, int warps);
+                                   __half* out, int warps, int passes = 1);
 
 }  // namespace bertfuse
 
@@ -47,6 +48,9 @@ cudaError_t bf_attention_f16_warps(cudaStream_t stream, const __half* qkv, const
 extern "C" {
 BF_ATTENTION_EXPORT int bf_check_attention(uintptr_t qkv, uintptr_t mask, int mask_rank, int B, int S, int num_heads,
                        int head_size, float scale, uintptr_t out, uintptr_t stream);
+BF_ATTENTION_EXPORT int bf_check_attention_config(uintptr_t qkv, uintptr_t mask, int mask_rank, int B, int S,
+                                                  int num_heads, int head_size, float scale, uintptr_t out,
+                                                  uintptr_t stream, int warps, int passes);
 BF_ATTENTION_EXPORT int bf_check_attention_warps(uintptr_t qkv, uintptr_t mask, int mask_rank, int B, int S, int num_heads,
                              int head_size, float scale, uintptr_t out, uintptr_t stream, int warps);
 BF_ATTENTION_EXPORT const char* bf_attention_unsupported(int B, int S, int num_heads, int head_size,

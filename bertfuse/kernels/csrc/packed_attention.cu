@@ -129,20 +129,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
       mx0 = fmaxf(mx0, fmaxf(acc[nt][0], acc[nt][1]));
       mx1 = fmaxf(mx1, fmaxf(acc[nt][2], acc[nt][3]));
     }
-    mx0 = quad_max(mx0);  // finite: key 0 is always real (len >= 1)
-    mx1 = quad_max(mx1);
-    float s0 = 0.0f, s1 = 0.0f;
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      acc[nt][0] = fast_exp2(acc[nt][0] - mx0);
-      acc[nt][1] = fast_exp2(acc[nt][1] - mx0);
-      acc[nt][2] = fast_exp2(acc[nt][2] - mx1);
-      acc[nt][3] = fast_exp2(acc[nt][3] - mx1);
-      s0 += acc[nt][0] + acc[nt][1];
-      s1 += acc[nt][2] + acc[nt][3];
-    }
-    sum0 = quad_sum(s0);
-    sum1 = quad_sum(s1);
+    exp2_rows(acc, mx0, mx1, &sum0, &sum1);  // maxima finite: key 0 is always real (len >= 1)
   }
   cp_async_wait<0>();
   __syncthreads();

@@ -68,6 +68,27 @@ __device__ __forceinline__ float quad_sum(float v) {
   return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
+// The softmax numerators of an m16 x (8 * NT) score tile in the mma C layout (rows g and g + 8 of
+// each lane): exp2(s - row max) in place, with mx0 / mx1 the lane's partial row maxima (finite),
+// and the two rows' sums over their quad.
+template <int NT>
+__device__ __forceinline__ void exp2_rows(float (&acc)[NT][4], float mx0, float mx1, float* sum0, float* sum1) {
+  mx0 = quad_max(mx0);
+  mx1 = quad_max(mx1);
+  float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    acc[nt][0] = fast_exp2(acc[nt][0] - mx0);
+    acc[nt][1] = fast_exp2(acc[nt][1] - mx0);
+    acc[nt][2] = fast_exp2(acc[nt][2] - mx1);
+    acc[nt][3] = fast_exp2(acc[nt][3] - mx1);
+    s0 += acc[nt][0] + acc[nt][1];
+    s1 += acc[nt][2] + acc[nt][3];
+  }
+  *sum0 = quad_sum(s0);
+  *sum1 = quad_sum(s1);
+}
+
 }  // namespace
 }  // namespace mma
 }  // namespace bertfuse
