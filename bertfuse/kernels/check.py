@@ -76,6 +76,9 @@ _DENSE = [
     ("DenseBiasSkipLayerNorm", {"epsilon": 1e-12}, (3, 37), 768, 768),
     ("DenseBiasSkipLayerNorm", {"epsilon": 1e-12, "y32": True}, (4, 64), 3072, 768),
     ("DenseBiasSkipLayerNorm", {"epsilon": 1e-12, "y32": True}, (3, 37), 768, 768),
+    # BERT-base at batch 1 (M = 128): where the split-K form (partials reduced in the LayerNorm) runs.
+    ("DenseBiasSkipLayerNorm", {"epsilon": 1e-12}, (1, 128), 3072, 768),
+    ("DenseBiasSkipLayerNorm", {"epsilon": 1e-12}, (1, 128), 768, 768),
 ]
 
 

@@ -77,6 +77,34 @@ float TimeCandidate(cudaStream_t stream, cudaEvent_t e0, cudaEvent_t e1,
   return ms * 1000.0f / kTimedRuns;
 }
 
+// Events for TimeCandidate on `stream`, made only outside a CUDA-graph capture (nothing can be
+// timed inside one): ok() is false inside a capture or when CUDA has no events to give.
+class CandidateTimer {
+ public:
+  explicit CandidateTimer(cudaStream_t stream) : stream_(stream) {
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone ||
+        cudaEventCreate(&e0_) != cudaSuccess || cudaEventCreate(&e1_) != cudaSuccess) {
+      cudaGetLastError();
+      return;
+    }
+    ok_ = true;
+  }
+  ~CandidateTimer() {
+    if (e0_) cudaEventDestroy(e0_);
+    if (e1_) cudaEventDestroy(e1_);
+  }
+  CandidateTimer(const CandidateTimer&) = delete;
+  CandidateTimer& operator=(const CandidateTimer&) = delete;
+  bool ok() const { return ok_; }
+  float operator()(const std::function<const char*()>& run) { return TimeCandidate(stream_, e0_, e1_, run); }
+
+ private:
+  cudaStream_t stream_;
+  cudaEvent_t e0_ = nullptr, e1_ = nullptr;
+  bool ok_ = false;
+};
+
 }  // namespace
 
 size_t DefaultWorkspaceBytes() {
@@ -139,6 +167,67 @@ const char* DenseGemm::RunFp8(cudaStream_t stream, WorkspaceSource* ws, const ui
     return g_error.c_str();
   }
   return Run(stream, ws, true, Wt, Xq, w_scale, x_scale, bias, C, Y, M, N, K, epi, fast_accum);
+}
+
+// Column-major view of batch s: D_s[N,M] = W_s (col-major N x K/splits, ld N, the rows
+// s*K/splits.. of row-major W, batch stride K/splits*N) * X_s (col-major K/splits x M, ld K, batch
+// stride K/splits), D_s fp32 col-major N x M, batch stride M*N.
+const char* DenseGemm::RunF16SplitK(cudaStream_t stream, const __half* X, const __half* W, float* D, int M,
+                                    int N, int K, int splits) {
+  if (M <= 0 || N <= 0) return nullptr;
+  if (splits < 1 || K % (8 * splits) != 0) return Fail("split-K GEMM needs K % (8 * splits) == 0", K);
+  std::lock_guard<std::mutex> lock(mu_);
+  PlanKey key{0, 0, 0, M, N, K, AlignmentOf(W), AlignmentOf(X), AlignmentOf(D), AlignmentOf(D), 0, 0, 0};
+  key.splits = splits;
+  Plan* plan = nullptr;
+  for (auto& kp : plans_) {
+    if (kp.first == key) {
+      plan = kp.second.get();
+      break;
+    }
+  }
+  if (!plan) {
+    auto p = std::make_unique<Plan>();
+    const int ks = K / splits;
+    const int32_t batch = splits;
+    const int64_t sa = static_cast<int64_t>(ks) * N, sb = ks, sd = static_cast<int64_t>(M) * N;
+    LT_TRY(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t op_n = CUBLAS_OP_N;
+    LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_n, sizeof(op_n)));
+    LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof(op_n)));
+    LT_TRY(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16F, N, ks, N));
+    LT_TRY(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16F, ks, M, K));
+    LT_TRY(cublasLtMatrixLayoutCreate(&p->c, CUDA_R_32F, N, M, N));
+    LT_TRY(cublasLtMatrixLayoutCreate(&p->d, CUDA_R_32F, N, M, N));
+    const std::pair<cublasLtMatrixLayout_t, int64_t> strided[] = {{p->a, sa}, {p->b, sb}, {p->c, sd}, {p->d, sd}};
+    for (const auto& ls : strided) {
+      LT_TRY(cublasLtMatrixLayoutSetAttribute(ls.first, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof(batch)));
+      LT_TRY(cublasLtMatrixLayoutSetAttribute(ls.first, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &ls.second,
+                                              sizeof(ls.second)));
+    }
+    cublasLtMatmulPreference_t pref = nullptr;
+    LT_TRY(cublasLtMatmulPreferenceCreate(&pref));
+    const size_t no_ws = 0;  // the partials are the reduction's only buffer
+    cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                             &no_ws, sizeof(no_ws));
+    cublasLtMatmulHeuristicResult_t res = {};
+    int found = 0;
+    if (st == CUBLAS_STATUS_SUCCESS)
+      st = cublasLtMatmulAlgoGetHeuristic(handle_, p->desc, p->a, p->b, p->c, p->d, pref, 1, &res, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st != CUBLAS_STATUS_SUCCESS || found < 1 || res.state != CUBLAS_STATUS_SUCCESS) {
+      g_error = "cuBLASLt has no split-K (batched fp32) algorithm for M=" + std::to_string(M) + " N=" +
+                std::to_string(N) + " K=" + std::to_string(K) + " splits=" + std::to_string(splits);
+      return g_error.c_str();
+    }
+    p->algo = res.algo;
+    plan = p.get();
+    plans_.emplace_back(key, std::move(p));
+  }
+  const float alpha = 1.0f, beta = 0.0f;
+  LT_TRY(cublasLtMatmul(handle_, plan->desc, &alpha, W, plan->a, X, plan->b, &beta, D, plan->c, D, plan->d,
+                        &plan->algo, nullptr, 0, stream));
+  return nullptr;
 }
 
 // Column-major view: D[N,M] = op(A)[N,K] * B[K,M] (+ C[N,M]), A = W (fp16: col-major N x K,
@@ -276,6 +365,22 @@ void AppendTimes(std::string& out, const float* us, size_t n) {
   out += "]}";
 }
 
+// A JSON array of `records` (guarded by `mu`): per record, `head(record, buf, size)` writes its
+// head (`{"key":v,...,"us":[`) and returns its times as (pointer, count).
+template <class T, class Head>
+std::string JsonArray(std::mutex& mu, const std::vector<T>& records, Head head) {
+  std::lock_guard<std::mutex> lock(mu);
+  std::string out = "[";
+  char buf[192];
+  for (size_t i = 0; i < records.size(); ++i) {
+    const std::pair<const float*, size_t> us = head(records[i], buf, sizeof(buf));
+    out += i ? "," : "";
+    out += buf;
+    AppendTimes(out, us.first, us.second);
+  }
+  return out + "]";
+}
+
 // Process-wide record of what the cuBLASLt timing found, for bf_cublas_timings.
 struct AlgoTiming {
   int fp8, epi, residual, M, N, K, chosen;
@@ -337,17 +442,11 @@ const char* DenseGemm::TimePlan(Plan& p, cudaStream_t stream, WorkspaceSource* w
 }
 
 std::string CublasTimingsJson() {
-  std::lock_guard<std::mutex> lock(g_algo_mu);
-  std::string out = "[";
-  char buf[160];
-  for (size_t i = 0; i < g_algo_timings.size(); ++i) {
-    const AlgoTiming& t = g_algo_timings[i];
-    std::snprintf(buf, sizeof(buf), "%s{\"fp8\":%d,\"epilogue\":%d,\"residual\":%d,\"M\":%d,\"N\":%d,\"K\":%d,\"chosen\":%d,\"us\":[",
-                  i ? "," : "", t.fp8, t.epi, t.residual, t.M, t.N, t.K, t.chosen);
-    out += buf;
-    AppendTimes(out, t.us.data(), t.us.size());
-  }
-  return out + "]";
+  return JsonArray(g_algo_mu, g_algo_timings, [](const AlgoTiming& t, char* buf, size_t size) {
+    std::snprintf(buf, size, "{\"fp8\":%d,\"epilogue\":%d,\"residual\":%d,\"M\":%d,\"N\":%d,\"K\":%d,\"chosen\":%d,\"us\":[",
+                  t.fp8, t.epi, t.residual, t.M, t.N, t.K, t.chosen);
+    return std::make_pair(t.us.data(), t.us.size());
+  });
 }
 
 // ---- elementwise kernels ----------------------------------------------------------------------
@@ -543,29 +642,18 @@ int ChooseGemm(cudaStream_t stream, WorkspaceSource* ws, const sm90::Problem& p,
     for (const auto& t : g_choices)
       if (t.key == key) return mode == static_cast<int>(GemmMode::kSm90) && t.choice < 0 ? 0 : t.choice;
   }
-  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) {
-    cudaGetLastError();
-    return mode == static_cast<int>(GemmMode::kSm90) ? 0 : -1;
-  }
+  CandidateTimer time(stream);
+  if (!time.ok()) return mode == static_cast<int>(GemmMode::kSm90) ? 0 : -1;
   GemmTiming t{key, -1, {}};
-  cudaEvent_t e0 = nullptr, e1 = nullptr;
-  if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess) {
-    cudaGetLastError();
-    if (e0) cudaEventDestroy(e0);
-    return -1;
-  }
-  t.us[0] = mode == static_cast<int>(GemmMode::kSm90) ? -1.0f : TimeCandidate(stream, e0, e1, cublas);
+  t.us[0] = mode == static_cast<int>(GemmMode::kSm90) ? -1.0f : time(cublas);
   float best = t.us[0];
   for (int c = 0; c < sm90::kNumConfigs; ++c) {
-    t.us[1 + c] = TimeCandidate(stream, e0, e1, [&] { return RunSm90(c, p, stream, ws); });
+    t.us[1 + c] = time([&] { return RunSm90(c, p, stream, ws); });
     if (t.us[1 + c] >= 0.0f && (best < 0.0f || t.us[1 + c] < best)) {
       best = t.us[1 + c];
       t.choice = c;
     }
   }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
   if (best < 0.0f) t.choice = -1;  // nothing ran: cuBLASLt, whose error the caller then sees
   std::lock_guard<std::mutex> lock(g_choice_mu);
   g_choices.push_back(t);
@@ -575,24 +663,128 @@ int ChooseGemm(cudaStream_t stream, WorkspaceSource* ws, const sm90::Problem& p,
 }  // namespace
 
 std::string GemmChoicesJson() {
-  std::lock_guard<std::mutex> lock(g_choice_mu);
-  std::string out = "[";
-  char buf[160];
-  for (size_t i = 0; i < g_choices.size(); ++i) {
-    const GemmTiming& t = g_choices[i];
-    std::snprintf(buf, sizeof(buf), "%s{\"device\":%d,\"M\":%d,\"N\":%d,\"K\":%d,\"gelu\":%d,\"residual\":%d,\"choice\":\"%s\",\"us\":[",
-                  i ? "," : "", t.key.device, t.key.M, t.key.N, t.key.K, t.key.act, t.key.residual,
+  return JsonArray(g_choice_mu, g_choices, [](const GemmTiming& t, char* buf, size_t size) {
+    std::snprintf(buf, size, "{\"device\":%d,\"M\":%d,\"N\":%d,\"K\":%d,\"gelu\":%d,\"residual\":%d,\"choice\":\"%s\",\"us\":[",
+                  t.key.device, t.key.M, t.key.N, t.key.K, t.key.act, t.key.residual,
                   t.choice < 0 ? "cublas" : sm90::ConfigName(t.choice));
-    out += buf;
-    AppendTimes(out, t.us, 1 + sm90::kNumConfigs);
+    return std::make_pair(static_cast<const float*>(t.us), static_cast<size_t>(1 + sm90::kNumConfigs));
+  });
+}
+
+// ---- DenseBiasSkipLayerNorm as split-K GEMM + reduction in the LayerNorm -----------------------
+//
+// Where M is small (BERT-base at b1: M = 128) cuBLASLt splits K and reduces the partials in a
+// kernel of its own, then the LayerNorm reads the sum back: two kernels after the GEMM. Here the
+// GEMM writes its fp32 partials (one strided-batched call) and the LayerNorm adds them with the
+// bias and residual: one kernel, and the partials stay fp32 until the normalisation.
+
+std::atomic<int>& SplitLnFlag() {
+  static std::atomic<int> flag{[] {
+    const char* s = std::getenv("BERTFUSE_SPLIT_LN");
+    if (!s || std::strcmp(s, "auto") == 0) return 0;
+    if (std::strcmp(s, "off") == 0) return -1;
+    const long n = std::strtol(s, nullptr, 10);
+    return n >= 2 && n <= 16 ? static_cast<int>(n) : 0;
+  }()};
+  return flag;
+}
+
+namespace {
+
+constexpr int kSplitCandidates[] = {2, 3, 4, 6, 8};
+
+struct SplitKey {
+  int device, M, N, K, y32;
+  bool operator==(const SplitKey& o) const {
+    return device == o.device && M == o.M && N == o.N && K == o.K && y32 == o.y32;
   }
-  return out + "]";
+};
+struct SplitTiming {
+  SplitKey key;
+  int splits;  // 0: the plain form
+  float us[1 + sizeof(kSplitCandidates) / sizeof(int)];  // plain, then each candidate; < 0 not run
+};
+std::mutex g_split_mu;
+std::vector<SplitTiming> g_splits;
+
+bool SplitAllowed(const DenseArgs& a, int splits) {
+  return splits >= 2 && a.K % (8 * splits) == 0 &&
+         static_cast<size_t>(splits) * a.M * a.N * sizeof(float) <= DefaultWorkspaceBytes();
+}
+
+bool SplitEligible(const DenseArgs& a) {
+  const auto al16 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
+  return a.kind == DenseKind::kBiasSkipLayerNorm && !a.fp8 && !a.yq && !a.no_split && a.variant == 0 &&
+         a.bias && a.N % 8 == 0 && a.N <= 2048 && a.M > 0 && al16(a.y) && al16(a.gamma) && al16(a.bias) &&
+         (!a.skip || al16(a.skip)) && (!a.beta || al16(a.beta)) && (!a.y32 || al16(a.y32));
+}
+
+const char* RunSplitLn(DenseGemm& gemm, cudaStream_t stream, WorkspaceSource* ws, const DenseArgs& a,
+                       int splits) {
+  const size_t stride = static_cast<size_t>(a.M) * a.N;
+  float* parts = static_cast<float*>(ws ? ws->Get(splits * stride * sizeof(float)) : nullptr);
+  if (!parts) return "no workspace for the split-K partials";
+  if (const char* e = gemm.RunF16SplitK(stream, a.x, static_cast<const __half*>(a.w), parts, a.M, a.N, a.K, splits))
+    return e;
+  const cudaError_t le = bf_layernorm_splits_f16(stream, parts, splits, stride, a.bias, a.skip, a.gamma, a.beta,
+                                                 a.epsilon, a.y, a.M, a.N, a.y32, a.weights_const);
+  return le == cudaSuccess ? nullptr : CudaFail("split-K LayerNorm", le);
+}
+
+// The split count for this call (0: the plain form). Timed on the first call of a shape outside a
+// CUDA-graph capture (both forms only write Y and Y32); inside a capture an untimed shape runs plain.
+int ChooseSplitLn(DenseGemm& gemm, cudaStream_t stream, WorkspaceSource* ws, const DenseArgs& a) {
+  const int flag = SplitLnFlag().load();
+  if (flag < 0 || !SplitEligible(a)) return 0;
+  if (flag >= 2) return SplitAllowed(a, flag) ? flag : 0;
+  int device = 0;
+  cudaGetDevice(&device);
+  const SplitKey key{device, a.M, a.N, a.K, a.y32 != nullptr};
+  {
+    std::lock_guard<std::mutex> lock(g_split_mu);
+    for (const auto& t : g_splits)
+      if (t.key == key) return t.splits;
+  }
+  CandidateTimer time(stream);
+  if (!time.ok()) return 0;
+  SplitTiming t{key, 0, {}};
+  DenseArgs plain = a;
+  plain.no_split = true;
+  t.us[0] = time([&] { return bf_dense_forward(gemm, stream, ws, plain); });
+  float best = t.us[0];
+  for (size_t c = 0; c < sizeof(kSplitCandidates) / sizeof(int); ++c) {
+    const int n = kSplitCandidates[c];
+    t.us[1 + c] = SplitAllowed(a, n) ? time([&] { return RunSplitLn(gemm, stream, ws, a, n); }) : -1.0f;
+    // Kept only where clearly faster than the plain form (3%), so noise does not flip it.
+    if (t.us[1 + c] >= 0.0f && (t.us[0] < 0.0f || t.us[1 + c] < 0.97f * t.us[0]) && (best < 0.0f || t.us[1 + c] < best)) {
+      best = t.us[1 + c];
+      t.splits = n;
+    }
+  }
+  std::lock_guard<std::mutex> lock(g_split_mu);
+  g_splits.push_back(t);
+  return t.splits;
+}
+
+}  // namespace
+
+std::string SplitLnChoicesJson() {
+  return JsonArray(g_split_mu, g_splits, [](const SplitTiming& t, char* buf, size_t size) {
+    std::snprintf(buf, size, "{\"device\":%d,\"M\":%d,\"N\":%d,\"K\":%d,\"y32\":%d,\"splits\":%d,\"us\":[",
+                  t.key.device, t.key.M, t.key.N, t.key.K, t.key.y32, t.splits);
+    return std::make_pair(static_cast<const float*>(t.us), sizeof(t.us) / sizeof(float));
+  });
 }
 
 const char* bf_dense_forward(DenseGemm& gemm, cudaStream_t stream, WorkspaceSource* ws,
                              const DenseArgs& a) {
   const int M = a.M, N = a.N, K = a.K;
   const bool sln = a.kind == DenseKind::kBiasSkipLayerNorm;
+  if (sln && SplitEligible(a)) {
+    const int splits = ChooseSplitLn(gemm, stream, ws, a);
+    if (splits > 0 && RunSplitLn(gemm, stream, ws, a, splits) == nullptr) return nullptr;
+    cudaGetLastError();  // a split form that failed leaves the op to the plain form below
+  }
   // The plan: the GEMM's epilogue and residual (C), then at most one elementwise kernel
   // (bias + activation) and, for SkipLayerNorm, the LayerNorm kernel (adding what the GEMM
   // did not).
@@ -943,6 +1135,22 @@ BF_DENSE_EXPORT const char* bf_sm90_configs() {
     json += std::string(json.size() > 1 ? "," : "") + "\"" + bertfuse::sm90::ConfigName(c) + "\"";
   }
   json += "]";
+  return json.c_str();
+}
+
+// DenseBiasSkipLayerNorm's split-K form from now on: 0 auto (timed per shape), -1 off, n >= 2
+// always n splits where the shape allows (as BERTFUSE_SPLIT_LN).
+BF_DENSE_EXPORT int bf_check_set_split_ln(int mode) {
+  if (mode < -1 || mode == 1 || mode > 16) return 1;
+  bertfuse::SplitLnFlag().store(mode);
+  return 0;
+}
+
+// What the split-K timing found so far, one JSON array: shape, the plain form's time then each
+// split count's (-1 = not allowed at this shape), and the choice (0 = plain).
+BF_DENSE_EXPORT const char* bf_split_ln_choices() {
+  static thread_local std::string json;
+  json = bertfuse::SplitLnChoicesJson();
   return json.c_str();
 }
 

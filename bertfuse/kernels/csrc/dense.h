@@ -71,6 +71,13 @@ class DenseGemm {
                      const float* w_scale, float x_scale, const __half* bias, const __half* C,
                      __half* Y, int M, int N, int K, Epilogue epi, bool fast_accum);
 
+  // Split-K without the reduction: D[s][M,N] = X[:, s*K/splits .. (s+1)*K/splits) @ W[same rows, :]
+  // in fp32, s = 0 .. splits-1, as one strided-batched cuBLASLt GEMM (no workspace, no
+  // epilogue): the caller's next kernel adds the partials (bf_layernorm_splits_f16). Needs
+  // K % (8 * splits) == 0.
+  const char* RunF16SplitK(cudaStream_t stream, const __half* X, const __half* W, float* D, int M, int N,
+                           int K, int splits);
+
   // Which of the heuristic's valid algorithms to use: -1 (the default, unless
   // BERTFUSE_GEMM_TIMING=0) times each on the first call of a shape outside a CUDA-graph
   // capture and keeps the fastest; rank >= 0 pins the rank-th (0 = the heuristic's first
@@ -109,10 +116,12 @@ class DenseGemm {
   struct PlanKey {
     int fp8, epi, residual, M, N, K, al_a, al_b, al_c, al_d, fast_accum, rank;
     size_t workspace;
+    int splits = 0;  // RunF16SplitK's plans: the batch count (0: the ordinary plans)
     bool operator==(const PlanKey& o) const {
       return fp8 == o.fp8 && epi == o.epi && residual == o.residual && M == o.M && N == o.N &&
              K == o.K && al_a == o.al_a && al_b == o.al_b && al_c == o.al_c && al_d == o.al_d &&
-             fast_accum == o.fast_accum && rank == o.rank && workspace == o.workspace;
+             fast_accum == o.fast_accum && rank == o.rank && workspace == o.workspace &&
+             splits == o.splits;
     }
   };
   const char* TimePlan(Plan& p, cudaStream_t stream, WorkspaceSource* ws, const void* A,
@@ -159,7 +168,16 @@ struct DenseArgs {
   // DenseBiasSkipLayerNorm only, optional: the fp32 copy of Y (before its fp16 rounding),
   // [M*N] floats, written by the LayerNorm beside Y.
   float* y32 = nullptr;
+  // DenseBiasSkipLayerNorm: never the split-K form (set by its own timing, for the other side).
+  bool no_split = false;
 };
+
+// DenseBiasSkipLayerNorm's split-K form (env BERTFUSE_SPLIT_LN, or bf_check_set_split_ln):
+// 0 auto (timed against the plain form once per shape, kept where it is at least 3% faster),
+// -1 off, n >= 2 always n splits where the shape allows.
+std::atomic<int>& SplitLnFlag();
+// What the split-K timing found, per shape (bf_split_ln_choices).
+std::string SplitLnChoicesJson();
 
 // Which GEMM runs the fp16 dense ops (env BERTFUSE_GEMM=auto|cublas|sm90, or
 // bf_check_set_gemm): auto times cuBLASLt against bertfuse's sm_90a GEMMs once per shape and

@@ -19,14 +19,25 @@ struct LnParams {
   float* y32;       // optional fp32 copy of y, before the fp16 rounding
   float eps;
   int M, N;
+  // Split-K partial sums in place of x (fp32 [splits][M][N], `split_stride` floats apart):
+  // x is then their sum (ln_warp_kernel with SPLIT only).
+  const float* xs = nullptr;
+  int splits = 0;
+  size_t split_stride = 0;
 };
+
+// v[0..7] += the 8 floats at p (32-byte aligned: two 16-byte loads).
+__device__ __forceinline__ void add8f(const float* p, float* v) {
+  const float4 a = reinterpret_cast<const float4*>(p)[0], b = reinterpret_cast<const float4*>(p)[1];
+  v[0] += a.x, v[1] += a.y, v[2] += a.z, v[3] += a.w, v[4] += b.x, v[5] += b.y, v[6] += b.z, v[7] += b.w;
+}
 
 // One warp per row; lane l holds 8-element chunks l, l+32, ... (VPT of them) in registers,
 // so the row is read once and the variance is an exact second pass over registers. The
 // weights (bias, gamma, beta) are fetched first, so their latency overlaps the row's (and,
 // under PDL, the previous kernel's tail).
 // No __restrict__: y may alias x (each element is read and written by the same lane).
-template <int VPT>
+template <int VPT, bool SPLIT>
 __global__ void ln_warp_kernel(LnParams p) {
   const __half *x = p.x, *bias = p.bias, *skip = p.skip, *gamma = p.gamma, *beta = p.beta;
   __half* y = p.y;
@@ -52,7 +63,13 @@ __global__ void ln_warp_kernel(LnParams p) {
   for (int i = 0; i < VPT; ++i) {
     const int c = (lane + 32 * i) * 8;
     if (c < N) {
-      load8(x + base + c, v[i]);
+      if (SPLIT) {  // the split-K GEMM's partial sums, added in fp32 (the reduction cuBLASLt skips)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[i][j] = 0.0f;
+        for (int s = 0; s < p.splits; ++s) add8f(p.xs + s * p.split_stride + base + c, v[i]);
+      } else {
+        load8(x + base + c, v[i]);
+      }
       float t[8];
       unpack8(wbias[i], t);  // zeros without a bias
 #pragma unroll
@@ -144,11 +161,11 @@ __global__ void ln_block_kernel(LnParams p) {
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
-template <int VPT>
+template <int VPT, bool SPLIT = false>
 cudaError_t launch_warp(cudaStream_t stream, bool pdl, const LnParams& p) {
   constexpr int kWarps = 4;
   const int blocks = (p.M + kWarps - 1) / kWarps;
-  return LaunchAfterGemm(ln_warp_kernel<VPT>, dim3(blocks), dim3(kWarps * 32), stream, pdl, p);
+  return LaunchAfterGemm(ln_warp_kernel<VPT, SPLIT>, dim3(blocks), dim3(kWarps * 32), stream, pdl, p);
 }
 
 }  // namespace
@@ -177,6 +194,31 @@ cudaError_t bf_layernorm_f16(cudaStream_t stream, const __half* x, const __half*
   }
   constexpr int kThreads = 256;
   return LaunchAfterGemm(ln_block_kernel<kThreads>, dim3(M), dim3(kThreads), stream, pdl, p);
+}
+
+cudaError_t bf_layernorm_splits_f16(cudaStream_t stream, const float* xs, int splits, size_t split_stride,
+                                    const __half* bias, const __half* skip, const __half* gamma,
+                                    const __half* beta, float epsilon, __half* y, int M, int N, float* y32,
+                                    bool pdl) {
+  if (M <= 0 || N <= 0) return cudaSuccess;
+  const bool a32 = (reinterpret_cast<uintptr_t>(xs) & 31u) == 0 && split_stride % 8 == 0;
+  if (splits < 1 || N % 8 != 0 || N > 2048 || !a32 || !aligned16(y) || !aligned16(gamma) ||
+      (bias && !aligned16(bias)) || (skip && !aligned16(skip)) || (beta && !aligned16(beta)) ||
+      (y32 && !aligned16(y32)))
+    return cudaErrorInvalidValue;
+  LnParams p{nullptr, bias, skip, gamma, beta, y, nullptr, 1.0f, y32, epsilon, M, N};
+  p.xs = xs;
+  p.splits = splits;
+  p.split_stride = split_stride;
+  switch ((N / 8 + 31) / 32) {
+    case 1: return launch_warp<1, true>(stream, pdl, p);
+    case 2: return launch_warp<2, true>(stream, pdl, p);
+    case 3: return launch_warp<3, true>(stream, pdl, p);
+    case 4: return launch_warp<4, true>(stream, pdl, p);
+    case 5:
+    case 6: return launch_warp<6, true>(stream, pdl, p);
+    default: return launch_warp<8, true>(stream, pdl, p);
+  }
 }
 
 }  // namespace bertfuse

@@ -24,4 +24,12 @@ cudaError_t bf_layernorm_f16(cudaStream_t stream, const __half* x, const __half*
                              float epsilon, __half* y, int M, int N, uint8_t* yq = nullptr,
                              float yq_scale = 1.0f, float* y32 = nullptr, bool pdl = false);
 
+// The same with the row's x given as `splits` fp32 partial sums (a split-K GEMM's, not yet
+// reduced: xs[s * split_stride + row * N + col]), added here in fp32. Vector path only: N % 8 == 0,
+// N <= 2048, xs 32-byte aligned, split_stride % 8 == 0; else cudaErrorInvalidValue (nothing run).
+cudaError_t bf_layernorm_splits_f16(cudaStream_t stream, const float* xs, int splits, size_t split_stride,
+                                    const __half* bias, const __half* skip, const __half* gamma,
+                                    const __half* beta, float epsilon, __half* y, int M, int N,
+                                    float* y32 = nullptr, bool pdl = false);
+
 }  // namespace bertfuse
