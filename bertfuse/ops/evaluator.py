@@ -104,26 +104,34 @@ class Gelu(_Custom):
         return (gelu.reference(x),)
 
 
+def _dense_outputs(op: OpRun, y: np.ndarray, y64: np.ndarray | None = None,
+                   yq_scale: float | None = None) -> tuple:
+    """A dense op's outputs in slot order, as far as the node names them: Y, then Yq
+    (e4m3 of Y with yq_scale) and Y32 where asked for, an empty stand-in where skipped."""
+    names = list(op.onnx_node.output)
+    out = [y]
+    if len(names) > 1:
+        if names[1] and yq_scale is None:
+            raise ValueError(f"{op.onnx_node.name}: output Yq needs the attribute yq_scale")
+        out.append(dense_fp8.e4m3_output(y, yq_scale) if names[1] else np.empty(0, np.uint8))
+    if len(names) > 2:
+        out.append(y64.astype(np.float32) if names[2] and y64 is not None else np.empty(0, np.float32))
+    return tuple(out)
+
+
 class DenseBias(_Custom):
     op_domain = BERTFUSE_DOMAIN
 
-    def _run(self, x, w, bias):
-        return (dense.dense_bias(x, w, bias),)
+    def _run(self, x, w, bias, yq_scale=None):
+        return _dense_outputs(self, dense.dense_bias(x, w, bias), yq_scale=yq_scale)
 
 
 class DenseBiasGelu(_Custom):
     op_domain = BERTFUSE_DOMAIN
 
-    def _run(self, x, w, bias, approximate=0):
-        return (dense.dense_bias_gelu(x, w, bias, approximate=approximate),)
-
-
-def _with_y32(op: OpRun, y: np.ndarray, y64: np.ndarray) -> tuple:
-    """(Y,) or, where the node asks for output Y32 (slot 2), (Y, an empty stand-in for the
-    absent Yq, Y32)."""
-    if len(op.onnx_node.output) > 2 and op.onnx_node.output[2]:
-        return y, np.empty(0, np.uint8), y64.astype(np.float32)
-    return (y,)
+    def _run(self, x, w, bias, approximate=0, yq_scale=None):
+        return _dense_outputs(self, dense.dense_bias_gelu(x, w, bias, approximate=approximate),
+                              yq_scale=yq_scale)
 
 
 class DenseBiasSkipLayerNorm(_Custom):
@@ -132,7 +140,7 @@ class DenseBiasSkipLayerNorm(_Custom):
     def _run(self, x, w, bias, skip, gamma, beta, epsilon=skip_layernorm.DEFAULT_EPSILON,
              yq_scale=None):
         y = dense.dense_bias_skip_layernorm64(x, w, bias, skip, gamma, beta, epsilon=epsilon)
-        return _with_y32(self, y.astype(x.dtype), y)
+        return _dense_outputs(self, y.astype(x.dtype), y, yq_scale)
 
 
 class BertAttention(_Custom):
@@ -145,16 +153,19 @@ class BertAttention(_Custom):
 class DenseBiasFp8(_Custom):
     op_domain = BERTFUSE_DOMAIN
 
-    def _run(self, x, wt, bias, w_scale, x_scale=None, fast_accum=0):
-        return (dense_fp8.reference("DenseBiasFp8", x, wt, bias, w_scale, x_scale=x_scale),)
+    def _run(self, x, wt, bias, w_scale, x_scale=None, fast_accum=0, yq_scale=None):
+        y = dense_fp8.reference("DenseBiasFp8", x, wt, bias, w_scale, x_scale=x_scale)
+        return _dense_outputs(self, y, yq_scale=yq_scale)
 
 
 class DenseBiasGeluFp8(_Custom):
     op_domain = BERTFUSE_DOMAIN
 
-    def _run(self, x, wt, bias, w_scale, approximate=0, x_scale=None, fast_accum=0):
-        return (dense_fp8.reference("DenseBiasGeluFp8", x, wt, bias, w_scale, x_scale=x_scale,
-                                    approximate=approximate),)
+    def _run(self, x, wt, bias, w_scale, approximate=0, x_scale=None, fast_accum=0,
+             yq_scale=None):
+        y = dense_fp8.reference("DenseBiasGeluFp8", x, wt, bias, w_scale, x_scale=x_scale,
+                                approximate=approximate)
+        return _dense_outputs(self, y, yq_scale=yq_scale)
 
 
 class DenseBiasSkipLayerNormFp8(_Custom):
@@ -164,7 +175,7 @@ class DenseBiasSkipLayerNormFp8(_Custom):
              epsilon=skip_layernorm.DEFAULT_EPSILON, x_scale=None, fast_accum=0, yq_scale=None):
         y = dense_fp8.reference64("DenseBiasSkipLayerNormFp8", x, wt, bias, skip, gamma, beta,
                                   w_scale, x_scale=x_scale, epsilon=epsilon)
-        return _with_y32(self, y.astype(x.dtype), y)
+        return _dense_outputs(self, y.astype(np.float16), y, yq_scale)
 
 
 class BertPooler(_Custom):

@@ -4,11 +4,13 @@ on the parity inputs, with its own accuracy report.
 1. calibrate: run the fp16 contrib model (ORT CPU) on the parity inputs with every dense op's
    input X added as a graph output; x_scale = max|X| / 448 per X (padded positions included:
    they go through the same GEMM).
-2. rewrite: passes/fp8_weights.py (w_scale = max|W| / 448 per weight).
+2. rewrite: passes/fp8_weights.py (w_scale = max|W| / 448 per weight), then
+   passes/fp8_handoff.py (each FP8 GEMM after a dense op reads that op's e4m3 output).
 3. report: the FP8 model run through the NumPy references (ops/evaluator.py) against
    the fp32 reference (TensorFlow for convert, the fp32 model as given for optimize) on the
-   same inputs: max and mean |diff| per output, stated, not held to the fp16 limits (NaN or
-   Inf still fails).
+   same inputs: max and mean |diff| and the cosine per output, stated, not held to the fp16
+   limits (NaN or Inf still fails). The references accumulate exactly: what Hopper's fast
+   FP8 accumulation adds on the GPU is measured by benchmarks/runtime/fp8_ab.py.
 """
 
 from __future__ import annotations
@@ -86,6 +88,16 @@ def accuracy_rows(fp8_model: onnx.ModelProto, feeds: dict[str, np.ndarray],
     rows = []
     for name, ref in fp32_reference(feeds).items():
         row = compare_output(ROW_PREFIX + name, ref, got.get(name), Tolerance(math.inf))
-        row.note = row.note or "FP8: measured, not held to the fp16 limits"
+        if not row.note:
+            row.note = (f"FP8: measured, not held to the fp16 limits; cosine "
+                        f"{cosine(ref, got[name]):.6f}")
         rows.append(row)
     return rows
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    """The cosine of two tensors taken as vectors (1.0: the same direction; for a pooled
+    output, how far FP8 turns the embedding a ranker scores)."""
+    x, y = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
+    norm = float(np.linalg.norm(x) * np.linalg.norm(y))
+    return float(x @ y / norm) if norm > 0 else float("nan")

@@ -172,5 +172,6 @@ def _fp8(model: onnx.ModelProto, kmodel: onnx.ModelProto, report, status,
             rows = accuracy_rows(kmodel, feeds, fp32_reference)
             report.parity.outputs.extend(rows)
             st.detail = ", ".join(f"{r.name[len('fp8 vs fp32: '):]} max {r.max_abs:.3g} "
-                                  f"mean {r.mean_abs:.3g}" for r in rows)
+                                  f"mean {r.mean_abs:.3g} {r.note.rpartition('; ')[2]}"
+                                  for r in rows)
     return kmodel

@@ -39,7 +39,7 @@ def test_contracts_follow_the_fp16_ops_with_wt_and_w_scale() -> None:
         names = [t.name for t in c.inputs]
         assert names == ["X", "Wt"] + [t.name for t in b.inputs[2:]] + ["w_scale"]
         assert c.input("Wt").shape == ("N", "K") and c.input("Wt").dtypes == ("float8e4m3fn",)
-        assert c.attribute("x_scale").required and c.attribute("fast_accum").default == 0
+        assert c.attribute("x_scale").required and c.attribute("fast_accum").default == 1  # the kernel's default
         assert {a.name for a in b.attributes} <= {a.name for a in c.attributes}
 
 

@@ -89,7 +89,7 @@ def test_plans_name_every_form():
     assert [p.name for p in lowering_plan()] == \
         ["bertfuse_kernels", "bert_embed_layernorm", "bert_pooler", "dense_fp32_output",
          "cleanup"]
-    assert [p.name for p in fp8_plan({"x": 1.0})] == ["fp8_weights", "cleanup"]
+    assert [p.name for p in fp8_plan({"x": 1.0})] == ["fp8_weights", "fp8_handoff", "cleanup"]
     assert fp8_plan({"x": 1.0})[0].x_amax == {"x": 1.0}
     assert [p.name for p in packing_plan(on_kernels=True)] == ["packing_kernels", "cleanup"]
     assert [p.name for p in packing_plan(on_kernels=False)] == ["packing", "cleanup"]

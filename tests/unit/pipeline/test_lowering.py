@@ -6,6 +6,7 @@ against TensorFlow and then checks the bertfuse form equal to it with the NumPy 
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 
 import numpy as np
@@ -16,6 +17,7 @@ import bertfuse
 from bertfuse.cli import main
 from bertfuse.ops.evaluator import evaluate
 from bertfuse.errors import BertfuseError
+from bertfuse.pipeline.fp8 import cosine
 
 BF = "ai.bertfuse"
 ARGS = ("--precision", "fp16", "--kernels", "bertfuse")
@@ -157,6 +159,13 @@ def test_convert_fp8_reports_its_accuracy_against_tf(ckpt_erf, convert_cached):
         assert np.isclose(row["max_abs"], d.max()) and np.isclose(row["mean_abs"], d.mean())
         assert row["ok"] and "not held to the fp16 limits" in row["note"]
         assert d.mean() > rows[f"bertfuse ops vs contrib form: {name}"]["mean_abs"]
+        cos = float(re.search(r"cosine ([0-9.]+)", row["note"]).group(1))
+        assert np.isclose(cos, cosine(ref, got[name]), atol=1e-6) and 0.9 < cos < 1.0
+    # the hand-offs: every GEMM after a dense op reads its e4m3 output (QKV of layers 1.., FFN
+    # up and down of every layer); the attention-out and first QKV GEMMs quantise their input
+    e4m3 = {v.name for v in model.graph.value_info
+            if v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT8E4M3FN}
+    assert sum(n.input[0] in e4m3 for n in model.graph.node) == 3 * layers - 1
     stages = [s["name"] for s in conv.report["stages"]]
     assert "fp8 weights (calibrated on the parity inputs)" in stages
 

@@ -1,0 +1,79 @@
+"""FP8 hand-offs (`--fp8`): the op before an FP8 GEMM writes its e4m3 input, in its epilogue.
+
+    P (a dense op: DenseBias | DenseBiasGelu | DenseBiasSkipLayerNorm, fp16 or Fp8 form)
+      ─► Y (fp16) ─┬─► C (Dense*Fp8, x_scale s): quantises Y itself, one more kernel
+                   └─► other readers (the next residual, ...)
+    ==>  P {yq_scale = s} ─► Y  ─► other readers
+                          └─► Yq (e4m3) ─► C (x_scale s, reads Yq as is)
+
+P's kernel that writes Y last (the LayerNorm, the GELU pass) writes Yq beside it, the same bytes
+C's quantise pass would have written (e4m3 of the fp16 value times the fp32 reciprocal of s),
+so the model's numbers do not change: one kernel less per hand-off, and C reads 1 byte per
+element instead of 2.
+
+Candidates: every FP8 dense op (after fp8_weights); each ends handed off or missed (X not a
+dense op's Y: attention's context and the embedding's output stay quantised in C; the
+producer's Yq already written with another scale).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+
+from bertfuse.ops.bertfuse.dense import CONTRACTS as DENSE_CONTRACTS
+from bertfuse.ops.bertfuse.dense_fp8 import CONTRACTS as FP8_CONTRACTS
+from bertfuse.ops.contract import BERTFUSE_DOMAIN
+from bertfuse.passes.base import CandidatePass, Layers, producer
+from bertfuse.passes.fp8_weights import dense_layer
+from bertfuse.passes.match import expect, fail
+
+PRODUCERS = frozenset(DENSE_CONTRACTS) | frozenset(FP8_CONTRACTS)  # every op with output Yq
+YQ_SLOT = 1
+
+
+class Fp8Handoff(CandidatePass):
+    name = "fp8_handoff"
+
+    def candidates(self, graph: gs.Graph) -> list[gs.Node]:
+        return [n for n in graph.nodes if n.domain == BERTFUSE_DOMAIN and n.op in FP8_CONTRACTS]
+
+    def layer(self, layers: Layers, node: gs.Node) -> int | None:
+        return dense_layer(layers, node)
+
+    def match(self, graph: gs.Graph, node: gs.Node) -> tuple[gs.Node, float]:
+        """(producer, scale)."""
+        x = node.inputs[0]
+        scale = node.attrs.get("x_scale")
+        expect(isinstance(scale, float) and np.isfinite(scale) and scale > 0,
+               f"{node.name} has no usable x_scale ({scale!r})")
+        if x.dtype == onnx.TensorProto.FLOAT8E4M3FN:
+            fail(f"{node.name} already reads an e4m3 input ({x.name})")
+        p = producer(x)
+        if p is None:
+            fail(f"the input {x.name} of {node.name} is a graph input or constant, not a dense op's Y")
+        expect(p.domain == BERTFUSE_DOMAIN and p.op in PRODUCERS,
+               f"the input of {node.name} comes from {p.op} {p.name}, which writes no e4m3 copy "
+               f"(quantised in {node.name})")
+        expect(p.outputs[0] is x, f"{node.name} reads {p.name}'s output {x.name}, not its Y")
+        yq = p.outputs[YQ_SLOT] if len(p.outputs) > YQ_SLOT else None
+        if yq is not None and yq.name:
+            theirs = p.attrs.get("yq_scale")
+            expect(theirs == scale, f"{p.name} writes Yq with yq_scale {theirs}, not {node.name}'s "
+                                    f"x_scale {scale}")
+        return p, scale
+
+    def rewrite(self, graph: gs.Graph, node: gs.Node, found: tuple[gs.Node, float]) -> None:
+        p, scale = found
+        y = p.outputs[0]
+        yq = p.outputs[YQ_SLOT] if len(p.outputs) > YQ_SLOT else None
+        if yq is None or not yq.name:  # the producer's first FP8 reader: its Yq slot is new
+            yq = gs.Variable(f"{y.name}_e4m3", dtype=onnx.TensorProto.FLOAT8E4M3FN, shape=y.shape)
+            if len(p.outputs) > YQ_SLOT:
+                p.outputs[YQ_SLOT] = yq
+            else:
+                p.outputs.append(yq)
+            p.attrs["yq_scale"] = float(scale)
+        node.inputs[0] = yq
+
