@@ -2,8 +2,9 @@
 
 For each workload, four models of the config refilled from its skeleton, all on bertfuse's ops:
 fp16; FP8 weights with each op quantising its own input (passes/fp8_weights.py alone); FP8 with
-the hand-offs (the `--fp8` plan: passes/fp8_handoff.py, the op before writing the e4m3 input);
-the same with Hopper's fast FP8 accumulation (fast_accum = 1). Activation scales are calibrated
+the hand-offs (passes/fp8_handoff.py, the op before writing the e4m3 input), both with full
+accumulation (fast_accum = 0); and the `--fp8` plan as shipped: hand-offs with Hopper's fast
+FP8 accumulation (fast_accum = 1). Activation scales are calibrated
 as `convert --fp8` does (its default parity inputs). Each is timed in alternating rounds (ORT's
 replay of the warm bucket), profiled with CUPTI (GPU time, kernel count) and measured against
 the raw fp32 model on the same request (max and mean |diff| per output, and the cosine of the
@@ -50,17 +51,26 @@ def models(skeleton: str) -> dict[str, str]:
     amax = calibrate(contrib, dense_inputs(kmodel), model_feeds(contrib, opts.batch, opts.seq, opts.seed))
     per_op, _ = run_passes(kmodel, [Fp8Weights(amax), Cleanup()])
     per_op.ir_version = max(per_op.ir_version, FP8_IR_VERSION)
-    chained = to_fp8(kmodel, amax)
-    fast = onnx.ModelProto()
-    fast.CopyFrom(chained)
-    for n in fast.graph.node:
-        for a in n.attribute:
-            if a.name == "fast_accum":
-                a.i = 1
+    fast = to_fp8(kmodel, amax)  # the --fp8 plan as shipped
+    per_op, chained = accumulation(per_op, 0), accumulation(fast, 0)
+    fast = accumulation(fast, 1)
     out = {"bertfuse32": paths["bertfuse32"], FORMS[0]: k16}
     for form, m in zip(FORMS[1:], (per_op, chained, fast)):
         out[form] = os.path.join(work, f"{form.replace(', ', '_').replace(' ', '-')}.onnx")
         onnx.save(m, out[form])
+    return out
+
+
+def accumulation(model, fast: int):
+    """A copy of the FP8 model with every FP8 op's fast_accum set to `fast`."""
+    import onnx
+
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for n in out.graph.node:
+        for a in n.attribute:
+            if a.name == "fast_accum":
+                a.i = fast
     return out
 
 

@@ -104,10 +104,10 @@ class Gelu(_Custom):
         return (gelu.reference(x),)
 
 
-def _dense_outputs(op: OpRun, y: np.ndarray, y64: np.ndarray | None = None,
+def _yq_outputs(op: OpRun, y: np.ndarray, y64: np.ndarray | None = None,
                    yq_scale: float | None = None) -> tuple:
-    """A dense op's outputs in slot order, as far as the node names them: Y, then Yq
-    (e4m3 of Y with yq_scale) and Y32 where asked for, an empty stand-in where skipped."""
+    """A dense or attention op's outputs in slot order, as far as the node names them: Y, then
+    Yq (e4m3 of Y with yq_scale) and Y32 where asked for, an empty stand-in where skipped."""
     names = list(op.onnx_node.output)
     out = [y]
     if len(names) > 1:
@@ -123,14 +123,14 @@ class DenseBias(_Custom):
     op_domain = BERTFUSE_DOMAIN
 
     def _run(self, x, w, bias, yq_scale=None):
-        return _dense_outputs(self, dense.dense_bias(x, w, bias), yq_scale=yq_scale)
+        return _yq_outputs(self, dense.dense_bias(x, w, bias), yq_scale=yq_scale)
 
 
 class DenseBiasGelu(_Custom):
     op_domain = BERTFUSE_DOMAIN
 
     def _run(self, x, w, bias, approximate=0, yq_scale=None):
-        return _dense_outputs(self, dense.dense_bias_gelu(x, w, bias, approximate=approximate),
+        return _yq_outputs(self, dense.dense_bias_gelu(x, w, bias, approximate=approximate),
                               yq_scale=yq_scale)
 
 
@@ -140,14 +140,15 @@ class DenseBiasSkipLayerNorm(_Custom):
     def _run(self, x, w, bias, skip, gamma, beta, epsilon=skip_layernorm.DEFAULT_EPSILON,
              yq_scale=None):
         y = dense.dense_bias_skip_layernorm64(x, w, bias, skip, gamma, beta, epsilon=epsilon)
-        return _dense_outputs(self, y.astype(x.dtype), y, yq_scale)
+        return _yq_outputs(self, y.astype(x.dtype), y, yq_scale)
 
 
 class BertAttention(_Custom):
     op_domain = BERTFUSE_DOMAIN
 
-    def _run(self, qkv, mask=None, num_heads=None, scale=None):
-        return (bert_attention.reference(qkv, mask, num_heads=num_heads, scale=scale),)
+    def _run(self, qkv, mask=None, num_heads=None, scale=None, yq_scale=None):
+        return _yq_outputs(self, bert_attention.reference(qkv, mask, num_heads=num_heads, scale=scale),
+                           yq_scale=yq_scale)
 
 
 class DenseBiasFp8(_Custom):
@@ -155,7 +156,7 @@ class DenseBiasFp8(_Custom):
 
     def _run(self, x, wt, bias, w_scale, x_scale=None, fast_accum=0, yq_scale=None):
         y = dense_fp8.reference("DenseBiasFp8", x, wt, bias, w_scale, x_scale=x_scale)
-        return _dense_outputs(self, y, yq_scale=yq_scale)
+        return _yq_outputs(self, y, yq_scale=yq_scale)
 
 
 class DenseBiasGeluFp8(_Custom):
@@ -165,7 +166,7 @@ class DenseBiasGeluFp8(_Custom):
              yq_scale=None):
         y = dense_fp8.reference("DenseBiasGeluFp8", x, wt, bias, w_scale, x_scale=x_scale,
                                 approximate=approximate)
-        return _dense_outputs(self, y, yq_scale=yq_scale)
+        return _yq_outputs(self, y, yq_scale=yq_scale)
 
 
 class DenseBiasSkipLayerNormFp8(_Custom):
@@ -175,7 +176,7 @@ class DenseBiasSkipLayerNormFp8(_Custom):
              epsilon=skip_layernorm.DEFAULT_EPSILON, x_scale=None, fast_accum=0, yq_scale=None):
         y = dense_fp8.reference64("DenseBiasSkipLayerNormFp8", x, wt, bias, skip, gamma, beta,
                                   w_scale, x_scale=x_scale, epsilon=epsilon)
-        return _dense_outputs(self, y.astype(np.float16), y, yq_scale)
+        return _yq_outputs(self, y.astype(np.float16), y, yq_scale)
 
 
 class BertPooler(_Custom):

@@ -1,18 +1,18 @@
 """FP8 hand-offs (`--fp8`): the op before an FP8 GEMM writes its e4m3 input, in its epilogue.
 
-    P (a dense op: DenseBias | DenseBiasGelu | DenseBiasSkipLayerNorm, fp16 or Fp8 form)
+    P (DenseBias | DenseBiasGelu | DenseBiasSkipLayerNorm, fp16 or Fp8 form; BertAttention)
       ─► Y (fp16) ─┬─► C (Dense*Fp8, x_scale s): quantises Y itself, one more kernel
                    └─► other readers (the next residual, ...)
     ==>  P {yq_scale = s} ─► Y  ─► other readers
                           └─► Yq (e4m3) ─► C (x_scale s, reads Yq as is)
 
-P's kernel that writes Y last (the LayerNorm, the GELU pass) writes Yq beside it, the same bytes
-C's quantise pass would have written (e4m3 of the fp16 value times the fp32 reciprocal of s),
-so the model's numbers do not change: one kernel less per hand-off, and C reads 1 byte per
-element instead of 2.
+P's kernel that writes Y last (the LayerNorm, the GELU pass, the attention kernel's store) writes
+Yq beside it, the same bytes C's quantise pass would have written (e4m3 of the fp16 value times
+the fp32 reciprocal of s), so the model's numbers do not change: one kernel less per hand-off,
+and C reads 1 byte per element instead of 2.
 
-Candidates: every FP8 dense op (after fp8_weights); each ends handed off or missed (X not a
-dense op's Y: attention's context and the embedding's output stay quantised in C; the
+Candidates: every FP8 dense op (after fp8_weights); each ends handed off or missed (X not made
+by one of those ops: the embedding's output stays quantised in the first QKV GEMM; the
 producer's Yq already written with another scale).
 """
 
@@ -22,6 +22,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from bertfuse.ops.bertfuse.bert_attention import CONTRACT as BERT_ATTENTION
 from bertfuse.ops.bertfuse.dense import CONTRACTS as DENSE_CONTRACTS
 from bertfuse.ops.bertfuse.dense_fp8 import CONTRACTS as FP8_CONTRACTS
 from bertfuse.ops.contract import BERTFUSE_DOMAIN
@@ -29,7 +30,8 @@ from bertfuse.passes.base import CandidatePass, Layers, producer
 from bertfuse.passes.fp8_weights import dense_layer
 from bertfuse.passes.match import expect, fail
 
-PRODUCERS = frozenset(DENSE_CONTRACTS) | frozenset(FP8_CONTRACTS)  # every op with output Yq
+# every op with an output Yq
+PRODUCERS = frozenset(DENSE_CONTRACTS) | frozenset(FP8_CONTRACTS) | {BERT_ATTENTION.op_type}
 YQ_SLOT = 1
 
 

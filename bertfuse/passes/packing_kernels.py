@@ -63,6 +63,10 @@ class PackingKernelsPass:
                 f"{att.name}_packed", [att.inputs[0], slot, cu], [context],
                 num_heads=att.attrs["num_heads"], scale=att.attrs.get("scale")))
             replace_tensor(graph, out, context)
+            if len(att.outputs) > 1 and att.outputs[1].name:
+                # an FP8 GEMM read the e4m3 copy (fp8_handoff): the packed op writes none, so
+                # it reads the fp16 context and quantises it itself, with the same scale
+                replace_tensor(graph, att.outputs[1], context)
             att.outputs.clear()
             att.inputs.clear()
             result.fused(COMPONENT, layers.of(att))

@@ -13,7 +13,10 @@
 // instead of once per 64 queries, and a grid that needed two waves of CTAs fits in one.
 #include "attention.h"
 
+#include <cuda_fp8.h>
+
 #include "attention_general.h"
+#include "dense.h"
 #include "attention_tiled.h"
 
 #include <atomic>
@@ -81,10 +84,27 @@ __device__ __forceinline__ void scores(const __half* Qw, const __half* Ks, const
 
 // O = P V for the warp's tile, normalised, staged in the warp's own Q rows (only it read them)
 // and written to out rows qw0 .. qw0 + 15 (those below S) with 16-byte stores.
+// Eight fp16 values as e4m3_satfinite(value * inv), round to nearest even: the bytes the dense
+// ops' quantize pass writes for them (an FP8 GEMM downstream reads them as its X).
+__device__ __forceinline__ uint2 e4m3x8(uint4 u, float inv) {
+  const __half2* h = reinterpret_cast<const __half2*>(&u);
+  uint2 q;
+  uint16_t* qq = reinterpret_cast<uint16_t*>(&q);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    float2 f = __half22float2(h[j]);
+    f.x *= inv;
+    f.y *= inv;
+    qq[j] = __nv_cvt_float2_to_fp8x2(f, __NV_SATFINITE, __NV_E4M3);
+  }
+  return q;
+}
+
 template <int KT>
 __device__ __forceinline__ void context(const float (&acc)[2 * KT][4], const __half* Vs, __half* Qw, int lane,
-                                        int g, int t, float sum0, float sum1, __half* __restrict__ out, int b,
-                                        int S, int H, int head, int qw0) {
+                                        int g, int t, float sum0, float sum1, __half* __restrict__ out,
+                                        uint8_t* __restrict__ outq, float q_inv, int b, int S, int H, int head,
+                                        int qw0) {
   float o[kD / 8][4];
 #pragma unroll
   for (int dt = 0; dt < kD / 8; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
@@ -115,8 +135,10 @@ __device__ __forceinline__ void context(const float (&acc)[2 * KT][4], const __h
   for (int c = lane; c < 16 * (kD / 8); c += 32) {
     const int r = c / (kD / 8), col = (c % (kD / 8)) * 8;
     if (qw0 + r < S) {
-      *reinterpret_cast<uint4*>(out + (static_cast<size_t>(b) * S + qw0 + r) * H + head * kD + col) =
-          *reinterpret_cast<const uint4*>(Qw + r * kLd + col);
+      const size_t at = (static_cast<size_t>(b) * S + qw0 + r) * H + head * kD + col;
+      const uint4 u = *reinterpret_cast<const uint4*>(Qw + r * kLd + col);
+      *reinterpret_cast<uint4*>(out + at) = u;
+      if (outq) *reinterpret_cast<uint2*>(outq + at) = e4m3x8(u, q_inv);
     }
   }
 }
@@ -125,7 +147,8 @@ __device__ __forceinline__ void context(const float (&acc)[2 * KT][4], const __h
 template <int KT>
 __global__ void __launch_bounds__(kMaxWarps * 32)
     attention_kernel(const __half* __restrict__ qkv, const int32_t* __restrict__ mask, int mask_rank, int S,
-                     int H, float scale_log2, int passes, __half* __restrict__ out) {
+                     int H, float scale_log2, int passes, __half* __restrict__ out,
+                     uint8_t* __restrict__ outq, float q_inv) {
   constexpr int SP = 16 * KT;  // padded key count
   extern __shared__ __align__(16) unsigned char smem_raw[];
   wait_for_producer();  // Q, K, V (and the mask) come from the kernels before: nothing is read earlier
@@ -169,7 +192,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
       cp_async_wait<0>();
       __syncthreads();
     }
-    if (active) context<KT>(acc, Vs, Qw, lane, g, t, sum0, sum1, out, b, S, H, head, q0 + tile * 16);
+    if (active) context<KT>(acc, Vs, Qw, lane, g, t, sum0, sum1, out, outq, q_inv, b, S, H, head,
+                            q0 + tile * 16);
   }
 }
 
@@ -235,7 +259,8 @@ int pick_passes(int B, int S, int num_heads, int warps) {
 
 template <int KT>
 cudaError_t launch(cudaStream_t stream, const __half* qkv, const int32_t* mask, int mask_rank, int B, int S,
-                   int num_heads, float scale_log2, __half* out, int warps, int passes) {
+                   int num_heads, float scale_log2, __half* out, uint8_t* outq, float q_inv, int warps,
+                   int passes) {
   if (passes == 0) passes = pick_passes<KT>(B, S, num_heads, warps);
   const int rows_q = 16 * warps * passes;
   const dim3 grid((S + rows_q - 1) / rows_q, num_heads, B);
@@ -246,7 +271,7 @@ cudaError_t launch(cudaStream_t stream, const __half* qkv, const int32_t* mask, 
     if (e != cudaSuccess) return e;
   }
   return LaunchPdl(attention_kernel<KT>, grid, dim3(32 * warps), smem, stream, true, qkv, mask, mask_rank, S,
-                   num_heads * kD, scale_log2, passes, out);
+                   num_heads * kD, scale_log2, passes, out, outq, q_inv);
 }
 
 }  // namespace
@@ -269,40 +294,49 @@ const char* attention_unsupported(int B, int S, int num_heads, int head_size, in
 
 cudaError_t bf_attention_f16_warps(cudaStream_t stream, const __half* qkv, const int32_t* mask, int mask_rank,
                                    int B, int S, int num_heads, int head_size, float scale, __half* out,
-                                   int warps, int passes) {
+                                   int warps, int passes, uint8_t* outq, float outq_scale) {
   if (attention_fast_unsupported(B, S, num_heads, head_size, mask_rank) != nullptr) return cudaErrorInvalidValue;
   if (qkv == nullptr || out == nullptr || (mask_rank > 0 && mask == nullptr)) return cudaErrorInvalidValue;
   // 16-byte vector access: the row strides (3H, H halves) are multiples of 8 since D = 64.
   if ((reinterpret_cast<uintptr_t>(qkv) | reinterpret_cast<uintptr_t>(out)) % 16 != 0) return cudaErrorInvalidValue;
+  if (outq && (reinterpret_cast<uintptr_t>(outq) % 8 != 0 || !(outq_scale > 0.0f))) return cudaErrorInvalidValue;
   if (mask_rank == 0) mask = nullptr;
+  const float q_inv = outq ? 1.0f / outq_scale : 1.0f;  // fp32 reciprocal, as the quantize pass
   if (warps < 0 || warps > kMaxWarps || passes < 0 || passes > 2) return cudaErrorInvalidValue;
   if (warps == 0) warps = pick_warps(B, S, num_heads);
   const float sc = scale > 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(head_size));
   const float scale_log2 = sc * kLog2e;
   switch ((S + 15) / 16) {
-    case 1: return launch<1>(stream, qkv, mask, mask_rank, B, S, num_heads, scale_log2, out, warps, passes);
-    case 2: return launch<2>(stream, qkv, mask, mask_rank, B, S, num_heads, scale_log2, out, warps, passes);
-    case 3: return launch<3>(stream, qkv, mask, mask_rank, B, S, num_heads, scale_log2, out, warps, passes);
-    case 4: return launch<4>(stream, qkv, mask, mask_rank, B, S, num_heads, scale_log2, out, warps, passes);
-    case 5: return launch<5>(stream, qkv, mask, mask_rank, B, S, num_heads, scale_log2, out, warps, passes);
-    case 6: return launch<6>(stream, qkv, mask, mask_rank, B, S, num_heads, scale_log2, out, warps, passes);
-    case 7: return launch<7>(stream, qkv, mask, mask_rank, B, S, num_heads, scale_log2, out, warps, passes);
-    case 8: return launch<8>(stream, qkv, mask, mask_rank, B, S, num_heads, scale_log2, out, warps, passes);
+    case 1: return launch<1>(stream, qkv, mask, mask_rank, B, S, num_heads, scale_log2, out, outq, q_inv, warps, passes);
+    case 2: return launch<2>(stream, qkv, mask, mask_rank, B, S, num_heads, scale_log2, out, outq, q_inv, warps, passes);
+    case 3: return launch<3>(stream, qkv, mask, mask_rank, B, S, num_heads, scale_log2, out, outq, q_inv, warps, passes);
+    case 4: return launch<4>(stream, qkv, mask, mask_rank, B, S, num_heads, scale_log2, out, outq, q_inv, warps, passes);
+    case 5: return launch<5>(stream, qkv, mask, mask_rank, B, S, num_heads, scale_log2, out, outq, q_inv, warps, passes);
+    case 6: return launch<6>(stream, qkv, mask, mask_rank, B, S, num_heads, scale_log2, out, outq, q_inv, warps, passes);
+    case 7: return launch<7>(stream, qkv, mask, mask_rank, B, S, num_heads, scale_log2, out, outq, q_inv, warps, passes);
+    case 8: return launch<8>(stream, qkv, mask, mask_rank, B, S, num_heads, scale_log2, out, outq, q_inv, warps, passes);
     default: return cudaErrorInvalidValue;
   }
 }
 
 cudaError_t bf_attention_f16(cudaStream_t stream, const __half* qkv, const int32_t* mask, int mask_rank, int B,
-                             int S, int num_heads, int head_size, float scale, __half* out) {
+                             int S, int num_heads, int head_size, float scale, __half* out, uint8_t* outq,
+                             float outq_scale) {
   // The tensor-core kernel where it covers the shape (head size 64, S <= 128), the tiled one
   // at head sizes 32/64/128 up to S 1024 (both read 16-byte aligned rows), the general path
-  // everywhere else.
-  const bool aligned = ((reinterpret_cast<uintptr_t>(qkv) | reinterpret_cast<uintptr_t>(out)) % 16) == 0;
+  // everywhere else. The e4m3 copy: in the tensor-core kernel's store, else one quantize pass.
+  const bool aligned = ((reinterpret_cast<uintptr_t>(qkv) | reinterpret_cast<uintptr_t>(out)) % 16) == 0 &&
+                       reinterpret_cast<uintptr_t>(outq) % 8 == 0;
   if (aligned && attention_fast_unsupported(B, S, num_heads, head_size, mask_rank) == nullptr)
-    return bf_attention_f16_warps(stream, qkv, mask, mask_rank, B, S, num_heads, head_size, scale, out, 0, 0);
+    return bf_attention_f16_warps(stream, qkv, mask, mask_rank, B, S, num_heads, head_size, scale, out, 0, 0,
+                                  outq, outq_scale);
+  cudaError_t e;
   if (aligned && attention_tiled_unsupported(B, S, num_heads, head_size, mask_rank) == nullptr)
-    return bf_attention_tiled_f16(stream, qkv, mask, mask_rank, B, S, num_heads, head_size, scale, out);
-  return bf_attention_general_f16(stream, qkv, mask, mask_rank, B, S, num_heads, head_size, scale, out);
+    e = bf_attention_tiled_f16(stream, qkv, mask, mask_rank, B, S, num_heads, head_size, scale, out);
+  else
+    e = bf_attention_general_f16(stream, qkv, mask, mask_rank, B, S, num_heads, head_size, scale, out);
+  if (e != cudaSuccess || !outq) return e;
+  return bf_quantize_e4m3(stream, out, outq_scale, outq, static_cast<size_t>(B) * S * num_heads * head_size);
 }
 
 }  // namespace bertfuse

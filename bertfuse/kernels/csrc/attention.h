@@ -26,17 +26,21 @@ const char* attention_fast_unsupported(int B, int S, int num_heads, int head_siz
 
 // Launch on `stream`; no allocation, no synchronisation (CUDA-graph safe). scale <= 0 means
 // 1/sqrt(head_size). The tensor-core kernel where it covers the shape, else the general path.
+// outq (optional, 8-byte aligned, B*S*H bytes) receives e4m3_satfinite(context * (1 / outq_scale))
+// for an FP8 GEMM downstream: written by the tensor-core kernel's store, else by one more pass.
 // Returns cudaErrorInvalidValue for an unsupported shape (see attention_unsupported), else the
 // launch status.
 cudaError_t bf_attention_f16(cudaStream_t stream, const __half* qkv, const int32_t* mask, int mask_rank,
-                             int B, int S, int num_heads, int head_size, float scale, __half* out);
+                             int B, int S, int num_heads, int head_size, float scale, __half* out,
+                             uint8_t* outq = nullptr, float outq_scale = 1.0f);
 
 // The tensor-core kernel alone, with an explicit number of warps per CTA (1..4; 0 = heuristic)
 // and of passes per warp (1..2; 0 = heuristic): each warp owns 16 queries per pass.
 // cudaErrorInvalidValue where it does not cover the shape.
 cudaError_t bf_attention_f16_warps(cudaStream_t stream, const __half* qkv, const int32_t* mask,
                                    int mask_rank, int B, int S, int num_heads, int head_size, float scale,
-                                   __half* out, int warps, int passes = 1);
+                                   __half* out, int warps, int passes = 1, uint8_t* outq = nullptr,
+                                   float outq_scale = 1.0f);
 
 }  // namespace bertfuse
 

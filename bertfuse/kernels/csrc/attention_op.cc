@@ -2,7 +2,10 @@
 //
 //   qkv [B, S, 3H] f16 (bias added) --+
 //   mask int32 [B, S] raw | [B] lens -+--> BertAttention(num_heads, scale) --> context [B, S, H] f16
+//                                                        (yq_scale) --> Yq [B, S, H] e4m3, optional
 //
+// Yq = e4m3_satfinite(context * (1 / yq_scale)) for an FP8 GEMM downstream (the attention-out
+// DenseBiasSkipLayerNormFp8), written in the kernel's store where the tensor-core kernel runs.
 // Shapes are checked here so an unsupported one is a clear ORT error, never a wrong answer.
 #include "attention.h"
 #include "registry.h"
@@ -16,6 +19,7 @@ constexpr const char* kOp = "BertAttention";
 struct BertAttentionKernel {
     BertAttentionKernel(const OrtApi& /*api*/, const OrtKernelInfo* info) {
         bf::HeadAttrs(info, &num_heads_, &scale_);
+        yq_scale_ = bf::AttrFloat(info, "yq_scale", 0.f);
     }
 
     OrtStatusPtr ComputeV2(OrtKernelContext* context) {
@@ -47,6 +51,9 @@ struct BertAttentionKernel {
         }
 
         __half* out = bf::Output<__half>(ctx, 0, bf::Shape{B, S, H});
+        uint8_t* yq = bf::OptionalOutput<uint8_t>(ctx, 1, bf::Shape{B, S, H});
+        BF_REQUIRE(yq == nullptr || (yq_scale_ > 0.f && yq_scale_ != INFINITY),
+                   "output Yq needs the attribute yq_scale (finite, > 0): Yq = e4m3(context / yq_scale)");
         if (B == 0 || S == 0) return nullptr;  // empty batch: nothing to compute
         BF_REQUIRE(B <= INT32_MAX && S <= INT32_MAX, "qkv " << bf::ShapeStr(qkv.shape) << " is too large");
         if (const char* why = bertfuse::attention_unsupported(static_cast<int>(B), static_cast<int>(S),
@@ -61,12 +68,13 @@ struct BertAttentionKernel {
         BF_CUDA_OK(bertfuse::bf_attention_f16(bf::ComputeStream(ctx), static_cast<const __half*>(qkv.data),
                                               mask.as<int32_t>(), mask_rank, static_cast<int>(B),
                                               static_cast<int>(S), static_cast<int>(num_heads_),
-                                              static_cast<int>(D), scale_, out));
+                                              static_cast<int>(D), scale_, out, yq, yq_scale_));
         return nullptr;
     }
 
     int64_t num_heads_ = 0;
     float scale_ = 0.0f;
+    float yq_scale_ = 0.0f;
 };
 
 struct BertAttentionOp : bf::CudaOp<BertAttentionOp, BertAttentionKernel> {
@@ -79,8 +87,14 @@ struct BertAttentionOp : bf::CudaOp<BertAttentionOp, BertAttentionKernel> {
         return index == 0 ? OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED
                           : OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL;
     }
-    size_t GetOutputTypeCount() const { return 1; }
-    ONNXTensorElementDataType GetOutputType(size_t /*index*/) const { return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16; }
+    size_t GetOutputTypeCount() const { return 2; }
+    ONNXTensorElementDataType GetOutputType(size_t index) const {
+        return index == 0 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT8E4M3FN;
+    }
+    OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t index) const {
+        return index == 0 ? OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED
+                          : OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL;
+    }
 };
 
 }  // namespace

@@ -35,10 +35,15 @@ CONTRACT = OpContract(
                    doc="raw [B,S] (>0 keeps key j, padding anywhere) or key lengths [B] "
                        "(keeps j < len[b]); absent: no mask"),
     ),
-    outputs=(TensorSpec("context", ("B", "S", "H"), ("float16",), doc="heads merged: [B,S,N*D]"),),
+    outputs=(TensorSpec("context", ("B", "S", "H"), ("float16",), doc="heads merged: [B,S,N*D]"),
+             TensorSpec("Yq", ("B", "S", "H"), ("float8e4m3fn",), optional=True,
+                        doc="e4m3_satfinite(context * (1 / yq_scale)), for the FP8 attention-out "
+                            "GEMM; needs yq_scale")),
     attributes=(
         AttrSpec("num_heads", "int", None, "number of heads N; head size D = H / N", required=True),
         AttrSpec("scale", "float", None, "multiplies Q K^T; unset or 0 means 1/sqrt(D)"),
+        AttrSpec("yq_scale", "float", None,
+                 "the scale of output Yq (finite, > 0; required when Yq is requested)"),
     ),
     pitfalls=(
         "Q, K, V order along the columns (as com.microsoft Attention's packed weights): a Q/K swap "

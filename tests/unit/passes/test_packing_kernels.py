@@ -215,3 +215,30 @@ def test_pass_on_a_converted_checkpoint(ckpt_erf, convert_cached, seed):
     seq = np.abs(got["sequence_output"][keep].astype(np.float64) - want["sequence_output"][keep])
     assert np.isfinite(seq).all() and seq.max() <= 4e-2 and seq.mean() <= 2e-3
     assert not got["sequence_output"][~keep].any()
+
+
+def test_an_fp8_model_with_hand_offs_packs(rng):
+    """The attention's e4m3 copy (fp8_handoff) has no packed twin: its FP8 reader takes the
+    packed fp16 context and quantises it itself; the packed FP8 model equals the padded one
+    at the kept positions as closely as the fp16 forms do."""
+    from bertfuse.pipeline.fp8 import calibrate, dense_inputs, to_fp8
+
+    contrib = contrib_fp16(rng)
+    padded16, _ = kernels(contrib)
+    feeds = bert_feeds(rng)
+    padded = to_fp8(padded16, calibrate(contrib, dense_inputs(padded16), feeds))
+    att_yq = {n.output[1] for n in padded.graph.node if n.op_type == "BertAttention" and len(n.output) > 1}
+    assert len(att_yq) == 2
+    packed, report = fuse(padded, PackingKernelsPass())
+    assert all(d.fused for d in report.diagnostics if d.component == "packing_kernels")
+    onnx.checker.check_model(packed, full_check=True)
+    readers = [n for n in packed.graph.node if n.op_type == "DenseBiasSkipLayerNormFp8" and
+               any(p.op_type == "PackedBertAttention" and n.input[0] == p.output[0]
+                   for p in packed.graph.node)]
+    assert len(readers) == 2 and not att_yq & {i for n in packed.graph.node for i in n.input}
+    mask = feeds["input_mask"]
+    want = evaluate(padded, feeds)
+    got = evaluate(packed, {**feeds, "token_bucket": np.zeros(int(mask.sum()), np.int32)})
+    keep = mask != 0
+    seq = np.abs(got["sequence_output"][keep].astype(np.float64) - want["sequence_output"][keep])
+    assert np.isfinite(seq).all() and seq.max() <= 4e-2 and seq.mean() <= 2e-3
