@@ -11,6 +11,9 @@ Yq beside it, the same bytes C's quantise pass would have written (e4m3 of the f
 the fp32 reciprocal of s), so the model's numbers do not change: one kernel less per hand-off,
 and C reads 1 byte per element instead of 2.
 
+A GELU op whose Y nothing reads any more (FFN up: FFN down took its Yq) leaves Y off: its GELU
+pass then writes only the e4m3 copy, half the bytes.
+
 Candidates: every FP8 dense op (after fp8_weights); each ends handed off or missed (X not made
 by one of those ops: the embedding's output stays quantised in the first QKV GEMM; the
 producer's Yq already written with another scale).
@@ -26,13 +29,16 @@ from bertfuse.ops.bertfuse.bert_attention import CONTRACT as BERT_ATTENTION
 from bertfuse.ops.bertfuse.dense import CONTRACTS as DENSE_CONTRACTS
 from bertfuse.ops.bertfuse.dense_fp8 import CONTRACTS as FP8_CONTRACTS
 from bertfuse.ops.contract import BERTFUSE_DOMAIN
-from bertfuse.passes.base import CandidatePass, Layers, producer
+from bertfuse.passes.base import CandidatePass, Layers, PassResult, producer
 from bertfuse.passes.fp8_weights import dense_layer
 from bertfuse.passes.match import expect, fail
 
 # every op with an output Yq
 PRODUCERS = frozenset(DENSE_CONTRACTS) | frozenset(FP8_CONTRACTS) | {BERT_ATTENTION.op_type}
 YQ_SLOT = 1
+# the ops whose Y may be left off where only Yq is read (their contracts say so: the GELU ops)
+Y_OPTIONAL = frozenset(op for op, c in {**DENSE_CONTRACTS, **FP8_CONTRACTS}.items()
+                       if c.outputs[0].optional)
 
 
 class Fp8Handoff(CandidatePass):
@@ -78,4 +84,12 @@ class Fp8Handoff(CandidatePass):
                 p.outputs.append(yq)
             p.attrs["yq_scale"] = float(scale)
         node.inputs[0] = yq
+
+    def finish(self, graph: gs.Graph, result: PassResult) -> None:
+        outputs = {id(t) for t in graph.outputs}
+        for p in graph.nodes:
+            if p.domain == BERTFUSE_DOMAIN and p.op in Y_OPTIONAL and len(p.outputs) > YQ_SLOT and \
+                    p.outputs[YQ_SLOT].name and p.outputs[0].name and not p.outputs[0].outputs and \
+                    id(p.outputs[0]) not in outputs:
+                p.outputs[0] = gs.Variable.empty()
 

@@ -899,8 +899,9 @@ const char* bf_dense_forward(DenseGemm& gemm, cudaStream_t stream, WorkspaceSour
   }
   if (err) return err;
   if (post || (a.yq && !sln)) {  // a pass only for the e4m3 copy leaves Y as the GEMM wrote it
-    const cudaError_t pe = bf_bias_act_f16(stream, a.y, post ? a.y : nullptr, post_bias, M, N,
-                                           post ? act : Act::kNone, a.yq, a.yq_scale);
+    // y's own write is skipped where nothing reads it (y_unread: only the e4m3 copy is kept)
+    const cudaError_t pe = bf_bias_act_f16(stream, a.y, post && !(a.y_unread && a.yq) ? a.y : nullptr,
+                                           post_bias, M, N, post ? act : Act::kNone, a.yq, a.yq_scale);
     if (pe != cudaSuccess) return CudaFail("bias/GELU", pe);
   }
   if (sln) {

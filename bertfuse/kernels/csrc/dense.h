@@ -165,6 +165,8 @@ struct DenseArgs {
   // written by the kernel that writes Y last (the LayerNorm, the GELU pass, else one pass).
   uint8_t* yq = nullptr;
   float yq_scale = 1.0f;
+  // y is scratch that nothing reads (the op's Y left off): the last pass writes only yq.
+  bool y_unread = false;
   // DenseBiasSkipLayerNorm only, optional: the fp32 copy of Y (before its fp16 rounding),
   // [M*N] floats, written by the LayerNorm beside Y.
   float* y32 = nullptr;

@@ -6,7 +6,8 @@
 // FP8 form = the fp16 op's inputs with W replaced by Wt (float8e4m3fn [N, K], W transposed)
 // and one more input appended, w_scale (float32 [1]); attribute x_scale (required, > 0) and
 // fast_accum (int, default 1). Optional outputs: Yq (e4m3 copy of Y, with yq_scale) and, for the
-// SkipLayerNorm ops, Y32 (Y in fp32). See bertfuse/ops/README.md.
+// SkipLayerNorm ops, Y32 (Y in fp32). The GELU ops may leave Y off where Yq is there (nothing
+// reads Y once an FP8 GEMM takes Yq): Y then lives in ORT scratch. See bertfuse/ops/README.md.
 #include <cuda_fp16.h>
 
 #include <memory>
@@ -29,6 +30,7 @@ template <DenseKind Kind, bool Fp8>
 struct Traits {
   static constexpr DenseKind kKind = Kind;
   static constexpr bool kFp8 = Fp8;
+  static constexpr bool kYOptional = Kind == DenseKind::kBiasGelu;  // Y may be left off for Yq alone
   static constexpr size_t kBase = Kind == DenseKind::kBiasSkipLayerNorm ? 6 : 3;  // X W bias [skip gamma beta]
   static constexpr size_t kInputs = kBase + (Fp8 ? 1 : 0);                      // (+ w_scale)
   static constexpr const char* Name() {
@@ -204,11 +206,13 @@ class DenseKernel {
       BF_REQUIRE(K % 16 == 0, "FP8 weights need K % 16 == 0 (cuBLASLt), got K = " << K);
     }
 
-    __half* y = reinterpret_cast<__half*>(bf::Output<Ort::Float16_t>(ctx, 0, y_shape));
+    __half* y = T::kYOptional ? bf::OptionalOutput<__half>(ctx, 0, y_shape)
+                              : reinterpret_cast<__half*>(bf::Output<Ort::Float16_t>(ctx, 0, y_shape));
     // Optional output 1: the e4m3 copy of Y for an FP8 GEMM downstream.
     uint8_t* yq = bf::OptionalOutput<uint8_t>(ctx, 1, y_shape);
     BF_REQUIRE(yq == nullptr || (yq_scale_ > 0.f && yq_scale_ != INFINITY),
                "output Yq needs the attribute yq_scale (finite, > 0): Yq = e4m3(Y / yq_scale)");
+    BF_REQUIRE(y != nullptr || yq != nullptr, "neither Y nor Yq is asked for: the op would write nothing");
     // Optional output 2 (the SkipLayerNorm ops): Y in fp32, for a graph output.
     float* y32 = T::kKind == DenseKind::kBiasSkipLayerNorm ? bf::OptionalOutput<float>(ctx, 2, y_shape)
                                                            : nullptr;
@@ -231,6 +235,12 @@ class DenseKernel {
     a.epsilon = epsilon_;
 
     OrtScratch scratch(context, ctx.GetInput(0).GetTensorMemoryInfo());  // X's device
+    if (y == nullptr) {  // Y left off: the GEMM and the GELU pass work in scratch, Yq is kept
+      const size_t bytes = static_cast<size_t>(M) * static_cast<size_t>(N) * sizeof(__half);
+      a.y = static_cast<__half*>(scratch.Get(bytes));
+      a.y_unread = true;
+      BF_REQUIRE(a.y != nullptr, "no " << bytes << "-byte scratch buffer for Y");
+    }
     if (x_fp8) {  // quantized upstream: read as is (bf_dense_forward never writes xq when x is null)
       a.xq = const_cast<uint8_t*>(x.as<uint8_t>());
     } else if (T::kFp8) {
@@ -269,8 +279,8 @@ struct DenseOp : bf::CudaOp<DenseOp<T>, DenseKernel<T>> {
     return i == 1 ? kE4M3 : i == 2 ? kF32 : kF16;
   }
   OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t i) const {
-    return i >= 1 ? OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL
-                  : OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED;
+    return i >= 1 || T::kYOptional ? OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL
+                                   : OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED;
   }
 };
 

@@ -52,7 +52,9 @@ DENSE_BIAS_GELU = OpContract(
     since_version=1,
     summary="Y = gelu(X @ W + bias), exact erf GELU or its tanh approximation.",
     inputs=(_X, _W, _BIAS),
-    outputs=(TensorSpec("Y", ("...", "N"), _T), _YQ),
+    outputs=(TensorSpec("Y", ("...", "N"), _T, optional=True,
+                        doc="may be left off where Yq is asked for (an FP8 GEMM reads Yq and "
+                            "nothing reads Y): the op then keeps Y in scratch"), _YQ),
     attributes=(AttrSpec("approximate", "int", 0,
                          "0 = exact erf GELU (BiasGelu), 1 = tanh approximation (FastGelu)"),
                 _YQ_SCALE),
