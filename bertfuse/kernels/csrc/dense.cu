@@ -169,6 +169,16 @@ const char* DenseGemm::RunFp8(cudaStream_t stream, WorkspaceSource* ws, const ui
   return Run(stream, ws, true, Wt, Xq, w_scale, x_scale, bias, C, Y, M, N, K, epi, fast_accum);
 }
 
+const char* DenseGemm::RunFp8Quantized(cudaStream_t stream, WorkspaceSource* ws, const uint8_t* Xq,
+                                       const uint8_t* Wt, const float* w_scale, float x_scale, const __half* bias,
+                                       uint8_t* Dq, const float* d_scale, int M, int N, int K, Epilogue epi,
+                                       bool fast_accum) {
+  if (K % 16 != 0) return Fail("FP8 GEMM needs K % 16 == 0 (cuBLASLt), got K =", K);
+  if (!d_scale) return Fail("e4m3 output needs its scale", 0);
+  return Run(stream, ws, true, Wt, Xq, w_scale, x_scale, bias, nullptr, reinterpret_cast<__half*>(Dq), M, N, K,
+             epi, fast_accum, d_scale);
+}
+
 // Column-major view of batch s: D_s[N,M] = W_s (col-major N x K/splits, ld N, the rows
 // s*K/splits.. of row-major W, batch stride K/splits*N) * X_s (col-major K/splits x M, ld K, batch
 // stride K/splits), D_s fp32 col-major N x M, batch stride M*N.
@@ -234,15 +244,18 @@ const char* DenseGemm::RunF16SplitK(cudaStream_t stream, const __half* X, const 
 // ld N, no transpose; FP8: Wt col-major K x N, ld K, transposed), B = X col-major K x M, ld K.
 const char* DenseGemm::Run(cudaStream_t stream, WorkspaceSource* ws, bool fp8, const void* A, const void* B,
                            const float* a_scale, float alpha, const __half* bias, const __half* C,
-                           __half* Y, int M, int N, int K, Epilogue epi, bool fast_accum) {
+                           __half* Y, int M, int N, int K, Epilogue epi, bool fast_accum,
+                           const float* d_scale) {
   if (M <= 0 || N <= 0) return nullptr;
+  if (d_scale && C) return Fail("an e4m3 output takes no residual", 0);
   if (K <= 0) return Fail("GEMM with K <= 0", K);
   if (epi != Epilogue::kNone && bias == nullptr) return Fail("epilogue needs a bias", 0);
   std::lock_guard<std::mutex> lock(mu_);
   const size_t ws_bytes = max_workspace_;
-  const PlanKey key{fp8 ? 1 : 0, static_cast<int>(epi), C ? 1 : 0, M, N, K, AlignmentOf(A),
-                    AlignmentOf(B), AlignmentOf(C ? C : Y), AlignmentOf(Y), fast_accum ? 1 : 0,
-                    algo_rank_, ws_bytes};
+  PlanKey key{fp8 ? 1 : 0, static_cast<int>(epi), C ? 1 : 0, M, N, K, AlignmentOf(A),
+              AlignmentOf(B), AlignmentOf(C ? C : Y), AlignmentOf(Y), fast_accum ? 1 : 0,
+              algo_rank_, ws_bytes};
+  key.d_fp8 = d_scale ? 1 : 0;
   Plan* plan = nullptr;
   for (auto& kp : plans_) {
     if (kp.first == key) {
@@ -274,6 +287,10 @@ const char* DenseGemm::Run(cudaStream_t stream, WorkspaceSource* ws, bool fp8, c
       LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale,
                                             sizeof(a_scale)));
     }
+    if (d_scale) {  // e4m3 D: scaled in the epilogue; C (unread, beta 0) typed as the bias
+      LT_TRY(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, &d_scale,
+                                            sizeof(d_scale)));
+    }
     if (fp8) {
       LT_TRY(cublasLtMatrixLayoutCreate(&p->a, ab_type, K, N, K));
     } else {
@@ -281,7 +298,7 @@ const char* DenseGemm::Run(cudaStream_t stream, WorkspaceSource* ws, bool fp8, c
     }
     LT_TRY(cublasLtMatrixLayoutCreate(&p->b, ab_type, K, M, K));
     LT_TRY(cublasLtMatrixLayoutCreate(&p->c, CUDA_R_16F, N, M, N));
-    LT_TRY(cublasLtMatrixLayoutCreate(&p->d, CUDA_R_16F, N, M, N));
+    LT_TRY(cublasLtMatrixLayoutCreate(&p->d, d_scale ? CUDA_R_8F_E4M3 : CUDA_R_16F, N, M, N));
 
     cublasLtMatmulPreference_t pref = nullptr;
     LT_TRY(cublasLtMatmulPreferenceCreate(&pref));
@@ -317,10 +334,10 @@ const char* DenseGemm::Run(cudaStream_t stream, WorkspaceSource* ws, bool fp8, c
     }
     if (p->untimed.size() < 2) p->untimed.clear();
     if (pick < 0) {
-      unsupported_ |= ConfigBit(fp8, epi, C != nullptr);
+      unsupported_ |= d_scale ? QuantizedOutBit(epi) : ConfigBit(fp8, epi, C != nullptr);
       char buf[192];
       std::snprintf(buf, sizeof(buf), "cuBLASLt has no %s algorithm for M=%d N=%d K=%d epilogue=%d",
-                    fp8 ? "FP8" : "fp16", M, N, K, static_cast<int>(epi));
+                    d_scale ? "FP8 (e4m3 out)" : fp8 ? "FP8" : "fp16", M, N, K, static_cast<int>(epi));
       g_error = buf;
       return g_error.c_str();
     }
@@ -338,6 +355,10 @@ const char* DenseGemm::Run(cudaStream_t stream, WorkspaceSource* ws, bool fp8, c
     LT_TRY(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale,
                                           sizeof(a_scale)));
   }
+  if (d_scale) {
+    LT_TRY(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, &d_scale,
+                                          sizeof(d_scale)));
+  }
   if (!p.untimed.empty() && C != Y) {  // (a residual that is Y would add up over the runs)
     const char* err = TimePlan(p, stream, ws, A, B, C, Y, alpha, C ? 1.0f : 0.0f, key);
     if (err) return err;
@@ -348,8 +369,11 @@ const char* DenseGemm::Run(cudaStream_t stream, WorkspaceSource* ws, bool fp8, c
     if (!workspace) return Fail("no cuBLASLt workspace of the size the algorithm needs", static_cast<int>(p.workspace));
   }
   const float beta = C ? 1.0f : 0.0f;
-  LT_TRY(cublasLtMatmul(handle_, p.desc, &alpha, A, p.a, B, p.b, &beta, C ? C : Y, p.c, Y, p.d,
-                        &p.algo, workspace, p.workspace, stream));
+  const void* c_ptr = d_scale ? nullptr : (C ? C : Y);  // an e4m3 D: C unread (beta 0) and absent
+  const cublasStatus_t st = cublasLtMatmul(handle_, p.desc, &alpha, A, p.a, B, p.b, &beta, c_ptr, p.c, Y,
+                                           p.d, &p.algo, workspace, p.workspace, stream);
+  if (st != CUBLAS_STATUS_SUCCESS && d_scale) unsupported_ |= QuantizedOutBit(epi);
+  if (st != CUBLAS_STATUS_SUCCESS) return Fail("cublasLtMatmul", st);
   return nullptr;
 }
 
@@ -420,8 +444,8 @@ const char* DenseGemm::TimePlan(Plan& p, cudaStream_t stream, WorkspaceSource* w
     const cublasLtMatmulHeuristicResult_t& r = p.untimed[i];
     const float us = TimeCandidate(stream, e0, e1, [&]() -> const char* {
       const cublasStatus_t st = cublasLtMatmul(handle_, p.desc, &alpha, A, p.a, B, p.b, &beta,
-                                               C ? C : Y, p.c, Y, p.d, &r.algo, w, r.workspaceSize,
-                                               stream);
+                                               key.d_fp8 ? nullptr : (C ? C : Y), p.c, Y, p.d, &r.algo, w,
+                                               r.workspaceSize, stream);
       return st == CUBLAS_STATUS_SUCCESS ? nullptr : "cublasLtMatmul";
     });
     t.us.push_back(us);
@@ -678,6 +702,14 @@ std::string GemmChoicesJson() {
 // GEMM writes its fp32 partials (one strided-batched call) and the LayerNorm adds them with the
 // bias and residual: one kernel, and the partials stay fp32 until the normalisation.
 
+std::atomic<int>& Fp8OutFlag() {
+  static std::atomic<int> flag{[] {
+    const char* s = std::getenv("BERTFUSE_FP8_GEMM_OUT");
+    return s && std::strcmp(s, "off") == 0 ? 0 : 1;
+  }()};
+  return flag;
+}
+
 std::atomic<int>& SplitLnFlag() {
   static std::atomic<int> flag{[] {
     const char* s = std::getenv("BERTFUSE_SPLIT_LN");
@@ -886,6 +918,15 @@ const char* bf_dense_forward(DenseGemm& gemm, cudaStream_t stream, WorkspaceSour
     if (a.x) {  // else xq already holds them (quantized upstream)
       const cudaError_t qe = bf_quantize_e4m3(stream, a.x, a.x_scale, a.xq, static_cast<size_t>(M) * K);
       if (qe != cudaSuccess) return CudaFail("FP8 activation quantize", qe);
+    }
+    // Only the e4m3 copy is read, and the epilogue is all cuBLASLt's (tanh GELU, or the bias):
+    // the GEMM writes it, from fp32, with no fp16 Y and no pass after.
+    if (a.yq && a.y_unread && a.yq_dscale && !post && !C && epi != Epilogue::kNone && !sln &&
+        Fp8OutFlag().load() && gemm.SupportsQuantizedOut(epi)) {
+      if (gemm.RunFp8Quantized(stream, ws, a.xq, static_cast<const uint8_t*>(a.w), a.w_scale, a.x_scale, a.bias,
+                               a.yq, a.yq_dscale, M, N, K, epi, a.fast_accum) == nullptr)
+        return nullptr;
+      cudaGetLastError();  // no such algorithm here: the fp16 Y and the pass below
     }
     err = gemm.RunFp8(stream, ws, a.xq, static_cast<const uint8_t*>(a.w), a.w_scale, a.x_scale,
                       epi == Epilogue::kNone ? nullptr : a.bias, C, a.y, M, N, K, epi,
@@ -1141,6 +1182,13 @@ BF_DENSE_EXPORT const char* bf_sm90_configs() {
 
 // DenseBiasSkipLayerNorm's split-K form from now on: 0 auto (timed per shape), -1 off, n >= 2
 // always n splits where the shape allows (as BERTFUSE_SPLIT_LN).
+BF_DENSE_EXPORT int bf_check_set_fp8_out(int on) {
+  // The FP8 GEMM writing e4m3 itself from now on (1), or the fp16 Y and a pass (0).
+  if (on != 0 && on != 1) return 1;
+  bertfuse::Fp8OutFlag().store(on);
+  return 0;
+}
+
 BF_DENSE_EXPORT int bf_check_set_split_ln(int mode) {
   if (mode < -1 || mode == 1 || mode > 16) return 1;
   bertfuse::SplitLnFlag().store(mode);

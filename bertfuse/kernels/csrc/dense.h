@@ -71,6 +71,14 @@ class DenseGemm {
                      const float* w_scale, float x_scale, const __half* bias, const __half* C,
                      __half* Y, int M, int N, int K, Epilogue epi, bool fast_accum);
 
+  // FP8 in, e4m3 out: Dq[M,N] = e4m3_satfinite(epilogue(x_scale * w_scale * Xq@Wt^T + bias) *
+  // d_scale[0]) in cuBLASLt's epilogue (no fp16 Y, no pass after); d_scale a device float[1]
+  // (1 / the output's scale). No residual. Marks the epilogue unsupported where cuBLASLt offers no
+  // algorithm (SupportsQuantizedOut), and returns a message.
+  const char* RunFp8Quantized(cudaStream_t stream, WorkspaceSource* ws, const uint8_t* Xq, const uint8_t* Wt,
+                              const float* w_scale, float x_scale, const __half* bias, uint8_t* Dq,
+                              const float* d_scale, int M, int N, int K, Epilogue epi, bool fast_accum);
+
   // Split-K without the reduction: D[s][M,N] = X[:, s*K/splits .. (s+1)*K/splits) @ W[same rows, :]
   // in fp32, s = 0 .. splits-1, as one strided-batched cuBLASLt GEMM (no workspace, no
   // epilogue): the caller's next kernel adds the partials (bf_layernorm_splits_f16). Needs
@@ -92,21 +100,26 @@ class DenseGemm {
     return (unsupported_ & ConfigBit(fp8, epi, residual)) == 0;
   }
 
-  // Bit (epilogue * 4 + fp8 * 2 + residual) set for each combination found unsupported.
+  bool SupportsQuantizedOut(Epilogue epi) const { return (unsupported_ & QuantizedOutBit(epi)) == 0; }
+
+  // Bit (epilogue * 4 + fp8 * 2 + residual) set for each combination found unsupported; bit
+  // 16 + epilogue for an FP8 GEMM writing e4m3.
   int unsupported_mask() const { return unsupported_; }
 
   struct Plan;  // defined in dense.cu
 
  private:
+  // d_scale non-null: D (at Y) is e4m3, scaled by d_scale[0] (a device float), no residual.
   const char* Run(cudaStream_t stream, WorkspaceSource* ws, bool fp8, const void* A, const void* B, const float* a_scale,
                   float alpha, const __half* bias, const __half* C, __half* Y, int M, int N,
-                  int K, Epilogue epi, bool fast_accum);
+                  int K, Epilogue epi, bool fast_accum, const float* d_scale = nullptr);
 
   cublasLtHandle_t handle_ = nullptr;
   size_t max_workspace_ = 0;
   static int ConfigBit(bool fp8, Epilogue epi, bool residual) {
     return 1 << (static_cast<int>(epi) * 4 + (fp8 ? 2 : 0) + (residual ? 1 : 0));
   }
+  static int QuantizedOutBit(Epilogue epi) { return 1 << (16 + static_cast<int>(epi)); }
 
   int algo_rank_ = DefaultAlgoRank();
   static int DefaultAlgoRank();
@@ -117,11 +130,12 @@ class DenseGemm {
     int fp8, epi, residual, M, N, K, al_a, al_b, al_c, al_d, fast_accum, rank;
     size_t workspace;
     int splits = 0;  // RunF16SplitK's plans: the batch count (0: the ordinary plans)
+    int d_fp8 = 0;   // D in e4m3 (RunFp8Quantized)
     bool operator==(const PlanKey& o) const {
       return fp8 == o.fp8 && epi == o.epi && residual == o.residual && M == o.M && N == o.N &&
              K == o.K && al_a == o.al_a && al_b == o.al_b && al_c == o.al_c && al_d == o.al_d &&
              fast_accum == o.fast_accum && rank == o.rank && workspace == o.workspace &&
-             splits == o.splits;
+             splits == o.splits && d_fp8 == o.d_fp8;
     }
   };
   const char* TimePlan(Plan& p, cudaStream_t stream, WorkspaceSource* ws, const void* A,
@@ -167,6 +181,9 @@ struct DenseArgs {
   float yq_scale = 1.0f;
   // y is scratch that nothing reads (the op's Y left off): the last pass writes only yq.
   bool y_unread = false;
+  // device float[1] = 1 / yq_scale: with y_unread, an FP8 tanh-GELU op has cuBLASLt write yq
+  // itself from its fp32 epilogue (no fp16 Y, no pass), where Fp8OutFlag allows.
+  const float* yq_dscale = nullptr;
   // DenseBiasSkipLayerNorm only, optional: the fp32 copy of Y (before its fp16 rounding),
   // [M*N] floats, written by the LayerNorm beside Y.
   float* y32 = nullptr;
@@ -178,6 +195,9 @@ struct DenseArgs {
 // 0 auto (timed against the plain form once per shape, kept where it is at least 3% faster),
 // -1 off, n >= 2 always n splits where the shape allows.
 std::atomic<int>& SplitLnFlag();
+// The FP8 GEMM writing e4m3 itself (DenseArgs::yq_dscale): env BERTFUSE_FP8_GEMM_OUT (on, or
+// off), or bf_check_set_fp8_out; 1 on, 0 off.
+std::atomic<int>& Fp8OutFlag();
 // What the split-K timing found, per shape (bf_split_ln_choices).
 std::string SplitLnChoicesJson();
 

@@ -114,6 +114,31 @@ class OrtScratch : public bertfuse::WorkspaceSource {
   std::vector<void*> ptrs_;
 };
 
+// One float in device memory on `device` (-1: the current one), for a cuBLASLt scale pointer.
+class DeviceFloat {
+ public:
+  DeviceFloat(int device, float value) {
+    int prev = -1;
+    const bool swap = device >= 0 && cudaGetDevice(&prev) == cudaSuccess && prev != device;
+    if (swap) cudaSetDevice(device);
+    cudaError_t e = cudaMalloc(&ptr_, sizeof(float));
+    if (e == cudaSuccess) e = cudaMemcpy(ptr_, &value, sizeof(float), cudaMemcpyHostToDevice);
+    if (swap) cudaSetDevice(prev);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      if (ptr_) cudaFree(ptr_);
+      throw std::runtime_error(std::string("device scale: ") + cudaGetErrorString(e));
+    }
+  }
+  ~DeviceFloat() { cudaFree(ptr_); }
+  DeviceFloat(const DeviceFloat&) = delete;
+  DeviceFloat& operator=(const DeviceFloat&) = delete;
+  const float* get() const { return static_cast<const float*>(ptr_); }
+
+ private:
+  void* ptr_ = nullptr;
+};
+
 template <typename T>
 class DenseKernel {
  public:
@@ -148,7 +173,12 @@ class DenseKernel {
       }
       weights_const_ = weights_const_ && is_const != 0;
     }
-    gemm_ = std::make_unique<bertfuse::DenseGemm>(KernelDevice(info), bertfuse::DefaultWorkspaceBytes());
+    const int device = KernelDevice(info);
+    gemm_ = std::make_unique<bertfuse::DenseGemm>(device, bertfuse::DefaultWorkspaceBytes());
+    // The FP8 GELU ops hand cuBLASLt 1 / yq_scale as a device float, so that the GEMM can write
+    // Yq itself where Y is left off: one float, set here once (not inside a capture).
+    if (T::kFp8 && T::kKind == DenseKind::kBiasGelu && yq_scale_ > 0.f && yq_scale_ != INFINITY)
+      yq_dscale_ = std::make_unique<DeviceFloat>(device, 1.0f / yq_scale_);
   }
 
   OrtStatusPtr ComputeV2(OrtKernelContext* context) {
@@ -239,6 +269,7 @@ class DenseKernel {
       const size_t bytes = static_cast<size_t>(M) * static_cast<size_t>(N) * sizeof(__half);
       a.y = static_cast<__half*>(scratch.Get(bytes));
       a.y_unread = true;
+      a.yq_dscale = yq_dscale_ ? yq_dscale_->get() : nullptr;
       BF_REQUIRE(a.y != nullptr, "no " << bytes << "-byte scratch buffer for Y");
     }
     if (x_fp8) {  // quantized upstream: read as is (bf_dense_forward never writes xq when x is null)
@@ -266,6 +297,7 @@ class DenseKernel {
   float yq_scale_ = 0.f;
   bool weights_const_ = true;
   std::unique_ptr<bertfuse::DenseGemm> gemm_;
+  std::unique_ptr<DeviceFloat> yq_dscale_;
 };
 
 template <typename T>
