@@ -66,7 +66,8 @@ def test_every_dense_op_gets_fp8_weights_calibrated_on_the_inputs(rng, seed):
         assert err.mean() > 5 * np.abs(fp16[name] - want[name]).mean(), (name, seed)
         assert np.abs(bad[name] - want[name]).mean() > 3 * err.mean(), (name, seed)
     # the tanh GELU moves the FP8 outputs less than FP8 itself does (here, with O(1) random
-    # activations, up to about half of it; on BERT's GELU inputs far less: docs/benchmarks)
+    # activations, up to about half of it; on the BERT configs on the GPU FP8's error against
+    # fp32 did not move measurably)
     erf = onnx.ModelProto()
     erf.CopyFrom(fp8)
     for n in erf.graph.node:
