@@ -105,7 +105,7 @@ class Gelu(_Custom):
 
 
 def _yq_outputs(op: OpRun, y: np.ndarray, y64: np.ndarray | None = None,
-                   yq_scale: float | None = None) -> tuple:
+                yq_scale: float | None = None) -> tuple:
     """A dense or attention op's outputs in slot order, as far as the node names them: Y, then
     Yq (e4m3 of Y with yq_scale) and Y32 where asked for, an empty stand-in where skipped."""
     names = list(op.onnx_node.output)
@@ -131,7 +131,7 @@ class DenseBiasGelu(_Custom):
 
     def _run(self, x, w, bias, approximate=0, yq_scale=None):
         return _yq_outputs(self, dense.dense_bias_gelu(x, w, bias, approximate=approximate),
-                              yq_scale=yq_scale)
+                           yq_scale=yq_scale)
 
 
 class DenseBiasSkipLayerNorm(_Custom):

@@ -65,8 +65,7 @@ class Fp8Handoff(CandidatePass):
                f"the input of {node.name} comes from {p.op} {p.name}, which writes no e4m3 copy "
                f"(quantised in {node.name})")
         expect(p.outputs[0] is x, f"{node.name} reads {p.name}'s output {x.name}, not its Y")
-        yq = p.outputs[YQ_SLOT] if len(p.outputs) > YQ_SLOT else None
-        if yq is not None and yq.name:
+        if _yq(p) is not None:
             theirs = p.attrs.get("yq_scale")
             expect(theirs == scale, f"{p.name} writes Yq with yq_scale {theirs}, not {node.name}'s "
                                     f"x_scale {scale}")
@@ -75,8 +74,8 @@ class Fp8Handoff(CandidatePass):
     def rewrite(self, graph: gs.Graph, node: gs.Node, found: tuple[gs.Node, float]) -> None:
         p, scale = found
         y = p.outputs[0]
-        yq = p.outputs[YQ_SLOT] if len(p.outputs) > YQ_SLOT else None
-        if yq is None or not yq.name:  # the producer's first FP8 reader: its Yq slot is new
+        yq = _yq(p)
+        if yq is None:  # the producer's first FP8 reader: its Yq slot is new
             yq = gs.Variable(f"{y.name}_e4m3", dtype=onnx.TensorProto.FLOAT8E4M3FN, shape=y.shape)
             if len(p.outputs) > YQ_SLOT:
                 p.outputs[YQ_SLOT] = yq
@@ -88,8 +87,14 @@ class Fp8Handoff(CandidatePass):
     def finish(self, graph: gs.Graph, result: PassResult) -> None:
         outputs = {id(t) for t in graph.outputs}
         for p in graph.nodes:
-            if p.domain == BERTFUSE_DOMAIN and p.op in Y_OPTIONAL and len(p.outputs) > YQ_SLOT and \
-                    p.outputs[YQ_SLOT].name and p.outputs[0].name and not p.outputs[0].outputs and \
-                    id(p.outputs[0]) not in outputs:
+            if p.domain != BERTFUSE_DOMAIN or p.op not in Y_OPTIONAL or _yq(p) is None:
+                continue
+            y = p.outputs[0]
+            if y.name and not y.outputs and id(y) not in outputs:  # nothing reads Y any more
                 p.outputs[0] = gs.Variable.empty()
 
+
+def _yq(p: gs.Node) -> gs.Tensor | None:
+    """The producer's output Yq, where its slot is filled."""
+    yq = p.outputs[YQ_SLOT] if len(p.outputs) > YQ_SLOT else None
+    return yq if yq is not None and yq.name else None

@@ -57,7 +57,7 @@ def lowering_plan() -> list[Pass]:
 
 def fp8_plan(x_amax: dict[str, float]) -> list[Pass]:
     """The bertfuse dense ops' weights in FP8; x_amax: max |X| per dense input (calibrated).
-    Then each FP8 op's input in e4m3 from the op before, where that is a dense op."""
+    Then each FP8 op's input in e4m3 from the op before (a dense op or the attention)."""
     from bertfuse.passes.fp8_handoff import Fp8Handoff
     from bertfuse.passes.fp8_weights import Fp8Weights
 
