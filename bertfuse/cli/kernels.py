@@ -142,11 +142,12 @@ def _check(args, console) -> int:
     path = Path(args.library) if args.library else lib.locate(sm=sm)
     info = lib.library_info(path)
     from bertfuse.kernels import check
+    from bertfuse.kernels.cases import MAX_ABS, MEAN_ABS
 
     cases = check.all_cases(args.seed, args.op, args.fp8)
     say = _say(args, console)
     say(f"library {path} ({info.get('cuda_archs')}, ORT API {info.get('ort_api_version')}); GPU sm{sm}; "
-        f"onnxruntime {ort.__version__}; gate max <= {check.MAX_ABS}, mean <= {check.MEAN_ABS}")
+        f"onnxruntime {ort.__version__}; gate max <= {MAX_ABS}, mean <= {MEAN_ABS}")
 
     def line(r) -> None:
         if r.error:
@@ -167,7 +168,7 @@ def _check(args, console) -> int:
         say(f"no check case for: {', '.join(unchecked)}")
     if args.json:
         print(json.dumps({"library": str(path), "info": info, "sm": sm, "onnxruntime": ort.__version__,
-                          "tolerance": {"max_abs": check.MAX_ABS, "mean_abs": check.MEAN_ABS},
+                          "tolerance": {"max_abs": MAX_ABS, "mean_abs": MEAN_ABS},
                           "cuda_graph": args.cuda_graph, "ok": ok, "library_ops": names,
                           "unchecked_ops": unchecked,
                           "cases": [r.to_json() for r in results]}, indent=2))

@@ -22,14 +22,14 @@ import onnx
 from onnx import TensorProto, helper
 
 from bertfuse.io.ort import make_session
-from bertfuse.kernels.cases import Case, Feeds, normal16
+from bertfuse.kernels.cases import Case, Feeds, diff, gate, normal16
+from bertfuse.kernels.check_e4m3 import attention_e4m3_cases
 from bertfuse.kernels.check_packed import packed_cases
 from bertfuse.kernels.library import DOMAIN, KernelLibraryError
 from bertfuse.ops.bertfuse import bert_attention, dense, pooler
 from bertfuse.ops.bertfuse import embed_layernorm as bert_embed
+from bertfuse.ops.bertfuse.dense_fp8 import E4M3_MAX, e4m3
 
-MAX_ABS, MEAN_ABS = 4e-2, 2e-3
-E4M3_MAX = 448.0
 
 
 @dataclass
@@ -140,13 +140,6 @@ def attention_cases(rng: np.random.Generator) -> list[Case]:
     return cases
 
 
-def _e4m3(x: np.ndarray) -> np.ndarray:
-    """Round to float8 e4m3fn (nearest even), saturating at +-448; returned as the fp8 array."""
-    import ml_dtypes
-
-    return np.clip(x.astype(np.float32), -E4M3_MAX, E4M3_MAX).astype(ml_dtypes.float8_e4m3fn)
-
-
 def _fp8_model(op: str, feeds: Feeds, wt: np.ndarray, w_scale: np.float32, attrs: dict[str, Any],
                y_shape: tuple[int, ...]) -> onnx.ModelProto:
     names = ["X", "Wt", *[n for n in feeds if n != "X"], "w_scale"]  # X Wt bias [skip gamma beta] w_scale
@@ -171,7 +164,7 @@ def _fp8_reference(op: str, attrs: dict[str, Any], x_scale: np.float32, wt: np.n
     w_deq = wt.astype(np.float64).T * float(w_scale)
 
     def ref(f: Feeds) -> list[np.ndarray]:
-        x_deq = _e4m3(f["X"].astype(np.float32) / x_scale).astype(np.float64) * float(x_scale)
+        x_deq = e4m3(f["X"].astype(np.float32) / x_scale).astype(np.float64) * float(x_scale)
         rest = [v.astype(np.float64) for k, v in f.items() if k != "X"]  # bias[, skip, gamma, beta]
         return [dense.reference(op, x_deq, w_deq, *rest, **attrs).astype(np.float16)]
     return ref
@@ -184,7 +177,7 @@ def fp8_cases(rng: np.random.Generator) -> list[Case]:
         w = feeds.pop("W")
         x_scale = np.float32(np.abs(feeds["X"].astype(np.float32)).max() / E4M3_MAX)
         w_scale = np.float32(np.abs(w.astype(np.float32)).max() / E4M3_MAX)
-        wt = _e4m3(w.T.astype(np.float32) / w_scale)
+        wt = e4m3(w.T.astype(np.float32) / w_scale)
         model = _fp8_model(op + "Fp8", feeds, wt, w_scale, {**attrs, "x_scale": float(x_scale)}, (*lead, n))
         label = f"X{list(feeds['X'].shape)} Wt[{n},{k}] e4m3{_attrs_label(attrs)}"
         exact = lambda f, op=op, w=w, attrs=attrs: dense.reference(  # noqa: E731
@@ -250,7 +243,8 @@ def embed_cases(rng: np.random.Generator) -> list[Case]:
 
 def all_cases(seed: int = 0, ops: list[str] | None = None, fp8: bool = True) -> list[Case]:
     rng = np.random.default_rng(seed)
-    cases = dense_cases(rng) + attention_cases(rng) + (fp8_cases(rng) if fp8 else []) + \
+    cases = dense_cases(rng) + attention_cases(rng) + \
+        (fp8_cases(rng) + attention_e4m3_cases(rng) if fp8 else []) + \
         packed_cases(rng) + pooler_cases(rng) + embed_cases(rng)
     if ops:
         unknown = set(ops) - {c.op for c in cases}
@@ -279,8 +273,11 @@ def _run_graph(ort: Any, sess: Any, case: Case, want: list[np.ndarray], device: 
     for name, arr in case.feeds.items():
         values[name] = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(arr), device, 0)
         binding.bind_ortvalue_input(name, values[name])
-    outs = [ort.OrtValue.ortvalue_from_shape_and_type(list(w.shape), w.dtype, device, 0) for w in want]
-    for meta, out in zip(sess.get_outputs(), outs):
+    metas = sess.get_outputs()
+    outs = [ort.OrtValue.ortvalue_from_shape_and_type(  # e4m3 outputs: ORT hands their bytes as uint8
+        list(w.shape), TensorProto.FLOAT8E4M3FN if m.type == "tensor(float8e4m3fn)" else w.dtype, device, 0)
+        for m, w in zip(metas, want)]
+    for meta, out in zip(metas, outs):
         binding.bind_ortvalue_output(meta.name, out)
     runs = []
     for _ in range(3):  # ORT: regular run(s) first, then capture, then replay
@@ -294,29 +291,6 @@ def _run_graph(ort: Any, sess: Any, case: Case, want: list[np.ndarray], device: 
     return runs[0], [o.numpy().copy() for o in outs]
 
 
-def _diff(got: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
-    if not np.all(np.isfinite(got.astype(np.float64))):
-        return float("nan"), float("nan")
-    d = np.abs(got.astype(np.float64) - ref.astype(np.float64))
-    return (float(d.max()), float(d.mean())) if d.size else (0.0, 0.0)
-
-
-def gate(got: list[np.ndarray], want: list[np.ndarray]) -> tuple[float, float, bool]:
-    """(max, mean, ok) over all outputs: float outputs within the fp16 gate, integer ones exact,
-    never a NaN."""
-    if [g.shape for g in got] != [w.shape for w in want]:
-        return float("nan"), float("nan"), False
-    mx = mean = 0.0
-    ok = True
-    for g, w in zip(got, want):
-        m, a = _diff(g, w)
-        if not np.isfinite(m):
-            return float("nan"), float("nan"), False
-        mx, mean = max(mx, m), max(mean, a)
-        ok = ok and (m == 0 if np.issubdtype(w.dtype, np.integer) else m <= MAX_ABS and a <= MEAN_ABS)
-    return mx, mean, bool(ok)
-
-
 def run_case(ort: Any, lib: Path, case: Case, cuda_graph: bool = True) -> CaseResult:
     res = CaseResult(case.op, case.label, ok=False)
     try:
@@ -325,13 +299,17 @@ def run_case(ort: Any, lib: Path, case: Case, cuda_graph: bool = True) -> CaseRe
         if [g.shape for g in got] != [w.shape for w in want]:
             res.error = f"output shapes {[list(g.shape) for g in got]}, expected {[list(w.shape) for w in want]}"
             return res
-        res.max_abs, res.mean_abs, ok = gate(got, want)
+        res.max_abs, res.mean_abs, ok = case.check(got, case.feeds) if case.check else gate(got, want)
         if case.exact is not None:
-            res.fp8_vs_exact_max, res.fp8_vs_exact_mean = _diff(got[0], case.exact(case.feeds))
+            res.fp8_vs_exact_max, res.fp8_vs_exact_mean = diff(got[0], case.exact(case.feeds))
         if cuda_graph:
             first, replay = _run_graph(ort, _session(lib, case.model, True), case, want)
-            g1, _, ok1 = gate(first, want)
-            g2, _, ok2 = gate(replay, case.reference(case.replay_feeds()))
+            if case.check:
+                g1, _, ok1 = case.check(first, case.feeds)
+                g2, _, ok2 = case.check(replay, case.replay_feeds())
+            else:
+                g1, _, ok1 = gate(first, want)
+                g2, _, ok2 = gate(replay, case.reference(case.replay_feeds()))
             res.graph_max_abs = max(g1, g2) if np.isfinite(g1) and np.isfinite(g2) else float("nan")
             ok = ok and ok1 and ok2
         res.ok = ok

@@ -21,6 +21,7 @@ BERTFUSE_DOMAIN = "ai.bertfuse"  # bertfuse's own op library (CUDA EP only)
 BERTFUSE_OPSET = 1
 # IR 8 is the IR of opset 17 (ONNX 1.12); newer onnx writes IR versions older ORT builds refuse.
 IR_VERSION = 8
+FP8_IR_VERSION = 9  # float8e4m3fn tensors (FP8 weights, e4m3 outputs) need IR 9
 # What a fused form may differ from its reference by (max and mean |diff|), per precision: the
 # convert gate against TensorFlow and the runtime's check of bertfuse's ops both read it.
 TOLERANCES = {"fp32": {"max": 1e-4, "mean": 1e-4}, "fp16": {"max": 4e-2, "mean": 2e-3}}
@@ -165,12 +166,12 @@ def _by_name(specs: Sequence[TensorSpec], name: str, op: str) -> TensorSpec:
 
 
 # (name, dtype, shape) of a graph input/output; None in a node slot means "optional, omitted".
-ValueSpec = tuple[str, "np.dtype[Any] | type", "Sequence[int | str | None] | None"]
+ValueSpec = tuple[str, "np.dtype[Any] | type | int", "Sequence[int | str | None] | None"]
 
 
 def _value_info(spec: ValueSpec) -> onnx.ValueInfoProto:
-    name, dtype, shape = spec
-    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    name, dtype, shape = spec  # dtype: a NumPy dtype, or a TensorProto type (FLOAT8E4M3FN)
+    elem = dtype if isinstance(dtype, int) else helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
     return helper.make_tensor_value_info(name, elem, None if shape is None else list(shape))
 
 

@@ -11,8 +11,9 @@ Yq beside it, the same bytes C's quantise pass would have written (e4m3 of the f
 the fp32 reciprocal of s), so the model's numbers do not change: one kernel less per hand-off,
 and C reads 1 byte per element instead of 2.
 
-A GELU op whose Y nothing reads any more (FFN up: FFN down took its Yq) leaves Y off: its GELU
-pass then writes only the e4m3 copy, half the bytes.
+A GELU op or attention whose Y nothing reads any more (FFN up: FFN down took its Yq; the
+context: the attention-out GEMM took its Yq) leaves Y off: its last kernel then writes only the
+e4m3 copy, half the bytes.
 
 Candidates: every FP8 dense op (after fp8_weights); each ends handed off or missed (X not made
 by one of those ops: the embedding's output stays quantised in the first QKV GEMM; the
@@ -36,8 +37,10 @@ from bertfuse.passes.match import expect, fail
 # every op with an output Yq
 PRODUCERS = frozenset(DENSE_CONTRACTS) | frozenset(FP8_CONTRACTS) | {BERT_ATTENTION.op_type}
 YQ_SLOT = 1
-# the ops whose Y may be left off where only Yq is read (their contracts say so: the GELU ops)
-Y_OPTIONAL = frozenset(op for op, c in {**DENSE_CONTRACTS, **FP8_CONTRACTS}.items()
+# the ops whose Y may be left off where only Yq is read (their contracts say so: the GELU ops,
+# the attention)
+Y_OPTIONAL = frozenset(op for op, c in {**DENSE_CONTRACTS, **FP8_CONTRACTS,
+                                        BERT_ATTENTION.op_type: BERT_ATTENTION}.items()
                        if c.outputs[0].optional)
 
 

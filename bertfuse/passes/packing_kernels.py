@@ -58,11 +58,12 @@ class PackingKernelsPass:
         gather_tokens(graph, embed, index)
         for att in attentions:
             out = att.outputs[0]
-            context = gs.Variable(f"{out.name}_packed", dtype=out.dtype)
+            context = gs.Variable(f"{out.name or att.name + '_context'}_packed", dtype=np.float16)
             graph.nodes.append(PACKED_BERT_ATTENTION.node(
                 f"{att.name}_packed", [att.inputs[0], slot, cu], [context],
                 num_heads=att.attrs["num_heads"], scale=att.attrs.get("scale")))
-            replace_tensor(graph, out, context)
+            if out.name:  # left off where an FP8 GEMM reads only Yq (fp8_handoff)
+                replace_tensor(graph, out, context)
             if len(att.outputs) > 1 and att.outputs[1].name:
                 # an FP8 GEMM read the e4m3 copy (fp8_handoff): the packed op writes none, so
                 # it reads the fp16 context and quantises it itself, with the same scale

@@ -22,11 +22,12 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 import onnx
 
+from bertfuse.ops.contract import FP8_IR_VERSION
+
 if TYPE_CHECKING:
     from bertfuse.passes.manager import PipelineReport
     from bertfuse.pipeline.parity import OutputParity
 
-FP8_IR_VERSION = 9  # FLOAT8E4M3FN initializers need IR 9
 ROW_PREFIX = "fp8 vs fp32: "
 Fp32Reference = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 

@@ -137,7 +137,7 @@ __device__ __forceinline__ void context(const float (&acc)[2 * KT][4], const __h
     if (qw0 + r < S) {
       const size_t at = (static_cast<size_t>(b) * S + qw0 + r) * H + head * kD + col;
       const uint4 u = *reinterpret_cast<const uint4*>(Qw + r * kLd + col);
-      *reinterpret_cast<uint4*>(out + at) = u;
+      if (out) *reinterpret_cast<uint4*>(out + at) = u;  // absent: only the e4m3 copy is read
       if (outq) *reinterpret_cast<uint2*>(outq + at) = e4m3x8(u, q_inv);
     }
   }
@@ -292,11 +292,19 @@ const char* attention_unsupported(int B, int S, int num_heads, int head_size, in
   return attention_general_unsupported(B * S, num_heads, head_size);
 }
 
+bool attention_e4m3_only(const __half* qkv, const uint8_t* outq, int B, int S, int num_heads, int head_size,
+                         int mask_rank) {
+  return outq != nullptr &&
+         ((reinterpret_cast<uintptr_t>(qkv) % 16) | (reinterpret_cast<uintptr_t>(outq) % 8)) == 0 &&
+         attention_fast_unsupported(B, S, num_heads, head_size, mask_rank) == nullptr;
+}
+
 cudaError_t bf_attention_f16_warps(cudaStream_t stream, const __half* qkv, const int32_t* mask, int mask_rank,
                                    int B, int S, int num_heads, int head_size, float scale, __half* out,
                                    int warps, int passes, uint8_t* outq, float outq_scale) {
   if (attention_fast_unsupported(B, S, num_heads, head_size, mask_rank) != nullptr) return cudaErrorInvalidValue;
-  if (qkv == nullptr || out == nullptr || (mask_rank > 0 && mask == nullptr)) return cudaErrorInvalidValue;
+  if (qkv == nullptr || (out == nullptr && outq == nullptr) || (mask_rank > 0 && mask == nullptr))
+    return cudaErrorInvalidValue;
   // 16-byte vector access: the row strides (3H, H halves) are multiples of 8 since D = 64.
   if ((reinterpret_cast<uintptr_t>(qkv) | reinterpret_cast<uintptr_t>(out)) % 16 != 0) return cudaErrorInvalidValue;
   if (outq && (reinterpret_cast<uintptr_t>(outq) % 8 != 0 || !(outq_scale > 0.0f))) return cudaErrorInvalidValue;
@@ -324,12 +332,14 @@ cudaError_t bf_attention_f16(cudaStream_t stream, const __half* qkv, const int32
                              float outq_scale) {
   // The tensor-core kernel where it covers the shape (head size 64, S <= 128), the tiled one
   // at head sizes 32/64/128 up to S 1024 (both read 16-byte aligned rows), the general path
-  // everywhere else. The e4m3 copy: in the tensor-core kernel's store, else one quantize pass.
+  // everywhere else. The e4m3 copy: in the tensor-core kernel's store, else one quantize pass
+  // (which reads the fp16 context: only the tensor-core kernel runs without `out`).
   const bool aligned = ((reinterpret_cast<uintptr_t>(qkv) | reinterpret_cast<uintptr_t>(out)) % 16) == 0 &&
                        reinterpret_cast<uintptr_t>(outq) % 8 == 0;
   if (aligned && attention_fast_unsupported(B, S, num_heads, head_size, mask_rank) == nullptr)
     return bf_attention_f16_warps(stream, qkv, mask, mask_rank, B, S, num_heads, head_size, scale, out, 0, 0,
                                   outq, outq_scale);
+  if (out == nullptr) return cudaErrorInvalidValue;
   cudaError_t e;
   if (aligned && attention_tiled_unsupported(B, S, num_heads, head_size, mask_rank) == nullptr)
     e = bf_attention_tiled_f16(stream, qkv, mask, mask_rank, B, S, num_heads, head_size, scale, out);

@@ -24,10 +24,16 @@ const char* attention_unsupported(int B, int S, int num_heads, int head_size, in
 // The same for the tensor-core kernel alone.
 const char* attention_fast_unsupported(int B, int S, int num_heads, int head_size, int mask_rank);
 
+// True where bf_attention_f16 runs with out = nullptr: the tensor-core kernel covers the shape and
+// writes outq (non-null) in its store, so the fp16 context need not be written at all.
+bool attention_e4m3_only(const __half* qkv, const uint8_t* outq, int B, int S, int num_heads, int head_size,
+                         int mask_rank);
+
 // Launch on `stream`; no allocation, no synchronisation (CUDA-graph safe). scale <= 0 means
 // 1/sqrt(head_size). The tensor-core kernel where it covers the shape, else the general path.
 // outq (optional, 8-byte aligned, B*S*H bytes) receives e4m3_satfinite(context * (1 / outq_scale))
 // for an FP8 GEMM downstream: written by the tensor-core kernel's store, else by one more pass.
+// out may be nullptr where attention_e4m3_only says so (only outq is written).
 // Returns cudaErrorInvalidValue for an unsupported shape (see attention_unsupported), else the
 // launch status.
 cudaError_t bf_attention_f16(cudaStream_t stream, const __half* qkv, const int32_t* mask, int mask_rank,

@@ -6,8 +6,11 @@
 //
 // Yq = e4m3_satfinite(context * (1 / yq_scale)) for an FP8 GEMM downstream (the attention-out
 // DenseBiasSkipLayerNormFp8), written in the kernel's store where the tensor-core kernel runs.
+// The context may be left off where Yq is there (the FP8 model reads only Yq): the tensor-core
+// kernel then writes Yq alone; the other paths write the context into ORT scratch first.
 // Shapes are checked here so an unsupported one is a clear ORT error, never a wrong answer.
 #include "attention.h"
+#include "ort_scratch.h"
 #include "registry.h"
 
 #include <stdexcept>
@@ -50,10 +53,11 @@ struct BertAttentionKernel {
                                             << "] (raw 0/1) or [B] = [" << B << "] (key lengths)");
         }
 
-        __half* out = bf::Output<__half>(ctx, 0, bf::Shape{B, S, H});
+        __half* out = bf::OptionalOutput<__half>(ctx, 0, bf::Shape{B, S, H});
         uint8_t* yq = bf::OptionalOutput<uint8_t>(ctx, 1, bf::Shape{B, S, H});
         BF_REQUIRE(yq == nullptr || (yq_scale_ > 0.f && yq_scale_ != INFINITY),
                    "output Yq needs the attribute yq_scale (finite, > 0): Yq = e4m3(context / yq_scale)");
+        BF_REQUIRE(out != nullptr || yq != nullptr, "neither context nor Yq is asked for");
         if (B == 0 || S == 0) return nullptr;  // empty batch: nothing to compute
         BF_REQUIRE(B <= INT32_MAX && S <= INT32_MAX, "qkv " << bf::ShapeStr(qkv.shape) << " is too large");
         if (const char* why = bertfuse::attention_unsupported(static_cast<int>(B), static_cast<int>(S),
@@ -64,6 +68,15 @@ struct BertAttentionKernel {
                                  " with num_heads " + std::to_string(num_heads_) + " (head size " +
                                  std::to_string(D) + "): " + why,
                              ORT_NOT_IMPLEMENTED);
+        }
+        bf::OrtScratch scratch(context, ctx.GetInput(0).GetTensorMemoryInfo());  // qkv's device
+        if (out == nullptr &&
+            !bertfuse::attention_e4m3_only(static_cast<const __half*>(qkv.data), yq, static_cast<int>(B),
+                                           static_cast<int>(S), static_cast<int>(num_heads_), static_cast<int>(D),
+                                           mask_rank)) {
+            const size_t bytes = sizeof(__half) * static_cast<size_t>(B * S * H);
+            out = static_cast<__half*>(scratch.Get(bytes));  // the path quantises the context after
+            BF_REQUIRE(out != nullptr, "no " << bytes << "-byte scratch buffer for the context");
         }
         BF_CUDA_OK(bertfuse::bf_attention_f16(bf::ComputeStream(ctx), static_cast<const __half*>(qkv.data),
                                               mask.as<int32_t>(), mask_rank, static_cast<int>(B),
@@ -91,9 +104,8 @@ struct BertAttentionOp : bf::CudaOp<BertAttentionOp, BertAttentionKernel> {
     ONNXTensorElementDataType GetOutputType(size_t index) const {
         return index == 0 ? ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16 : ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT8E4M3FN;
     }
-    OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t index) const {
-        return index == 0 ? OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED
-                          : OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL;
+    OrtCustomOpInputOutputCharacteristic GetOutputCharacteristic(size_t /*index*/) const {
+        return OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_OPTIONAL;  // context or Yq may be left off
     }
 };
 

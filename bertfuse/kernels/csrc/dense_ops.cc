@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "dense.h"
+#include "ort_scratch.h"
 #include "registry.h"
 
 namespace {
@@ -74,45 +75,6 @@ int KernelDevice(const OrtKernelInfo* info) {
   }
   return device;
 }
-
-// Device scratch for one run from ORT's stream-aware scratch buffer (its arena: what ORT's own
-// CUDA kernels use; no cudaMalloc once warm; per session, so concurrent sessions on other
-// streams never share a buffer). Everything is handed back when Compute returns, as soon as
-// the work is queued: later users of a chunk run after it on the same stream.
-class OrtScratch : public bertfuse::WorkspaceSource {
- public:
-  OrtScratch(OrtKernelContext* ctx, const OrtMemoryInfo* mem) : ctx_(ctx), mem_(mem) {}
-  ~OrtScratch() override {
-    for (void* p : ptrs_) alloc_->Free(alloc_, p);
-    if (alloc_) Ort::GetApi().ReleaseAllocator(alloc_);
-  }
-  OrtScratch(const OrtScratch&) = delete;
-  OrtScratch& operator=(const OrtScratch&) = delete;
-
-  void* Get(size_t bytes) override {
-    const OrtApi& api = Ort::GetApi();
-    if (!alloc_) {
-      if (OrtStatusPtr st = api.KernelContext_GetAllocator(ctx_, mem_, &alloc_)) {
-        api.ReleaseStatus(st);
-        alloc_ = nullptr;
-        return nullptr;
-      }
-    }
-    void* p = nullptr;
-    if (OrtStatusPtr st = api.KernelContext_GetScratchBuffer(ctx_, mem_, bytes, &p)) {
-      api.ReleaseStatus(st);
-      return nullptr;
-    }
-    if (p) ptrs_.push_back(p);
-    return p;
-  }
-
- private:
-  OrtKernelContext* ctx_;
-  const OrtMemoryInfo* mem_;
-  OrtAllocator* alloc_ = nullptr;
-  std::vector<void*> ptrs_;
-};
 
 // One float in device memory on `device` (-1: the current one), for a cuBLASLt scale pointer.
 class DeviceFloat {
@@ -264,7 +226,7 @@ class DenseKernel {
     a.approximate = approximate_;
     a.epsilon = epsilon_;
 
-    OrtScratch scratch(context, ctx.GetInput(0).GetTensorMemoryInfo());  // X's device
+    bf::OrtScratch scratch(context, ctx.GetInput(0).GetTensorMemoryInfo());  // X's device
     if (y == nullptr) {  // Y left off: the GEMM and the GELU pass work in scratch, Yq is kept
       const size_t bytes = static_cast<size_t>(M) * static_cast<size_t>(N) * sizeof(__half);
       a.y = static_cast<__half*>(scratch.Get(bytes));

@@ -14,7 +14,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from bertfuse.ops.contract import BERTFUSE_DOMAIN, AttrSpec, OpContract, TensorSpec, one_node_model
+from bertfuse.ops.contract import (BERTFUSE_DOMAIN, FP8_IR_VERSION, AttrSpec, OpContract, TensorSpec,
+                                   one_node_model)
 
 MASK_FILTER_VALUE = -10000.0  # fixed: ORT Attention's default and TF BERT's adder
 # The largest head size the CUDA op runs (its general path), and the head sizes its tensor-core
@@ -35,7 +36,9 @@ CONTRACT = OpContract(
                    doc="raw [B,S] (>0 keeps key j, padding anywhere) or key lengths [B] "
                        "(keeps j < len[b]); absent: no mask"),
     ),
-    outputs=(TensorSpec("context", ("B", "S", "H"), ("float16",), doc="heads merged: [B,S,N*D]"),
+    outputs=(TensorSpec("context", ("B", "S", "H"), ("float16",), optional=True,
+                        doc="heads merged: [B,S,N*D]; may be left off where Yq is asked for (an "
+                            "FP8 model reads only Yq)"),
              TensorSpec("Yq", ("B", "S", "H"), ("float8e4m3fn",), optional=True,
                         doc="e4m3_satfinite(context * (1 / yq_scale)), for the FP8 attention-out "
                             "GEMM; needs yq_scale")),
@@ -95,13 +98,23 @@ def reference(qkv: np.ndarray, mask: np.ndarray | None = None, *, num_heads: int
 def make_model(batch: int | str, seq: int | str, hidden: int, num_heads: int,
                dtype: type | np.dtype = np.float16, *,
                mask_shape: tuple[int | str, ...] | None = None,
-               scale: float | None = None) -> onnx.ModelProto:
-    """One BertAttention node; mask_shape None omits the mask, else (B, S) or (B,)."""
-    return one_node_model(
+               scale: float | None = None, context: bool = True,
+               yq_scale: float | None = None) -> onnx.ModelProto:
+    """One BertAttention node; mask_shape None omits the mask, else (B, S) or (B,). yq_scale
+    adds the output Yq; context=False leaves the context off (Yq alone)."""
+    if not context and yq_scale is None:
+        raise ValueError("context=False needs yq_scale: the node must write some output")
+    shape = (batch, seq, hidden)
+    model = one_node_model(
         "BertAttention",
         BERTFUSE_DOMAIN,
         [("qkv", dtype, (batch, seq, 3 * hidden)),
          ("mask", np.int32, mask_shape) if mask_shape is not None else None],
-        [("context", dtype, (batch, seq, hidden))],
-        {"num_heads": num_heads, "scale": None if scale is None else float(scale)},
+        [("context", dtype, shape) if context else None,
+         ("Yq", onnx.TensorProto.FLOAT8E4M3FN, shape) if yq_scale is not None else None],
+        {"num_heads": num_heads, "scale": None if scale is None else float(scale),
+         "yq_scale": None if yq_scale is None else float(yq_scale)},
     )
+    if yq_scale is not None:
+        model.ir_version = max(model.ir_version, FP8_IR_VERSION)
+    return model
