@@ -58,10 +58,11 @@ class VariantPolicy:
     fastest below seq 128 (243 -> 229 us GPU at 3 layers b20 s64), cuDNN's keylen from 128
     on, so 'auto' splits there. min_seq keeps the raw mask below a bucket length. [3B+2]
     selects cutlass attention in fp16 only; fp32 would take the unfused path. A model whose
-    attention is all bertfuse's BertAttention (own_attention) keeps the raw mask below 128:
-    its kernel reads the raw mask at no cost, and the key-length form only adds its ReduceSum
-    (measured on the H200 at shenma-3l b20 s64: GPU 182.6 against 184.2 us, p50 8-22 us
-    lower in three runs; docs/benchmarks/kernels.md)."""
+    attention is all bertfuse's BertAttention (own_attention) keeps the raw mask at every
+    length under 'auto': its kernel reads the raw mask at no cost, and the key-length form only
+    adds its ReduceSum (measured on the H200 at shenma-3l b20 s64: GPU 182.6 against 184.2 us,
+    p50 8-22 us lower in three runs; at base b1 s128: GPU 389.8 against 393.7 us, 99 kernels
+    against 100; docs/benchmarks/kernels.md)."""
 
     right_padded: str  # 'auto', 'keylen' or 'keyseq'
     min_seq: int
@@ -73,8 +74,10 @@ class VariantPolicy:
         if kind == "raw" or bucket_seq < self.min_seq:
             return "raw"
         if self.right_padded == "auto":
+            if self.own_attention:
+                return "raw"
             if bucket_seq < AUTO_KEYLEN_MIN_SEQ:  # right-padded and full rows alike
-                return "keyseq" if self.fp16 and not self.own_attention else "raw"
+                return "keyseq" if self.fp16 else "raw"
             return kind
         return self.right_padded if kind == "keylen" else kind
 

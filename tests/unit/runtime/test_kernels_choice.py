@@ -201,9 +201,9 @@ def test_a_second_session_of_the_same_file_reuses_the_decision(rng, monkeypatch,
     assert kernels.file_identity(str(tmp_path / "missing.onnx")) is None
 
 
-def test_a_model_on_bertfuse_attention_keeps_the_raw_mask_below_128(fp16_model, rng):
+def test_a_model_on_bertfuse_attention_keeps_the_raw_mask(fp16_model, rng):
     """The key-length variants exist for ORT's Attention; BertAttention reads the raw mask as
-    fast, so below bucket length 128 the lowered model adds no ReduceSum variant."""
+    fast, so under 'auto' the lowered model adds no ReduceSum variant at any bucket length."""
     from bertfuse.runtime.variants import AUTO_KEYLEN_MIN_SEQ, VariantPolicy, has_own_attention
 
     lowered, _, _ = lower(fp16_model)
@@ -213,6 +213,8 @@ def test_a_model_on_bertfuse_attention_keeps_the_raw_mask_below_128(fp16_model, 
     own = VariantPolicy("auto", 0, True, own_attention=True)
     for kind in ("keylen", "nomask"):
         assert own.mode_for(kind, AUTO_KEYLEN_MIN_SEQ - 1) == "raw"
-        assert own.mode_for(kind, AUTO_KEYLEN_MIN_SEQ) == kind
-    assert own.modes_used([32, 64]) == []
+        assert own.mode_for(kind, AUTO_KEYLEN_MIN_SEQ) == "raw"
+        # ORT's Attention keeps its key-length form from 128
+        assert VariantPolicy("auto", 0, True).mode_for(kind, AUTO_KEYLEN_MIN_SEQ) == kind
+    assert own.modes_used([32, 64, 128, 256]) == []
     assert VariantPolicy("keyseq", 0, True, own_attention=True).mode_for("keylen", 32) == "keyseq"
