@@ -23,6 +23,7 @@
 #include <cmath>
 
 #include "launch.h"
+#include "vec8.cuh"
 #include "warp_mma.cuh"
 
 namespace bertfuse {
@@ -84,22 +85,6 @@ __device__ __forceinline__ void scores(const __half* Qw, const __half* Ks, const
 
 // O = P V for the warp's tile, normalised, staged in the warp's own Q rows (only it read them)
 // and written to out rows qw0 .. qw0 + 15 (those below S) with 16-byte stores.
-// Eight fp16 values as e4m3_satfinite(value * inv), round to nearest even: the bytes the dense
-// ops' quantize pass writes for them (an FP8 GEMM downstream reads them as its X).
-__device__ __forceinline__ uint2 e4m3x8(uint4 u, float inv) {
-  const __half2* h = reinterpret_cast<const __half2*>(&u);
-  uint2 q;
-  uint16_t* qq = reinterpret_cast<uint16_t*>(&q);
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    float2 f = __half22float2(h[j]);
-    f.x *= inv;
-    f.y *= inv;
-    qq[j] = __nv_cvt_float2_to_fp8x2(f, __NV_SATFINITE, __NV_E4M3);
-  }
-  return q;
-}
-
 template <int KT>
 __device__ __forceinline__ void context(const float (&acc)[2 * KT][4], const __half* Vs, __half* Qw, int lane,
                                         int g, int t, float sum0, float sum1, __half* __restrict__ out,

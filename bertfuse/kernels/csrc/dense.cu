@@ -14,6 +14,7 @@
 #include "gemm_sm90.h"
 #include "launch.h"
 #include "layernorm.h"
+#include "vec8.cuh"
 
 namespace bertfuse {
 namespace {
@@ -162,10 +163,6 @@ const char* DenseGemm::RunFp8(cudaStream_t stream, WorkspaceSource* ws, const ui
                               const float* w_scale, float x_scale, const __half* bias,
                               const __half* C, __half* Y, int M, int N, int K, Epilogue epi,
                               bool fast_accum) {
-  if (K % 16 != 0) {
-    g_error = "FP8 GEMM needs K % 16 == 0 (cuBLASLt), got K = " + std::to_string(K);
-    return g_error.c_str();
-  }
   return Run(stream, ws, true, Wt, Xq, w_scale, x_scale, bias, C, Y, M, N, K, epi, fast_accum);
 }
 
@@ -173,7 +170,6 @@ const char* DenseGemm::RunFp8Quantized(cudaStream_t stream, WorkspaceSource* ws,
                                        const uint8_t* Wt, const float* w_scale, float x_scale, const __half* bias,
                                        uint8_t* Dq, const float* d_scale, int M, int N, int K, Epilogue epi,
                                        bool fast_accum) {
-  if (K % 16 != 0) return Fail("FP8 GEMM needs K % 16 == 0 (cuBLASLt), got K =", K);
   if (!d_scale) return Fail("e4m3 output needs its scale", 0);
   return Run(stream, ws, true, Wt, Xq, w_scale, x_scale, bias, nullptr, reinterpret_cast<__half*>(Dq), M, N, K,
              epi, fast_accum, d_scale);
@@ -249,6 +245,10 @@ const char* DenseGemm::Run(cudaStream_t stream, WorkspaceSource* ws, bool fp8, c
   if (M <= 0 || N <= 0) return nullptr;
   if (d_scale && C) return Fail("an e4m3 output takes no residual", 0);
   if (K <= 0) return Fail("GEMM with K <= 0", K);
+  if (fp8 && K % 16 != 0) {  // both FP8 entry points
+    g_error = "FP8 GEMM needs K % 16 == 0 (cuBLASLt), got K = " + std::to_string(K);
+    return g_error.c_str();
+  }
   if (epi != Epilogue::kNone && bias == nullptr) return Fail("epilogue needs a bias", 0);
   std::lock_guard<std::mutex> lock(mu_);
   const size_t ws_bytes = max_workspace_;
@@ -506,8 +506,6 @@ __global__ void bias_act_vec8(const __half* x, const __half* bias, ActOut o, int
     uint4 bu = make_uint4(0, 0, 0, 0);
     if (bias) bu = reinterpret_cast<const uint4*>(bias)[(v * 8 % N) / 8];
     const __half2* bh = reinterpret_cast<const __half2*>(&bu);
-    uint2 q;
-    uint16_t* qq = reinterpret_cast<uint16_t*>(&q);
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       float2 f = __half22float2(h[j]);
@@ -517,15 +515,9 @@ __global__ void bias_act_vec8(const __half* x, const __half* bias, ActOut o, int
         f.y += b.y;
       }
       h[j] = __floats2half2_rn(act<A>(f.x), act<A>(f.y));
-      if (o.yq) {
-        f = __half22float2(h[j]);
-        f.x *= o.yq_inv;
-        f.y *= o.yq_inv;
-        qq[j] = __nv_cvt_float2_to_fp8x2(f, __NV_SATFINITE, __NV_E4M3);
-      }
     }
     if (o.y) reinterpret_cast<uint4*>(o.y)[v] = u;
-    if (o.yq) reinterpret_cast<uint2*>(o.yq)[v] = q;
+    if (o.yq) reinterpret_cast<uint2*>(o.yq)[v] = e4m3x8(u, o.yq_inv);
   }
 }
 

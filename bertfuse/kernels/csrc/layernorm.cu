@@ -87,23 +87,13 @@ __global__ void ln_warp_kernel(LnParams p) {
       ln_chunk(v[i], mean, rstd, wg[i], wb[i], r);  // beta zeros without a beta
       const uint4 out = pack8(r);
       *reinterpret_cast<uint4*>(y + base + c) = out;
-      const __half2* o = reinterpret_cast<const __half2*>(&out);
       if (p.y32) {  // the graph's fp32 output, written here instead of by a Cast after the op
         float4* o32 = reinterpret_cast<float4*>(p.y32 + base + c);
         o32[0] = make_float4(r[0], r[1], r[2], r[3]);
         o32[1] = make_float4(r[4], r[5], r[6], r[7]);
       }
       if (p.yq) {  // the e4m3 copy of the fp16 result, for an FP8 GEMM downstream
-        uint2 q;
-        uint16_t* qq = reinterpret_cast<uint16_t*>(&q);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          float2 f = __half22float2(o[j]);
-          f.x *= p.yq_inv;
-          f.y *= p.yq_inv;
-          qq[j] = __nv_cvt_float2_to_fp8x2(f, __NV_SATFINITE, __NV_E4M3);
-        }
-        *reinterpret_cast<uint2*>(p.yq + base + c) = q;
+        *reinterpret_cast<uint2*>(p.yq + base + c) = e4m3x8(out, p.yq_inv);
       }
     }
   }

@@ -1,9 +1,13 @@
-// Eight fp16 values in one 16-byte access, unpacked to fp32, a warp's sum, and a row's
-// LayerNorm over registers: the building blocks of the row kernels (layernorm.cu,
-// embed_layernorm.cu).
+// Eight fp16 values in one 16-byte access, unpacked to fp32, a warp's sum, a row's LayerNorm
+// over registers, and their e4m3 copy: the building blocks of the row kernels (layernorm.cu,
+// embed_layernorm.cu) and of the e4m3 outputs an FP8 GEMM downstream reads (layernorm.cu, the
+// bias/GELU pass in dense.cu, attention.cu).
 #pragma once
 
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
 
 namespace bertfuse {
 
@@ -42,6 +46,23 @@ __device__ __forceinline__ uint4 pack8(const float (&r)[8]) {
 #pragma unroll
   for (int j = 0; j < 4; ++j) o[j] = __floats2half2_rn(r[2 * j], r[2 * j + 1]);
   return out;
+}
+
+// Eight fp16 values as e4m3_satfinite(value * inv), round to nearest even: the bytes the dense
+// ops' quantize pass writes for them (an FP8 GEMM downstream reads them as its X). inv is
+// 1 / the copy's scale, rounded to fp32 once, so every producer writes the same bytes.
+__device__ __forceinline__ uint2 e4m3x8(const uint4& u, float inv) {
+  const __half2* h = reinterpret_cast<const __half2*>(&u);
+  uint2 q;
+  uint16_t* qq = reinterpret_cast<uint16_t*>(&q);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    float2 f = __half22float2(h[j]);
+    f.x *= inv;
+    f.y *= inv;
+    qq[j] = __nv_cvt_float2_to_fp8x2(f, __NV_SATFINITE, __NV_E4M3);
+  }
+  return q;
 }
 
 // A row of n values held across a warp as v[VPT][8] (lane l: the 8-element chunks l, l+32, ...;
