@@ -27,6 +27,14 @@ class Case:
     # `reference` (e4m3 outputs: their own rounding rule)
     check: Callable[[list[np.ndarray], Feeds], tuple[float, float, bool]] | None = None
 
+    def judge(self, got: list[np.ndarray], feeds: Feeds,
+              want: list[np.ndarray] | None = None) -> tuple[float, float, bool]:
+        """(max, mean, ok) of the outputs `got` for `feeds`: the case's own check, else the fp16
+        gate against its reference (`want`, where the caller has it already)."""
+        if self.check:
+            return self.check(got, feeds)
+        return gate(got, want if want is not None else self.reference(feeds))
+
     def replay_feeds(self) -> Feeds:
         if self.feeds2 is not None:
             return self.feeds2

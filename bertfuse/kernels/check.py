@@ -22,7 +22,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from bertfuse.io.ort import make_session
-from bertfuse.kernels.cases import Case, Feeds, diff, gate, normal16
+from bertfuse.kernels.cases import Case, Feeds, diff, gate, normal16  # noqa: F401 (gate: check.gate)
 from bertfuse.kernels.check_e4m3 import attention_e4m3_cases
 from bertfuse.kernels.check_packed import packed_cases
 from bertfuse.kernels.library import DOMAIN, KernelLibraryError
@@ -299,17 +299,13 @@ def run_case(ort: Any, lib: Path, case: Case, cuda_graph: bool = True) -> CaseRe
         if [g.shape for g in got] != [w.shape for w in want]:
             res.error = f"output shapes {[list(g.shape) for g in got]}, expected {[list(w.shape) for w in want]}"
             return res
-        res.max_abs, res.mean_abs, ok = case.check(got, case.feeds) if case.check else gate(got, want)
+        res.max_abs, res.mean_abs, ok = case.judge(got, case.feeds, want)
         if case.exact is not None:
             res.fp8_vs_exact_max, res.fp8_vs_exact_mean = diff(got[0], case.exact(case.feeds))
         if cuda_graph:
             first, replay = _run_graph(ort, _session(lib, case.model, True), case, want)
-            if case.check:
-                g1, _, ok1 = case.check(first, case.feeds)
-                g2, _, ok2 = case.check(replay, case.replay_feeds())
-            else:
-                g1, _, ok1 = gate(first, want)
-                g2, _, ok2 = gate(replay, case.reference(case.replay_feeds()))
+            g1, _, ok1 = case.judge(first, case.feeds, want)
+            g2, _, ok2 = case.judge(replay, case.replay_feeds())
             res.graph_max_abs = max(g1, g2) if np.isfinite(g1) and np.isfinite(g2) else float("nan")
             ok = ok and ok1 and ok2
         res.ok = ok
