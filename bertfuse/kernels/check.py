@@ -22,7 +22,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from bertfuse.io.ort import make_session
-from bertfuse.kernels.cases import Case, Feeds, diff, gate, normal16  # noqa: F401 (gate: check.gate)
+from bertfuse.kernels.cases import Case, Feeds, diff, normal16
 from bertfuse.kernels.check_e4m3 import attention_e4m3_cases
 from bertfuse.kernels.check_packed import packed_cases
 from bertfuse.kernels.library import DOMAIN, KernelLibraryError

@@ -393,7 +393,7 @@ def test_packed_references_agree_with_bert_attention():
 
 
 def test_check_gate():
-    from bertfuse.kernels.check import gate
+    from bertfuse.kernels.cases import gate
 
     f = np.zeros((40, 25), np.float16)
 
