@@ -30,6 +30,7 @@ constexpr int kThreads = 128;
 constexpr int kWords = 1024;  // 4 KB per CTA per phase
 constexpr int kBoundaries = 200;
 constexpr int kReps = 15;
+constexpr int kWarmup = 3;
 
 #define CHECK(x)                                                                               \
   do {                                                                                         \
@@ -99,7 +100,31 @@ static float median(std::vector<float> v) {
   return v[v.size() / 2];
 }
 
-// us per boundary of `kBoundaries` phase kernels captured into one graph and replayed.
+// us per boundary: `launch` (kBoundaries phases on stream s) timed with events, kWarmup untimed
+// runs first, the median of kReps.
+template <class Launch>
+static int time_per_boundary(cudaStream_t s, Launch launch, float* out) {
+  cudaEvent_t a, b;
+  CHECK(cudaEventCreate(&a));
+  CHECK(cudaEventCreate(&b));
+  std::vector<float> t;
+  for (int r = 0; r < kWarmup + kReps; ++r) {
+    CHECK(cudaEventRecord(a, s));
+    CHECK(launch());
+    CHECK(cudaEventRecord(b, s));
+    CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, a, b));
+    if (r >= kWarmup) t.push_back(ms * 1000.0f / kBoundaries);
+  }
+  *out = median(t);
+  CHECK(cudaEventDestroy(a));
+  CHECK(cudaEventDestroy(b));
+  return 0;
+}
+
+// kBoundaries phase kernels captured into one CUDA graph and replayed (with PDL: each launched
+// with programmatic stream serialization).
 static int time_graph(int sms, int* buf, cudaStream_t s, bool pdl, float* out) {
   cudaGraph_t graph;
   cudaGraphExec_t exec;
@@ -118,44 +143,20 @@ static int time_graph(int sms, int* buf, cudaStream_t s, bool pdl, float* out) {
   }
   CHECK(cudaStreamEndCapture(s, &graph));
   CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
-  std::vector<float> t;
-  for (int r = 0; r < kReps + 3; ++r) {
-    CHECK(cudaEventRecord(a, s));
-    CHECK(cudaGraphLaunch(exec, s));
-    CHECK(cudaEventRecord(b, s));
-    CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, a, b));
-    if (r >= 3) t.push_back(ms * 1000.0f / kBoundaries);
-  }
-  *out = median(t);
+  if (time_per_boundary(s, [&] { return cudaGraphLaunch(exec, s); }, out)) return 1;
   CHECK(cudaGraphExecDestroy(exec));
   CHECK(cudaGraphDestroy(graph));
   return 0;
 }
 
+// One cooperative kernel of kBoundaries phases, `barrier` between them (persistent_kernel).
 static int time_persistent(int sms, int* buf, cudaStream_t s, int barrier, float* out) {
   int phases = kBoundaries;
   void* args[] = {&buf, &phases, &barrier};
-  cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
-  std::vector<float> t;
-  for (int r = 0; r < kReps + 3; ++r) {
-    CHECK(cudaEventRecord(a, s));
-    CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(persistent_kernel), dim3(sms), dim3(kThreads), args,
-                                      0, s));
-    CHECK(cudaEventRecord(b, s));
-    CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, a, b));
-    if (r >= 3) t.push_back(ms * 1000.0f / kBoundaries);
-  }
-  *out = median(t);
-  return 0;
+  return time_per_boundary(s, [&] {
+    return cudaLaunchCooperativeKernel(reinterpret_cast<void*>(persistent_kernel), dim3(sms), dim3(kThreads), args,
+                                       0, s);
+  }, out);
 }
 
 int main() {
