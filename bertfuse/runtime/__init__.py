@@ -1,8 +1,10 @@
 """The serving runtime, in rooms that import only downwards:
 
     requests (checks, model facts) -> kernels (contrib or bertfuse's ops, chosen at load)
-    -> options -> progress -> pinned -> device (providers, staging, capture gate, replay)
-    -> variants -> staging (the native fast lane for warm buckets) -> session (padded)
+    -> options -> progress -> pinned -> graphs (CUDA graphs captured around ORT's run)
+    -> device (providers, staging, capture gate, replay)
+    -> variants -> staging (the native fast lane for warm buckets)
+    -> buckets (a bucket's buffers, bindings, own graphs, checked variants) -> session (padded)
     -> packed -> router (Session) -> pool
 
 `from bertfuse.runtime import Session, SessionOptions, SessionPool` is the entry point.

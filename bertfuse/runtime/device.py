@@ -15,6 +15,7 @@ import numpy as np
 
 from bertfuse.errors import BertfuseError
 from bertfuse.io.ort import make_session
+from bertfuse.runtime import graphs
 from bertfuse.runtime.pinned import copy_to_device_async, copy_to_host, pinned_empty
 
 
@@ -186,7 +187,7 @@ class SessionMaker:
     in `fallback_reason`; later sessions are plain IO binding."""
 
     def __init__(self, ort: Any, device: str, cuda_graph: bool, stream: int | None,
-                 provider_options: Mapping[str, str] | None) -> None:
+                 provider_options: Mapping[str, str] | None, own_graphs: bool = False) -> None:
         self.ort = ort
         self.cuda_graph = cuda_graph and device == "cuda"
         self.cuda_options = cuda_options(ort, self.cuda_graph, stream, provider_options) \
@@ -194,6 +195,9 @@ class SessionMaker:
         self.fallback_reason = ""
         self.device = device
         self.kernels = False  # a model opened so far has ai.bertfuse ops: the op library
+        # The caller captures graphs itself (graphs.py) where it can: decided at the first open.
+        self._own_asked = own_graphs and stream is not None
+        self.own_graphs: bool | None = None
 
     def open(self, model: bytes | str):
         """An InferenceSession of `model` (serialized bytes or a path)."""
@@ -201,6 +205,11 @@ class SessionMaker:
             from bertfuse.kernels.library import uses_library
 
             self.kernels = uses_library(model)
+        if self.own_graphs is None:  # one decision for all of this maker's sessions
+            self.own_graphs = bool(self.cuda_graph and self._own_asked and self.kernels
+                                   and graphs.wanted() and graphs.cuda() is not None)
+            if self.own_graphs:
+                self.cuda_options = {**(self.cuda_options or {}), "enable_cuda_graph": "0"}
         with GATE.capturing():  # ORT allocates weights on the device: not during a capture
             try:
                 return self._session(model)
@@ -218,12 +227,19 @@ class SessionMaker:
 
     def graph_off(self, exc: BaseException) -> None:
         """Capture impossible: plain IO binding from here on."""
-        self.cuda_graph = False
+        self.cuda_graph = self.own_graphs = False
         self.fallback_reason = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
         self.cuda_options = {**(self.cuda_options or {}), "enable_cuda_graph": "0"}
 
     def run_options(self, graph_id: int):
-        return run_options(self.ort, self.cuda_graph, graph_id)
+        return run_options(self.ort, self.cuda_graph and not self.own_graphs, graph_id)
+
+    def capture_options(self):
+        """RunOptions for the run an own graph records: ORT's end-of-run sync is not allowed
+        inside a capture (the graph's launch syncs instead)."""
+        ro = run_options(self.ort, False, -1)
+        ro.add_run_config_entry("disable_synchronize_execution_providers", "1")
+        return ro
 
 
 def staging(shape: tuple[int, ...], pinned: bool) -> np.ndarray:

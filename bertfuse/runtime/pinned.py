@@ -18,6 +18,7 @@ import numpy as np
 
 _LIBS = ("libcudart.so.13", "libcudart.so.12", "libcudart.so")
 _cudart: ctypes.CDLL | None = None
+_cudart_name = ""
 # cudaMemcpyAsync only queues the copy (a few us): called through PyDLL it keeps the GIL.
 # Through CDLL every call drops and retakes it, and with several threads serving, retaking
 # it means waiting for another thread's Python work (measured: docs/benchmarks/packed.md).
@@ -53,12 +54,17 @@ def _runtime() -> ctypes.CDLL | None:
                                             ctypes.c_int, ctypes.c_void_p]
             lib.cudaMemcpy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
                                        ctypes.c_int]
-            global _queue_copy
+            global _queue_copy, _cudart_name
             _queue_copy = ctypes.PyDLL(name).cudaMemcpyAsync
             _queue_copy.argtypes = lib.cudaMemcpyAsync.argtypes
-            _cudart = lib
+            _cudart, _cudart_name = lib, name
             break
     return _cudart
+
+
+def cudart_name() -> str | None:
+    """The name the CUDA runtime was loaded by (graphs.py binds more of it), or None."""
+    return _cudart_name if _runtime() is not None else None
 
 
 def pinned_empty(shape: tuple[int, ...], dtype: np.dtype | type = np.int32) -> np.ndarray | None:

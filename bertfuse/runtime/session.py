@@ -3,27 +3,29 @@
     request [B, S] ─► validate ─► smallest bucket (b ≥ B, s ≥ S) ─► copy into its input buffers
                       (pad: mask 0) ─► replay the bucket's CUDA graph ─► outputs sliced [:B, :S]
 
-Each bucket owns device buffers for every input and output, allocated once and bound once
-with IO binding; with `cuda_graph=True` each bucket's run is captured as its own CUDA graph
-(ONNX Runtime's `gpu_graph_id`) and replayed. After `warmup()` a request allocates no device
-memory. On the CPU a request runs at its own shape through one ORT session (no buckets, no
-mask variants: what is fast there); `pad_to_buckets=True` runs the bucket machinery on the
-CPU EP too, so CI exercises it. router.Session adds the packed model on top.
+Each bucket (buckets.py) owns device buffers for every input and output, allocated once and
+bound once with IO binding; with `cuda_graph=True` each bucket's run is captured as its own CUDA
+graph and replayed: by bertfuse itself around ORT's run for a model on its op library
+(graphs.py: no ORT Run() call per request), else by ONNX Runtime (`gpu_graph_id`). After
+`warmup()` a request allocates no device memory. On the CPU a request runs at its own shape
+through one ORT session (no buckets, no mask variants: what is fast there); `pad_to_buckets=True`
+runs the bucket machinery on the CPU EP too, so CI exercises it. router.Session adds the packed
+model on top.
 """
 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
 import onnx
 
 from bertfuse.io.inputs import shape_probe
+from bertfuse.runtime.buckets import Bucket, new_bucket
 from bertfuse.runtime.device import (GATE, SessionMaker, claim_thread, device_copy,
                                      device_memory_used, fetch, probe_output_dims, replay,
-                                     staging, upload)
+                                     upload)
 from bertfuse.runtime.kernels import choose, file_identity
 from bertfuse.runtime.options import SessionOptions, session_options
 from bertfuse.runtime.pinned import new_stream
@@ -34,21 +36,7 @@ from bertfuse.runtime.requests import (ClosedError, bucket_list, check_canonical
                                        select_outputs, smallest, unmask_empty_rows,
                                        upper_bound)
 from bertfuse.runtime.staging import FastStager
-from bertfuse.runtime.variants import VariantPolicy, attention_mask_variant, check_variants, \
-    has_own_attention
-
-
-@dataclass
-class _Bucket:
-    batch: int
-    seq: int
-    run_options: dict[str, Any]  # per mask variant (its own session and CUDA graph), made once
-    bindings: dict[str, Any]
-    packed: Any  # device [n_inputs, batch, seq] int32, bound as the inputs
-    outputs: dict[str, Any]
-    host: np.ndarray  # host staging for `packed`
-    host_ptr: int  # host's address, for the native staging (staging.py)
-    disabled: set[str] = field(default_factory=set)  # variants that failed check_variants
+from bertfuse.runtime.variants import VariantPolicy, attention_mask_variant, has_own_attention
 
 
 class PaddedSession:
@@ -84,12 +72,13 @@ class PaddedSession:
         self.policy = VariantPolicy(opts.right_padded, opts.variant_min_seq, self.fp16,
                                     own_attention=has_own_attention(proto))
         self._lock = threading.Lock()
-        self._buckets: dict[tuple[int, int], _Bucket] = {}
+        self._buckets: dict[tuple[int, int], Bucket] = {}
         self._owner: int | None = None  # the thread its CUDA graphs belong to (claim_thread)
         self.stream = new_stream() if self.device == "cuda" and opts.own_stream \
             and self.pinned else None
         self._maker = SessionMaker(ort, self.device, opts.cuda_graph, self.stream,
-                                   opts.provider_options)
+                                   opts.provider_options, own_graphs=True)
+        self.graph_notes: dict[tuple[int, int, str], str] = {}  # buckets run uncaptured: why
         self.sessions = {"raw": self._maker.open(proto.SerializeToString())}
         if opts.variants and "input_mask" in self.facts.inputs:
             for mode in self.policy.modes_used(self.seq_buckets):
@@ -115,7 +104,7 @@ class PaddedSession:
         """Why CUDA graphs are off although asked for ('' when they are on)."""
         return self._maker.fallback_reason
 
-    def _session_for(self, mask: Any, bucket: _Bucket, batch: int, seq: int,
+    def _session_for(self, mask: Any, bucket: Bucket, batch: int, seq: int,
                      form: str | None = None) -> str:
         """The session (mask variant) that serves this request in this bucket; `form`: the
         mask's mask_mode when the caller knows it."""
@@ -160,7 +149,7 @@ class PaddedSession:
                     step(key)
         return keys
 
-    def _bucket(self, batch: int, seq: int) -> _Bucket:
+    def _bucket(self, batch: int, seq: int) -> Bucket:
         key = (batch, seq)
         if key in self._buckets:
             return self._buckets[key]
@@ -169,56 +158,8 @@ class PaddedSession:
         self._buckets[key] = bucket
         return bucket
 
-    def _new_bucket(self, batch: int, seq: int) -> _Bucket:
-        ort = self._ort
-        dev = "cuda" if self.device == "cuda" else "cpu"
-        names = self.facts.inputs
-        # All inputs live in one [n_inputs, batch, seq] buffer: one host->device copy a request.
-        host = staging((len(names), batch, seq), self.pinned)
-        packed = ort.OrtValue.ortvalue_from_numpy(host, dev, 0)
-        outputs = {}
-        for name in self.facts.outputs:
-            shape = [batch if d == "B" else seq if d == "S" else d for d in self._output_dims[name]]
-            outputs[name] = ort.OrtValue.ortvalue_from_shape_and_type(shape, np.float32, dev, 0)
-        bindings, options = {}, {}
-        graph_id = len(self._buckets)  # one graph id per bucket, in each variant's session
-        for mode, sess in self.sessions.items():
-            binding = sess.io_binding()
-            for i, name in enumerate(names):
-                binding.bind_input(name, dev, 0, np.int32, [batch, seq],
-                                   packed.data_ptr() + i * batch * seq * 4)
-            for name, value in outputs.items():
-                binding.bind_ortvalue_output(name, value)
-            bindings[mode] = binding
-            # The first runs of a graph id capture it; run twice so capture is out of the way.
-            if "input_mask" in names:
-                host[names.index("input_mask")] = 1
-            packed.update_inplace(host)
-            ro = options[mode] = self._maker.run_options(graph_id)
-            for _ in range(2):
-                sess.run_with_iobinding(binding, ro)
-        bucket = _Bucket(batch, seq, options, bindings, packed, outputs, host, host.ctypes.data)
-        self._verify_variants(bucket)
-        return bucket
-
-    def _verify_variants(self, bucket: _Bucket) -> None:
-        """Turns off, in this bucket, every mask variant that disagrees with the raw mask on
-        a probe request (variants.check_variants); `variant_notes` keeps why."""
-        modes = [m for m in self.sessions if m != "raw"]
-        if not modes:
-            return
-        b, s = bucket.batch, bucket.seq
-
-        def run(mode: str, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-            self._fill(bucket, arrays, b, s)
-            self.sessions[mode].run_with_iobinding(bucket.bindings[mode],
-                                                   bucket.run_options[mode])
-            return {n: v.numpy().astype(np.float64) for n, v in bucket.outputs.items()}
-
-        for mode, why in check_variants(modes, b, s, self.facts.inputs, self.facts.vocab_size,
-                                        run).items():
-            bucket.disabled.add(mode)
-            self.variant_notes[(b, s, mode)] = why
+    def _new_bucket(self, batch: int, seq: int) -> Bucket:
+        return new_bucket(self, batch, seq)  # buckets.py: buffers, bindings, graphs, variants
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -259,10 +200,14 @@ class PaddedSession:
             self._fill(bucket, arrays, batch, seq)
             return self._replay(bucket, mode, names, to_host, batch, seq)
 
-    def _replay(self, bucket: _Bucket, mode: str, names: list[str], to_host: bool, batch: int,
+    def _replay(self, bucket: Bucket, mode: str, names: list[str], to_host: bool, batch: int,
                 seq: int) -> dict[str, Any]:
         """The staged bucket through its variant's graph; the outputs as run() returns them."""
-        replay(self.sessions[mode], bucket.bindings[mode], bucket.run_options[mode])
+        graph = bucket.graphs.get(mode)
+        if graph is not None:
+            graph.launch()
+        else:
+            replay(self.sessions[mode], bucket.bindings[mode], bucket.run_options[mode])
         if not to_host:
             return {"batch": batch, "seq": seq, **{n: bucket.outputs[n] for n in names}}
         return {n: fetch(bucket.outputs[n], batch, seq, self._output_dims[n][1:2] == ("S",))
@@ -295,11 +240,13 @@ class PaddedSession:
             return lambda: self.session.run(None, feeds)
         bucket = self._buckets[self.bucket_for(batch, seq)]
         mode = self._session_for(mask, bucket, batch, seq)
+        if mode in bucket.graphs:
+            return bucket.graphs[mode].launch
         session, binding, options = self.sessions[mode], bucket.bindings[mode], \
             bucket.run_options[mode]
         return lambda: replay(session, binding, options)
 
-    def _fill(self, bucket: _Bucket, arrays: dict[str, Any], batch: int, seq: int) -> None:
+    def _fill(self, bucket: Bucket, arrays: dict[str, Any], batch: int, seq: int) -> None:
         host = bucket.host
         host.fill(0)
         device_inputs = []
@@ -343,6 +290,9 @@ class PaddedSession:
             if self._closed:
                 return
             self._closed = True
+            for bucket in self._buckets.values():  # graphs before the memory they record
+                for graph in bucket.graphs.values():
+                    graph.release()
             held = [self._buckets, self.sessions]  # bindings and buffers first, then sessions
             self._buckets, self.sessions, self.session = {}, {}, None
         with GATE.capturing():

@@ -3,7 +3,8 @@
     run(ids, mask, segments) -> FastStager.serve: host int32/int64 arrays, a warm bucket
         -> bf_stage_request (the op library's csrc/stage.cc: range check, empty rows
            unmasked, padding, the mask's form, in one pass into the pinned buffer)
-        -> upload (cudaMemcpyAsync on the session's stream) -> ORT's replay
+        -> upload (cudaMemcpyAsync on the session's stream) -> the replay (the bucket's own
+           CUDA graph, graphs.py, or ORT's)
 
 What it saves: the checked path (requests.check_request, variants.mask_mode, session._fill)
 is about ten NumPy passes over the request, 25-30 us of host time per request. Whatever the
