@@ -26,6 +26,7 @@ import ctypes
 import json
 import os
 import sys
+from typing import Iterator
 
 import numpy as np
 from fp8_ab import FORMS, models
@@ -85,34 +86,43 @@ def _short(name: str) -> str:
     return name.split("(")[0].split("<")[0][:60]
 
 
+def cases(skeletons: str) -> Iterator[tuple[str, int, int, str, str, dict]]:
+    """(config, batch, seq, form label, model path, random inputs) per workload and form; each
+    config's models built once from its skeleton."""
+    from bertfuse.io.inputs import random_inputs
+
+    built: dict[str, dict[str, str]] = {}
+    for config, batch, seq in WORKLOADS:
+        if config not in built:
+            built[config] = models(os.path.join(skeletons, f"{config}_raw.skel.onnx"))
+        f = random_inputs(batch, seq, 1000, 2, seed=batch + seq)
+        for label, form in SHOWN.items():
+            yield config, batch, seq, label, built[config][form], f
+
+
 def main() -> int:
     args = parse_args(__doc__)
     ort = start_ort()
     from bertfuse.bench.timing import time_interleaved
-    from bertfuse.io.inputs import random_inputs
     from bertfuse.runtime import Session
 
-    rows, built = [], {}
-    for config, batch, seq in WORKLOADS:
-        if config not in built:
-            built[config] = models(os.path.join(args.skeletons, f"{config}_raw.skel.onnx"))
-        f = random_inputs(batch, seq, 1000, 2, seed=batch + seq)
+    rows = []
+    for config, batch, seq, label, model, f in cases(args.skeletons):
         req = (f["input_ids"], f["input_mask"], f["segment_ids"])
-        for label, form in SHOWN.items():
-            s = Session(built[config][form], max_batch=batch, max_seq=seq, batch_buckets=(batch,),
-                        seq_buckets=(seq,), device="cuda")
-            s.run(*req)
-            replay = s.replay_call(f["input_mask"])
-            t = time_interleaved({"run": lambda: s.run(*req, to_host=False), "replay": replay},
-                                 args.iters, rounds=20)
-            row = {"workload": f"{config} b{batch} s{seq}", "form": label,
-                   "run_p50_us": t["run"][0], "replay_p50_us": t["replay"][0],
-                   "kernels_line": s.kernels.line(), **analyse(traced(replay))}
-            row["launch_sync_us"] = row["replay_p50_us"] - row["span_us"]
-            row["host_path_us"] = row["run_p50_us"] - row["replay_p50_us"]
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-            s.close()
+        s = Session(model, max_batch=batch, max_seq=seq, batch_buckets=(batch,),
+                    seq_buckets=(seq,), device="cuda")
+        s.run(*req)
+        replay = s.replay_call(f["input_mask"])
+        t = time_interleaved({"run": lambda: s.run(*req, to_host=False), "replay": replay},
+                             args.iters, rounds=20)
+        row = {"workload": f"{config} b{batch} s{seq}", "form": label,
+               "run_p50_us": t["run"][0], "replay_p50_us": t["replay"][0],
+               "kernels_line": s.kernels.line(), **analyse(traced(replay))}
+        row["launch_sync_us"] = row["replay_p50_us"] - row["span_us"]
+        row["host_path_us"] = row["run_p50_us"] - row["replay_p50_us"]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        s.close()
     from bertfuse.kernels.library import locate
 
     lib = ctypes.CDLL(str(locate()))  # the library ORT loaded: the same handle, its records

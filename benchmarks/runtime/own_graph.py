@@ -1,0 +1,118 @@
+"""The bucket's CUDA graph captured by bertfuse around ORT's run (runtime/graphs.py) against
+ONNX Runtime's own graph replay, in one process (GPU host).
+
+For each workload and form (fp16; FP8 as fp8_ab.py builds it), two runtime Sessions of the same
+model and bucket: one with `BERTFUSE_OWN_GRAPHS=0` (ORT captures and replays, `gpu_graph_id`: the
+runtime before this change) and one as shipped (bertfuse captures). Timed in alternating rounds,
+p50 in us:
+- run:      Session.run(..., to_host=False), each session's request path
+- replay:   the replay alone (Session.replay_call): ORT's run call, or the own graph's
+            cudaGraphLaunch + cudaStreamSynchronize
+- lean:     the floor under the own graph's request path: bf_stage_request into the bucket's
+            pinned buffer, the host->device copy queued, launch, sync; no Python around it
+and the GPU span of one own-graph replay under CUPTI. The two sessions' outputs are compared
+(max |diff|; the same op library and GEMM choices in one process, so expected equal).
+
+    python3 benchmarks/runtime/own_graph.py --skeletons out/skeletons [--iters 2000]
+
+Writes $OUT/own_graph.json; the table is printed last.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import sys
+
+import numpy as np
+from gpu_setup import parse_args, start_ort
+from timeline import analyse, cases, traced
+
+
+def cudart() -> ctypes.PyDLL:
+    """cudaMemcpyAsync of the runtime bertfuse loaded (a PyDLL handle: it keeps the GIL)."""
+    from bertfuse.runtime.pinned import cudart_name
+
+    lib = ctypes.PyDLL(cudart_name())
+    lib.cudaMemcpyAsync.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_size_t, ctypes.c_int,
+                                                             ctypes.c_void_p]
+    return lib
+
+
+def main() -> int:
+    args = parse_args(__doc__)
+    ort = start_ort()
+    from bertfuse.bench.timing import time_interleaved
+    from bertfuse.runtime import Session
+    from bertfuse.runtime.pinned import address
+
+    rows = []
+    for config, batch, seq, label, model, f in cases(args.skeletons):
+        if label == "FP8" and config == "base" and batch == 1:
+            continue
+        req = (f["input_ids"], f["input_mask"], f["segment_ids"])
+        kw = dict(max_batch=batch, max_seq=seq, batch_buckets=(batch,), seq_buckets=(seq,),
+                  device="cuda")
+        os.environ["BERTFUSE_OWN_GRAPHS"] = "0"
+        ort_graphs = Session(model, **kw)
+        os.environ["BERTFUSE_OWN_GRAPHS"] = "1"
+        own = Session(model, **kw)
+        want = ort_graphs.run(*req)
+        got = own.run(*req)
+        bucket = own._buckets[own.bucket_for(batch, seq)]
+        mode = own._session_for(f["input_mask"], bucket, batch, seq)
+        if mode not in bucket.graphs:  # said, and the next workload tried
+            print(json.dumps({"workload": f"{config} b{batch} s{seq}", "form": label,
+                              "error": str(own.graph_notes)}), flush=True)
+            ort_graphs.close()
+            own.close()
+            continue
+        diff = {n: float(np.max(np.abs(got[n].astype(np.float64) - want[n]))) for n in want}
+        stage, fixed, stream = own._stager._fn, own._stager._fixed, own.stream
+        host_ptr, nbytes, dev = bucket.host_ptr, bucket.host.nbytes, bucket.packed.data_ptr()
+        copy, launch = cudart().cudaMemcpyAsync, bucket.graphs[mode].launch
+        ids, mask, segs = req
+
+        def lean() -> None:
+            form_ = stage(address(ids), ids.itemsize, address(mask), mask.itemsize, address(segs),
+                          segs.itemsize, *fixed,
+                          batch, seq, 1, host_ptr, batch, seq)
+            if form_ < 0:
+                raise SystemExit("staging refused the request")
+            copy(dev, host_ptr, nbytes, 1, stream)
+            launch()
+
+        t = time_interleaved({"ort run": lambda: ort_graphs.run(*req, to_host=False),
+                              "ort replay": ort_graphs.replay_call(f["input_mask"]),
+                              "own run": lambda: own.run(*req, to_host=False),
+                              "own replay": own.replay_call(f["input_mask"]),
+                              "lean": lean}, args.iters, rounds=20)
+        span = analyse(traced(launch))
+        row = {"workload": f"{config} b{batch} s{seq}", "form": label, "mode": mode,
+               **{f"{k}_p50_us": v[0] for k, v in t.items()},
+               "span_us": span["span_us"], "busy_us": span["busy_us"],
+               "events": span["events"], "max_diff_own_vs_ort_graphs": diff,
+               "kernels_line": own.kernels.line()}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        ort_graphs.close()
+        own.close()
+    with open(os.path.join(os.environ.get("OUT", "."), "own_graph.json"), "w") as fh:
+        json.dump({"onnxruntime": ort.__version__, "iters": args.iters, "rows": rows}, fh,
+                  indent=1)
+    keys = ("ort run", "own run", "ort replay", "own replay", "lean")
+    print("\n| workload | form | " + " | ".join(keys) + " | GPU span | ort run - span | "
+          "own run - span | max diff |")
+    print("|---|---|" + "---|" * (len(keys) + 4))
+    for r in rows:
+        print(f"| {r['workload']} | {r['form']} | "
+              + " | ".join(f"{r[k + '_p50_us']:.1f}" for k in keys)
+              + f" | {r['span_us']:.1f} | {r['ort run_p50_us'] - r['span_us']:.1f} | "
+              f"{r['own run_p50_us'] - r['span_us']:.1f} | "
+              f"{max(r['max_diff_own_vs_ort_graphs'].values()):.2e} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
