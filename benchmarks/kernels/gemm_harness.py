@@ -191,7 +191,8 @@ def summary(rows: list[dict]) -> None:
         bb = _best(rs, lambda i: i.startswith("bertfuse v") and "workspace" not in i)
         bt = _best(rs, lambda i: i.startswith("torch") and "alone" not in i and "floor" not in i
                    and "_scaled_mm" not in i)
-        fp8 = " / ".join(str(by.get(k, {}).get("us", "")) for k in (
+        fp8 = " / ".join(str(by.get(k, {}).get("us", "")) + (" (unused)" if "note" in by.get(k, {})
+                                                              else "") for k in (
             "bertfuse fp8 fast_accum=0", "bertfuse fp8 fast_accum=1",
             "bertfuse fp8 without the quantize (X pre-quantized)", "bertfuse fp8, X e4m3 in, Yq e4m3 out"))
         fa0 = by.get("bertfuse fp8 fast_accum=0", {})
