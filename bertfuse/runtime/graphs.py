@@ -100,8 +100,11 @@ class OwnGraph:
         graph = _P()
         try:
             run()
-        finally:  # ends the capture on every path: a stream left capturing breaks later work
-            status = cu.lib.cudaStreamEndCapture(stream, ctypes.byref(graph))
+        except BaseException:  # end the capture: a stream left capturing breaks later work
+            if cu.lib.cudaStreamEndCapture(stream, ctypes.byref(graph)) == 0 and graph.value:
+                cu.lib.cudaGraphDestroy(graph)
+            raise
+        status = cu.lib.cudaStreamEndCapture(stream, ctypes.byref(graph))
         if status != 0 and graph.value:
             cu.lib.cudaGraphDestroy(graph)
         cu.check(status, "cudaStreamEndCapture")
