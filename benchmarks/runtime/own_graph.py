@@ -5,13 +5,17 @@ For each workload and form (fp16; FP8 as fp8_ab.py builds it), two runtime Sessi
 model and bucket: one with `BERTFUSE_OWN_GRAPHS=0` (ORT captures and replays, `gpu_graph_id`: the
 runtime before this change) and one as shipped (bertfuse captures). Timed in alternating rounds,
 p50 in us:
-- run:      Session.run(..., to_host=False), each session's request path
+- run:      Session.run(..., to_host=False), each session's request path; the own one with
+            the graph that starts with the host->device copy, and with that copy queued apart
+            before the graph (`copy apart`)
 - replay:   the replay alone (Session.replay_call): ORT's run call, or the own graph's
             cudaGraphLaunch + cudaStreamSynchronize
 - lean:     the floor under the own graph's request path: bf_stage_request into the bucket's
             pinned buffer, the host->device copy queued, launch, sync; no Python around it
 and the GPU span of one own-graph replay under CUPTI. The two sessions' outputs are compared
-(max |diff|; the same op library and GEMM choices in one process, so expected equal).
+(max |diff|; the same op library and GEMM choices in one process, so expected equal). Last,
+shenma-3l fp16 with every bucket of max batch 32, max seq 128 warmed in both forms and 60
+random requests compared bit for bit (every_bucket).
 
     python3 benchmarks/runtime/own_graph.py --skeletons out/skeletons [--iters 2000]
 
@@ -40,6 +44,39 @@ def cudart() -> ctypes.PyDLL:
     return lib
 
 
+def every_bucket(model: str, requests: int = 60) -> dict:
+    """Sessions with many buckets, all warmed (so ORT's arena is shared by every captured
+    graph): random requests of random shapes and paddings through the own graphs and ORT's,
+    compared bit for bit."""
+    from bertfuse.io.inputs import random_inputs
+    from bertfuse.runtime import Session
+
+    kw = dict(max_batch=32, max_seq=128, device="cuda")
+    os.environ["BERTFUSE_OWN_GRAPHS"] = "0"
+    ort_graphs = Session(model, **kw)
+    os.environ["BERTFUSE_OWN_GRAPHS"] = "1"
+    own = Session(model, **kw)
+    buckets = own.warmup()
+    ort_graphs.warmup()
+    rng = np.random.default_rng(6)
+    worst, equal = 0.0, 0
+    for i in range(requests):
+        batch, seq = int(rng.integers(1, 33)), int(rng.integers(1, 129))
+        f = random_inputs(batch, seq, 1000, 2, seed=i)
+        mask = (np.arange(seq)[None, :] < rng.integers(1, seq + 1, (batch, 1))).astype(np.int32)
+        req = (f["input_ids"], mask, f["segment_ids"])
+        got, want = own.run(*req), ort_graphs.run(*req)
+        d = max(float(np.max(np.abs(got[n].astype(np.float64) - want[n]))) for n in want)
+        worst, equal = max(worst, d), equal + (d == 0.0)
+    graphs = sum(len(b.graphs) for b in own._buckets.values())
+    out = {"buckets": len(buckets), "own_graphs": graphs, "graph_notes": str(own.graph_notes),
+           "requests": requests, "bit_equal": equal, "max_diff": worst}
+    print(json.dumps(out), flush=True)
+    own.close()
+    ort_graphs.close()
+    return out
+
+
 def main() -> int:
     args = parse_args(__doc__)
     ort = start_ort()
@@ -47,10 +84,12 @@ def main() -> int:
     from bertfuse.runtime import Session
     from bertfuse.runtime.pinned import address
 
-    rows = []
+    rows, shenma = [], ""
     for config, batch, seq, label, model, f in cases(args.skeletons):
         if label == "FP8" and config == "base" and batch == 1:
             continue
+        if (config, label) == ("shenma-3l", "fp16"):
+            shenma = model
         req = (f["input_ids"], f["input_mask"], f["segment_ids"])
         kw = dict(max_batch=batch, max_seq=seq, batch_buckets=(batch,), seq_buckets=(seq,),
                   device="cuda")
@@ -83,13 +122,22 @@ def main() -> int:
             copy(dev, host_ptr, nbytes, 1, stream)
             launch()
 
+        staged = dict(bucket.staged)
+
+        def copy_apart() -> None:  # the fast lane as before the graph took the copy in
+            bucket.staged = {}
+            own.run(*req, to_host=False)
+            bucket.staged = staged
+
         t = time_interleaved({"ort run": lambda: ort_graphs.run(*req, to_host=False),
                               "ort replay": ort_graphs.replay_call(f["input_mask"]),
                               "own run": lambda: own.run(*req, to_host=False),
+                              "own run, copy apart": copy_apart,
                               "own replay": own.replay_call(f["input_mask"]),
                               "lean": lean}, args.iters, rounds=20)
         span = analyse(traced(launch))
         row = {"workload": f"{config} b{batch} s{seq}", "form": label, "mode": mode,
+               "staged_graph": mode in staged,
                **{f"{k}_p50_us": v[0] for k, v in t.items()},
                "span_us": span["span_us"], "busy_us": span["busy_us"],
                "events": span["events"], "max_diff_own_vs_ort_graphs": diff,
@@ -98,10 +146,11 @@ def main() -> int:
         print(json.dumps(row), flush=True)
         ort_graphs.close()
         own.close()
+    shapes = every_bucket(shenma)
     with open(os.path.join(os.environ.get("OUT", "."), "own_graph.json"), "w") as fh:
-        json.dump({"onnxruntime": ort.__version__, "iters": args.iters, "rows": rows}, fh,
-                  indent=1)
-    keys = ("ort run", "own run", "ort replay", "own replay", "lean")
+        json.dump({"onnxruntime": ort.__version__, "iters": args.iters, "rows": rows,
+                   "every_bucket": shapes}, fh, indent=1)
+    keys = ("ort run", "own run, copy apart", "own run", "ort replay", "own replay", "lean")
     print("\n| workload | form | " + " | ".join(keys) + " | GPU span | ort run - span | "
           "own run - span | max diff |")
     print("|---|---|" + "---|" * (len(keys) + 4))
@@ -111,6 +160,7 @@ def main() -> int:
               + f" | {r['span_us']:.1f} | {r['ort run_p50_us'] - r['span_us']:.1f} | "
               f"{r['own run_p50_us'] - r['span_us']:.1f} | "
               f"{max(r['max_diff_own_vs_ort_graphs'].values()):.2e} |")
+    print(f"\nevery bucket of shenma-3l fp16 (max batch 32, max seq 128): {shapes}")
     return 0
 
 

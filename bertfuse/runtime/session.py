@@ -201,9 +201,10 @@ class PaddedSession:
             return self._replay(bucket, mode, names, to_host, batch, seq)
 
     def _replay(self, bucket: Bucket, mode: str, names: list[str], to_host: bool, batch: int,
-                seq: int) -> dict[str, Any]:
-        """The staged bucket through its variant's graph; the outputs as run() returns them."""
-        graph = bucket.graphs.get(mode)
+                seq: int, staged: bool = False) -> dict[str, Any]:
+        """The staged bucket through its variant's graph; the outputs as run() returns them.
+        staged: the request is in the pinned host buffer only, and the graph copies it."""
+        graph = bucket.staged[mode] if staged else bucket.graphs.get(mode)
         if graph is not None:
             graph.launch()
         else:
@@ -291,7 +292,7 @@ class PaddedSession:
                 return
             self._closed = True
             for bucket in self._buckets.values():  # graphs before the memory they record
-                for graph in bucket.graphs.values():
+                for graph in [*bucket.graphs.values(), *bucket.staged.values()]:
                     graph.release()
             held = [self._buckets, self.sessions]  # bindings and buffers first, then sessions
             self._buckets, self.sessions, self.session = {}, {}, None

@@ -3,8 +3,8 @@
     run(ids, mask, segments) -> FastStager.serve: host int32/int64 arrays, a warm bucket
         -> bf_stage_request (the op library's csrc/stage.cc: range check, empty rows
            unmasked, padding, the mask's form, in one pass into the pinned buffer)
-        -> upload (cudaMemcpyAsync on the session's stream) -> the replay (the bucket's own
-           CUDA graph, graphs.py, or ORT's)
+        -> the bucket's own CUDA graph that begins with the host->device copy (graphs.py), one
+           launch; else upload (cudaMemcpyAsync on the session's stream) -> the replay
 
 What it saves: the checked path (requests.check_request, variants.mask_mode, session._fill)
 is about ten NumPy passes over the request, 25-30 us of host time per request. Whatever the
@@ -106,5 +106,7 @@ class FastStager:
             if form < 0:
                 return None
             mode = session._session_for(mask, bucket, batch, seq, FORMS[form])
-            upload(bucket.packed, bucket.host, session.stream)
-            return session._replay(bucket, mode, names, to_host, batch, seq)
+            staged = mode in bucket.staged  # a graph that copies the buffer over itself
+            if not staged:
+                upload(bucket.packed, bucket.host, session.stream)
+            return session._replay(bucket, mode, names, to_host, batch, seq, staged)
