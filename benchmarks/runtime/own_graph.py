@@ -5,13 +5,15 @@ For each workload and form (fp16; FP8 as fp8_ab.py builds it), two runtime Sessi
 model and bucket: one with `BERTFUSE_OWN_GRAPHS=0` (ORT captures and replays, `gpu_graph_id`: the
 runtime before this change) and one as shipped (bertfuse captures). Timed in alternating rounds,
 p50 in us:
-- run:      Session.run(..., to_host=False), each session's request path; the own one with
-            the graph that starts with the host->device copy, and with that copy queued apart
-            before the graph (`copy apart`)
+- run:      Session.run(..., to_host=False), each session's request path; the own one through
+            the fast lane's native launch of the graph that starts with the host->device copy,
+            and with that copy queued apart from Python before the plain graph (`copy apart`)
 - replay:   the replay alone (Session.replay_call): ORT's run call, or the own graph's
             cudaGraphLaunch + cudaStreamSynchronize
-- lean:     the floor under the own graph's request path: bf_stage_request into the bucket's
-            pinned buffer, the host->device copy queued, launch, sync; no Python around it
+- staged replay: the graph that starts with the host->device copy, launched and waited for
+- native:   the floor under the fast lane: its one native call (bf_stage_launch: staging into
+            the bucket's pinned buffer, then the staged graph's launch and sync), no Python
+            around it; `stage only`: the same call with no graph to launch (the staging alone)
 and the GPU span of one own-graph replay under CUPTI. The two sessions' outputs are compared
 (max |diff|; the same op library and GEMM choices in one process, so expected equal). Last,
 shenma-3l fp16 with every bucket of max batch 32, max seq 128 warmed in both forms and 60
@@ -32,16 +34,6 @@ import sys
 import numpy as np
 from gpu_setup import parse_args, start_ort
 from timeline import analyse, cases, traced
-
-
-def cudart() -> ctypes.PyDLL:
-    """cudaMemcpyAsync of the runtime bertfuse loaded (a PyDLL handle: it keeps the GIL)."""
-    from bertfuse.runtime.pinned import cudart_name
-
-    lib = ctypes.PyDLL(cudart_name())
-    lib.cudaMemcpyAsync.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_size_t, ctypes.c_int,
-                                                             ctypes.c_void_p]
-    return lib
 
 
 def every_bucket(model: str, requests: int = 60) -> dict:
@@ -69,7 +61,9 @@ def every_bucket(model: str, requests: int = 60) -> dict:
         d = max(float(np.max(np.abs(got[n].astype(np.float64) - want[n]))) for n in want)
         worst, equal = max(worst, d), equal + (d == 0.0)
     graphs = sum(len(b.graphs) for b in own._buckets.values())
+    native = sum(b.lane is not None and any(b.lane[0].graphs) for b in own._buckets.values())
     out = {"buckets": len(buckets), "own_graphs": graphs, "graph_notes": str(own.graph_notes),
+           "buckets_launched_natively": native,
            "requests": requests, "bit_equal": equal, "max_diff": worst}
     print(json.dumps(out), flush=True)
     own.close()
@@ -98,6 +92,7 @@ def main() -> int:
         os.environ["BERTFUSE_OWN_GRAPHS"] = "1"
         own = Session(model, **kw)
         want = ort_graphs.run(*req)
+        own.run(*req)  # the bucket is made on the checked path; the next call takes the lane
         got = own.run(*req)
         bucket = own._buckets[own.bucket_for(batch, seq)]
         mode = own._session_for(f["input_mask"], bucket, batch, seq)
@@ -108,34 +103,37 @@ def main() -> int:
             own.close()
             continue
         diff = {n: float(np.max(np.abs(got[n].astype(np.float64) - want[n]))) for n in want}
-        stage, fixed, stream = own._stager._fn, own._stager._fixed, own.stream
-        host_ptr, nbytes, dev = bucket.host_ptr, bucket.host.nbytes, bucket.packed.data_ptr()
-        copy, launch = cudart().cudaMemcpyAsync, bucket.graphs[mode].launch
+        if bucket.lane is None or not any(bucket.lane[0].graphs):
+            raise SystemExit(f"{config} {label}: the fast lane has no graph to launch")
+        fn, lanes = own._stager._fn, {True: bucket.lane}
+        bare = own._stager.lane(own, bucket, graphs=False)
+        lanes[False] = (bare, ctypes.addressof(bare))
         ids, mask, segs = req
+        head = (address(ids), ids.itemsize, address(mask), mask.itemsize, address(segs),
+                segs.itemsize, batch, seq, 1)
 
-        def lean() -> None:
-            form_ = stage(address(ids), ids.itemsize, address(mask), mask.itemsize, address(segs),
-                          segs.itemsize, *fixed,
-                          batch, seq, 1, host_ptr, batch, seq)
-            if form_ < 0:
+        def native() -> None:  # the fast lane's one native call, no Python around it
+            if fn(*head, lanes[True][1]) < 8:
+                raise SystemExit("the native call did not launch")
+
+        def stage_only() -> None:
+            if fn(*head, lanes[False][1]) < 0:
                 raise SystemExit("staging refused the request")
-            copy(dev, host_ptr, nbytes, 1, stream)
-            launch()
-
-        staged = dict(bucket.staged)
 
         def copy_apart() -> None:  # the fast lane as before the graph took the copy in
-            bucket.staged = {}
+            bucket.lane = lanes[False]
             own.run(*req, to_host=False)
-            bucket.staged = staged
+            bucket.lane = lanes[True]
 
         t = time_interleaved({"ort run": lambda: ort_graphs.run(*req, to_host=False),
                               "ort replay": ort_graphs.replay_call(f["input_mask"]),
                               "own run": lambda: own.run(*req, to_host=False),
                               "own run, copy apart": copy_apart,
                               "own replay": own.replay_call(f["input_mask"]),
-                              "lean": lean}, args.iters, rounds=20)
-        span = analyse(traced(launch))
+                              "staged replay": bucket.staged[mode].launch,
+                              "native": native, "stage only": stage_only},
+                             args.iters, rounds=20)
+        span = analyse(traced(bucket.graphs[mode].launch))
         row = {"workload": f"{config} b{batch} s{seq}", "form": label, "mode": mode,
                "staged_graph": mode in staged,
                **{f"{k}_p50_us": v[0] for k, v in t.items()},
@@ -150,7 +148,8 @@ def main() -> int:
     with open(os.path.join(os.environ.get("OUT", "."), "own_graph.json"), "w") as fh:
         json.dump({"onnxruntime": ort.__version__, "iters": args.iters, "rows": rows,
                    "every_bucket": shapes}, fh, indent=1)
-    keys = ("ort run", "own run, copy apart", "own run", "ort replay", "own replay", "lean")
+    keys = ("ort run", "own run, copy apart", "own run", "native", "stage only", "ort replay",
+            "own replay", "staged replay")
     print("\n| workload | form | " + " | ".join(keys) + " | GPU span | ort run - span | "
           "own run - span | max diff |")
     print("|---|---|" + "---|" * (len(keys) + 4))

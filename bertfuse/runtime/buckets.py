@@ -41,6 +41,7 @@ class Bucket:
     disabled: set[str] = field(default_factory=set)  # variants that failed check_variants
     graphs: dict[str, OwnGraph] = field(default_factory=dict)  # per mode, where captured here
     staged: dict[str, OwnGraph] = field(default_factory=dict)  # the same, the upload inside
+    lane: Any = None  # the fast lane's native state for this bucket (staging.FastStager)
 
 
 def new_bucket(s: Any, batch: int, seq: int) -> Bucket:

@@ -56,6 +56,9 @@ class _Cuda:
         lib.cudaGetErrorString.restype = ctypes.c_char_p
         lib.cudaGetErrorString.argtypes = [ctypes.c_int]
         self.lib, self.launch, self.sync = lib, keep.cudaGraphLaunch, lib.cudaStreamSynchronize
+        # The same two as C function pointers, for the fast lane's native launch (staging.py).
+        self.pointers = tuple(ctypes.cast(f, _P).value for f in (lib.cudaGraphLaunch,
+                                                                 lib.cudaStreamSynchronize))
 
     def check(self, status: int, what: str) -> None:
         if status != 0:
@@ -115,6 +118,13 @@ class OwnGraph:
             cu.lib.cudaGraphDestroy(graph)
             cu.check(status, "cudaGraphInstantiate")
         return cls(cu, stream, graph.value, exe.value)
+
+    @property
+    def handle(self) -> int:
+        """The cudaGraphExec_t (the fast lane launches it natively, staging.py)."""
+        if self._exe is None:
+            raise GraphError("a released graph")
+        return self._exe
 
     def launch(self) -> None:
         """Replays the graph on its stream (after what is queued there) and waits for it."""

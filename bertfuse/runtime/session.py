@@ -201,14 +201,18 @@ class PaddedSession:
             return self._replay(bucket, mode, names, to_host, batch, seq)
 
     def _replay(self, bucket: Bucket, mode: str, names: list[str], to_host: bool, batch: int,
-                seq: int, staged: bool = False) -> dict[str, Any]:
-        """The staged bucket through its variant's graph; the outputs as run() returns them.
-        staged: the request is in the pinned host buffer only, and the graph copies it."""
-        graph = bucket.staged[mode] if staged else bucket.graphs.get(mode)
+                seq: int) -> dict[str, Any]:
+        """The staged bucket through its variant's graph; the outputs as run() returns them."""
+        graph = bucket.graphs.get(mode)
         if graph is not None:
             graph.launch()
         else:
             replay(self.sessions[mode], bucket.bindings[mode], bucket.run_options[mode])
+        return self._outputs(bucket, names, to_host, batch, seq)
+
+    def _outputs(self, bucket: Bucket, names: list[str], to_host: bool, batch: int,
+                 seq: int) -> dict[str, Any]:
+        """The bucket's outputs after a run, as run() returns them."""
         if not to_host:
             return {"batch": batch, "seq": seq, **{n: bucket.outputs[n] for n in names}}
         return {n: fetch(bucket.outputs[n], batch, seq, self._output_dims[n][1:2] == ("S",))

@@ -1,10 +1,12 @@
 """The request path's fast lane: one native call stages a warm bucket's inputs.
 
     run(ids, mask, segments) -> FastStager.serve: host int32/int64 arrays, a warm bucket
-        -> bf_stage_request (the op library's csrc/stage.cc: range check, empty rows
-           unmasked, padding, the mask's form, in one pass into the pinned buffer)
-        -> the bucket's own CUDA graph that begins with the host->device copy (graphs.py), one
-           launch; else upload (cudaMemcpyAsync on the session's stream) -> the replay
+        -> bf_stage_launch, one native call (the op library's csrc/stage.cc):
+             bf_stage_request: range check, empty rows unmasked, padding, the mask's form, in
+             one pass into the pinned buffer
+             -> where the bucket holds an own CUDA graph for that form's variant that begins
+                with the host->device copy (graphs.py): cudaGraphLaunch, cudaStreamSynchronize
+        -> else (no such graph) upload (cudaMemcpyAsync on the session's stream) -> the replay
 
 What it saves: the checked path (requests.check_request, variants.mask_mode, session._fill)
 is about ten NumPy passes over the request, 25-30 us of host time per request. Whatever the
@@ -21,24 +23,35 @@ from typing import Any, Sequence
 import numpy as np
 
 from bertfuse.runtime.device import GATE, claim_thread, upload
+from bertfuse.runtime.graphs import GraphError, cuda
 from bertfuse.runtime.pinned import address
 
 LOG = logging.getLogger("bertfuse.runtime")
 ROLES = ("input_ids", "input_mask", "segment_ids")
 FORMS = ("nomask", "keylen", "raw")  # bf_stage_request's return value, as variants.mask_mode
-_I32, _I64 = ctypes.c_int, ctypes.c_int64
-_ARGTYPES = [ctypes.c_void_p, _I32, ctypes.c_void_p, _I32, ctypes.c_void_p, _I32,
-             ctypes.c_void_p, _I32, ctypes.c_void_p, _I32, _I32, _I32, ctypes.c_void_p, _I32, _I32]
+_I32 = ctypes.c_int
+LAUNCHED = 8  # bf_stage_launch: 8 + form once the bucket's graph ran
+
+
+class Lane(ctypes.Structure):
+    """stage.cc's BfLane: one bucket's fixed arguments, filled once (FastStager.lane)."""
+
+    _fields_ = [("slot_role", ctypes.c_void_p), ("n_inputs", _I32), ("upper", ctypes.c_void_p),
+                ("host", ctypes.c_void_p), ("bucket_batch", _I32), ("bucket_seq", _I32),
+                ("graphs", ctypes.c_void_p * 6), ("launch", ctypes.c_void_p),
+                ("sync", ctypes.c_void_p), ("stream", ctypes.c_void_p), ("status", _I32),
+                ("failed", _I32)]
 
 
 def stage_function(path: str) -> Any | None:
-    """bf_stage_request of the library at `path`, or None (a library built before it, or
+    """bf_stage_launch of the library at `path`, or None (a library built before it, or
     one that does not load)."""
     try:
-        fn = ctypes.PyDLL(path).bf_stage_request  # host-only and short: keeps the GIL
+        fn = ctypes.CDLL(path).bf_stage_launch  # CDLL: the GIL is dropped while it waits
     except (OSError, AttributeError):
         return None
-    fn.argtypes, fn.restype = _ARGTYPES, _I32
+    fn.argtypes = [ctypes.c_void_p, _I32] * 3 + [_I32, _I32, _I32, ctypes.c_void_p]
+    fn.restype = _I32
     return fn
 
 
@@ -50,8 +63,22 @@ class FastStager:
         self._roles = np.array([ROLES.index(n) for n in inputs], np.int32)
         self._upper = np.array([u or 0 for u in uppers], np.int64)
         self._known = set(inputs)
-        # Addresses fixed for the session's life, taken once: arr.ctypes.data costs 1-3 us.
-        self._fixed = (self._roles.ctypes.data, len(self._roles), self._upper.ctypes.data)
+
+    def lane(self, session: Any, bucket: Any, graphs: bool = True) -> Lane:
+        """The bucket's BfLane: the staging arguments, and per form (and whether a request
+        fills the bucket) the own graph that serves it, copy inside, where captured."""
+        lane = Lane(self._roles.ctypes.data, len(self._roles), self._upper.ctypes.data,
+                    bucket.host_ptr, bucket.batch, bucket.seq)
+        cu = cuda() if graphs and bucket.staged else None
+        if cu is not None:
+            for full, shape in enumerate([(0, 0), (bucket.batch, bucket.seq)]):
+                for f, form in enumerate(FORMS):  # the variant as _session_for picks it
+                    graph = bucket.staged.get(session._session_for(bucket.host, bucket, *shape,
+                                                                   form))
+                    lane.graphs[3 * full + f] = graph.handle if graph is not None else None
+            lane.launch, lane.sync = cu.pointers
+            lane.stream = session.stream
+        return lane
 
     @classmethod
     def for_session(cls, session: Any) -> "FastStager | None":
@@ -96,17 +123,23 @@ class FastStager:
             if bucket is None:  # a new bucket captures: the checked path does it
                 return None
             claim_thread(session)
-            form = self._fn(address(ids), ids.itemsize,
-                            address(mask) if mask is not None else None,
-                            mask.itemsize if mask is not None else 0,
-                            address(segments) if segments is not None else None,
-                            segments.itemsize if segments is not None else 0,
-                            *self._fixed, batch, seq, int(session.validate), bucket.host_ptr,
-                            bucket.batch, bucket.seq)
-            if form < 0:
+            if bucket.lane is None:
+                lane = self.lane(session, bucket)
+                bucket.lane = (lane, ctypes.addressof(lane))
+            lane, at = bucket.lane
+            got = self._fn(address(ids), ids.itemsize,
+                           address(mask) if mask is not None else None,
+                           mask.itemsize if mask is not None else 0,
+                           address(segments) if segments is not None else None,
+                           segments.itemsize if segments is not None else 0,
+                           batch, seq, int(session.validate), at)
+            if got >= LAUNCHED:
+                return session._outputs(bucket, names, to_host, batch, seq)
+            if got == -1:
                 return None
-            mode = session._session_for(mask, bucket, batch, seq, FORMS[form])
-            staged = mode in bucket.staged  # a graph that copies the buffer over itself
-            if not staged:
-                upload(bucket.packed, bucket.host, session.stream)
-            return session._replay(bucket, mode, names, to_host, batch, seq, staged)
+            if got < 0:  # -2: a CUDA error in the launch or the wait
+                what = "cudaStreamSynchronize after the graph" if lane.failed else "cudaGraphLaunch"
+                raise GraphError(f"{what}: CUDA error {lane.status}")
+            mode = session._session_for(mask, bucket, batch, seq, FORMS[got])
+            upload(bucket.packed, bucket.host, session.stream)
+            return session._replay(bucket, mode, names, to_host, batch, seq)

@@ -102,3 +102,44 @@ extern "C" __attribute__((visibility("default"))) int bf_stage_request(
   if (all_ones) return 0;
   return right_padded ? 1 : 2;
 }
+
+// The fast lane in one call (runtime/staging.py): bf_stage_request, then, where the bucket holds
+// an own CUDA graph for the request's variant that starts with the host->device copy
+// (runtime/graphs.py), its launch and the wait for it. The launch and sync functions are the
+// CUDA runtime's that ONNX Runtime loaded, passed in, so this file stays free of CUDA and the
+// graph is launched by the runtime that instantiated it. Python fills BfLane once per bucket.
+struct BfLane {
+  const int* slot_role;
+  int n_inputs;
+  const int64_t* upper;
+  int32_t* host;
+  int bucket_batch, bucket_seq;
+  void* graphs[2][3];  // [the request fills the bucket][form]; nullptr: no graph, the caller runs
+  int (*launch)(void* graph_exec, void* stream);  // cudaGraphLaunch
+  int (*sync)(void* stream);                      // cudaStreamSynchronize
+  void* stream;
+  int status;  // the CUDA error of a failed call
+  int failed;  // which call failed: 0 the launch, 1 the sync
+};
+
+// Returns the form (0-2) when no graph was launched (the caller goes on as after
+// bf_stage_request), 8 + form when the graph ran and the stream is idle again, -1 when staging
+// refused the request, -2 on a CUDA error (lane->status, lane->failed).
+extern "C" __attribute__((visibility("default"))) int bf_stage_launch(
+    const void* ids, int ids_bytes, const void* mask, int mask_bytes, const void* segments,
+    int segments_bytes, int batch, int seq, int validate, BfLane* lane) {
+  const int form = bf_stage_request(ids, ids_bytes, mask, mask_bytes, segments, segments_bytes,
+                                    lane->slot_role, lane->n_inputs, lane->upper, batch, seq,
+                                    validate, lane->host, lane->bucket_batch, lane->bucket_seq);
+  if (form < 0) return form;
+  const int full = batch == lane->bucket_batch && seq == lane->bucket_seq;
+  void* graph = lane->graphs[full][form];
+  if (!graph || !lane->launch || !lane->sync) return form;
+  lane->status = lane->launch(graph, lane->stream);
+  lane->failed = 0;
+  if (lane->status == 0) {
+    lane->status = lane->sync(lane->stream);
+    lane->failed = 1;
+  }
+  return lane->status == 0 ? 8 + form : -2;
+}

@@ -8,6 +8,7 @@ through a CPU session with buckets.
 
 from __future__ import annotations
 
+import ctypes
 import re
 import shutil
 import subprocess
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 
 from bertfuse.runtime import RequestError
+from bertfuse.runtime.graphs import GraphError
 from bertfuse.runtime.requests import upper_bound
 from bertfuse.runtime.staging import FORMS, FastStager, stage_function
 from bertfuse.runtime.variants import mask_mode
@@ -60,20 +62,18 @@ def _stage_both(session, stager, given):
     mask = checked.get("input_mask")
     want_form = None if mask is None else mask_mode(mask)
     bucket.host.fill(-7)  # the fast lane must write every element
-    got = stager._fn(*_args(stager, given, bucket, session.validate))
+    lane = stager.lane(session, bucket)
+    got = stager._fn(*_args(given), int(session.validate), ctypes.addressof(lane))
     return want, want_form, bucket.host.copy(), got
 
 
-def _args(stager, given, bucket, validate):
+def _args(given):
     ids, mask, seg = given["input_ids"], given.get("input_mask"), given.get("segment_ids")
 
     def ptr(a):
         return (a.ctypes.data, a.itemsize) if a is not None else (None, 0)
 
-    batch, seq = ids.shape
-    return (*ptr(ids), *ptr(mask), *ptr(seg), stager._roles.ctypes.data, len(stager._roles),
-            stager._upper.ctypes.data, batch, seq, int(validate), bucket.host.ctypes.data,
-            bucket.batch, bucket.seq)
+    return (*ptr(ids), *ptr(mask), *ptr(seg), *ids.shape)
 
 
 @pytest.mark.parametrize("dtype", [np.int32, np.int64])
@@ -116,7 +116,8 @@ def test_a_bad_value_goes_back_to_the_checked_path(pair, role, value):
     given[role][1, 3] = value
     fast.run(**make_request(np.random.default_rng(2), 2, 8))  # the bucket is warm
     bucket = fast._bucket(*fast.bucket_for(2, 8))
-    assert fast._stager._fn(*_args(fast._stager, given, bucket, True)) == -1
+    lane = fast._stager.lane(fast, bucket)
+    assert fast._stager._fn(*_args(given), 1, ctypes.addressof(lane)) == -1
     with pytest.raises(RequestError) as fast_err:
         fast.run(**given)
     with pytest.raises(RequestError) as slow_err:
@@ -170,3 +171,63 @@ def test_a_session_with_a_packed_model_keeps_its_routing(pair, monkeypatch):
     assert fast._stager.serve(fast, given, list(OUTPUTS), True) is not None
     monkeypatch.setattr(fast, "packed", object())  # router.Session decides what it packs
     assert fast._stager.serve(fast, given, list(OUTPUTS), True) is None
+
+
+_LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+_SYNC = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+
+
+def _recording_lane(stager, session, bucket, launch_status=0, sync_status=0):
+    """The bucket's lane with a distinct graph handle per [fills the bucket][form] and launch
+    and sync functions that record their arguments (no GPU in CI: the CUDA calls themselves
+    run in benchmarks/runtime/own_graph.py, which checks every bucket bit for bit)."""
+    calls = []
+    launch = _LAUNCH(lambda graph, stream: calls.append(("launch", graph, stream)) or launch_status)
+    sync = _SYNC(lambda stream: calls.append(("sync", stream)) or sync_status)
+    lane = stager.lane(session, bucket)
+    for i in range(6):
+        lane.graphs[i] = 0x1000 + i
+    lane.launch = ctypes.cast(launch, ctypes.c_void_p).value
+    lane.sync = ctypes.cast(sync, ctypes.c_void_p).value
+    lane.stream = 0x77
+    return lane, calls, (launch, sync)  # the callbacks must outlive the calls
+
+
+@pytest.mark.parametrize("batch,seq,rows", [(8, 64, "full"), (8, 64, "right"), (8, 64, "hole"),
+                                            (3, 20, "full"), (3, 20, "right"), (3, 20, "hole")])
+def test_the_native_launch_picks_the_graph_of_the_form_and_shape(pair, batch, seq, rows):
+    fast, _ = pair
+    fast.run(**make_request(np.random.default_rng(2), batch, seq))  # the bucket is warm
+    bucket = fast._bucket(*fast.bucket_for(batch, seq))
+    given = make_request(np.random.default_rng(3), batch, seq, kinds=(rows,))
+    lane, calls, _keep = _recording_lane(fast._stager, fast, bucket)
+    got = fast._stager._fn(*_args(given), 1, ctypes.addressof(lane))
+    form = mask_mode(given["input_mask"])
+    full = (batch, seq) == (bucket.batch, bucket.seq)
+    assert got == 8 + FORMS.index(form)
+    assert calls == [("launch", 0x1000 + 3 * full + FORMS.index(form), 0x77), ("sync", 0x77)]
+    lane.graphs[3 * full + FORMS.index(form)] = None  # no graph for it: staged, not launched
+    calls.clear()
+    assert fast._stager._fn(*_args(given), 1, ctypes.addressof(lane)) == FORMS.index(form)
+    assert calls == []
+
+
+@pytest.mark.parametrize("launch_status,sync_status,what", [
+    (700, 0, "cudaGraphLaunch: CUDA error 700"),
+    (0, 719, "cudaStreamSynchronize after the graph: CUDA error 719")])
+def test_a_failed_native_launch_raises_the_cuda_error(pair, launch_status, sync_status, what):
+    fast, _ = pair
+    req = make_request(np.random.default_rng(4), 4, 16)
+    fast.run(**req)
+    bucket = fast._bucket(*fast.bucket_for(4, 16))
+    lane, calls, _keep = _recording_lane(fast._stager, fast, bucket, launch_status, sync_status)
+    bucket.lane = (lane, ctypes.addressof(lane))
+    try:
+        with pytest.raises(GraphError, match=re.escape(what)):
+            fast.run(**req)
+        assert [c[0] for c in calls] == (["launch"] if launch_status else ["launch", "sync"])
+    finally:
+        bucket.lane = None  # the CPU session's own lane again (no graphs)
+    np.testing.assert_array_equal(fast.run(**req)["pooled_output"],
+                                  fast._serve(fast._check(dict(req)), ["pooled_output"], True)
+                                  ["pooled_output"])
