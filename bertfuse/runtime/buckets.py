@@ -6,7 +6,10 @@ graphs, its mask variants checked.
         ─► per mask variant: bound once, two plain runs (ORT's graph capture, or the warm-up
            before an own capture)
         ─► own graphs (graphs.py) where the session captures them: each checked against a
-           plain run on a probe request, else that variant runs uncaptured (graph_notes)
+           plain run on a probe request, else that variant runs uncaptured (graph_notes); for
+           the fast lane (staging.py) a second one that starts with the staged request's copy
+           to the device (a kernel, csrc/copy_in.cu, else a memcpy node), checked on two
+           probes in a row
         ─► mask variants checked against the raw mask (variants.check_variants)
 
 The functions take the session itself: a bucket is part of it, kept in its own room because
@@ -22,7 +25,8 @@ from typing import Any
 import numpy as np
 
 from bertfuse.runtime.device import replay, staging, upload
-from bertfuse.runtime.graphs import OwnGraph
+from bertfuse.runtime.graphs import GraphError, OwnGraph
+from bertfuse.runtime.pinned import device_address
 from bertfuse.runtime.variants import check_variants
 
 LOG = logging.getLogger("bertfuse.runtime")
@@ -99,9 +103,15 @@ def capture(s: Any, bucket: Bucket, mode: str, copies: bool = False
     compared bit for bit with a plain run: (graph, '') or (None, why)."""
     sess, binding = s.sessions[mode], bucket.bindings[mode]
     ro = s._maker.capture_options()
+    copy_in = s._stager.copy_in if copies else None
+    mapped = device_address(bucket.host) if copy_in is not None else None
 
     def record() -> None:
-        if copies:
+        if mapped is not None:  # a kernel reads the staged request across the bus
+            status = copy_in(bucket.packed.data_ptr(), mapped, bucket.host.nbytes, s.stream)
+            if status != 0:
+                raise GraphError(f"bf_copy_in: CUDA error {status}")
+        elif copies:
             upload(bucket.packed, bucket.host, s.stream)
         replay(sess, binding, ro)
 
@@ -111,22 +121,24 @@ def capture(s: Any, bucket: Bucket, mode: str, copies: bool = False
         return None, f"capture failed: {str(exc).splitlines()[0][:200]}"
     host = bucket.host
     rng = np.random.default_rng(bucket.batch * 1000 + bucket.seq)
-    for i, name in enumerate(s.facts.inputs):
-        high = min(int(s._upper[i]), 30000 if name == "input_ids" else 2)
-        host[i] = 1 if name == "input_mask" else rng.integers(0, high, host[i].shape)
-    upload(bucket.packed, host, None)
-    replay(sess, binding, bucket.run_options[mode])
-    want = {n: v.numpy() for n, v in bucket.outputs.items()}
-    if copies:  # the graph must bring the probe over itself
-        bucket.packed.update_inplace(np.zeros_like(host))
-    for value in bucket.outputs.values():  # the launch must write every output itself
-        value.update_inplace(np.full(value.shape(), np.nan, np.float32))
-    graph.launch()
-    if all(np.array_equal(want[n], v.numpy(), equal_nan=True)
-           for n, v in bucket.outputs.items()):
-        return graph, ""
-    graph.release()
-    return None, "the captured graph's outputs differ from a plain run's"
+    # With the copy inside, two probes one after the other: the second must not see the first.
+    for _ in range(2 if copies else 1):
+        for i, name in enumerate(s.facts.inputs):
+            high = min(int(s._upper[i]), 30000 if name == "input_ids" else 2)
+            host[i] = 1 if name == "input_mask" else rng.integers(0, high, host[i].shape)
+        upload(bucket.packed, host, None)
+        replay(sess, binding, bucket.run_options[mode])
+        want = {n: v.numpy() for n, v in bucket.outputs.items()}
+        if copies:  # the graph must bring the probe over itself
+            bucket.packed.update_inplace(np.zeros_like(host))
+        for value in bucket.outputs.values():  # the launch must write every output itself
+            value.update_inplace(np.full(value.shape(), np.nan, np.float32))
+        graph.launch()
+        if not all(np.array_equal(want[n], v.numpy(), equal_nan=True)
+                   for n, v in bucket.outputs.items()):
+            graph.release()
+            return None, "the captured graph's outputs differ from a plain run's"
+    return graph, ""
 
 
 def verify_variants(s: Any, bucket: Bucket) -> None:

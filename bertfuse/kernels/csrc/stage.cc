@@ -36,9 +36,44 @@ bool CopyRow(const T* __restrict__ src, int seq, int32_t* __restrict__ dst, bool
   return !validate || static_cast<uint64_t>(top) < limit;
 }
 
+// A mask row: CopyRow, and in the same pass what its form needs, from the int32 values as
+// staged: the smallest, their OR (zero: all masked), and whether any rises (0 then 1: a hole
+// or left padding).
+struct MaskFacts {
+  int32_t lo, nonzero;
+  bool rises;
+};
+
+template <typename T, typename U>
+bool MaskRow(const T* __restrict__ src, int seq, int32_t* __restrict__ dst, bool validate,
+             uint64_t limit, MaskFacts* facts) {
+  U top = static_cast<U>(src[0]);
+  int32_t lo = static_cast<int32_t>(src[0]), nonzero = lo, rises = 0;
+  dst[0] = lo;
+  for (int j = 1; j < seq; ++j) {  // plain reductions, so they vectorise
+    const U u = static_cast<U>(src[j]);
+    const int32_t v = static_cast<int32_t>(src[j]), prev = static_cast<int32_t>(src[j - 1]);
+    top = u > top ? u : top;
+    lo = v < lo ? v : lo;
+    nonzero |= v;
+    rises |= prev < v;
+    dst[j] = v;
+  }
+  *facts = {lo, nonzero, rises != 0};
+  return !validate || static_cast<uint64_t>(top) < limit;
+}
+
 }  // namespace
 
-extern "C" __attribute__((visibility("default"))) int bf_stage_request(
+// Built for AVX2 as well where the compiler can (the int64 -> int32 narrowing and the unsigned
+// maxima take several SSE2 instructions each): the loader picks the clone the CPU runs.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__CUDACC__)
+#define BF_CPU_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define BF_CPU_CLONES
+#endif
+
+extern "C" __attribute__((visibility("default"))) BF_CPU_CLONES int bf_stage_request(
     const void* ids, int ids_bytes, const void* mask, int mask_bytes, const void* segments,
     int segments_bytes, const int* slot_role, int n_inputs, const int64_t* upper, int batch,
     int seq, int validate, int32_t* host, int bucket_batch, int bucket_seq) {
@@ -68,27 +103,27 @@ extern "C" __attribute__((visibility("default"))) int bf_stage_request(
         for (int j = 0; j < seq; ++j) dst[j] = fill;
       } else {
         const size_t at = static_cast<size_t>(r) * seq;
-        const bool ok = bytes[role] == 4
-            ? CopyRow<int32_t, uint32_t>(static_cast<const int32_t*>(src[role]) + at, seq, dst,
-                                         check, limit[s])
-            : CopyRow<int64_t, uint64_t>(static_cast<const int64_t*>(src[role]) + at, seq, dst,
-                                         check, limit[s]);
-        if (!ok) return -1;
-        if (role == kMask) {
-          int32_t lo = dst[0], nonzero = dst[0];
-          int rises = 0;
-          for (int j = 1; j < seq; ++j) {  // (plain reductions, so they vectorise)
-            lo = dst[j] < lo ? dst[j] : lo;
-            nonzero |= dst[j];
-            rises |= dst[j - 1] < dst[j];
-          }
-          if (!nonzero) {  // all masked: unmasked, as unmask_empty_rows does
+        const bool wide = bytes[role] == 8;
+        const void* row = static_cast<const char*>(src[role]) + at * bytes[role];
+        if (role != kMask) {
+          const bool ok = wide ? CopyRow<int64_t, uint64_t>(static_cast<const int64_t*>(row), seq,
+                                                            dst, check, limit[s])
+                               : CopyRow<int32_t, uint32_t>(static_cast<const int32_t*>(row), seq,
+                                                            dst, check, limit[s]);
+          if (!ok) return -1;
+        } else {
+          MaskFacts f;
+          const bool ok = wide ? MaskRow<int64_t, uint64_t>(static_cast<const int64_t*>(row), seq,
+                                                            dst, check, limit[s], &f)
+                               : MaskRow<int32_t, uint32_t>(static_cast<const int32_t*>(row), seq,
+                                                            dst, check, limit[s], &f);
+          if (!ok) return -1;
+          if (!f.nonzero) {  // all masked: unmasked, as unmask_empty_rows does
             for (int j = 0; j < seq; ++j) dst[j] = 1;
-            lo = 1;
-            rises = 0;
+            f = {1, 1, false};
           }
-          all_ones = all_ones && lo > 0;
-          right_padded = right_padded && !rises && dst[0] != 0;
+          all_ones = all_ones && f.lo > 0;
+          right_padded = right_padded && !f.rises && dst[0] != 0;
         }
       }
       std::memset(dst + seq, 0, tail);
