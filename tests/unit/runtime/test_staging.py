@@ -147,6 +147,8 @@ def test_what_the_fast_lane_does_not_take_goes_the_checked_way(pair):
     for odd in [{"input_ids": req["input_ids"].astype(np.int16)},  # another dtype
                 {"input_ids": req["input_ids"].tolist()},  # a list
                 {"input_ids": np.asfortranarray(req["input_ids"])},  # not C-contiguous
+                {"input_ids": req["input_ids"].astype(">i4"),  # not the CPU's byte order
+                 "input_mask": req["input_mask"].astype(">i8")},
                 {"input_mask": req["input_mask"][:, :4]}]:  # shapes that disagree
         given = {**req, **odd}
         assert fast._stager.serve(fast, {k: given.get(k) for k in
