@@ -10,9 +10,7 @@ p50 in us:
             and with that copy queued apart from Python before the plain graph (`copy apart`)
 - replay:   the replay alone (Session.replay_call): ORT's run call, or the own graph's
             cudaGraphLaunch + cudaStreamSynchronize
-- staged replay: the graph that starts with the host->device copy, launched and waited for;
-            the copy as a kernel (csrc/copy_in.cu, as shipped) or as a memcpy node (a third
-            Session, `BERTFUSE_COPY_IN=memcpy`, whose run is timed too)
+- staged replay: the graph that starts with the host->device copy, launched and waited for
 - native:   the floor under the fast lane: its one native call (bf_stage_launch: staging into
             the bucket's pinned buffer, then the staged graph's launch and sync), no Python
             around it; `stage only`: the same call with no graph to launch (the staging alone)
@@ -92,27 +90,19 @@ def main() -> int:
         os.environ["BERTFUSE_OWN_GRAPHS"] = "0"
         ort_graphs = Session(model, **kw)
         os.environ["BERTFUSE_OWN_GRAPHS"] = "1"
-        os.environ["BERTFUSE_COPY_IN"] = "memcpy"
-        own_memcpy = Session(model, **kw)
-        os.environ["BERTFUSE_COPY_IN"] = "kernel"
         own = Session(model, **kw)
         want = ort_graphs.run(*req)
         own.run(*req)  # the bucket is made on the checked path; the next call takes the lane
         got = own.run(*req)
-        own_memcpy.run(*req)
-        got_memcpy = own_memcpy.run(*req)
-        bucket_memcpy = own_memcpy._buckets[own_memcpy.bucket_for(batch, seq)]
         bucket = own._buckets[own.bucket_for(batch, seq)]
         mode = own._session_for(f["input_mask"], bucket, batch, seq)
         if mode not in bucket.graphs:  # said, and the next workload tried
             print(json.dumps({"workload": f"{config} b{batch} s{seq}", "form": label,
                               "error": str(own.graph_notes)}), flush=True)
-            for session in (ort_graphs, own, own_memcpy):
-                session.close()
+            ort_graphs.close()
+            own.close()
             continue
         diff = {n: float(np.max(np.abs(got[n].astype(np.float64) - want[n]))) for n in want}
-        diff.update({f"{n}, memcpy node": float(np.max(np.abs(got_memcpy[n].astype(np.float64)
-                                                              - want[n]))) for n in want})
         if bucket.lane is None or not any(bucket.lane[0].graphs):
             raise SystemExit(f"{config} {label}: the fast lane has no graph to launch")
         fn, lanes = own._stager._fn, {True: bucket.lane}
@@ -138,12 +128,9 @@ def main() -> int:
         t = time_interleaved({"ort run": lambda: ort_graphs.run(*req, to_host=False),
                               "ort replay": ort_graphs.replay_call(f["input_mask"]),
                               "own run": lambda: own.run(*req, to_host=False),
-                              "own run, memcpy node": lambda: own_memcpy.run(*req,
-                                                                             to_host=False),
                               "own run, copy apart": copy_apart,
                               "own replay": own.replay_call(f["input_mask"]),
                               "staged replay": bucket.staged[mode].launch,
-                              "staged replay, memcpy node": bucket_memcpy.staged[mode].launch,
                               "native": native, "stage only": stage_only},
                              args.iters, rounds=20)
         span = analyse(traced(bucket.graphs[mode].launch))
@@ -155,15 +142,14 @@ def main() -> int:
                "kernels_line": own.kernels.line()}
         rows.append(row)
         print(json.dumps(row), flush=True)
-        for session in (ort_graphs, own, own_memcpy):
-            session.close()
+        ort_graphs.close()
+        own.close()
     shapes = every_bucket(shenma)
     with open(os.path.join(os.environ.get("OUT", "."), "own_graph.json"), "w") as fh:
         json.dump({"onnxruntime": ort.__version__, "iters": args.iters, "rows": rows,
                    "every_bucket": shapes}, fh, indent=1)
-    keys = ("ort run", "own run, copy apart", "own run, memcpy node", "own run", "native",
-            "stage only", "ort replay", "own replay", "staged replay, memcpy node",
-            "staged replay")
+    keys = ("ort run", "own run, copy apart", "own run", "native", "stage only", "ort replay",
+            "own replay", "staged replay")
     print("\n| workload | form | " + " | ".join(keys) + " | GPU span | ort run - span | "
           "own run - span | max diff |")
     print("|---|---|" + "---|" * (len(keys) + 4))

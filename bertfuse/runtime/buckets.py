@@ -7,9 +7,8 @@ graphs, its mask variants checked.
            before an own capture)
         ─► own graphs (graphs.py) where the session captures them: each checked against a
            plain run on a probe request, else that variant runs uncaptured (graph_notes); for
-           the fast lane (staging.py) a second one that starts with the staged request's copy
-           to the device (a kernel, csrc/copy_in.cu, else a memcpy node), checked on two
-           probes in a row
+           the fast lane (staging.py) a second one that starts with the staged request's
+           host->device copy, checked on two probes in a row
         ─► mask variants checked against the raw mask (variants.check_variants)
 
 The functions take the session itself: a bucket is part of it, kept in its own room because
@@ -25,8 +24,7 @@ from typing import Any
 import numpy as np
 
 from bertfuse.runtime.device import replay, staging, upload
-from bertfuse.runtime.graphs import GraphError, OwnGraph
-from bertfuse.runtime.pinned import device_address
+from bertfuse.runtime.graphs import OwnGraph
 from bertfuse.runtime.variants import check_variants
 
 LOG = logging.getLogger("bertfuse.runtime")
@@ -103,15 +101,9 @@ def capture(s: Any, bucket: Bucket, mode: str, copies: bool = False
     compared bit for bit with a plain run: (graph, '') or (None, why)."""
     sess, binding = s.sessions[mode], bucket.bindings[mode]
     ro = s._maker.capture_options()
-    copy_in = s._stager.copy_in if copies else None
-    mapped = device_address(bucket.host) if copy_in is not None else None
 
     def record() -> None:
-        if mapped is not None:  # a kernel reads the staged request across the bus
-            status = copy_in(bucket.packed.data_ptr(), mapped, bucket.host.nbytes, s.stream)
-            if status != 0:
-                raise GraphError(f"bf_copy_in: CUDA error {status}")
-        elif copies:
+        if copies:
             upload(bucket.packed, bucket.host, s.stream)
         replay(sess, binding, ro)
 

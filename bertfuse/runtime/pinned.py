@@ -126,17 +126,3 @@ def copy_to_host(host: np.ndarray, device_ptr: int) -> bool:
     if status != 0:
         raise RuntimeError(f"cudaMemcpy failed with CUDA error {status}")
     return True
-
-
-def device_address(host: np.ndarray) -> int | None:
-    """The device's address of a page-locked array from pinned_empty (the GPU reads it across
-    the bus), or None without libcudart or where the runtime has none for it."""
-    lib = _runtime()
-    if lib is None:
-        return None
-    ptr = ctypes.c_void_p()
-    lib.cudaHostGetDevicePointer.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p,
-                                             ctypes.c_uint]
-    if lib.cudaHostGetDevicePointer(ctypes.byref(ptr), address(host), 0) != 0:
-        return None
-    return ptr.value

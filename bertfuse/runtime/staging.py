@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
 from typing import Any, Sequence
 
 import numpy as np
@@ -32,7 +31,6 @@ ROLES = ("input_ids", "input_mask", "segment_ids")
 FORMS = ("nomask", "keylen", "raw")  # bf_stage_request's return value, as variants.mask_mode
 _I32 = ctypes.c_int
 LAUNCHED = 8  # bf_stage_launch: 8 + form once the bucket's graph ran
-COPY_IN_ENV = "BERTFUSE_COPY_IN"
 # What bf_stage_request reads: native-order int32 and int64 (np.dtype compares byte order).
 _DTYPES = frozenset(np.dtype(t) for t in (np.int32, np.int64))
 
@@ -59,28 +57,11 @@ def stage_function(path: str) -> Any | None:
     return fn
 
 
-def copy_in_function(path: str) -> Any | None:
-    """bf_copy_in of the library at `path` (csrc/copy_in.cu: the staged request copied to the
-    device by a kernel, for the fast lane's graph), or None: a library built before it, or
-    BERTFUSE_COPY_IN=memcpy (the graph then starts with a memcpy node; for comparisons)."""
-    if os.environ.get(COPY_IN_ENV, "kernel").strip() == "memcpy":
-        return None
-    try:
-        fn = ctypes.PyDLL(path).bf_copy_in  # queues a kernel: keeps the GIL
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-    fn.restype = _I32
-    return fn
-
-
 class FastStager:
     """The fast lane of one PaddedSession (see the module docstring)."""
 
-    def __init__(self, fn: Any, inputs: Sequence[str], uppers: Sequence[int | None],
-                 copy_in: Any | None = None) -> None:
+    def __init__(self, fn: Any, inputs: Sequence[str], uppers: Sequence[int | None]) -> None:
         self._fn = fn
-        self.copy_in = copy_in  # bf_copy_in, where the library has it (buckets.capture)
         self._roles = np.array([ROLES.index(n) for n in inputs], np.int32)
         self._upper = np.array([u or 0 for u in uppers], np.int64)
         self._absent = [r for r in ROLES if r not in inputs]
@@ -111,8 +92,7 @@ class FastStager:
         try:
             from bertfuse.kernels.library import locate
 
-            path = str(locate())
-            fn = stage_function(path)
+            fn = stage_function(str(locate()))
         except Exception as exc:  # the library registered with ORT, yet not found here
             LOG.debug("bertfuse: no fast staging: %s", exc)
             return None
@@ -121,8 +101,7 @@ class FastStager:
         from bertfuse.runtime.requests import upper_bound
 
         return cls(fn, session.facts.inputs,
-                   [upper_bound(session.facts, n) for n in session.facts.inputs],
-                   copy_in_function(path))
+                   [upper_bound(session.facts, n) for n in session.facts.inputs])
 
     def serve(self, session: Any, given: dict[str, Any], names: list[str],
               to_host: bool) -> dict[str, Any] | None:
