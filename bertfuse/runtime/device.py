@@ -39,8 +39,16 @@ class CaptureGate:
         self._running = 0  # threads inside running(), outermost call only
         self._capturing = False
         self._waiting = 0  # captures waiting for the running count to fall to zero
-        self._mine = threading.local()  # depth: running() nesting; holds: this thread captures
+        self._mine = threading.local()  # .state: this thread's _ThreadState
         self._run = _Running(self)
+
+    def state(self) -> "_ThreadState":
+        """The calling thread's nesting and capture state (one thread-local lookup)."""
+        try:
+            return self._mine.state
+        except AttributeError:
+            st = self._mine.state = _ThreadState()
+            return st
 
     def running(self) -> "_Running":
         """A context manager (one object, no generator: it is on every request's path)."""
@@ -48,10 +56,11 @@ class CaptureGate:
 
     @contextlib.contextmanager
     def capturing(self) -> Iterator[None]:
-        if getattr(self._mine, "holds", False):
+        st = self.state()
+        if st.holds:
             yield
             return
-        inside = int(getattr(self._mine, "depth", 0) > 0)
+        inside = int(st.depth > 0)
         with self._cond:
             self._running -= inside
             self._cond.notify_all()
@@ -61,15 +70,27 @@ class CaptureGate:
             finally:
                 self._waiting -= 1
             self._capturing = True
-        self._mine.holds = True
+        st.holds = True
         try:
             yield
         finally:
-            self._mine.holds = False
+            st.holds = False
             with self._cond:
                 self._capturing = False
                 self._running += inside
                 self._cond.notify_all()
+
+
+class _ThreadState:
+    """One thread's part in the gate: running() nesting, whether its outermost running() was
+    counted, and whether it holds the capture. A slotted object behind one thread-local
+    attribute: the request path reads it twice, where several thread-local attributes cost
+    about 0.9 us more a request (timeit, 2-core AMD EPYC)."""
+
+    __slots__ = ("depth", "counted", "holds")
+
+    def __init__(self) -> None:
+        self.depth, self.counted, self.holds = 0, False, False
 
 
 class _Running:
@@ -82,22 +103,24 @@ class _Running:
         self._gate = gate
 
     def __enter__(self) -> None:
-        g, mine = self._gate, self._gate._mine
-        depth = getattr(mine, "depth", 0)
-        if depth == 0 and not getattr(mine, "holds", False):
-            with g._lock:
-                while g._capturing:
-                    g._cond.wait()
-                g._running += 1
-            mine.counted = True
-        elif depth == 0:
-            mine.counted = False
-        mine.depth = depth + 1
+        g = self._gate
+        st = g.state()
+        if st.depth == 0:
+            if st.holds:
+                st.counted = False
+            else:
+                with g._lock:
+                    while g._capturing:
+                        g._cond.wait()
+                    g._running += 1
+                st.counted = True
+        st.depth += 1
 
     def __exit__(self, *exc: object) -> None:
-        g, mine = self._gate, self._gate._mine
-        mine.depth -= 1
-        if mine.depth == 0 and mine.counted:
+        g = self._gate
+        st = g._mine.state
+        st.depth -= 1
+        if st.depth == 0 and st.counted:
             with g._lock:
                 g._running -= 1
                 if g._waiting:

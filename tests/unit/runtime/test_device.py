@@ -128,7 +128,7 @@ def test_capture_gate_counts_each_thread_and_survives_errors():
     with pytest.raises(KeyError):
         with gate.running(), gate.running():
             raise KeyError("boom")
-    assert gate._running == 0 and gate._mine.depth == 0
+    assert gate._running == 0 and gate.state().depth == 0
 
 
 def test_address_is_the_arrays_first_byte():
