@@ -5,7 +5,10 @@ For each workload and form (fp16; FP8 as fp8_ab.py builds it), two runtime Sessi
 model and bucket: one with `BERTFUSE_OWN_GRAPHS=0` (ORT captures and replays, `gpu_graph_id`: the
 runtime before this change) and one as shipped (bertfuse captures). Timed in alternating rounds,
 p50 in us:
-- run:      Session.run(..., to_host=False), each session's request path; the own one through
+- run:      Session.run(..., to_host=False), each session's request path (the own one also
+            with outputs to the host, pooled_output alone and all: copied into their host
+            mirrors inside the native call, and `fetched apart` after it as before); the own one
+            through
             the fast lane's native launch of the graph that starts with the host->device copy,
             and with that copy queued apart from Python before the plain graph (`copy apart`)
 - replay:   the replay alone (Session.replay_call): ORT's run call, or the own graph's
@@ -120,6 +123,11 @@ def main() -> int:
             if fn(*head, lanes[False][1]) < 0:
                 raise SystemExit("staging refused the request")
 
+        def fetched(**kw) -> None:  # outputs copied after the call, as before the mirrors
+            own._stager.mirrors = lambda *a: 0
+            own.run(*req, **kw)
+            del own._stager.mirrors
+
         def copy_apart() -> None:  # the fast lane as before the graph took the copy in
             bucket.lane = lanes[False]
             own.run(*req, to_host=False)
@@ -128,6 +136,12 @@ def main() -> int:
         t = time_interleaved({"ort run": lambda: ort_graphs.run(*req, to_host=False),
                               "ort replay": ort_graphs.replay_call(f["input_mask"]),
                               "own run": lambda: own.run(*req, to_host=False),
+                              "own run, pooled to host": lambda: own.run(
+                                  *req, outputs=["pooled_output"]),
+                              "own run, pooled, fetched apart": lambda: fetched(
+                                  outputs=["pooled_output"]),
+                              "own run, all to host": lambda: own.run(*req),
+                              "own run, all, fetched apart": fetched,
                               "own run, copy apart": copy_apart,
                               "own replay": own.replay_call(f["input_mask"]),
                               "staged replay": bucket.staged[mode].launch,
@@ -148,8 +162,10 @@ def main() -> int:
     with open(os.path.join(os.environ.get("OUT", "."), "own_graph.json"), "w") as fh:
         json.dump({"onnxruntime": ort.__version__, "iters": args.iters, "rows": rows,
                    "every_bucket": shapes}, fh, indent=1)
-    keys = ("ort run", "own run, copy apart", "own run", "native", "stage only", "ort replay",
-            "own replay", "staged replay")
+    keys = ("ort run", "own run, copy apart", "own run", "own run, pooled to host",
+            "own run, pooled, fetched apart", "own run, all to host",
+            "own run, all, fetched apart", "native", "stage only", "ort replay", "own replay",
+            "staged replay")
     print("\n| workload | form | " + " | ".join(keys) + " | GPU span | ort run - span | "
           "own run - span | max diff |")
     print("|---|---|" + "---|" * (len(keys) + 4))

@@ -44,6 +44,7 @@ class Bucket:
     graphs: dict[str, OwnGraph] = field(default_factory=dict)  # per mode, where captured here
     staged: dict[str, OwnGraph] = field(default_factory=dict)  # the same, the upload inside
     lane: Any = None  # the fast lane's native state for this bucket (staging.FastStager)
+    mirrors: dict[str, np.ndarray] = field(default_factory=dict)  # page-locked output copies
 
 
 def new_bucket(s: Any, batch: int, seq: int) -> Bucket:

@@ -56,9 +56,10 @@ class _Cuda:
         lib.cudaGetErrorString.restype = ctypes.c_char_p
         lib.cudaGetErrorString.argtypes = [ctypes.c_int]
         self.lib, self.launch, self.sync = lib, keep.cudaGraphLaunch, lib.cudaStreamSynchronize
-        # The same two as C function pointers, for the fast lane's native launch (staging.py).
-        self.pointers = tuple(ctypes.cast(f, _P).value for f in (lib.cudaGraphLaunch,
-                                                                 lib.cudaStreamSynchronize))
+        # The launch, the sync and cudaMemcpyAsync as C function pointers, for the fast lane's
+        # native call (staging.py).
+        self.pointers = tuple(ctypes.cast(f, _P).value for f in (
+            lib.cudaGraphLaunch, lib.cudaStreamSynchronize, lib.cudaMemcpyAsync))
 
     def check(self, status: int, what: str) -> None:
         if status != 0:

@@ -24,7 +24,7 @@ import numpy as np
 
 from bertfuse.runtime.device import GATE, claim_thread, upload
 from bertfuse.runtime.graphs import GraphError, cuda
-from bertfuse.runtime.pinned import address
+from bertfuse.runtime.pinned import address, pinned_empty
 
 LOG = logging.getLogger("bertfuse.runtime")
 ROLES = ("input_ids", "input_mask", "segment_ids")
@@ -35,14 +35,20 @@ LAUNCHED = 8  # bf_stage_launch: 8 + form once the bucket's graph ran
 _DTYPES = frozenset(np.dtype(t) for t in (np.int32, np.int64))
 
 
+OUTPUTS = 4  # stage.cc's kLaneOutputs: outputs past these are fetched the ordinary way
+
+
 class Lane(ctypes.Structure):
-    """stage.cc's BfLane: one bucket's fixed arguments, filled once (FastStager.lane)."""
+    """stage.cc's BfLane: one bucket's fixed arguments, filled once (FastStager.lane), and its
+    outputs' host mirrors as they are first asked for (FastStager.mirror)."""
 
     _fields_ = [("slot_role", ctypes.c_void_p), ("n_inputs", _I32), ("upper", ctypes.c_void_p),
                 ("host", ctypes.c_void_p), ("bucket_batch", _I32), ("bucket_seq", _I32),
                 ("graphs", ctypes.c_void_p * 6), ("launch", ctypes.c_void_p),
-                ("sync", ctypes.c_void_p), ("stream", ctypes.c_void_p), ("status", _I32),
-                ("failed", _I32)]
+                ("sync", ctypes.c_void_p), ("copy", ctypes.c_void_p),
+                ("stream", ctypes.c_void_p), ("out_host", ctypes.c_void_p * OUTPUTS),
+                ("out_dev", ctypes.c_void_p * OUTPUTS), ("out_row_bytes", ctypes.c_int64 * OUTPUTS),
+                ("status", _I32), ("failed", _I32)]
 
 
 def stage_function(path: str) -> Any | None:
@@ -52,7 +58,8 @@ def stage_function(path: str) -> Any | None:
         fn = ctypes.CDLL(path).bf_stage_launch  # CDLL: the GIL is dropped while it waits
     except (OSError, AttributeError):
         return None
-    fn.argtypes = [ctypes.c_void_p, _I32] * 3 + [_I32, _I32, _I32, ctypes.c_void_p]
+    fn.argtypes = [ctypes.c_void_p, _I32] * 3 + [_I32, _I32, _I32, ctypes.c_void_p,
+                                                 ctypes.c_uint]
     fn.restype = _I32
     return fn
 
@@ -79,9 +86,34 @@ class FastStager:
                     graph = bucket.staged.get(session._session_for(bucket.host, bucket, *shape,
                                                                    form))
                     lane.graphs[3 * full + f] = graph.handle if graph is not None else None
-            lane.launch, lane.sync = cu.pointers
+            lane.launch, lane.sync, lane.copy = cu.pointers
             lane.stream = session.stream
+            for i, value in enumerate(list(bucket.outputs.values())[:OUTPUTS]):
+                shape = value.shape()
+                lane.out_dev[i] = value.data_ptr()
+                lane.out_row_bytes[i] = int(np.prod(shape[1:])) * 4  # fp32, as fetch reads them
         return lane
+
+    def mirrors(self, bucket: Any, lane: Lane, names: list[str]) -> int:
+        """The bits of `names` whose outputs the native call copies into their page-locked
+        mirrors, each made on first use (the bucket's output shape, fp32); 0 where the lane
+        launches nothing."""
+        if not lane.launch:
+            return 0
+        want = 0
+        for i, name in enumerate(list(bucket.outputs)[:OUTPUTS]):
+            if name not in names:
+                continue
+            if name not in bucket.mirrors:
+                value = bucket.outputs[name]
+                host = pinned_empty(tuple(value.shape()), np.float32) \
+                    if value.device_name() == "cuda" else None
+                if host is None:
+                    continue  # fetched the ordinary way
+                bucket.mirrors[name] = host
+                lane.out_host[i] = host.ctypes.data
+            want |= 1 << i
+        return want
 
     @classmethod
     def for_session(cls, session: Any) -> "FastStager | None":
@@ -136,18 +168,22 @@ class FastStager:
                 lane = self.lane(session, bucket)
                 bucket.lane = (lane, ctypes.addressof(lane))
             lane, at = bucket.lane
+            want = self.mirrors(bucket, lane, names) if to_host else 0
             got = self._fn(address(ids), ids.itemsize,
                            address(mask) if mask is not None else None,
                            mask.itemsize if mask is not None else 0,
                            address(segments) if segments is not None else None,
                            segments.itemsize if segments is not None else 0,
-                           batch, seq, int(session.validate), at)
+                           batch, seq, int(session.validate), at, want)
             if got >= LAUNCHED:
-                return session._outputs(bucket, names, to_host, batch, seq)
+                if not want:
+                    return session._outputs(bucket, names, to_host, batch, seq)
+                return {n: session._mirrored(bucket, n, batch, seq) for n in names}
             if got == -1:
                 return None
-            if got < 0:  # -2: a CUDA error in the launch or the wait
-                what = "cudaStreamSynchronize after the graph" if lane.failed else "cudaGraphLaunch"
+            if got < 0:  # -2: a CUDA error in the launch, an output's copy or the wait
+                what = ("cudaGraphLaunch", "cudaStreamSynchronize after the graph",
+                        "cudaMemcpyAsync of an output")[lane.failed]
                 raise GraphError(f"{what}: CUDA error {lane.status}")
             mode = session._session_for(mask, bucket, batch, seq, FORMS[got])
             upload(bucket.packed, bucket.host, session.stream)

@@ -140,9 +140,13 @@ extern "C" __attribute__((visibility("default"))) BF_CPU_CLONES int bf_stage_req
 
 // The fast lane in one call (runtime/staging.py): bf_stage_request, then, where the bucket holds
 // an own CUDA graph for the request's variant that starts with the host->device copy
-// (runtime/graphs.py), its launch and the wait for it. The launch and sync functions are the
-// CUDA runtime's that ONNX Runtime loaded, passed in, so this file stays free of CUDA and the
-// graph is launched by the runtime that instantiated it. Python fills BfLane once per bucket.
+// (runtime/graphs.py), its launch, the copies of the outputs asked for into their page-locked
+// host mirrors (the request's batch rows only), and the wait for all of it. The launch, copy and
+// sync functions are the CUDA runtime's that ONNX Runtime loaded, passed in, so this file stays
+// free of CUDA and the graph is launched by the runtime that instantiated it. Python fills
+// BfLane once per bucket (the mirrors as they are first asked for).
+constexpr int kLaneOutputs = 4;
+
 struct BfLane {
   const int* slot_role;
   int n_inputs;
@@ -152,17 +156,22 @@ struct BfLane {
   void* graphs[2][3];  // [the request fills the bucket][form]; nullptr: no graph, the caller runs
   int (*launch)(void* graph_exec, void* stream);  // cudaGraphLaunch
   int (*sync)(void* stream);                      // cudaStreamSynchronize
+  int (*copy)(void* dst, const void* src, size_t bytes, int kind, void* stream);  // cudaMemcpyAsync
   void* stream;
+  void* out_host[kLaneOutputs];       // page-locked mirror of output i (nullptr: none yet)
+  const void* out_dev[kLaneOutputs];  // the bucket's output i on the device
+  int64_t out_row_bytes[kLaneOutputs];  // bytes of one batch row of output i
   int status;  // the CUDA error of a failed call
-  int failed;  // which call failed: 0 the launch, 1 the sync
+  int failed;  // which call failed: 0 the launch, 1 the sync, 2 an output's copy
 };
 
 // Returns the form (0-2) when no graph was launched (the caller goes on as after
-// bf_stage_request), 8 + form when the graph ran and the stream is idle again, -1 when staging
-// refused the request, -2 on a CUDA error (lane->status, lane->failed).
+// bf_stage_request), 8 + form when the graph ran, the outputs in `want` (bit i: output i, where
+// it has a mirror) are in their mirrors and the stream is idle again, -1 when staging refused the
+// request, -2 on a CUDA error (lane->status, lane->failed).
 extern "C" __attribute__((visibility("default"))) int bf_stage_launch(
     const void* ids, int ids_bytes, const void* mask, int mask_bytes, const void* segments,
-    int segments_bytes, int batch, int seq, int validate, BfLane* lane) {
+    int segments_bytes, int batch, int seq, int validate, BfLane* lane, unsigned want) {
   const int form = bf_stage_request(ids, ids_bytes, mask, mask_bytes, segments, segments_bytes,
                                     lane->slot_role, lane->n_inputs, lane->upper, batch, seq,
                                     validate, lane->host, lane->bucket_batch, lane->bucket_seq);
@@ -170,10 +179,20 @@ extern "C" __attribute__((visibility("default"))) int bf_stage_launch(
   const int full = batch == lane->bucket_batch && seq == lane->bucket_seq;
   void* graph = lane->graphs[full][form];
   if (!graph || !lane->launch || !lane->sync) return form;
-  lane->status = lane->launch(graph, lane->stream);
   lane->failed = 0;
-  if (lane->status == 0) {
-    lane->status = lane->sync(lane->stream);
+  lane->status = lane->launch(graph, lane->stream);
+  constexpr int kDeviceToHost = 2;  // cudaMemcpyDeviceToHost
+  for (int i = 0; i < kLaneOutputs && lane->status == 0; ++i) {
+    if (!(want >> i & 1u) || !lane->out_host[i] || !lane->copy) continue;
+    lane->failed = 2;
+    lane->status = lane->copy(lane->out_host[i], lane->out_dev[i],
+                              static_cast<size_t>(batch) * lane->out_row_bytes[i], kDeviceToHost,
+                              lane->stream);
+  }
+  // The wait even after a failed copy: the stream must be idle before the caller goes on.
+  const int synced = lane->sync(lane->stream);
+  if (lane->status == 0 && synced != 0) {
+    lane->status = synced;
     lane->failed = 1;
   }
   return lane->status == 0 ? 8 + form : -2;

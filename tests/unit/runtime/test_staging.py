@@ -63,7 +63,7 @@ def _stage_both(session, stager, given):
     want_form = None if mask is None else mask_mode(mask)
     bucket.host.fill(-7)  # the fast lane must write every element
     lane = stager.lane(session, bucket)
-    got = stager._fn(*_args(given), int(session.validate), ctypes.addressof(lane))
+    got = stager._fn(*_args(given), int(session.validate), ctypes.addressof(lane), 0)
     return want, want_form, bucket.host.copy(), got
 
 
@@ -117,7 +117,7 @@ def test_a_bad_value_goes_back_to_the_checked_path(pair, role, value):
     fast.run(**make_request(np.random.default_rng(2), 2, 8))  # the bucket is warm
     bucket = fast._bucket(*fast.bucket_for(2, 8))
     lane = fast._stager.lane(fast, bucket)
-    assert fast._stager._fn(*_args(given), 1, ctypes.addressof(lane)) == -1
+    assert fast._stager._fn(*_args(given), 1, ctypes.addressof(lane), 0) == -1
     with pytest.raises(RequestError) as fast_err:
         fast.run(**given)
     with pytest.raises(RequestError) as slow_err:
@@ -177,22 +177,30 @@ def test_a_session_with_a_packed_model_keeps_its_routing(pair, monkeypatch):
 
 _LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
 _SYNC = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+_COPY = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                         ctypes.c_int, ctypes.c_void_p)
 
 
-def _recording_lane(stager, session, bucket, launch_status=0, sync_status=0):
-    """The bucket's lane with a distinct graph handle per [fills the bucket][form] and launch
-    and sync functions that record their arguments (no GPU in CI: the CUDA calls themselves
-    run in benchmarks/runtime/own_graph.py, which checks every bucket bit for bit)."""
+def _recording_lane(stager, session, bucket, launch_status=0, sync_status=0, copy_status=0):
+    """The bucket's lane with a distinct graph handle per [fills the bucket][form] and launch,
+    copy and sync functions that record their arguments (no GPU in CI: the CUDA calls
+    themselves run in benchmarks/runtime/own_graph.py, which checks every bucket bit for
+    bit); outputs 0 and 1 with mirrors at 0x5000 and 0x6000, output 2 without."""
     calls = []
     launch = _LAUNCH(lambda graph, stream: calls.append(("launch", graph, stream)) or launch_status)
     sync = _SYNC(lambda stream: calls.append(("sync", stream)) or sync_status)
+    copy = _COPY(lambda dst, src, n, kind, stream: calls.append(("copy", dst, src, n, kind, stream))
+                 or copy_status)
     lane = stager.lane(session, bucket)
     for i in range(6):
         lane.graphs[i] = 0x1000 + i
     lane.launch = ctypes.cast(launch, ctypes.c_void_p).value
     lane.sync = ctypes.cast(sync, ctypes.c_void_p).value
+    lane.copy = ctypes.cast(copy, ctypes.c_void_p).value
     lane.stream = 0x77
-    return lane, calls, (launch, sync)  # the callbacks must outlive the calls
+    for i, (host, dev, row) in enumerate([(0x5000, 0x8000, 96), (0x6000, 0x9000, 40), (None, 0xa000, 8)]):
+        lane.out_host[i], lane.out_dev[i], lane.out_row_bytes[i] = host, dev, row
+    return lane, calls, (launch, sync, copy)  # the callbacks must outlive the calls
 
 
 @pytest.mark.parametrize("batch,seq,rows", [(8, 64, "full"), (8, 64, "right"), (8, 64, "hole"),
@@ -203,33 +211,92 @@ def test_the_native_launch_picks_the_graph_of_the_form_and_shape(pair, batch, se
     bucket = fast._bucket(*fast.bucket_for(batch, seq))
     given = make_request(np.random.default_rng(3), batch, seq, kinds=(rows,))
     lane, calls, _keep = _recording_lane(fast._stager, fast, bucket)
-    got = fast._stager._fn(*_args(given), 1, ctypes.addressof(lane))
+    got = fast._stager._fn(*_args(given), 1, ctypes.addressof(lane), 0)
     form = mask_mode(given["input_mask"])
     full = (batch, seq) == (bucket.batch, bucket.seq)
     assert got == 8 + FORMS.index(form)
-    assert calls == [("launch", 0x1000 + 3 * full + FORMS.index(form), 0x77), ("sync", 0x77)]
+    launch = ("launch", 0x1000 + 3 * full + FORMS.index(form), 0x77)
+    assert calls == [launch, ("sync", 0x77)]
+    calls.clear()  # outputs 1 and 2 asked for: 1 copied (its batch rows), 2 has no mirror
+    assert fast._stager._fn(*_args(given), 1, ctypes.addressof(lane), 0b110) == got
+    assert calls == [launch, ("copy", 0x6000, 0x9000, batch * 40, 2, 0x77), ("sync", 0x77)]
     lane.graphs[3 * full + FORMS.index(form)] = None  # no graph for it: staged, not launched
     calls.clear()
-    assert fast._stager._fn(*_args(given), 1, ctypes.addressof(lane)) == FORMS.index(form)
+    assert fast._stager._fn(*_args(given), 1, ctypes.addressof(lane), 0b11) == FORMS.index(form)
     assert calls == []
 
 
-@pytest.mark.parametrize("launch_status,sync_status,what", [
-    (700, 0, "cudaGraphLaunch: CUDA error 700"),
-    (0, 719, "cudaStreamSynchronize after the graph: CUDA error 719")])
-def test_a_failed_native_launch_raises_the_cuda_error(pair, launch_status, sync_status, what):
+@pytest.mark.parametrize("statuses,what,order", [
+    ((700, 0, 0), "cudaGraphLaunch: CUDA error 700", ["launch", "sync"]),
+    ((0, 719, 0), "cudaStreamSynchronize after the graph: CUDA error 719",
+     ["launch", "copy", "copy", "sync"]),
+    ((0, 0, 1), "cudaMemcpyAsync of an output: CUDA error 1", ["launch", "copy", "sync"])])
+def test_a_failed_native_launch_raises_the_cuda_error(pair, monkeypatch, statuses, what, order):
     fast, _ = pair
     req = make_request(np.random.default_rng(4), 4, 16)
     fast.run(**req)
     bucket = fast._bucket(*fast.bucket_for(4, 16))
-    lane, calls, _keep = _recording_lane(fast._stager, fast, bucket, launch_status, sync_status)
+    lane, calls, _keep = _recording_lane(fast._stager, fast, bucket, *statuses)
     bucket.lane = (lane, ctypes.addressof(lane))
+    # Outputs 0 and 1 asked for with mirrors (a CPU session has none of its own to make).
+    monkeypatch.setattr(fast._stager, "mirrors", lambda *a: 0b11)
     try:
         with pytest.raises(GraphError, match=re.escape(what)):
             fast.run(**req)
-        assert [c[0] for c in calls] == (["launch"] if launch_status else ["launch", "sync"])
+        assert [c[0] for c in calls] == order  # the wait comes even after a failed call
     finally:
         bucket.lane = None  # the CPU session's own lane again (no graphs)
     np.testing.assert_array_equal(fast.run(**req)["pooled_output"],
                                   fast._serve(fast._check(dict(req)), ["pooled_output"], True)
                                   ["pooled_output"])
+
+
+@pytest.mark.parametrize("outputs", [None, ["pooled_output"]])
+def test_outputs_come_back_through_the_mirrors(pair, outputs):
+    """The native call's path end to end on the CPU: its launch runs the bucket's variant
+    through ORT (as the graph would, the input copy first), its copies move the asked-for
+    outputs' batch rows into host mirrors, and run() returns them as the checked path does."""
+    from bertfuse.runtime.device import replay, upload
+
+    fast, slow = pair
+    req = make_request(np.random.default_rng(8), 3, 20)
+    fast.run(**req)
+    bucket = fast._bucket(*fast.bucket_for(3, 20))
+    lane, calls, _keep = _recording_lane(fast._stager, fast, bucket)
+    modes = {}
+    for full, shape in enumerate([(0, 0), (bucket.batch, bucket.seq)]):
+        for f, form in enumerate(FORMS):
+            modes[0x1000 + 3 * full + f] = fast._session_for(bucket.host, bucket, *shape, form)
+
+    def run_graph(graph, stream):
+        mode = modes[graph]
+        upload(bucket.packed, bucket.host, None)
+        replay(fast.sessions[mode], bucket.bindings[mode], bucket.run_options[mode])
+        calls.append(("launch", mode))
+        return 0
+
+    def copy(dst, src, n, kind, stream):
+        ctypes.memmove(dst, src, n)
+        calls.append(("copy", dst, n))
+        return 0
+
+    run_cb, copy_cb = _LAUNCH(run_graph), _COPY(copy)
+    lane.launch = ctypes.cast(run_cb, ctypes.c_void_p).value
+    lane.copy = ctypes.cast(copy_cb, ctypes.c_void_p).value
+    for i, (name, value) in enumerate(bucket.outputs.items()):
+        bucket.mirrors[name] = np.full(value.shape(), np.nan, np.float32)
+        lane.out_host[i] = bucket.mirrors[name].ctypes.data
+        lane.out_dev[i] = value.data_ptr()
+        lane.out_row_bytes[i] = int(np.prod(value.shape()[1:])) * 4
+    bucket.lane = (lane, ctypes.addressof(lane))
+    try:
+        got, want = fast.run(**req, outputs=outputs), slow.run(**req, outputs=outputs)
+    finally:
+        bucket.lane, bucket.mirrors = None, {}
+    assert list(got) == list(want)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name])
+    copied = [c for c in calls if c[0] == "copy"]
+    names = list(bucket.outputs)
+    assert [c[1] for c in copied] == [lane.out_host[names.index(n)] for n in want]
+    assert [c[2] for c in copied] == [3 * lane.out_row_bytes[names.index(n)] for n in want]
