@@ -116,11 +116,11 @@ def main() -> int:
                 segs.itemsize, batch, seq, 1)
 
         def native() -> None:  # the fast lane's one native call, no Python around it
-            if fn(*head, lanes[True][1]) < 8:
+            if fn(*head, lanes[True][1], 0) < 8:
                 raise SystemExit("the native call did not launch")
 
         def stage_only() -> None:
-            if fn(*head, lanes[False][1]) < 0:
+            if fn(*head, lanes[False][1], 0) < 0:
                 raise SystemExit("staging refused the request")
 
         def fetched(**kw) -> None:  # outputs copied after the call, as before the mirrors

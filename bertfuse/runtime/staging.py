@@ -36,6 +36,7 @@ _DTYPES = frozenset(np.dtype(t) for t in (np.int32, np.int64))
 
 
 OUTPUTS = 4  # stage.cc's kLaneOutputs: outputs past these are fetched the ordinary way
+MIRROR_BYTES = 1 << 20  # the largest output copy that goes through a host mirror
 
 
 class Lane(ctypes.Structure):
@@ -94,26 +95,35 @@ class FastStager:
                 lane.out_row_bytes[i] = int(np.prod(shape[1:])) * 4  # fp32, as fetch reads them
         return lane
 
-    def mirrors(self, bucket: Any, lane: Lane, names: list[str]) -> int:
+    def mirrors(self, bucket: Any, lane: Lane, names: list[str], batch: int) -> int:
         """The bits of `names` whose outputs the native call copies into their page-locked
-        mirrors, each made on first use (the bucket's output shape, fp32); 0 where the lane
-        launches nothing."""
+        mirrors (each made on first use); 0 where the lane launches nothing. Only copies of up
+        to MIRROR_BYTES go this way: past a few MB, the copy out of the mirror into the array
+        run() returns costs more than it saves (measured, docs/benchmarks/kernels.md)."""
         if not lane.launch:
             return 0
         want = 0
         for i, name in enumerate(list(bucket.outputs)[:OUTPUTS]):
             if name not in names:
                 continue
-            if name not in bucket.mirrors:
-                value = bucket.outputs[name]
-                host = pinned_empty(tuple(value.shape()), np.float32) \
-                    if value.device_name() == "cuda" else None
-                if host is None:
-                    continue  # fetched the ordinary way
-                bucket.mirrors[name] = host
-                lane.out_host[i] = host.ctypes.data
-            want |= 1 << i
+            host = bucket.mirrors.get(name)
+            if host is None:
+                host = bucket.mirrors[name] = self._mirror(bucket.outputs[name],
+                                                           lane.out_row_bytes[i])
+                lane.out_host[i] = host.ctypes.data if len(host) else None
+            if batch <= len(host):
+                want |= 1 << i
         return want
+
+    @staticmethod
+    def _mirror(value: Any, row_bytes: int) -> np.ndarray:
+        """A page-locked fp32 mirror of a bucket output, of as many batch rows as fit in
+        MIRROR_BYTES (none where they cannot be had: the output is then fetched)."""
+        shape = tuple(value.shape())
+        rows = min(shape[0], MIRROR_BYTES // row_bytes)
+        host = pinned_empty((rows, *shape[1:]), np.float32) \
+            if rows and value.device_name() == "cuda" else None
+        return host if host is not None else np.empty((0, *shape[1:]), np.float32)
 
     @classmethod
     def for_session(cls, session: Any) -> "FastStager | None":
@@ -168,7 +178,7 @@ class FastStager:
                 lane = self.lane(session, bucket)
                 bucket.lane = (lane, ctypes.addressof(lane))
             lane, at = bucket.lane
-            want = self.mirrors(bucket, lane, names) if to_host else 0
+            want = self.mirrors(bucket, lane, names, batch) if to_host else 0
             got = self._fn(address(ids), ids.itemsize,
                            address(mask) if mask is not None else None,
                            mask.itemsize if mask is not None else 0,

@@ -251,11 +251,14 @@ def test_a_failed_native_launch_raises_the_cuda_error(pair, monkeypatch, statuse
                                   ["pooled_output"])
 
 
-@pytest.mark.parametrize("outputs", [None, ["pooled_output"]])
-def test_outputs_come_back_through_the_mirrors(pair, outputs):
+@pytest.mark.parametrize("outputs,short", [(None, None), (["pooled_output"], None),
+                                           (None, "sequence_output")])
+def test_outputs_come_back_through_the_mirrors(pair, outputs, short):
     """The native call's path end to end on the CPU: its launch runs the bucket's variant
     through ORT (as the graph would, the input copy first), its copies move the asked-for
-    outputs' batch rows into host mirrors, and run() returns them as the checked path does."""
+    outputs' batch rows into host mirrors, and run() returns them as the checked path does.
+    `short`: that output's mirror holds fewer rows than the request (a large output's mirror
+    is capped at MIRROR_BYTES): it is fetched after the call instead."""
     from bertfuse.runtime.device import replay, upload
 
     fast, slow = pair
@@ -284,7 +287,8 @@ def test_outputs_come_back_through_the_mirrors(pair, outputs):
     lane.launch = ctypes.cast(run_cb, ctypes.c_void_p).value
     lane.copy = ctypes.cast(copy_cb, ctypes.c_void_p).value
     for i, (name, value) in enumerate(bucket.outputs.items()):
-        bucket.mirrors[name] = np.full(value.shape(), np.nan, np.float32)
+        rows = 2 if name == short else value.shape()[0]
+        bucket.mirrors[name] = np.full((rows, *value.shape()[1:]), np.nan, np.float32)
         lane.out_host[i] = bucket.mirrors[name].ctypes.data
         lane.out_dev[i] = value.data_ptr()
         lane.out_row_bytes[i] = int(np.prod(value.shape()[1:])) * 4
@@ -297,6 +301,13 @@ def test_outputs_come_back_through_the_mirrors(pair, outputs):
     for name in want:
         np.testing.assert_array_equal(got[name], want[name])
     copied = [c for c in calls if c[0] == "copy"]
-    names = list(bucket.outputs)
-    assert [c[1] for c in copied] == [lane.out_host[names.index(n)] for n in want]
-    assert [c[2] for c in copied] == [3 * lane.out_row_bytes[names.index(n)] for n in want]
+    names, mirrored = list(bucket.outputs), [n for n in want if n != short]
+    assert [c[1] for c in copied] == [lane.out_host[names.index(n)] for n in mirrored]
+    assert [c[2] for c in copied] == [3 * lane.out_row_bytes[names.index(n)] for n in mirrored]
+
+
+def test_an_output_off_the_gpu_gets_no_mirror(pair):
+    fast, _ = pair
+    value = next(iter(fast._bucket(*fast.bucket_for(3, 20)).outputs.values()))
+    assert value.device_name() == "cpu"
+    assert len(FastStager._mirror(value, 64)) == 0  # fetched, never mirrored
