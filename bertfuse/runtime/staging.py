@@ -1,11 +1,14 @@
-"""The request path's fast lane: one native call stages a warm bucket's inputs.
+"""The request path's fast lane: one native call serves a warm bucket's request.
 
     run(ids, mask, segments) -> FastStager.serve: host int32/int64 arrays, a warm bucket
         -> bf_stage_launch, one native call (the op library's csrc/stage.cc):
              bf_stage_request: range check, empty rows unmasked, padding, the mask's form, in
              one pass into the pinned buffer
              -> where the bucket holds an own CUDA graph for that form's variant that begins
-                with the host->device copy (graphs.py): cudaGraphLaunch, cudaStreamSynchronize
+                with the host->device copy (graphs.py): cudaGraphLaunch, then, for outputs
+                asked for on the host (up to MIRROR_BYTES each), cudaMemcpyAsync of the
+                request's rows into their page-locked mirrors, one cudaStreamSynchronize
+        -> run() returns copies of the mirrored rows, and fetches the rest
         -> else (no such graph) upload (cudaMemcpyAsync on the session's stream) -> the replay
 
 What it saves: the checked path (requests.check_request, variants.mask_mode, session._fill)
