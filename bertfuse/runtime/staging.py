@@ -44,7 +44,7 @@ MIRROR_BYTES = 1 << 20  # the largest output copy that goes through a host mirro
 
 class Lane(ctypes.Structure):
     """stage.cc's BfLane: one bucket's fixed arguments, filled once (FastStager.lane), and its
-    outputs' host mirrors as they are first asked for (FastStager.mirror)."""
+    outputs' host mirrors as they are first asked for (FastStager.mirrors)."""
 
     _fields_ = [("slot_role", ctypes.c_void_p), ("n_inputs", _I32), ("upper", ctypes.c_void_p),
                 ("host", ctypes.c_void_p), ("bucket_batch", _I32), ("bucket_seq", _I32),
@@ -123,7 +123,7 @@ class FastStager:
         """A page-locked fp32 mirror of a bucket output, of as many batch rows as fit in
         MIRROR_BYTES (none where they cannot be had: the output is then fetched)."""
         shape = tuple(value.shape())
-        rows = min(shape[0], MIRROR_BYTES // row_bytes)
+        rows = min(shape[0], MIRROR_BYTES // max(row_bytes, 1))
         host = pinned_empty((rows, *shape[1:]), np.float32) \
             if rows and value.device_name() == "cuda" else None
         return host if host is not None else np.empty((0, *shape[1:]), np.float32)

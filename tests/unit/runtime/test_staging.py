@@ -198,7 +198,8 @@ def _recording_lane(stager, session, bucket, launch_status=0, sync_status=0, cop
     lane.sync = ctypes.cast(sync, ctypes.c_void_p).value
     lane.copy = ctypes.cast(copy, ctypes.c_void_p).value
     lane.stream = 0x77
-    for i, (host, dev, row) in enumerate([(0x5000, 0x8000, 96), (0x6000, 0x9000, 40), (None, 0xa000, 8)]):
+    outs = [(0x5000, 0x8000, 96), (0x6000, 0x9000, 40), (None, 0xa000, 8)]
+    for i, (host, dev, row) in enumerate(outs):
         lane.out_host[i], lane.out_dev[i], lane.out_row_bytes[i] = host, dev, row
     return lane, calls, (launch, sync, copy)  # the callbacks must outlive the calls
 
