@@ -78,10 +78,10 @@ def new_bucket(s: Any, batch: int, seq: int) -> Bucket:
             sess.run_with_iobinding(binding, ro)
     bucket = Bucket(batch, seq, options, bindings, packed, outputs, host, host.ctypes.data)
     if s._maker.own_graphs:
+        # The run alone; for the fast lane (pinned staging), also with its copy inside.
+        kinds = (False, True) if s.pinned and s._stager is not None else (False,)
         for mode in s.sessions:
-            for copies in (False, True):  # the run alone; the fast lane's, its copy inside
-                if copies and not (s.pinned and s._stager is not None and bucket.graphs):
-                    continue
+            for copies in kinds:
                 graph, why = capture(s, bucket, mode, copies)
                 if graph is not None:
                     (bucket.staged if copies else bucket.graphs)[mode] = graph

@@ -4,13 +4,13 @@
       -> cudaStreamBeginCapture(the session's own stream, thread-local mode)
       -> ORT run_with_iobinding, its end-of-run sync off: the kernels are recorded, none runs
       -> cudaStreamEndCapture -> cudaGraphInstantiate                      = OwnGraph
-    request: inputs queued host->device on the stream -> OwnGraph.launch: cudaGraphLaunch,
-             cudaStreamSynchronize
+    request: OwnGraph.launch (cudaGraphLaunch, cudaStreamSynchronize) after its inputs are
+             queued host->device; on the fast lane (staging.py) a graph captured with that copy
+             inside, launched by the native call through `handle` and `_Cuda.pointers`
 
 Why: ONNX Runtime's own replay (`gpu_graph_id`) goes through its Run() call around the launch.
-Measured on an H100 that call costs only 0.6-2.9 us, so a request gains 1.3-4.5 us
-(docs/benchmarks/kernels.md); the graph is also the place a later step can fold the request's
-host->device copy into.
+Measured on an H100 that call costs only 0.6-2.9 us, so a request gains 1.3-4.5 us, and the
+copy inside the graph and the native launch a few us more (docs/benchmarks/kernels.md).
 
 What makes the recorded addresses stay right: the bucket's inputs and outputs are bound once to
 buffers it owns; ORT's intermediates come from its arena, which the session's lock lets only one
