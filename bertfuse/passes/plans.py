@@ -1,6 +1,7 @@
 """Every pass plan: which passes run, in which order, for each form bertfuse writes.
 
-    fusion_plan(precision)    the TF export -> the ORT-contrib encoder (convert, optimize, bench)
+    fusion_plan(precision, gelu_approximation)
+                              the TF export -> the ORT-contrib encoder (convert, optimize, bench)
     lowering_plan()           the contrib encoder -> ai.bertfuse ops (`--kernels bertfuse`)
     fp8_plan(x_amax)          the bertfuse dense ops -> FP8 weights (`--fp8`)
     packing_plan(on_kernels)  the padded model -> the packed form (`--packed`)
@@ -15,13 +16,15 @@ from bertfuse.passes.base import Pass
 from bertfuse.passes.cleanup import Cleanup
 
 
-def fusion_plan(precision: str) -> list[Pass]:
+def fusion_plan(precision: str, gelu_approximation: bool = False) -> list[Pass]:
     """The fusions, in the order they must run (later fusions match on earlier ones' output);
-    fp16 converts the fused graph last."""
+    fp16 converts the fused graph last. gelu_approximation: exact GELUs become FastGelu
+    (passes/fast_gelu.py), right after the GELU fusion."""
     from bertfuse.passes.attention import AttentionFusion
     from bertfuse.passes.dense_gemm import DenseGemmFusion, GemmToMatMul
     from bertfuse.passes.einsum_matmul import EinsumToMatMul
     from bertfuse.passes.embed_layernorm import EmbedLayerNormFusion
+    from bertfuse.passes.fast_gelu import FastGeluApproximation
     from bertfuse.passes.gelu import GeluFusion
     from bertfuse.passes.hidden_3d import Hidden3DPass
     from bertfuse.passes.layernorm import LayerNormFusion
@@ -34,6 +37,7 @@ def fusion_plan(precision: str) -> list[Pass]:
     # skip fusions match on LayerNormalization and Softmax.
     passes: list[Pass] = [Cleanup(), EinsumToMatMul(), GemmToMatMul(), LayerNormFusion(),
                           SoftmaxFromExp(), EmbedLayerNormFusion(), GeluFusion(),
+                          *([FastGeluApproximation()] if gelu_approximation else []),
                           AttentionFusion(), SkipLayerNormFusion(), Cleanup(), ShapeFromInputs(),
                           Cleanup(), Hidden3DPass(), DenseGemmFusion(), Cleanup(),
                           SharedWeights()]

@@ -130,6 +130,11 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     Option("fp8", False, "with --kernels bertfuse: FP8 (e4m3) weights for the encoder GEMMs, "
                          "scales calibrated on the parity inputs; accuracy vs fp32 is reported, "
                          "not held to the fp16 limits", check_flag, cli_type="flag"),
+    Option("gelu_approximation", False, "with --precision fp16: compute exact (erf) GELUs in "
+                                        "their tanh form (FastGelu, at most 4.7e-4 apart per "
+                                        "value), which bertfuse's kernels fuse into the FFN-up "
+                                        "GEMM; held to the fp16 limits", check_flag,
+           cli_type="flag"),
     # verification
     Option("batch", 4, "verification batch (default 4)", _int, cli_type="int", low=1),
     Option("seq", 32, "verification sequence length (default 32)", _int, cli_type="int",
@@ -171,7 +176,7 @@ _LOWS = {o.keyword: o.low for o in OPTIONS.values() if o.low is not None}  # by 
 GROUPS = {
     "TF source": ("kind", "signature", "config", "inputs", "outputs"),
     "conversion": ("opset", "fuse"),
-    "fusion": ("precision", "packed", "strict", "kernels", "fp8"),
+    "fusion": ("precision", "packed", "strict", "kernels", "fp8", "gelu_approximation"),
     "verification": ("batch", "seq", "seed", "atol", "rtol"),
     "parity gate": ("verify", "force"),
     "parity data": ("load_inputs", "text_file", "vocab", "save_inputs", "save_outputs",
@@ -203,6 +208,7 @@ class ConvertOptions:
     strict: bool = _default("strict")
     kernels: str = _default("kernels")
     fp8: bool = _default("fp8")
+    gelu_approximation: bool = _default("gelu_approximation")
     batch: int = _default("batch")
     seq: int = _default("seq")
     seed: int | None = _default("seed")  # None: a fresh random draw
@@ -261,10 +267,18 @@ def check_inputs_text(inputs: str | dict[str, str] | None) -> None:
                             "segment_ids)")
 
 
+def check_gelu_approximation(gelu_approximation: bool, precision: str) -> None:
+    """The tanh form is up to 4.7e-4 from erf per value: past the fp32 limit (1e-4)."""
+    if gelu_approximation and precision != "fp16":
+        raise BertfuseError(f"--gelu-approximation needs --precision fp16 (the tanh GELU is up "
+                            f"to 4.7e-4 from the exact one, past the {precision} limits)")
+
+
 def check_fusion(opts: ConvertOptions) -> None:
     """The checks every stage plan runs first: options that cannot work together."""
     check_precision(opts.precision)
     check_kernels(opts.kernels, opts.precision, opts.packed, opts.fp8)
+    check_gelu_approximation(opts.gelu_approximation, opts.precision)
     check_inputs_text(opts.inputs)
 
 

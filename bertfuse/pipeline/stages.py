@@ -154,7 +154,7 @@ def _fuse_and_check(raw: onnx.ModelProto, opts: ConvertOptions, report: RunRepor
                     ) -> onnx.ModelProto:
     """passes (unless --no-fuse), the checker and an ORT load, then parity vs TensorFlow
     where there is a TF source to compare with."""
-    model = _passes(raw, report, status, opts.precision) if opts.fuse else raw
+    model = _passes(raw, report, status, opts) if opts.fuse else raw
     with report.stage("check (onnx checker + ORT load)", status):
         check_model(model)
     if source is not None and opts.verify:
@@ -209,9 +209,10 @@ def _pack(model: onnx.ModelProto, report: RunReport, status: Status | None) -> o
 
 
 def _passes(raw: onnx.ModelProto, report: RunReport, status: Status | None,
-            precision: str) -> onnx.ModelProto:
+            opts: ConvertOptions) -> onnx.ModelProto:
     with report.stage("passes", status) as st:
-        model, report.passes = run_passes(raw, fusion_plan(precision),
+        plan = fusion_plan(opts.precision, opts.gelu_approximation)
+        model, report.passes = run_passes(raw, plan,
                                           progress=(lambda n: status(f"pass: {n}")) if status
                                           else None)
         st.nodes = len(model.graph.node)
