@@ -23,17 +23,25 @@ Writes $OUT/fp8_ab.json; the table is printed last. Exit 1 when either pair diff
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import sys
 import tempfile
 
 import numpy as np
-from gpu_setup import WORKLOADS, parse_args, start_ort
+from gpu_setup import (accuracy, bucket_session, parse_args, print_table, record, save,
+                       start_ort, workloads)
 
 FORMS = ("fp16", "FP8, quantise in each op", "FP8, hand-offs, GELU pass writes e4m3",
          "FP8, hand-offs (as shipped)", "FP8, as shipped but the attention writes its context")
 GELU_PASS = FORMS[2]  # captured with the GEMM's own e4m3 output off
+COLUMNS = [  # the table printed last: (header, key in a form's row, format)
+    ("replay p50 (us)", "replay_p50_us", ".1f"),
+    ("GPU (us)", "gpu_us", ".1f"),
+    ("kernels", "kernels", ""),
+    ("max diff vs fp32", "max_diff", ".3g"),
+    ("mean diff", "mean_diff", ".3g"),
+    ("pooled cosine", "pooled_cosine", ".6f"),
+]
 
 
 def models(skeleton: str) -> dict[str, str]:
@@ -76,22 +84,14 @@ def main() -> int:
     args = parse_args(__doc__)
     ort = start_ort()
     from bertfuse.bench.timing import kernel_profile, time_interleaved
-    from bertfuse.io.inputs import random_inputs
     from bertfuse.kernels.library import locate
-    from bertfuse.pipeline.fp8 import cosine
-    from bertfuse.runtime import Session
 
-    rows, built, lib = [], {}, None
-    for config, batch, seq in WORKLOADS:
-        if config not in built:
-            built[config] = models(os.path.join(args.skeletons, f"{config}_raw.skel.onnx"))
-        paths = built[config]
-        f = random_inputs(batch, seq, 1000, 2, seed=batch + seq)
+    rows, lib = [], None
+    for config, batch, seq, paths, f in workloads(args.skeletons, models):
         req = (f["input_ids"], f["input_mask"], f["segment_ids"])
         opened, outs = {}, {}
         for form in ("bertfuse32",) + FORMS:
-            opened[form] = Session(paths[form], max_batch=batch, max_seq=seq, batch_buckets=(batch,),
-                                   seq_buckets=(seq,), device="cuda")
+            opened[form] = bucket_session(paths[form], batch, seq)
             if lib is None and form != "bertfuse32":  # the library ORT loaded: the same handle
                 lib = ctypes.CDLL(str(locate()))
             if lib is not None:
@@ -106,37 +106,18 @@ def main() -> int:
         row = {"workload": f"{config} b{batch} s{seq}"}
         for form, s in opened.items():
             gpu, count, top, busy = kernel_profile(calls[form])
-            acc = {k: (float(np.abs(outs[form][k].astype(np.float64) - ref[k]).max()),
-                       float(np.abs(outs[form][k].astype(np.float64) - ref[k]).mean())) for k in ref}
-            pooled = [k for k in ref if ref[k].ndim == 2]
             row[form] = {"replay_p50_us": t[form][0], "replay_p99_us": t[form][1], "gpu_us": gpu,
                          "gpu_busy_us": busy, "kernels": count, "top": top[:8],
-                         "max_diff": max(v[0] for v in acc.values()),
-                         "mean_diff": max(v[1] for v in acc.values()),
-                         "pooled_cosine": min((cosine(outs[form][k], ref[k]) for k in pooled),
-                                              default=float("nan")),
-                         "per_output": acc, "kernels_line": s.kernels.line()}
+                         **accuracy(outs[form], ref), "kernels_line": s.kernels.line()}
         a, b, c = outs[FORMS[1]], outs[FORMS[2]], outs[FORMS[3]]
         row["fp8_forms_max_diff"] = max(float(np.abs(a[k].astype(np.float64) - b[k]).max()) for k in a)
         row["gemm_e4m3_max_diff"] = max(float(np.abs(c[k].astype(np.float64) - b[k]).max()) for k in b)
         row["gemm_e4m3_mean_diff"] = max(float(np.abs(c[k].astype(np.float64) - b[k]).mean()) for k in b)
         row["context_kept_max_diff"] = max(float(np.abs(outs[FORMS[4]][k].astype(np.float64) - c[k]).max())
                                            for k in c)
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-        for s in opened.values():
-            s.close()
-    with open(os.path.join(os.environ.get("OUT", "."), "fp8_ab.json"), "w") as fh:
-        json.dump({"onnxruntime": ort.__version__, "rows": rows}, fh, indent=1)
-    print("\n| workload | form | replay p50 (us) | GPU (us) | kernels | max diff vs fp32 | "
-          "mean diff | pooled cosine |")
-    print("|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        for form in FORMS:
-            v = r[form]
-            print(f"| {r['workload']} | {form} | {v['replay_p50_us']:.1f} | {v['gpu_us']:.1f} | "
-                  f"{v['kernels']} | {v['max_diff']:.3g} | {v['mean_diff']:.3g} | "
-                  f"{v['pooled_cosine']:.6f} |")
+        record(rows, row, opened)
+    save("fp8_ab.json", {"onnxruntime": ort.__version__, "rows": rows})
+    print_table(rows, FORMS, COLUMNS)
     bad = [r["workload"] for r in rows if r["fp8_forms_max_diff"] != 0]
     print(f"\nquantise in each op against the hand-offs: they differ in {', '.join(bad)}" if bad else
           "\nquantise in each op against the hand-offs: bit for bit equal in every workload")

@@ -1,13 +1,14 @@
-"""What the GPU-host runtime benchmarks (host_path.py, pdl_ab.py) share: their workloads, their
-arguments, ONNX Runtime with pip's CUDA libraries loaded, and the fused fp16 model of a config
-refilled from its weight-stripped skeleton (once per config)."""
+"""What the GPU-host runtime benchmarks (host_path.py, pdl_ab.py, ...) share: their workloads,
+their arguments, ONNX Runtime with pip's CUDA libraries loaded, the fused fp16 model of a config
+refilled from its weight-stripped skeleton (once per config), a Session on one bucket of the
+request's shape, and a form's error against a reference (fp8_ab.py, gelu_ab.py)."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import tempfile
-from typing import Any
+from typing import Any, Callable, Iterator
 
 WORKLOADS = [("shenma-3l", 20, 64), ("base", 1, 128), ("base", 32, 128)]
 
@@ -35,3 +36,69 @@ def fused_model(models: dict[str, str], skeletons: str, config: str) -> str:
                                         tempfile.mkdtemp(prefix=f"bench-{config}-"),
                                         anchors=False)["bertfuse16"]
     return models[config]
+
+
+def bucket_session(path: str, batch: int, seq: int) -> Any:
+    """A runtime Session of `path` on the GPU with one bucket, the request's shape."""
+    from bertfuse.runtime import Session
+
+    return Session(path, max_batch=batch, max_seq=seq, batch_buckets=(batch,),
+                   seq_buckets=(seq,), device="cuda")
+
+
+def accuracy(got: dict, ref: dict) -> dict:
+    """max and mean |diff| per output (and the worst of each), and the cosine of the pooled
+    (2-D) outputs against ref's."""
+    import numpy as np
+
+    from bertfuse.pipeline.fp8 import cosine
+
+    per = {k: (float(np.abs(got[k].astype(np.float64) - ref[k]).max()),
+               float(np.abs(got[k].astype(np.float64) - ref[k]).mean())) for k in ref}
+    pooled = [k for k in ref if ref[k].ndim == 2]
+    return {"max_diff": max(v[0] for v in per.values()),
+            "mean_diff": max(v[1] for v in per.values()),
+            "pooled_cosine": min((cosine(got[k], ref[k]) for k in pooled), default=float("nan")),
+            "per_output": per}
+
+
+def workloads(skeletons: str, make: Callable[[str], dict]) -> Iterator[tuple]:
+    """(config, batch, seq, models, request) per workload: make(skeleton path) once per config,
+    and the workload's seeded random request."""
+    from bertfuse.io.inputs import random_inputs
+
+    built: dict[str, dict] = {}
+    for config, batch, seq in WORKLOADS:
+        if config not in built:
+            built[config] = make(os.path.join(skeletons, f"{config}_raw.skel.onnx"))
+        yield config, batch, seq, built[config], random_inputs(batch, seq, 1000, 2,
+                                                               seed=batch + seq)
+
+
+def record(rows: list, row: dict, opened: dict) -> None:
+    """A workload's row kept and printed (one JSON line), its sessions closed."""
+    import json
+
+    rows.append(row)
+    print(json.dumps(row), flush=True)
+    for s in opened.values():
+        s.close()
+
+
+def save(name: str, payload: dict) -> None:
+    """payload as JSON at $OUT/name (the current directory without $OUT)."""
+    import json
+
+    with open(os.path.join(os.environ.get("OUT", "."), name), "w") as fh:
+        json.dump(payload, fh, indent=1)
+
+
+def print_table(rows: list, forms: tuple, columns: list[tuple[str, str, str]]) -> None:
+    """A markdown table, a line per workload and form: columns are (header, the form's key,
+    format spec)."""
+    print("\n| workload | form | " + " | ".join(c[0] for c in columns) + " |")
+    print("|---|---|" + "---|" * len(columns))
+    for r in rows:
+        for form in forms:
+            cells = [format(r[form][key], spec) for _, key, spec in columns]
+            print(f"| {r['workload']} | {form} | " + " | ".join(cells) + " |")

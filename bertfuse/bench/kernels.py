@@ -21,12 +21,14 @@ from dataclasses import dataclass, field
 KERNELS_FORMS = ("ort", "both")  # bench --kernels: the contrib form alone, or both forms
 # The runtime rows of the bertfuse-kernels form: (label, model key, Session options). The
 # first is the runtime as shipped (mask variants as it picks them: key lengths for right
-# padding); the FP8 row has the same model with FP8 (e4m3) weights in its GEMMs.
+# padding); the FP8 row has the same model with FP8 (e4m3) weights in its GEMMs; the last,
+# the model `--gelu-approximation` writes (its exact GELUs in the tanh form).
 KERNELS_ROWS: list[tuple[str, str, dict]] = [
     ("bertfuse fp16 runtime, bertfuse kernels", "kernels16", {}),
     ("bertfuse fp16 runtime, bertfuse kernels, raw mask only", "kernels16",
      {"mask_variants": False}),
     ("bertfuse runtime, bertfuse kernels, FP8 weights", "kernels_fp8", {}),
+    ("bertfuse fp16 runtime, bertfuse kernels, --gelu-approximation", "kernels16_gelu", {}),
 ]
 # Each kernels model's first row, whose note says what the model's rewrite made.
 FIRST_ROW = {key: label for label, key, _ in reversed(KERNELS_ROWS)}
@@ -98,6 +100,27 @@ def fp8_model(fused16: str, kernels16: str, workdir: str) -> tuple[str | None, s
                     lambda op: op.endswith("Fp8"))
 
 
+def gelu_approximation_model(fused16: str, workdir: str) -> tuple[str | None, str]:
+    """The fused fp16 model with `--gelu-approximation` (its exact GELUs as FastGelu, the pass
+    fusion_plan adds), rewritten into ai.bertfuse ops: (path, note) or (None, why not; also
+    where the model has no exact GELU, so the row would repeat the first)."""
+    import onnx
+
+    from bertfuse.passes.cleanup import Cleanup
+    from bertfuse.passes.fast_gelu import FastGeluApproximation
+    from bertfuse.passes.manager import run_passes
+    from bertfuse.pipeline.lowering import to_bertfuse_kernels
+
+    def rewrite(report) -> onnx.ModelProto:
+        contrib, approx = run_passes(onnx.load(fused16), [FastGeluApproximation(), Cleanup()])
+        if not any(d.fused for d in approx.diagnostics if d.component == "fast_gelu"):
+            raise ValueError("the model has no exact GELU to approximate")
+        return to_bertfuse_kernels(contrib, report)
+
+    return _rewrite(rewrite, os.path.join(workdir, "kernels16_gelu.onnx"),
+                    "the --gelu-approximation rewrite")
+
+
 def _rewrite(make, path: str, what: str, counted=lambda op: True) -> tuple[str | None, str]:
     """Runs make(report) -> model and saves it at path: (path, 'ai.bertfuse: <census>[;
     misses]'), or (None, why) when it fails or converts nothing it counts."""
@@ -151,8 +174,8 @@ def runtime_rows(kernels: bool, paired: bool = False) -> list[tuple[str, str, di
 def plan_rows(kernels: KernelsSetup | None, paths: dict[str, str], paired: bool = False
               ) -> tuple[list[tuple[str, str, dict]], dict[str, str], list[tuple[str, str]]]:
     """The runtime rows one workload runs, after writing the models of the kernels rows into
-    paths ('kernels16', 'kernels_fp8'; their notes under '<key>_note', so that another
-    workload of the same model reuses them) where the library is there and the rewrites
+    paths ('kernels16', 'kernels_fp8', 'kernels16_gelu'; their notes under '<key>_note', so
+    that another workload of the same model reuses them) where the library is there and the rewrites
     convert something: (rows, {model key: note on its bertfuse ops}, [(label, 'not run:
     why')] for the kernels rows that cannot run). paired: as runtime_rows."""
     rows = runtime_rows(kernels is not None, paired)
@@ -160,7 +183,8 @@ def plan_rows(kernels: KernelsSetup | None, paths: dict[str, str], paired: bool 
         return rows, {}, []
     workdir = os.path.dirname(paths["bertfuse16"])
     makers = {"kernels16": lambda: kernels_model(paths["bertfuse16"], workdir),
-              "kernels_fp8": lambda: fp8_model(paths["bertfuse16"], paths["kernels16"], workdir)}
+              "kernels_fp8": lambda: fp8_model(paths["bertfuse16"], paths["kernels16"], workdir),
+              "kernels16_gelu": lambda: gelu_approximation_model(paths["bertfuse16"], workdir)}
     notes: dict[str, str] = {}
     for key, make in makers.items():
         if kernels.reason:

@@ -16,7 +16,7 @@ pytest.importorskip("onnx_graphsurgeon")
 
 from bertfuse import cli  # noqa: E402
 from bertfuse.bench.kernels import AUTO_ROW, CONTRIB_DEFAULT, CONTRIB_RAW_ONLY, FIRST_ROW, KERNELS_ROWS, KernelsSetup, \
-    find_library, format_comparison, plan_rows, runtime_rows  # noqa: E402
+    find_library, format_comparison, gelu_approximation_model, plan_rows, runtime_rows  # noqa: E402
 from bertfuse.bench.peers import ORT_PEER, TORCH_PEER  # noqa: E402
 from bertfuse.bench.models import prepare_models  # noqa: E402
 from bertfuse.bench.padded import Result  # noqa: E402
@@ -32,13 +32,15 @@ def test_runtime_rows_add_the_kernels_form_to_the_contrib_rows():
     assert all(kw["kernels"] == "ort" for _, _, kw in contrib)
     assert both[len(contrib)] == (AUTO_ROW, "bertfuse16", {"kernels": "auto"})
     extra = both[len(contrib) + 1:]
-    assert [key for _, key, _ in extra] == ["kernels16", "kernels16", "kernels_fp8"]
+    assert [key for _, key, _ in extra] == ["kernels16", "kernels16", "kernels_fp8",
+                                            "kernels16_gelu"]
     assert extra[0][2] == {}  # the runtime as shipped: mask variants as it picks them
     assert extra[1][2] == {"mask_variants": False}
-    assert extra[2][2] == {}
+    assert extra[2][2] == extra[3][2] == {}
     labels = [label for label, _, _ in both]
     assert len(set(labels)) == len(labels) and CONTRIB_DEFAULT in labels
-    assert FIRST_ROW == {"kernels16": extra[0][0], "kernels_fp8": extra[2][0]}
+    assert FIRST_ROW == {"kernels16": extra[0][0], "kernels_fp8": extra[2][0],
+                         "kernels16_gelu": extra[3][0]}
     # paired: of the contrib form only the rows the kernels form has a twin of.
     paired = runtime_rows(True, paired=True)
     assert paired == [row for row in contrib if row[0] in (CONTRIB_RAW_ONLY, CONTRIB_DEFAULT)] \
@@ -97,7 +99,8 @@ def test_kernels_model_rewrites_the_fused_fp16_model(tiny_onnx, tmp_path):
     assert plan_rows(KernelsSetup(library="/some/libbertfuse_ops.so"), paths) == \
         (rows, notes, skipped)
     if importlib.util.find_spec("bertfuse.pipeline.fp8") is None:  # no FP8 option: said so
-        assert rows == runtime_rows(True)[:-1] and "kernels_fp8" not in paths
+        assert rows == [r for r in runtime_rows(True) if r[1] != "kernels_fp8"]
+        assert "kernels_fp8" not in paths
         assert skipped == [(KERNELS_ROWS[2][0], "not run: this bertfuse has no FP8 option")]
         return
     assert rows == runtime_rows(True) and not skipped
@@ -113,6 +116,25 @@ def test_kernels_model_rewrites_the_fused_fp16_model(tiny_onnx, tmp_path):
         ops["BertEmbedLayerNorm"]
     assert all(0 < s < float("inf") for s in scales)
     assert "DenseBiasFp8" in notes["kernels_fp8"]
+    # --gelu-approximation's model: the same ops, every DenseBiasGelu in the tanh form
+    approx = onnx.load(paths["kernels16_gelu"])
+    assert Counter(n.op_type for n in approx.graph.node if n.domain == BERTFUSE_DOMAIN) == ops
+    gelus = [n for n in approx.graph.node if n.op_type == "DenseBiasGelu"]
+    assert gelus and all(any(a.name == "approximate" and a.i == 1 for a in n.attribute)
+                         for n in gelus)
+    assert all(a.i == 0 for n in model.graph.node if n.op_type == "DenseBiasGelu"
+               for a in n.attribute if a.name == "approximate")
+
+
+def test_a_model_without_an_exact_gelu_has_no_approximation_row(tiny_onnx, tmp_path):
+    from bertfuse.passes.fast_gelu import FastGeluApproximation
+    from bertfuse.passes.manager import run_passes
+
+    tanh, _ = run_passes(onnx.load(tiny_onnx["fp16"]), [FastGeluApproximation()])
+    onnx.save(tanh, tmp_path / "bertfuse16.onnx")
+    path, note = gelu_approximation_model(str(tmp_path / "bertfuse16.onnx"), str(tmp_path))
+    assert path is None and "no exact GELU" in note
+    assert not (tmp_path / "kernels16_gelu.onnx").exists()
 
 
 def test_a_model_the_pass_cannot_convert_leaves_the_kernels_rows_not_run(tiny_onnx, tmp_path):
@@ -129,7 +151,7 @@ def test_a_model_the_pass_cannot_convert_leaves_the_kernels_rows_not_run(tiny_on
 
 
 def test_comparison_table_puts_the_two_forms_side_by_side():
-    kernels, raw_only, _ = (label for label, _, _ in KERNELS_ROWS)
+    kernels, raw_only, *_ = (label for label, _, _ in KERNELS_ROWS)
     results = [Result("shenma-3l b20 s64", "ORT raw fp32", 2000.0, 2100.0, 10000.0, 0.0, 0.0),
                Result("shenma-3l b20 s64", CONTRIB_DEFAULT, 300.0, 360.0, 66667.0, 1.3e-2,
                       6e-4, gpu_us=230.0, kernels=45),
