@@ -33,7 +33,9 @@ except ImportError:  # run from a checkout without bertfuse installed
     from bertfuse.io.safety import handle_signals, temp_dir, write_text
 
 CSRC = ROOT / "bertfuse" / "kernels" / "csrc"
-SOURCES = [CSRC / "attention.cu", CSRC / "attention_tiled.cu", CSRC / "attention_general.cu"]  # the op's three paths
+SOURCES = [CSRC / "attention.cu", CSRC / "attention_tiled.cu", CSRC / "attention_general.cu",  # the op's paths
+           # the e4m3 quantize pass the op falls back to (and what it links: cuBLASLt)
+           CSRC / "dense.cu", CSRC / "layernorm.cu", CSRC / "gemm_sm90.cu"]
 MASK_FILTER = -10000.0
 GATE_MAX, GATE_MEAN = 4e-2, 2e-3
 
@@ -52,9 +54,15 @@ def nvcc_path() -> str:
 
 
 def build(tmp: Path, arch: str) -> Path:
+    from gemm_harness import cublas_root  # imports torch: only where a GPU build runs
+
+    root = Path(cublas_root())
+    libdir = next(d for d in (root / "lib64", root / "lib") if d.is_dir())
+    lt = "cublasLt" if (libdir / "libcublasLt.so").exists() else ":libcublasLt.so.13"
     lib = tmp / "libbf_attention.so"
     cmd = [nvcc_path(), "-O3", "-std=c++17", f"-arch={arch}", "-shared", "-Xcompiler", "-fPIC,-fvisibility=hidden",
-           "-o", str(lib), *map(str, SOURCES)]
+           "-I", str(root / "include"), "-o", str(lib), *map(str, SOURCES), "-L", str(libdir), f"-l{lt}",
+           "-Xlinker", f"-rpath,{libdir}"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise Unavailable("nvcc failed:\n" + proc.stderr[-4000:])
@@ -66,6 +74,8 @@ def load(lib: Path) -> ctypes.CDLL:
     u, i = ctypes.c_uint64, ctypes.c_int
     dll.bf_check_attention_config.argtypes = [u, u, i, i, i, i, i, ctypes.c_float, u, u, i, i]
     dll.bf_check_attention_config.restype = i
+    dll.bf_check_attention_split.argtypes = [u, u, i, i, i, i, i, ctypes.c_float, u, u, i]
+    dll.bf_check_attention_split.restype = i
     dll.bf_attention_unsupported.argtypes = [i, i, i, i, i]
     dll.bf_attention_unsupported.restype = ctypes.c_char_p
     return dll
@@ -113,16 +123,29 @@ def reference(qkv: np.ndarray, mask: np.ndarray | None, heads: int, scale: float
 
 # ---- torch side ------------------------------------------------------------------------------
 
+SPLIT = -2  # in a config's passes: each query tile's keys split between two warps
+
+
+def config_name(warps: int, passes: int) -> str:
+    return f"w{warps}s" if passes == SPLIT else f"w{warps}p{passes}"
+
+
 def launcher(dll, torch, qkv, mask, heads: int, scale: float, out, config: tuple[int, int]):
-    """config: (warps per CTA, passes per warp); (0, 0) is what the op picks."""
+    """config: (warps per CTA, passes per warp); (0, 0) is what the op picks; (W, SPLIT) the
+    keys-split kernel with W query tiles (2W warps) per CTA."""
     mask_ptr = 0 if mask is None else mask.data_ptr()
     rank = 0 if mask is None else mask.dim()
     b, s, _ = qkv.shape
     warps, passes = config
 
     def call():
-        rc = dll.bf_check_attention_config(qkv.data_ptr(), mask_ptr, rank, b, s, heads, 64, scale, out.data_ptr(),
-                                           torch.cuda.current_stream().cuda_stream, warps, passes)
+        stream = torch.cuda.current_stream().cuda_stream
+        if passes == SPLIT:
+            rc = dll.bf_check_attention_split(qkv.data_ptr(), mask_ptr, rank, b, s, heads, 64, scale,
+                                              out.data_ptr(), stream, warps)
+        else:
+            rc = dll.bf_check_attention_config(qkv.data_ptr(), mask_ptr, rank, b, s, heads, 64, scale,
+                                               out.data_ptr(), stream, warps, passes)
         if rc != 0:
             raise RuntimeError(f"bf_check_attention returned {rc}")
     return call
@@ -212,6 +235,8 @@ CHECKS = [  # (label, B, S, heads, mask kind, all-masked row, scale)
     *[(f"b{b} s{s} raw", b, s, 12, "raw", b > 1, 0.0) for b in (1, 32) for s in (1, 7, 64, 100, 128)],
     *[(f"b{b} s{s} keylen", b, s, 12, "keylen", False, 0.0) for b in (1, 32) for s in (7, 100)],
     ("b3 s128 h16 raw", 3, 128, 16, "raw", True, 0.0),
+    # the keys-split kernel's edges: one real key in the second half (S = 17, 33, 65, 97)
+    *[(f"b{b} s{s} raw", b, s, 12, "raw", b > 1, 0.0) for b in (1, 4) for s in (17, 33, 65, 97)],
 ]
 TIMINGS = [  # (label, B, S, heads, mask kind)
     ("shenma b20 s64 raw", 20, 64, 12, "raw"),
@@ -222,9 +247,17 @@ TIMINGS = [  # (label, B, S, heads, mask kind)
     ("b8 s128 raw", 8, 128, 12, "raw"),
     ("b16 s128 raw", 16, 128, 12, "raw"),
     ("b32 s100 keylen", 32, 100, 12, "keylen"),
+    # few CTAs, where the keys-split kernel may pay
+    ("b1 s32 raw", 1, 32, 12, "raw"),
+    ("b1 s64 raw", 1, 64, 12, "raw"),
+    ("b1 s100 keylen", 1, 100, 12, "keylen"),
+    ("b2 s128 raw", 2, 128, 12, "raw"),
+    ("b4 s128 raw", 4, 128, 12, "raw"),
+    ("b4 s64 raw", 4, 64, 12, "raw"),
+    ("b1 s128 h16 raw", 1, 128, 16, "raw"),
 ]
 # (warps per CTA, passes per warp): the op's pick first, then the fixed configurations.
-CONFIGS = [(0, 0), (1, 1), (2, 1), (4, 1), (2, 2), (4, 2)]
+CONFIGS = [(0, 0), (1, 1), (2, 1), (4, 1), (2, 2), (4, 2), (1, SPLIT), (2, SPLIT), (4, SPLIT)]
 UNSUPPORTED = [("head size 320", 2, 64, 2, 320, 2), ("mask rank 3", 2, 64, 12, 64, 3), ("S 0", 2, 0, 12, 64, 0)]
 
 
@@ -239,6 +272,8 @@ def run(args, torch, dll) -> dict:
         qkv = torch.from_numpy(qkv_np).cuda()
         mask = None if mask_np is None else torch.from_numpy(mask_np).cuda()
         for config in CONFIGS:
+            if config[1] == SPLIT and s <= 16:  # no key in a second half: the split kernel refuses
+                continue
             out = torch.full((b, s, heads * 64), float("nan"), dtype=torch.float16, device="cuda")
             rec = {"case": label, "B": b, "S": s, "heads": heads, "mask": kind, "config": list(config)}
             try:
@@ -268,8 +303,8 @@ def run(args, torch, dll) -> dict:
         out = torch.empty((b, s, heads * 64), dtype=torch.float16, device="cuda")
         row = {"case": label, "B": b, "S": s, "heads": heads, "mask": kind}
         for w, p in CONFIGS:
-            row[f"bertfuse_w{w}p{p}_us"] = time_us(torch, launcher(dll, torch, qkv, mask, heads, 0.0, out, (w, p)),
-                                                   args.iters, args.graph_calls)
+            call = launcher(dll, torch, qkv, mask, heads, 0.0, out, (w, p))
+            row[f"bertfuse_{config_name(w, p)}_us"] = time_us(torch, call, args.iters, args.graph_calls)
         sdpa, naive = torch_baselines(torch, qkv, mask, heads, 1 / 8)
         row["sdpa_us"] = time_us(torch, sdpa, args.iters, args.graph_calls)
         row["naive_us"] = time_us(torch, naive, args.iters, args.graph_calls)
@@ -282,8 +317,8 @@ def run(args, torch, dll) -> dict:
 
 def print_tables(log: dict) -> None:
     print(f"device: {log['device']}, torch {log['torch']}")
-    print("| case | max abs | mean abs | ok (" + " / ".join(f"w{w}p{p}" for w, p in CONFIGS)
-          + "; w0p0 = the op's pick) |")  # worst over the configurations
+    print("| case | max abs | mean abs | ok (" + " / ".join(config_name(w, p) for w, p in CONFIGS)
+          + "; w0p0 = the op's pick; wWs: keys split, past S 16) |")  # worst over the configurations
     print("|---|---|---|---|")
     for case in dict.fromkeys(c["case"] for c in log["checks"]):
         rows = [c for c in log["checks"] if c["case"] == case]
@@ -297,11 +332,12 @@ def print_tables(log: dict) -> None:
         return "-" if v is None else f"{v:.2f}"
     print("\nus per call: CUDA-graph replay (and profiler kernel time)")
     fixed = CONFIGS[1:]
-    print("| case | bertfuse pick | " + " | ".join(f"w{w}p{p}" for w, p in fixed) + " | torch SDPA | torch naive |")
+    print("| case | bertfuse pick | " + " | ".join(config_name(w, p) for w, p in fixed)
+          + " | torch SDPA | torch naive |")
     print("|---|---|" + "---|" * len(fixed) + "---|---|")
     for t in log["timings"]:
         print(f"| {t['case']} | {us(t['bertfuse_w0p0_us'])} ({us(t['bertfuse_kernel_us'])}) | "
-              + " | ".join(us(t[f"bertfuse_w{w}p{p}_us"]) for w, p in fixed)
+              + " | ".join(us(t[f"bertfuse_{config_name(w, p)}_us"]) for w, p in fixed)
               + f" | {us(t['sdpa_us'])} ({us(t['sdpa_kernel_us'])}) | {us(t['naive_us'])} ({us(t['naive_kernel_us'])}) |")
     bad = [c for c in log["checks"] + log["unsupported"] if not c["ok"]]
     print(f"\n{len(bad)} failing checks" if bad else "\nall checks pass")

@@ -11,6 +11,8 @@
 // inside the kernel: padded keys get -inf (probability exactly 0), padded K/V/Q rows are zeros.
 // A second pass lets one CTA of 4 warps cover 128 queries: the head's K and V are read once
 // instead of once per 64 queries, and a grid that needed two waves of CTAs fits in one.
+// For grids of few CTAs, attention_split_kernel splits each query tile's keys between two warps
+// (half the chain per warp) and merges their softmax partials in shared memory.
 #include "attention.h"
 
 #include <cuda_fp8.h>
@@ -56,7 +58,8 @@ __device__ __forceinline__ void load_rows(__half* dst, const __half* src, size_t
 // the softmax numerators exp2(s - max) in place and the two row sums (rows g and g + 8).
 template <int KT>
 __device__ __forceinline__ void scores(const __half* Qw, const __half* Ks, const float* madd, int lane, int t,
-                                       float scale_log2, float (&acc)[2 * KT][4], float* sum0, float* sum1) {
+                                       float scale_log2, float (&acc)[2 * KT][4], float* sum0, float* sum1,
+                                       float* max0 = nullptr, float* max1 = nullptr) {
   constexpr int NT = 2 * KT;  // 8-key score tiles per row
   uint32_t qa[kD / 16][4];
 #pragma unroll
@@ -80,19 +83,14 @@ __device__ __forceinline__ void scores(const __half* Qw, const __half* Ks, const
     mx0 = fmaxf(mx0, fmaxf(acc[nt][0], acc[nt][1]));
     mx1 = fmaxf(mx1, fmaxf(acc[nt][2], acc[nt][3]));
   }
-  exp2_rows(acc, mx0, mx1, sum0, sum1);  // maxima finite: key 0 is real, its term at worst -10000*log2e
+  // Maxima finite: the first key of the range is real (key 0, or in a split kernel's second half a
+  // key below S), its term at worst -10000*log2e.
+  exp2_rows(acc, mx0, mx1, sum0, sum1, max0, max1);
 }
 
-// O = P V for the warp's tile, normalised, staged in the warp's own Q rows (only it read them)
-// and written to out rows qw0 .. qw0 + 15 (those below S) with 16-byte stores.
+// O += P V for the warp's 16 queries over KT 16-key tiles (P: the score accumulators, unnormalised).
 template <int KT>
-__device__ __forceinline__ void context(const float (&acc)[2 * KT][4], const __half* Vs, __half* Qw, int lane,
-                                        int g, int t, float sum0, float sum1, __half* __restrict__ out,
-                                        uint8_t* __restrict__ outq, float q_inv, int b, int S, int H, int head,
-                                        int qw0) {
-  float o[kD / 8][4];
-#pragma unroll
-  for (int dt = 0; dt < kD / 8; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
+__device__ __forceinline__ void pv(const float (&acc)[2 * KT][4], const __half* Vs, int lane, float (&o)[kD / 8][4]) {
 #pragma unroll
   for (int kk = 0; kk < KT; ++kk) {
     // The C layout of score tiles 2kk, 2kk+1 is the A layout of keys 16kk .. 16kk+15.
@@ -107,7 +105,14 @@ __device__ __forceinline__ void context(const float (&acc)[2 * KT][4], const __h
       mma16816(o[2 * np + 1], pa, vb[2], vb[3]);
     }
   }
-  const float inv0 = 1.0f / sum0, inv1 = 1.0f / sum1;
+}
+
+// The warp's O times inv0 / inv1 (rows g / g + 8), staged in the warp's own Q rows (no other warp
+// reads them any more) and written to out rows qw0 .. qw0 + 15 (those below S) with 16-byte stores.
+__device__ __forceinline__ void store_tile(const float (&o)[kD / 8][4], float inv0, float inv1, __half* Qw,
+                                           int lane, int g, int t, __half* __restrict__ out,
+                                           uint8_t* __restrict__ outq, float q_inv, int b, int S, int H, int head,
+                                           int qw0) {
   __syncwarp();
 #pragma unroll
   for (int dt = 0; dt < kD / 8; ++dt) {
@@ -125,6 +130,38 @@ __device__ __forceinline__ void context(const float (&acc)[2 * KT][4], const __h
       if (out) *reinterpret_cast<uint4*>(out + at) = u;  // absent: only the e4m3 copy is read
       if (outq) *reinterpret_cast<uint2*>(outq + at) = e4m3x8(u, q_inv);
     }
+  }
+}
+
+// O = P V for the warp's tile, normalised and stored (store_tile).
+template <int KT>
+__device__ __forceinline__ void context(const float (&acc)[2 * KT][4], const __half* Vs, __half* Qw, int lane,
+                                        int g, int t, float sum0, float sum1, __half* __restrict__ out,
+                                        uint8_t* __restrict__ outq, float q_inv, int b, int S, int H, int head,
+                                        int qw0) {
+  float o[kD / 8][4];
+#pragma unroll
+  for (int dt = 0; dt < kD / 8; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
+  pv<KT>(acc, Vs, lane, o);
+  store_tile(o, 1.0f / sum0, 1.0f / sum1, Qw, lane, g, t, out, outq, q_inv, b, S, H, head, qw0);
+}
+
+// The CTA's prologue, shared by both kernels: Q rows [q0, q0 + rows_q), the head's K and V
+// (SP rows, zero past S) by cp.async in two groups (Q and K, then V), and the additive mask of
+// SP keys in the log2 domain (padded keys -inf).
+__device__ __forceinline__ void load_head(const __half* base, size_t stride, int H, int q0, int rows_q, int SP,
+                                          int S, const int32_t* __restrict__ mask, int mask_rank, int b,
+                                          __half* Qs, __half* Ks, __half* Vs, float* madd, int tid, int nthreads) {
+  load_rows(Qs, base, stride, q0, rows_q, S, tid, nthreads);
+  load_rows(Ks, base + H, stride, 0, SP, S, tid, nthreads);
+  cp_async_commit();
+  load_rows(Vs, base + 2 * H, stride, 0, SP, S, tid, nthreads);
+  cp_async_commit();
+  for (int j = tid; j < SP; j += nthreads) {
+    bool keep = true;  // raw mask: value > 0 keeps (ORT's rule); key lengths: j < len[b]
+    if (j < S && mask_rank == 2) keep = mask[static_cast<size_t>(b) * S + j] > 0;
+    if (j < S && mask_rank == 1) keep = j < mask[b];
+    madd[j] = j >= S ? -INFINITY : (keep ? 0.0f : kMaskFilter * kLog2e);
   }
 }
 
@@ -151,17 +188,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
   const size_t stride = 3 * static_cast<size_t>(H);
   const __half* base = qkv + static_cast<size_t>(b) * S * stride + head * kD;
 
-  load_rows(Qs, base, stride, q0, rows_q, S, tid, nthreads);
-  load_rows(Ks, base + H, stride, 0, SP, S, tid, nthreads);
-  cp_async_commit();
-  load_rows(Vs, base + 2 * H, stride, 0, SP, S, tid, nthreads);
-  cp_async_commit();
-  for (int j = tid; j < SP; j += nthreads) {
-    bool keep = true;  // raw mask: value > 0 keeps (ORT's rule); key lengths: j < len[b]
-    if (j < S && mask_rank == 2) keep = mask[static_cast<size_t>(b) * S + j] > 0;
-    if (j < S && mask_rank == 1) keep = j < mask[b];
-    madd[j] = j >= S ? -INFINITY : (keep ? 0.0f : kMaskFilter * kLog2e);
-  }
+  load_head(base, stride, H, q0, rows_q, SP, S, mask, mask_rank, b, Qs, Ks, Vs, madd, tid, nthreads);
   cp_async_wait<1>();  // Q and K have landed; V may still be in flight
   __syncthreads();
 
@@ -180,6 +207,78 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
     if (active) context<KT>(acc, Vs, Qw, lane, g, t, sum0, sum1, out, outq, q_inv, b, S, H, head,
                             q0 + tile * 16);
   }
+}
+
+// Keys split in two: a CTA of 2W warps covers W 16-query tiles, and the tile's two warps take one
+// half of the keys each (KH 16-key tiles, keys padded to 32*KH >= S), so each warp's chain of
+// mma, softmax and PV is half as long. The second half's warp hands its unnormalised O, row maxima
+// and sums to the first through shared memory, which rescales both to the common maximum
+// (flash attention's merge, in the log2 domain) and stores. Used only where the second half holds a
+// real key (S > 16*KH), so both halves' maxima are finite.
+constexpr int kXchFloats = kD / 8 * 4 + 4;  // per lane: O (32), then the two rows' max and sum
+
+template <int KH>
+__global__ void __launch_bounds__(2 * kMaxWarps * 32)
+    attention_split_kernel(const __half* __restrict__ qkv, const int32_t* __restrict__ mask, int mask_rank,
+                           int S, int H, float scale_log2, __half* __restrict__ out, uint8_t* __restrict__ outq,
+                           float q_inv) {
+  constexpr int SP = 32 * KH;  // padded key count, both halves
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  wait_for_producer();
+  const int nthreads = blockDim.x, tiles = nthreads / 64;
+  const int rows_q = 16 * tiles;
+  __half* Qs = reinterpret_cast<__half*>(smem_raw);
+  __half* Ks = Qs + rows_q * kLd;
+  __half* Vs = Ks + SP * kLd;
+  float* madd = reinterpret_cast<float*>(Vs + SP * kLd);
+  float* xch = madd + SP;  // [tiles][32 lanes][kXchFloats]
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int tile = warp % tiles, half = warp / tiles;
+  const int q0 = blockIdx.x * rows_q, head = blockIdx.y, b = blockIdx.z;
+  const size_t stride = 3 * static_cast<size_t>(H);
+  const __half* base = qkv + static_cast<size_t>(b) * S * stride + head * kD;
+
+  load_head(base, stride, H, q0, rows_q, SP, S, mask, mask_rank, b, Qs, Ks, Vs, madd, tid, nthreads);
+  cp_async_wait<1>();
+  __syncthreads();
+
+  const bool active = q0 + tile * 16 < S;  // warp-uniform, the same for the tile's two warps
+  __half* Qw = Qs + tile * 16 * kLd;
+  const int k0 = half * 16 * KH;  // this warp's first key
+  float acc[2 * KH][4];
+  float sum0 = 1.0f, sum1 = 1.0f, max0 = 0.0f, max1 = 0.0f;
+  if (active) scores<KH>(Qw, Ks + k0 * kLd, madd + k0, lane, t, scale_log2, acc, &sum0, &sum1, &max0, &max1);
+  cp_async_wait<0>();
+  __syncthreads();  // V has landed; every warp is done with Q
+  float o[kD / 8][4];
+#pragma unroll
+  for (int dt = 0; dt < kD / 8; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
+  if (active) pv<KH>(acc, Vs + k0 * kLd, lane, o);
+  float* x = xch + (tile * 32 + lane) * kXchFloats;
+  if (active && half == 1) {
+#pragma unroll
+    for (int dt = 0; dt < kD / 8; ++dt)
+      *reinterpret_cast<float4*>(x + dt * 4) = make_float4(o[dt][0], o[dt][1], o[dt][2], o[dt][3]);
+    *reinterpret_cast<float4*>(x + kD / 2) = make_float4(max0, max1, sum0, sum1);
+  }
+  __syncthreads();
+  if (!active || half == 1) return;
+  const float4 ms = *reinterpret_cast<const float4*>(x + kD / 2);
+  const float m0 = fmaxf(max0, ms.x), m1 = fmaxf(max1, ms.y);
+  const float a0 = fast_exp2(max0 - m0), c0 = fast_exp2(ms.x - m0);
+  const float a1 = fast_exp2(max1 - m1), c1 = fast_exp2(ms.y - m1);
+#pragma unroll
+  for (int dt = 0; dt < kD / 8; ++dt) {
+    const float4 p = *reinterpret_cast<const float4*>(x + dt * 4);
+    o[dt][0] = o[dt][0] * a0 + p.x * c0;
+    o[dt][1] = o[dt][1] * a0 + p.y * c0;
+    o[dt][2] = o[dt][2] * a1 + p.z * c1;
+    o[dt][3] = o[dt][3] * a1 + p.w * c1;
+  }
+  store_tile(o, 1.0f / (sum0 * a0 + ms.z * c0), 1.0f / (sum1 * a1 + ms.w * c1), Qw, lane, g, t, out, outq,
+             q_inv, b, S, H, head, q0 + tile * 16);
 }
 
 // As many warps (16-row query tiles) per CTA as the sequence fills, up to 4. Measured on the H200
@@ -242,6 +341,38 @@ int pick_passes(int B, int S, int num_heads, int warps) {
   return waves[2] < waves[1] ? 2 : 1;
 }
 
+int sm_count() {
+  static std::atomic<int> cache[kMaxDevices];  // 0: not asked yet, < 0: failed
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) {
+    cudaGetLastError();
+    return 0;
+  }
+  int v = cache[dev].load(std::memory_order_relaxed);
+  if (v == 0) {
+    int n = 0;
+    const bool ok = cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && n > 0;
+    if (!ok) cudaGetLastError();
+    v = ok ? n : -1;
+    cache[dev].store(v, std::memory_order_relaxed);
+  }
+  return v > 0 ? v : 0;
+}
+
+// Query tiles per CTA of the keys-split kernel, or 0 for the one- or two-pass kernel. Splitting the
+// keys pays where the grid leaves most SMs idle (a request of a few sequences): 2 tiles per CTA
+// where that grid fits the SMs once, else 4 where that one does. Measured on an H100
+// (benchmarks/kernels/kernels_attention.py): b1 s128 h12 4.44 -> 3.61 us (48 CTAs), b4 s128 4.55
+// -> 4.07 (4 tiles, 96 CTAs), b1 s64 3.32 -> 2.94; no gain past one wave (b8 s128, b20 s64).
+int pick_split_tiles(int B, int S, int num_heads) {
+  const int sms = sm_count();
+  if (S <= 16 || sms == 0) return 0;
+  const long long heads = static_cast<long long>(B) * num_heads;
+  if (heads * ((S + 31) / 32) <= sms) return 2;
+  if (heads * ((S + 63) / 64) <= sms) return 4;
+  return 0;
+}
+
 template <int KT>
 cudaError_t launch(cudaStream_t stream, const __half* qkv, const int32_t* mask, int mask_rank, int B, int S,
                    int num_heads, float scale_log2, __half* out, uint8_t* outq, float q_inv, int warps,
@@ -259,7 +390,52 @@ cudaError_t launch(cudaStream_t stream, const __half* qkv, const int32_t* mask, 
                    num_heads * kD, scale_log2, passes, out, outq, q_inv);
 }
 
+size_t split_smem_bytes(int KH, int tiles) {
+  return sizeof(__half) * static_cast<size_t>(16 * tiles + 2 * 32 * KH) * kLd +
+         sizeof(float) * static_cast<size_t>(32 * KH + tiles * 32 * kXchFloats);
+}
+
+template <int KH>
+cudaError_t launch_split(cudaStream_t stream, const __half* qkv, const int32_t* mask, int mask_rank, int B,
+                         int S, int num_heads, float scale_log2, __half* out, uint8_t* outq, float q_inv,
+                         int tiles) {
+  const int rows_q = 16 * tiles;
+  const dim3 grid((S + rows_q - 1) / rows_q, num_heads, B);
+  const size_t smem = split_smem_bytes(KH, tiles);
+  if (smem > 48 * 1024) {
+    const cudaError_t e = cudaFuncSetAttribute(attention_split_kernel<KH>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (e != cudaSuccess) return e;
+  }
+  return LaunchPdl(attention_split_kernel<KH>, grid, dim3(64 * tiles), smem, stream, true, qkv, mask, mask_rank,
+                   S, num_heads * kD, scale_log2, out, outq, q_inv);
+}
+
 }  // namespace
+
+cudaError_t bf_attention_f16_split(cudaStream_t stream, const __half* qkv, const int32_t* mask, int mask_rank,
+                                   int B, int S, int num_heads, int head_size, float scale, __half* out,
+                                   int tiles, uint8_t* outq, float outq_scale) {
+  if (attention_fast_unsupported(B, S, num_heads, head_size, mask_rank) != nullptr || S <= 16)
+    return cudaErrorInvalidValue;  // S <= 16: no key in a second half
+  if (qkv == nullptr || (out == nullptr && outq == nullptr) || (mask_rank > 0 && mask == nullptr))
+    return cudaErrorInvalidValue;
+  if ((reinterpret_cast<uintptr_t>(qkv) | reinterpret_cast<uintptr_t>(out)) % 16 != 0) return cudaErrorInvalidValue;
+  if (outq && (reinterpret_cast<uintptr_t>(outq) % 8 != 0 || !(outq_scale > 0.0f))) return cudaErrorInvalidValue;
+  if (tiles < 0 || tiles > kMaxWarps) return cudaErrorInvalidValue;
+  if (tiles == 0) tiles = pick_warps(B, S, num_heads);
+  if (mask_rank == 0) mask = nullptr;
+  const float q_inv = outq ? 1.0f / outq_scale : 1.0f;
+  const float sc = scale > 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(head_size));
+  const float scale_log2 = sc * kLog2e;
+  switch ((S + 31) / 32) {
+    case 1: return launch_split<1>(stream, qkv, mask, mask_rank, B, S, num_heads, scale_log2, out, outq, q_inv, tiles);
+    case 2: return launch_split<2>(stream, qkv, mask, mask_rank, B, S, num_heads, scale_log2, out, outq, q_inv, tiles);
+    case 3: return launch_split<3>(stream, qkv, mask, mask_rank, B, S, num_heads, scale_log2, out, outq, q_inv, tiles);
+    case 4: return launch_split<4>(stream, qkv, mask, mask_rank, B, S, num_heads, scale_log2, out, outq, q_inv, tiles);
+    default: return cudaErrorInvalidValue;
+  }
+}
 
 const char* attention_fast_unsupported(int B, int S, int num_heads, int head_size, int mask_rank) {
   if (B < 1 || S < 1 || num_heads < 1) return "batch, sequence length and num_heads must be >= 1";
@@ -296,6 +472,12 @@ cudaError_t bf_attention_f16_warps(cudaStream_t stream, const __half* qkv, const
   if (mask_rank == 0) mask = nullptr;
   const float q_inv = outq ? 1.0f / outq_scale : 1.0f;  // fp32 reciprocal, as the quantize pass
   if (warps < 0 || warps > kMaxWarps || passes < 0 || passes > 2) return cudaErrorInvalidValue;
+  if (warps == 0 && passes == 0) {  // the heuristic's choice: the keys-split kernel for few CTAs
+    const int tiles = pick_split_tiles(B, S, num_heads);
+    if (tiles > 0)
+      return bf_attention_f16_split(stream, qkv, mask, mask_rank, B, S, num_heads, head_size, scale, out, tiles,
+                                    outq, outq_scale);
+  }
   if (warps == 0) warps = pick_warps(B, S, num_heads);
   const float sc = scale > 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(head_size));
   const float scale_log2 = sc * kLog2e;
@@ -346,6 +528,17 @@ extern "C" int bf_check_attention_config(uintptr_t qkv, uintptr_t mask, int mask
       reinterpret_cast<cudaStream_t>(stream), reinterpret_cast<const __half*>(qkv),
       reinterpret_cast<const int32_t*>(mask), mask_rank, B, S, num_heads, head_size, scale,
       reinterpret_cast<__half*>(out), warps, passes));
+}
+
+extern "C" int bf_check_attention_split(uintptr_t qkv, uintptr_t mask, int mask_rank, int B, int S, int num_heads,
+                                        int head_size, float scale, uintptr_t out, uintptr_t stream, int tiles) {
+  // The keys-split kernel alone, `tiles` 16-query tiles per CTA (1..4; 0: as many as S fills, up
+  // to 4): -1 where it does not cover the shape.
+  if (bertfuse::attention_fast_unsupported(B, S, num_heads, head_size, mask_rank) != nullptr || S <= 16) return -1;
+  return static_cast<int>(bertfuse::bf_attention_f16_split(
+      reinterpret_cast<cudaStream_t>(stream), reinterpret_cast<const __half*>(qkv),
+      reinterpret_cast<const int32_t*>(mask), mask_rank, B, S, num_heads, head_size, scale,
+      reinterpret_cast<__half*>(out), tiles, nullptr, 1.0f));
 }
 
 extern "C" int bf_check_attention_warps(uintptr_t qkv, uintptr_t mask, int mask_rank, int B, int S, int num_heads,

@@ -40,13 +40,21 @@ cudaError_t bf_attention_f16(cudaStream_t stream, const __half* qkv, const int32
                              int B, int S, int num_heads, int head_size, float scale, __half* out,
                              uint8_t* outq = nullptr, float outq_scale = 1.0f);
 
-// The tensor-core kernel alone, with an explicit number of warps per CTA (1..4; 0 = heuristic)
-// and of passes per warp (1..2; 0 = heuristic): each warp owns 16 queries per pass.
+// The tensor-core kernel alone, with an explicit number of warps per CTA (1..4) and of passes per
+// warp (1..2): each warp owns 16 queries per pass. warps 0 and passes 0: the heuristic's choice,
+// which may be the keys-split kernel (bf_attention_f16_split) for grids of few CTAs.
 // cudaErrorInvalidValue where it does not cover the shape.
 cudaError_t bf_attention_f16_warps(cudaStream_t stream, const __half* qkv, const int32_t* mask,
                                    int mask_rank, int B, int S, int num_heads, int head_size, float scale,
                                    __half* out, int warps, int passes = 1, uint8_t* outq = nullptr,
                                    float outq_scale = 1.0f);
+
+// The keys-split kernel alone: `tiles` 16-query tiles per CTA (1..4; 0 = as many as S fills),
+// each tile's keys split between two warps. cudaErrorInvalidValue where it does not cover the
+// shape (as above, and S <= 16).
+cudaError_t bf_attention_f16_split(cudaStream_t stream, const __half* qkv, const int32_t* mask, int mask_rank,
+                                   int B, int S, int num_heads, int head_size, float scale, __half* out,
+                                   int tiles, uint8_t* outq = nullptr, float outq_scale = 1.0f);
 
 }  // namespace bertfuse
 
@@ -61,6 +69,9 @@ BF_ATTENTION_EXPORT int bf_check_attention(uintptr_t qkv, uintptr_t mask, int ma
 BF_ATTENTION_EXPORT int bf_check_attention_config(uintptr_t qkv, uintptr_t mask, int mask_rank, int B, int S,
                                                   int num_heads, int head_size, float scale, uintptr_t out,
                                                   uintptr_t stream, int warps, int passes);
+BF_ATTENTION_EXPORT int bf_check_attention_split(uintptr_t qkv, uintptr_t mask, int mask_rank, int B, int S,
+                                                 int num_heads, int head_size, float scale, uintptr_t out,
+                                                 uintptr_t stream, int tiles);
 BF_ATTENTION_EXPORT int bf_check_attention_warps(uintptr_t qkv, uintptr_t mask, int mask_rank, int B, int S, int num_heads,
                              int head_size, float scale, uintptr_t out, uintptr_t stream, int warps);
 BF_ATTENTION_EXPORT const char* bf_attention_unsupported(int B, int S, int num_heads, int head_size,

@@ -71,10 +71,13 @@ __device__ __forceinline__ float quad_sum(float v) {
 // The softmax numerators of an m16 x (8 * NT) score tile in the mma C layout (rows g and g + 8 of
 // each lane): exp2(s - row max) in place, with mx0 / mx1 the lane's partial row maxima (finite),
 // and the two rows' sums over their quad.
+// max0 / max1 (optional) receive the two rows' maxima over the quad.
 template <int NT>
-__device__ __forceinline__ void exp2_rows(float (&acc)[NT][4], float mx0, float mx1, float* sum0, float* sum1) {
+__device__ __forceinline__ void exp2_rows(float (&acc)[NT][4], float mx0, float mx1, float* sum0, float* sum1,
+                                          float* max0 = nullptr, float* max1 = nullptr) {
   mx0 = quad_max(mx0);
   mx1 = quad_max(mx1);
+  if (max0) *max0 = mx0, *max1 = mx1;
   float s0 = 0.0f, s1 = 0.0f;
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
