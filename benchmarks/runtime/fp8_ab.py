@@ -25,10 +25,9 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
-import tempfile
 
 import numpy as np
-from gpu_setup import (accuracy, bucket_session, parse_args, print_table, record, save,
+from gpu_setup import (accuracy, bucket_session, lowered, parse_args, print_table, record, save,
                        start_ort, workloads)
 
 FORMS = ("fp16", "FP8, quantise in each op", "FP8, hand-offs, GELU pass writes e4m3",
@@ -47,8 +46,6 @@ COLUMNS = [  # the table printed last: (header, key in a form's row, format)
 def models(skeleton: str) -> dict[str, str]:
     import onnx
 
-    from bertfuse.bench.kernels import kernels_model
-    from bertfuse.bench.models import prepare_models
     from bertfuse.passes.cleanup import Cleanup
     from bertfuse.passes.fp8_weights import Fp8Weights
     from bertfuse.passes.manager import run_passes
@@ -56,11 +53,7 @@ def models(skeleton: str) -> dict[str, str]:
     from bertfuse.pipeline.lowering import model_feeds
     from bertfuse.pipeline.options import ConvertOptions
 
-    work = tempfile.mkdtemp(prefix="fp8-ab-")
-    paths = prepare_models(skeleton, work, anchors=False)
-    k16, note = kernels_model(paths["bertfuse16"], work)
-    if k16 is None:
-        raise SystemExit(f"fp8_ab: {note}")
+    paths, k16, work = lowered(skeleton, "fp8-ab-")
     contrib, kmodel = onnx.load(paths["bertfuse16"]), onnx.load(k16)
     opts = ConvertOptions()
     amax = calibrate(contrib, dense_inputs(kmodel), model_feeds(contrib, opts.batch, opts.seq, opts.seed))

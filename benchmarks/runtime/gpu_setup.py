@@ -102,3 +102,17 @@ def print_table(rows: list, forms: tuple, columns: list[tuple[str, str, str]]) -
         for form in forms:
             cells = [format(r[form][key], spec) for _, key, spec in columns]
             print(f"| {r['workload']} | {form} | " + " | ".join(cells) + " |")
+
+
+def lowered(skeleton: str, prefix: str) -> tuple[dict[str, str], str, str]:
+    """The config refilled from its skeleton and fused (bertfuse's fp32 and fp16 models) in a
+    fresh temp dir, and its fp16 model lowered to bertfuse's ops: (paths, that model, the dir)."""
+    from bertfuse.bench.kernels import kernels_model
+    from bertfuse.bench.models import prepare_models
+
+    work = tempfile.mkdtemp(prefix=prefix)
+    paths = prepare_models(skeleton, work, anchors=False)
+    k16, note = kernels_model(paths["bertfuse16"], work)
+    if k16 is None:
+        raise SystemExit(f"{prefix.strip('-')}: {note}")
+    return paths, k16, work
