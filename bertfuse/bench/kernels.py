@@ -175,9 +175,9 @@ def plan_rows(kernels: KernelsSetup | None, paths: dict[str, str], paired: bool 
               ) -> tuple[list[tuple[str, str, dict]], dict[str, str], list[tuple[str, str]]]:
     """The runtime rows one workload runs, after writing the models of the kernels rows into
     paths ('kernels16', 'kernels_fp8', 'kernels16_gelu'; their notes under '<key>_note', so
-    that another workload of the same model reuses them) where the library is there and the rewrites
-    convert something: (rows, {model key: note on its bertfuse ops}, [(label, 'not run:
-    why')] for the kernels rows that cannot run). paired: as runtime_rows."""
+    that another workload of the same model reuses them) where the library is there and the
+    rewrites convert something: (rows, {model key: note on its bertfuse ops}, [(label, 'not
+    run: why')] for the kernels rows that cannot run). paired: as runtime_rows."""
     rows = runtime_rows(kernels is not None, paired)
     if kernels is None:
         return rows, {}, []

@@ -110,8 +110,8 @@ def attention_cases(rng: np.random.Generator) -> list[Case]:
         (2, 128, 768, 12, "raw", None),
         (3, 37, 768, 12, "lengths", 0.2),
         (2, 16, 256, 4, "raw", None),
-        # Few CTAs: the keys-split kernel, 4 query tiles per CTA (b4 s128) and 2 with one real key in
-        # the second half (S 17).
+        # Few CTAs: the keys-split kernel, 4 query tiles per CTA (b4 s128), and 2 with one real
+        # key in the second half (S 17).
         (4, 128, 768, 12, "raw", None),
         (2, 17, 768, 12, "lengths", None),
         # Grids past one wave of CTAs: two passes per warp where that takes fewer waves.
