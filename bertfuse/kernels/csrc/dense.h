@@ -141,6 +141,14 @@ class DenseGemm {
   const char* TimePlan(Plan& p, cudaStream_t stream, WorkspaceSource* ws, const void* A,
                        const void* B, const __half* C, __half* Y, float alpha, float beta,
                        const PlanKey& key);
+  // The algorithm the first timed plan of a (device, key) kept, shared by every DenseGemm in the
+  // process (one per op instance, so one per layer): the others take it instead of timing the
+  // candidates again, as the split-K and sm90 choices are shared. BERTFUSE_GEMM_SHARE=0: each
+  // plan times its own.
+  struct Shared;
+  static Shared& SharedChoices();
+  static bool TakeSharedChoice(int device, const PlanKey& key, Plan& p);
+  static void ShareChoice(int device, const PlanKey& key, const Plan& p);
   std::mutex mu_;  // guards plans_ (ORT may call Compute from several threads)
   std::vector<std::pair<PlanKey, std::unique_ptr<Plan>>> plans_;
 };
