@@ -296,31 +296,50 @@ size_t smem_bytes(int KT, int warps, int passes) {
 
 constexpr int kMaxDevices = 16;
 
-// CTAs of attention_kernel<KT> (warps, passes) resident per SM on the current device times its SM
-// count, asked once per device and configuration; 0 where CUDA cannot say.
-template <int KT>
-int resident_ctas(int warps, int passes) {
-  static std::atomic<int> cache[kMaxDevices][kMaxWarps + 1][3];  // 0: not asked yet, < 0: failed
+// ask(device) for the current device, asked once per device and kept in cache[device] (0: not
+// asked yet, < 0: failed); 0 where CUDA cannot say.
+template <class Ask>
+int per_device(std::atomic<int> (&cache)[kMaxDevices], Ask ask) {
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) {
     cudaGetLastError();
     return 0;
   }
-  std::atomic<int>& slot = cache[dev][warps][passes];
-  int v = slot.load(std::memory_order_relaxed);
+  int v = cache[dev].load(std::memory_order_relaxed);
   if (v == 0) {
-    int per_sm = 0, sms = 0;
-    const size_t smem = smem_bytes(KT, warps, passes);
-    bool ok = cudaFuncSetAttribute(attention_kernel<KT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                   static_cast<int>(smem)) == cudaSuccess &&
-              cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attention_kernel<KT>, 32 * warps, smem) ==
-                  cudaSuccess &&
-              cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess;
-    if (!ok) cudaGetLastError();
-    v = ok && per_sm > 0 ? per_sm * sms : -1;
-    slot.store(v, std::memory_order_relaxed);
+    v = ask(dev);
+    if (v <= 0) {
+      cudaGetLastError();
+      v = -1;
+    }
+    cache[dev].store(v, std::memory_order_relaxed);
   }
   return v > 0 ? v : 0;
+}
+
+int sm_count() {
+  static std::atomic<int> cache[kMaxDevices];
+  return per_device(cache, [](int dev) {
+    int n = 0;
+    return cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess ? n : -1;
+  });
+}
+
+// CTAs of attention_kernel<KT> (warps, passes) resident per SM on the current device times its SM
+// count, asked once per device and configuration; 0 where CUDA cannot say.
+template <int KT>
+int resident_ctas(int warps, int passes) {
+  static std::atomic<int> cache[kMaxWarps + 1][3][kMaxDevices];
+  return per_device(cache[warps][passes], [=](int) {
+    int per_sm = 0;
+    const size_t smem = smem_bytes(KT, warps, passes);
+    const bool ok = cudaFuncSetAttribute(attention_kernel<KT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem)) == cudaSuccess &&
+                    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attention_kernel<KT>, 32 * warps,
+                                                                  smem) == cudaSuccess;
+    const int sms = ok ? sm_count() : 0;
+    return ok && per_sm > 0 && sms > 0 ? per_sm * sms : -1;
+  });
 }
 
 // Passes per warp: 2 where it takes fewer waves of CTAs than 1 (with S > 64 a CTA of 4 warps then
@@ -339,24 +358,6 @@ int pick_passes(int B, int S, int num_heads, int warps) {
     waves[p] = (ctas + slots - 1) / slots;
   }
   return waves[2] < waves[1] ? 2 : 1;
-}
-
-int sm_count() {
-  static std::atomic<int> cache[kMaxDevices];  // 0: not asked yet, < 0: failed
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) {
-    cudaGetLastError();
-    return 0;
-  }
-  int v = cache[dev].load(std::memory_order_relaxed);
-  if (v == 0) {
-    int n = 0;
-    const bool ok = cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && n > 0;
-    if (!ok) cudaGetLastError();
-    v = ok ? n : -1;
-    cache[dev].store(v, std::memory_order_relaxed);
-  }
-  return v > 0 ? v : 0;
 }
 
 // Query tiles per CTA of the keys-split kernel, or 0 for the one- or two-pass kernel. Splitting the
