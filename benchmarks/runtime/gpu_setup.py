@@ -13,10 +13,13 @@ from typing import Any, Callable, Iterator
 WORKLOADS = [("shenma-3l", 20, 64), ("base", 1, 128), ("base", 32, 128)]
 
 
-def parse_args(doc: str) -> argparse.Namespace:
+def parse_args(doc: str, extra: Callable[[argparse.ArgumentParser], None] | None = None
+               ) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--skeletons", default="out/skeletons")
     ap.add_argument("--iters", type=int, default=3000)
+    if extra is not None:  # a script's own options
+        extra(ap)
     return ap.parse_args()
 
 

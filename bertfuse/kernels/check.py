@@ -79,6 +79,10 @@ _DENSE = [
     # BERT-base at batch 1 (M = 128): where the split-K form (partials reduced in the LayerNorm) runs.
     ("DenseBiasSkipLayerNorm", {"epsilon": 1e-12}, (1, 128), 3072, 768),
     ("DenseBiasSkipLayerNorm", {"epsilon": 1e-12}, (1, 128), 768, 768),
+    # BERT-base at batch 32 (M = 4096) and an odd M past it: more rows than one wave of one-row
+    # CTAs holds, where the LayerNorm takes two rows per warp (the last pair one row short).
+    ("DenseBiasSkipLayerNorm", {"epsilon": 1e-12, "y32": True}, (32, 128), 768, 768),
+    ("DenseBiasSkipLayerNorm", {"epsilon": 1e-12}, (31, 131), 768, 768),
 ]
 
 

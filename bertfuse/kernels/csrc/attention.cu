@@ -294,37 +294,6 @@ size_t smem_bytes(int KT, int warps, int passes) {
   return sizeof(__half) * static_cast<size_t>(16 * warps * passes + 2 * 16 * KT) * kLd + sizeof(float) * 16 * KT;
 }
 
-constexpr int kMaxDevices = 16;
-
-// ask(device) for the current device, asked once per device and kept in cache[device] (0: not
-// asked yet, < 0: failed); 0 where CUDA cannot say.
-template <class Ask>
-int per_device(std::atomic<int> (&cache)[kMaxDevices], Ask ask) {
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) {
-    cudaGetLastError();
-    return 0;
-  }
-  int v = cache[dev].load(std::memory_order_relaxed);
-  if (v == 0) {
-    v = ask(dev);
-    if (v <= 0) {
-      cudaGetLastError();
-      v = -1;
-    }
-    cache[dev].store(v, std::memory_order_relaxed);
-  }
-  return v > 0 ? v : 0;
-}
-
-int sm_count() {
-  static std::atomic<int> cache[kMaxDevices];
-  return per_device(cache, [](int dev) {
-    int n = 0;
-    return cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess ? n : -1;
-  });
-}
-
 // CTAs of attention_kernel<KT> (warps, passes) resident per SM on the current device times its SM
 // count, asked once per device and configuration; 0 where CUDA cannot say.
 template <int KT>

@@ -1157,6 +1157,13 @@ BF_DENSE_EXPORT int bf_check_set_pdl(int on) {
   return 0;
 }
 
+// The LayerNorm's register cap from now on (launch.h, BERTFUSE_LN_CAP): 0 where needed, 1 never,
+// 2 wherever the row fits.
+BF_DENSE_EXPORT int bf_check_set_ln_cap(int mode) {
+  bertfuse::LnCapFlag().store(mode >= 0 && mode <= 2 ? mode : 0);
+  return 0;
+}
+
 // Which cuBLASLt algorithm the check entry points use from now on: rank >= 0 pins the
 // heuristic's rank-th valid one (0 = its first choice), -1 times them and keeps the fastest
 // (the default, as the ORT ops; BERTFUSE_GEMM_TIMING=0 makes rank 0 their default).

@@ -21,6 +21,62 @@ inline std::atomic<int>& PdlFlag() {
   return flag;
 }
 
+constexpr int kMaxDevices = 16;
+
+// ask(device) for the current device, asked once per device and kept in cache[device] (0: not
+// asked yet, < 0: failed); 0 where CUDA cannot say. For launch shapes that depend on the device
+// (SM counts, resident CTAs).
+template <class Ask>
+int per_device(std::atomic<int> (&cache)[kMaxDevices], Ask ask) {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) {
+    cudaGetLastError();
+    return 0;
+  }
+  int v = cache[dev].load(std::memory_order_relaxed);
+  if (v == 0) {
+    v = ask(dev);
+    if (v <= 0) {
+      cudaGetLastError();
+      v = -1;
+    }
+    cache[dev].store(v, std::memory_order_relaxed);
+  }
+  return v > 0 ? v : 0;
+}
+
+inline int sm_count() {
+  static std::atomic<int> cache[kMaxDevices];
+  return per_device(cache, [](int dev) {
+    int n = 0;
+    return cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess ? n : -1;
+  });
+}
+
+// CTAs of `kernel` with `threads` threads and no dynamic shared memory resident at once on the
+// current device (per SM times the SMs), asked once per device through `cache`; 0 if unknown.
+template <typename... KArgs>
+int resident_ctas_of(std::atomic<int> (&cache)[kMaxDevices], void (*kernel)(KArgs...), int threads) {
+  return per_device(cache, [=](int) {
+    int per_sm = 0;
+    const int sms = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0) == cudaSuccess
+                        ? sm_count() : 0;
+    return per_sm > 0 && sms > 0 ? per_sm * sms : -1;
+  });
+}
+
+// The LayerNorm's register cap (BERTFUSE_LN_CAP, or bf_check_set_ln_cap): 0 where its CTAs would
+// not all be resident at once (layernorm.cu), 1 never, 2 wherever the row fits; the forced forms
+// are for comparisons (benchmarks/kernels/ln_probe.py, benchmarks/runtime/pdl_ab.py).
+inline std::atomic<int>& LnCapFlag() {
+  static std::atomic<int> flag{[] {
+    const char* s = std::getenv("BERTFUSE_LN_CAP");
+    const int v = s ? std::atoi(s) : 0;
+    return v >= 0 && v <= 2 ? v : 0;
+  }()};
+  return flag;
+}
+
 #ifdef __CUDACC__
 // In a kernel launched by LaunchPdl or LaunchAfterGemm: waits for the kernel before it in the
 // stream (a no-op without PDL). Everything before it may only read weights, never that kernel's

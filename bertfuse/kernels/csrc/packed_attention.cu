@@ -176,18 +176,6 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
   }
 }
 
-int sm_count() {
-  static int cached[64] = {0};
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 132;
-  if (cached[dev] == 0) {
-    int n = 0;
-    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) n = 132;
-    cached[dev] = n;
-  }
-  return cached[dev];
-}
-
 // Warps per CTA from the mean sequence length (T / R): fewer, smaller query tiles until the CTAs
 // that do work cover the SMs once.
 int pick_warps(int T, int R, int S_max, int num_heads) {
