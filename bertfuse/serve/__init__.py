@@ -9,7 +9,8 @@
     haproxy_conf (limits added to Serve's HAProxy config)
       ─► http_limits (the same limits in uvicorn, for the proxy and direct ingresses)
       ─► ingress (auto | proxy | direct | haproxy)
-    app, ingress ─► api (deploy() -> Served) ─► command (CLI)
+    quiesce (SIGTERM's drain: HAProxy's listener closed with no connection queued)
+    app, ingress, quiesce ─► api (deploy() -> Served) ─► command (CLI)
 
     served = bertfuse.serve.deploy(model="model.onnx", max_batch=32, vocab="vocab.txt")
     ... POST served.url + "v1/infer" ...

@@ -16,6 +16,7 @@ from typing import Any
 
 from bertfuse.errors import BertfuseError
 from bertfuse.ray_cluster import connect, disconnect, first_line, signal_handlers_kept
+from bertfuse.serve import quiesce
 from bertfuse.serve.config import ServeConfig, check_config, resolve
 from bertfuse.serve.requests import body_limit
 from bertfuse.serve.ingress import (auto_ingress, haproxy_pids, ingress_environment, remove,
@@ -83,24 +84,30 @@ class Served:
     def drain(self, grace_s: float) -> None:
         """Stop accepting, finish what is in flight, within grace_s. Behind HAProxy: its soft
         stop (SIGUSR1: the listener closes, each connection ends after its response, idle
-        ones at once), waited for. Else the application is deleted: Serve stops routing to
-        its replicas and each one ends once its requests are answered
-        (graceful_shutdown_timeout_s, DRAIN_S)."""
+        ones at once), waited for; first, no new connection completes and HAProxy accepts
+        those queued, which its close would reset (quiesce.py). Else the application is
+        deleted: Serve stops routing to its replicas and each one ends once its requests
+        are answered (graceful_shutdown_timeout_s, DRAIN_S)."""
         import signal
         import time
 
         from ray import serve
 
         if self.config.ingress == "haproxy" and self.scratch:
-            pids = haproxy_pids(self.scratch)
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGUSR1)
-                except OSError:
-                    pass
-            deadline = time.monotonic() + grace_s
-            while time.monotonic() < deadline and haproxy_pids(self.scratch):
-                time.sleep(0.05)
+            held = quiesce.hold(self.scratch, self.config.port)
+            try:
+                quiesce.quiet(held)
+                for pid in haproxy_pids(self.scratch):
+                    try:
+                        os.kill(pid, signal.SIGUSR1)
+                    except OSError:
+                        pass
+                deadline = time.monotonic() + grace_s
+                while time.monotonic() < deadline and haproxy_pids(self.scratch):
+                    time.sleep(0.05)
+            finally:  # the port closes now, with nothing queued: later clients are refused
+                for s in held:
+                    s.close()
             return
         serve.delete(self.config.name, _blocking=True)
         self.deployed = False

