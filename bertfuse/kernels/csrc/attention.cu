@@ -299,16 +299,7 @@ size_t smem_bytes(int KT, int warps, int passes) {
 template <int KT>
 int resident_ctas(int warps, int passes) {
   static std::atomic<int> cache[kMaxWarps + 1][3][kMaxDevices];
-  return per_device(cache[warps][passes], [=](int) {
-    int per_sm = 0;
-    const size_t smem = smem_bytes(KT, warps, passes);
-    const bool ok = cudaFuncSetAttribute(attention_kernel<KT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(smem)) == cudaSuccess &&
-                    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attention_kernel<KT>, 32 * warps,
-                                                                  smem) == cudaSuccess;
-    const int sms = ok ? sm_count() : 0;
-    return ok && per_sm > 0 && sms > 0 ? per_sm * sms : -1;
-  });
+  return resident_ctas_of(cache[warps][passes], attention_kernel<KT>, 32 * warps, smem_bytes(KT, warps, passes));
 }
 
 // Passes per warp: 2 where it takes fewer waves of CTAs than 1 (with S > 64 a CTA of 4 warps then

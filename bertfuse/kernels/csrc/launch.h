@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <cstddef>
 #include <cstdlib>
 
 namespace bertfuse {
@@ -53,15 +54,19 @@ inline int sm_count() {
   });
 }
 
-// CTAs of `kernel` with `threads` threads and no dynamic shared memory resident at once on the
-// current device (per SM times the SMs), asked once per device through `cache`; 0 if unknown.
+// CTAs of `kernel` with `threads` threads and `smem` bytes of dynamic shared memory (the kernel's
+// limit set to it first, as its launch does) resident at once on the current device (per SM
+// times the SMs), asked once per device through `cache`; 0 if unknown.
 template <typename... KArgs>
-int resident_ctas_of(std::atomic<int> (&cache)[kMaxDevices], void (*kernel)(KArgs...), int threads) {
+int resident_ctas_of(std::atomic<int> (&cache)[kMaxDevices], void (*kernel)(KArgs...), int threads,
+                     size_t smem = 0) {
   return per_device(cache, [=](int) {
     int per_sm = 0;
-    const int sms = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0) == cudaSuccess
-                        ? sm_count() : 0;
-    return per_sm > 0 && sms > 0 ? per_sm * sms : -1;
+    const bool ok = (smem == 0 || cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                       static_cast<int>(smem)) == cudaSuccess) &&
+                    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem) == cudaSuccess;
+    const int sms = ok ? sm_count() : 0;
+    return ok && per_sm > 0 && sms > 0 ? per_sm * sms : -1;
   });
 }
 
