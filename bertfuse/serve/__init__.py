@@ -9,8 +9,9 @@
     haproxy_conf (limits added to Serve's HAProxy config)
       ─► http_limits (the same limits in uvicorn, for the proxy and direct ingresses)
       ─► ingress (auto | proxy | direct | haproxy)
+      ─► routes (start-up: ready once every HAProxy accepting on the port routes to a replica)
     quiesce (SIGTERM's drain: HAProxy's listener closed with no connection queued)
-    app, ingress, quiesce ─► api (deploy() -> Served) ─► command (CLI)
+    app, ingress, routes, quiesce ─► api (deploy() -> Served) ─► command (CLI)
 
     served = bertfuse.serve.deploy(model="model.onnx", max_batch=32, vocab="vocab.txt")
     ... POST served.url + "v1/infer" ...

@@ -20,7 +20,8 @@ from bertfuse.serve import quiesce
 from bertfuse.serve.config import ServeConfig, check_config, resolve
 from bertfuse.serve.requests import body_limit
 from bertfuse.serve.ingress import (auto_ingress, haproxy_pids, ingress_environment, remove,
-                                    replica_urls, wait_routed)
+                                    replica_urls)
+from bertfuse.serve.routes import wait_routed
 
 # SIGTERM's grace: requests in flight are answered within this (a request takes ms; a full
 # queue of max_batch-row calls on a 2-core CPU, well under a second), then Serve stops.
@@ -253,7 +254,7 @@ def deploy(model: Any = None, **kwargs: Any) -> Served:
         urls = replica_urls(cfg.name, _url_host(url_host)) if cfg.ingress == "direct" else [url]
         if cfg.ingress == "haproxy":
             say("haproxy routes")
-            wait_routed(url)
+            wait_routed(url, url_port, scratch)
     except BaseException as exc:
         try:
             Served("", cfg, "", 0, started_ray, connected, started_serve, deployed,

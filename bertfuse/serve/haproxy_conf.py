@@ -9,7 +9,9 @@ runs it.
     Serve's HAProxyManager ─► WRAPPER -db -f haproxy.cfg ... ─► fix(haproxy.cfg) ─► exec haproxy
 
 What fix() adds:
-    defaults        timeout http-request HEADER_TIMEOUT_S (a client's headers, slowloris)
+    defaults        timeout http-request HEADER_TIMEOUT_S (a client's headers, slowloris);
+                    timeout server SERVER_TIMEOUT_S unless Serve's config sets one (a
+                    request that its server never answers gets a 504, not an open end)
     http_frontend   at most CLIENT_CONNS connections at once from one source address; 413
                     for a Content-Length past the replicas' body limit
     stats, prometheus  bound to the metrics host instead of every interface
@@ -28,6 +30,13 @@ HEADER_TIMEOUT_S = 10
 # A client idle mid-request (a body that stops short of its length) is dropped after this;
 # a response being computed is timed by `timeout server`, not this.
 CLIENT_TIMEOUT_S = 30
+# A forwarded request whose server has not answered in this long gets HAProxy's 504. Serve
+# leaves `timeout server` unset unless RAY_SERVE_HAPROXY_TIMEOUT_SERVER_S is given, and then
+# a request held by a server that never answers (Serve's own proxy behind a HAProxy that is
+# being replaced) waited until shutdown. A bound, not a budget: it must only exceed the
+# slowest honest answer (a full queue of the largest batches on a CPU replica), and Serve's
+# hard-stop-after bounds a replaced HAProxy's requests to the same 120 s.
+SERVER_TIMEOUT_S = 120
 # Connections at once from one address: 4,200 slow connections from one client filled
 # Serve's maxconn 4096 and every good request waited (issue 25); this leaves the rest to
 # other clients. Load tests run 32-128 connections from one host.
@@ -36,11 +45,13 @@ MARK = "# bertfuse limits"
 PR_SET_PDEATHSIG = 1
 
 
-def fix(text: str, metrics_host: str, max_body: int) -> str:
+def fix(text: str, metrics_host: str, max_body: int,
+        server_timeout_s: int = SERVER_TIMEOUT_S) -> str:
     """Serve's rendered config with bertfuse's limits (idempotent)."""
     if MARK in text:
         return text
     out, section = [], ""
+    server_timeout = not _sets(text, "defaults", "timeout server")
     for line in text.splitlines():
         if line and not line[0].isspace():
             section = line.split("#", 1)[0].strip()
@@ -51,6 +62,8 @@ def fix(text: str, metrics_host: str, max_body: int) -> str:
         out.append(line)
         if section == "defaults" and line.startswith("defaults"):
             out += [f"    {MARK}", f"    timeout http-request {HEADER_TIMEOUT_S}s"]
+            if server_timeout:
+                out.append(f"    timeout server {server_timeout_s}s")
         elif section == "frontend http_frontend" and stripped.startswith("bind "):
             out += [f"    {MARK}",
                     "    stick-table type ipv6 size 100k expire 60s store conn_cur",
@@ -61,6 +74,17 @@ def fix(text: str, metrics_host: str, max_body: int) -> str:
                     "    http-request deny deny_status 413 if { req.hdr_val(content-length) "
                     f"gt {max_body} }}"]
     return "\n".join(out) + "\n"
+
+
+def _sets(text: str, section: str, directive: str) -> bool:
+    """`directive` appears in the config's `section` (its first line, e.g. "defaults")."""
+    inside = False
+    for line in text.splitlines():
+        if line and not line[0].isspace():
+            inside = line.split("#", 1)[0].strip() == section
+        elif inside and line.split("#", 1)[0].strip().startswith(directive + " "):
+            return True
+    return False
 
 
 def _bind_host(host: str) -> str:

@@ -283,27 +283,6 @@ def listening_port(pid: int, lo: int, hi: int) -> int:
     raise RuntimeError(f"the replica (pid {pid}) listens on no port in {lo}-{hi}")
 
 
-def wait_routed(url: str, timeout_s: float = 60.0) -> None:
-    """HAProxy learns of the replicas a moment after Serve reports the application ready:
-    waits until GET url/readyz is answered 200 through it."""
-    import time
-    import urllib.error
-    import urllib.request
-
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            with urllib.request.urlopen(url + "readyz", timeout=5) as r:
-                if r.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"HAProxy at {url} routed no request to a ready replica in "
-                               f"{timeout_s:.0f} s")
-        time.sleep(0.1)
-
-
 def describe(served: Any) -> str:
     """One line: where clients post."""
     if served.config.ingress == "direct":

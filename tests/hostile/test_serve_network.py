@@ -27,7 +27,8 @@ import pytest
 from bertfuse.converter.example_vocab import example_vocab
 from bertfuse.serve.guard import BODY_TIMEOUT_S
 from bertfuse.serve.haproxy_conf import CLIENT_CONNS, HEADER_TIMEOUT_S
-from bertfuse.serve.ingress import SCRATCH_DIR, SCRATCH_PREFIX
+from bertfuse.serve.ingress import OWNER, SCRATCH_DIR, SCRATCH_PREFIX
+from bertfuse.serve.routes import holders, stale
 from support.builders.onnx_graphs import bert
 from support.paths import ROOT
 
@@ -74,11 +75,24 @@ class Server:
         assert self.lines, f"no URL (exit {self.proc.poll()}): {self.proc.stderr.read()[-2000:]}"
         self.info = json.loads(self.lines[0])
         self.started = descendants(self.proc.pid)
+        # the HAProxy processes that could accept on the port when the URL was printed, and
+        # those among them that routed only to Serve's fallback proxy (routes.py)
+        folders = [f for f in glob.glob(os.path.join(SCRATCH_DIR, SCRATCH_PREFIX + "*"))
+                   if _owner_pid(f) == self.proc.pid]
+        self.holders = [pid for f in folders for pid in holders(f, port)]
+        self.stale = [pid for f in folders for pid in stale(f, port)]
 
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+
+
+def _owner_pid(folder: str) -> int | None:
+    try:
+        return int(Path(folder, OWNER).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def request(port: int, method: str, path: str, body: bytes | None = None,
@@ -130,6 +144,14 @@ def raw(port: int, data: bytes, read_s: float = 5.0) -> bytes:
         except (socket.timeout, ConnectionResetError):
             pass
         return out
+
+
+def test_every_haproxy_accepting_when_the_url_is_printed_routes_to_a_replica(server):
+    """Serve's first HAProxy routes only to Serve's own proxy; a client that reached it
+    after the URL was printed was held there (routes.py): the URL waits for its successor."""
+    assert server.holders, "no HAProxy held the port when the URL was printed"
+    assert server.stale == [], f"HAProxy {server.stale} routed only to the fallback"
+    good(server.port)
 
 
 def test_a_chunked_body_past_the_limit_is_cut_off_as_it_arrives(server):

@@ -22,7 +22,7 @@ from bertfuse.errors import BertfuseError
 from bertfuse.runtime.requests import ModelFacts
 from bertfuse.serve.guard import (MAX_DEPTH, Access, HTTPError, check_access, check_depth,
                                   check_post, read_body, token_digest)
-from bertfuse.serve.haproxy_conf import CLIENT_CONNS, HEADER_TIMEOUT_S, fix
+from bertfuse.serve.haproxy_conf import CLIENT_CONNS, HEADER_TIMEOUT_S, SERVER_TIMEOUT_S, fix
 from bertfuse.serve.requests import Limits, parse_body
 
 FACTS = ModelFacts(inputs=["input_ids", "input_mask", "segment_ids"],
@@ -161,6 +161,22 @@ def test_haproxy_config_gets_the_limits_and_loopback_stats():
     assert "bind 127.0.0.1:9101" in lines and "bind 127.0.0.1:8404" in lines
     assert "bind *:8000" in lines  # the service's own --host stays as asked
     assert "bind *:9101" in [ln.strip() for ln in fix(SERVE_CFG, "0.0.0.0", 1000).splitlines()]
+    assert lines.count(f"timeout server {SERVER_TIMEOUT_S}s") == 1
+
+
+def test_a_server_timeout_that_serve_sets_is_kept():
+    """RAY_SERVE_HAPROXY_TIMEOUT_SERVER_S renders `timeout server` in defaults: that one
+    stands, alone; one in a backend does not count as the default."""
+    own = SERVE_CFG.replace("    timeout client 3600s\n", "    timeout client 3600s\n"
+                            "    timeout server 7s\n")
+    assert own != SERVE_CFG
+    servers = [ln.strip() for ln in fix(own, "127.0.0.1", 1000).splitlines()
+               if ln.strip().startswith("timeout server")]
+    assert servers == ["timeout server 7s"]
+    backend = SERVE_CFG + "backend x\n    timeout server 7s\n"
+    servers = [ln.strip() for ln in fix(backend, "127.0.0.1", 1000).splitlines()
+               if ln.strip().startswith("timeout server")]
+    assert servers == [f"timeout server {SERVER_TIMEOUT_S}s", "timeout server 7s"]
 
 
 def test_depth_scan_is_cheap_on_a_large_request():
