@@ -254,7 +254,10 @@ def deploy(model: Any = None, **kwargs: Any) -> Served:
         urls = replica_urls(cfg.name, _url_host(url_host)) if cfg.ingress == "direct" else [url]
         if cfg.ingress == "haproxy":
             say("haproxy routes")
-            wait_routed(url, url_port, scratch)
+            try:
+                wait_routed(url, url_port, scratch)
+            except RuntimeError as exc:  # nothing of the user's input: a start-up failure
+                raise ServeFailed(str(exc)) from None
     except BaseException as exc:
         try:
             Served("", cfg, "", 0, started_ray, connected, started_serve, deployed,

@@ -90,11 +90,14 @@ def wait_routed(url: str, port: int, folder: str | None, timeout_s: float = 60.0
     alone, and GET url/readyz through the port is answered 200 (module docstring)."""
     deadline = time.monotonic() + timeout_s
     while True:
-        if not (folder and stale(folder, port)) and _ready(url):
+        old = stale(folder, port) if folder else []
+        if not old and _ready(url):
             return
         if time.monotonic() > deadline:
+            why = (f" (HAProxy pid {', '.join(map(str, old))} still routes only to Serve's own "
+                   "proxy: Serve's reload did not replace it; its log says why)") if old else ""
             raise RuntimeError(f"HAProxy at {url} routed no request to a ready replica in "
-                               f"{timeout_s:.0f} s")
+                               f"{timeout_s:.0f} s{why}")
         time.sleep(0.1)
 
 

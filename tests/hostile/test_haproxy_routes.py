@@ -101,7 +101,7 @@ def test_a_haproxy_with_only_the_fallback_is_not_ready_until_replaced(binary, ba
     try:
         _wait(lambda: holders(str(tmp_path), port), "HAProxy did not start")
         assert stale(str(tmp_path), port) == [procs[0].pid]
-        with pytest.raises(RuntimeError, match="routed no request"):
+        with pytest.raises(RuntimeError, match=f"pid {procs[0].pid} still routes only"):
             wait_routed(url, port, str(tmp_path), timeout_s=1.5)  # /readyz says 200 meanwhile
         # Serve's reload: the new process takes the listener over and soft-stops the old one
         procs.append(_start(binary, second_cfg, "-x", str(tmp_path / "admin.sock"),
