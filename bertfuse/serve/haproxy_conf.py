@@ -32,10 +32,10 @@ HEADER_TIMEOUT_S = 10
 CLIENT_TIMEOUT_S = 30
 # A forwarded request whose server has not answered in this long gets HAProxy's 504. Serve
 # leaves `timeout server` unset unless RAY_SERVE_HAPROXY_TIMEOUT_SERVER_S is given, and then
-# a request held by a server that never answers (Serve's own proxy behind a HAProxy that is
-# being replaced) waited until shutdown. A bound, not a budget: it must only exceed the
-# slowest honest answer (a full queue of the largest batches on a CPU replica), and Serve's
-# hard-stop-after bounds a replaced HAProxy's requests to the same 120 s.
+# a request that was never answered (seen once: held by a HAProxy being replaced, which
+# forwarded to Serve's own proxy) waited until shutdown. A bound, not a budget: it must only
+# exceed the slowest honest answer (a full queue of the largest batches on a CPU replica),
+# and Serve's hard-stop-after bounds a replaced HAProxy's requests to the same 120 s.
 SERVER_TIMEOUT_S = 120
 # Connections at once from one address: 4,200 slow connections from one client filled
 # Serve's maxconn 4096 and every good request waited (issue 25); this leaves the rest to

@@ -5,7 +5,8 @@ Serve starts HAProxy before any replica, with Serve's own Python proxy as its on
 `backup`), and replaces it whenever the replicas change: the new process takes the listening
 socket over (`-x`), the old one gets SIGUSR1 and finishes what it accepted. GET /readyz
 answered 200 does not tell the two apart (the old one answers through Serve's proxy), and a
-client that reached the old one in that window was held by it, not by a replica. So:
+client that reached the old one in that window went to Serve's proxy, not to a replica (once,
+such requests were never answered until shutdown). So:
 
     the port's listening socket (/proc/net/tcp*)
       ─► the HAProxy processes holding it (/proc/PID/fd; each started with `-f CONFIG`)
