@@ -109,7 +109,7 @@ def haproxy_binary() -> str | None:
 QUIET_PORTS = range(20000, 30000)
 
 
-def _free_port() -> int:
+def quiet_port() -> int:
     import random
 
     for port in random.sample(QUIET_PORTS, 100):
@@ -151,9 +151,9 @@ def ingress_env(ingress: str, folder: str, max_body: int) -> dict[str, str]:
                 "RAY_SERVE_HAPROXY_SOCKET_PATH": os.path.join(folder, "admin.sock"),
                 "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": folder,
                 "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": os.path.join(folder, "server-state"),
-                "RAY_SERVE_HAPROXY_STATS_PORT": str(_free_port()),
-                "RAY_SERVE_HAPROXY_METRICS_PORT": str(_free_port()),
-                "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(_free_port())}
+                "RAY_SERVE_HAPROXY_STATS_PORT": str(quiet_port()),
+                "RAY_SERVE_HAPROXY_METRICS_PORT": str(quiet_port()),
+                "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(quiet_port())}
     return limits_env(max_body)
 
 

@@ -19,14 +19,8 @@ from pathlib import Path
 import pytest
 
 from bertfuse.serve.haproxy_conf import fix
-from bertfuse.serve.ingress import haproxy_binary, haproxy_pids
+from bertfuse.serve.ingress import haproxy_binary, haproxy_pids, quiet_port
 from bertfuse.serve.routes import holders, stale, wait_routed
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _config(folder: Path, port: int, servers: list[str]) -> str:
@@ -92,7 +86,7 @@ def _wait(cond, what: str, timeout_s: float = 10.0) -> None:
 
 
 def test_a_haproxy_with_only_the_fallback_is_not_ready_until_replaced(binary, backend, tmp_path):
-    port = _free_port()
+    port = quiet_port()
     url = f"http://127.0.0.1:{port}/"
     first_cfg, second_cfg = tmp_path / "first.cfg", tmp_path / "second.cfg"
     first_cfg.write_text(_config(tmp_path, port, [f"{backend} check backup"]))
@@ -122,7 +116,7 @@ def test_a_server_that_never_answers_costs_a_504_not_an_open_end(binary, tmp_pat
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
     silent.listen(8)  # the kernel completes the connection; nobody ever reads or answers
-    port = _free_port()
+    port = quiet_port()
     cfg = tmp_path / "haproxy.cfg"
     text = _config(tmp_path, port, [f"127.0.0.1:{silent.getsockname()[1]}"])
     cfg.write_text(fix(text, "127.0.0.1", 1000, server_timeout_s=1))

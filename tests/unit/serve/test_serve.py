@@ -29,6 +29,7 @@ import ray  # the `ray` extra, in CI's default extras: never skipped
 from bertfuse.converter.example_vocab import example_vocab
 from bertfuse.runtime import Session
 from bertfuse.runtime.requests import ConfigError
+from bertfuse.serve.ingress import quiet_port
 from bertfuse.serve.requests import decode, encode, encode_body
 from bertfuse.text import WordPiece
 from support.builders.onnx_graphs import bert
@@ -40,9 +41,10 @@ TOL = 1e-5  # fp32: the same kernels, only the padding differs (masked keys)
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port below the kernel's ephemeral range (ingress.quiet_port): a port-0 pick may
+    be taken as the local port of some outgoing connection before the server binds it (a
+    restart on the same port failed so: "cannot bind socket (Address already in use)")."""
+    return quiet_port()
 
 
 def port_closed(port: int) -> bool:
