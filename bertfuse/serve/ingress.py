@@ -263,23 +263,45 @@ def replica_urls(app: str, url_host: str) -> list[str]:
     return sorted(urls)
 
 
-def listening_port(pid: int, lo: int, hi: int) -> int:
-    """The TCP port in lo..hi that process `pid` listens on (from /proc: no psutil)."""
+def socket_inodes(pid: int) -> set[str]:
+    """Inodes of the sockets process `pid` holds (/proc/PID/fd); empty if unreadable."""
     inodes = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return inodes
+    for fd in fds:
         try:
             link = os.readlink(f"/proc/{pid}/fd/{fd}")
         except OSError:
             continue
         if link.startswith("socket:["):
             inodes.add(link[8:-1])
+    return inodes
+
+
+def tcp_listeners() -> dict[str, int]:
+    """{socket inode: port} of every listening TCP socket, IPv4 and IPv6 (/proc/net/tcp*)."""
+    found = {}
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with open(table) as f:
-            for line in list(f)[1:]:
-                cols = line.split()
-                port = int(cols[1].rsplit(":", 1)[1], 16)
-                if cols[3] == "0A" and cols[9] in inodes and lo <= port <= hi:
-                    return port
+        try:
+            with open(table) as f:
+                next(f, None)
+                for line in f:
+                    cols = line.split()
+                    if cols[3] == "0A":
+                        found[cols[9]] = int(cols[1].rsplit(":", 1)[1], 16)
+        except OSError:
+            continue
+    return found
+
+
+def listening_port(pid: int, lo: int, hi: int) -> int:
+    """The TCP port in lo..hi that process `pid` listens on (from /proc: no psutil)."""
+    mine = socket_inodes(pid)
+    for inode, port in tcp_listeners().items():
+        if inode in mine and lo <= port <= hi:
+            return port
     raise RuntimeError(f"the replica (pid {pid}) listens on no port in {lo}-{hi}")
 
 

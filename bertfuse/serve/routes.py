@@ -18,49 +18,25 @@ Where the processes cannot be read (no /proc, another user), readyz alone decide
 
 from __future__ import annotations
 
-import os
 import time
 import urllib.error
 import urllib.request
 
-from bertfuse.serve.ingress import haproxy_pids
-
-
-def listening(port: int) -> set[str]:
-    """Socket inodes of the TCP sockets listening on `port` (IPv4 and IPv6)."""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as f:
-                next(f, None)
-                for line in f:
-                    cols = line.split()
-                    if cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
-                        inodes.add(cols[9])
-        except OSError:
-            continue
-    return inodes
+from bertfuse.serve.ingress import haproxy_pids, socket_inodes, tcp_listeners
 
 
 def holders(folder: str, port: int) -> dict[int, str]:
     """{pid: its -f config path} of the HAProxy processes under `folder` that hold a socket
     listening on `port`, i.e. that can accept its next connection."""
-    inodes = listening(port)
+    inodes = {i for i, p in tcp_listeners().items() if p == port}
     found = {}
     for pid in haproxy_pids(folder):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 argv = [a.decode(errors="replace") for a in f.read().split(b"\0")]
-            fds = os.listdir(f"/proc/{pid}/fd")
         except OSError:
             continue
-        links = set()
-        for fd in fds:
-            try:
-                links.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
-            except OSError:
-                continue
-        if any(f"socket:[{i}]" in links for i in inodes) and "-f" in argv[:-1]:
+        if inodes & socket_inodes(pid) and "-f" in argv[:-1]:
             found[pid] = argv[argv.index("-f") + 1]
     return found
 
