@@ -60,11 +60,22 @@ class Bench(Command):
                             "(default): also rewritten into bertfuse's own CUDA ops, timed beside "
                             "it (needs `bertfuse kernels build` first; else those rows say why)")
         p.add_argument("--out", default=os.environ.get("OUT", "."),
-                       help="where gpu_bench.json goes (default $OUT, else .)")
+                       help="folder for gpu_bench.json, made if its parent exists (default "
+                            "$OUT, else .)")
 
     def run(self, args: argparse.Namespace, console=None) -> int:
-        """Checks the skeletons and the GPU before any temp file, then runs every workload with
-        the prepared models under one temp dir (removed on any exit: the CLI handles signals)."""
+        """Checks --out, the skeletons and the GPU before any temp file, then runs every
+        workload with the prepared models under one temp dir (removed on any exit: the CLI
+        handles signals). --out comes first: the results are written after minutes of timing,
+        and a run that cannot write them then is lost."""
+        out_dir = os.path.abspath(args.out)
+        if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+            raise BertfuseError(f"bench: --out {args.out} is a file, not a directory")
+        parent = out_dir if os.path.isdir(out_dir) else os.path.dirname(out_dir)
+        if not os.path.isdir(parent):
+            raise BertfuseError(f"bench: --out {args.out}: its parent folder does not exist")
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise BertfuseError(f"bench: --out {args.out}: {parent} is not writable")
         configs = {PADDED_WORKLOADS[n][0] for n in args.workloads} | \
             {PACKED_WORKLOADS[n][0] for n in (list(PACKED_WORKLOADS) if args.packed is None
                                            else args.packed)}
@@ -80,6 +91,7 @@ class Bench(Command):
             raise BertfuseError(f"bench needs a CUDA GPU ({no_gpu})")
         from bertfuse.io.safety import temp_dir
 
+        os.makedirs(out_dir, exist_ok=True)  # one new folder under a writable parent, at most
         out = sys.stdout
         with temp_dir(prefix="bertfuse-bench-") as work, \
                 redirect_stdout(sys.stderr if args.json else out):  # --json: progress on stderr

@@ -131,6 +131,22 @@ def test_bench_refuses_a_missing_skeleton_in_one_line(tmp_path, capsys):
     assert "--iters" in capsys.readouterr().err
 
 
+def test_bench_checks_its_out_folder_before_anything(tmp_path, capsys):
+    """The results are written after minutes of timing: an --out that cannot take them is
+    refused up front (one line, exit 2), before the skeletons or the GPU are looked at."""
+    afile = tmp_path / "results.json"
+    afile.write_text("{}")
+    for out, why in ((afile, "is a file"), (tmp_path / "no" / "such", "does not exist")):
+        assert cli.main(["bench", "--skeletons", str(tmp_path / "none"), "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "--out" in err[0] and why in err[0], err
+    assert afile.read_text() == "{}" and not (tmp_path / "no").exists()
+    # A new folder under a writable parent passes this check (the skeletons' check fails next)
+    assert cli.main(["bench", "--skeletons", str(tmp_path / "none"),
+                     "--out", str(tmp_path / "new")]) == 2
+    assert "no skeleton" in capsys.readouterr().err and not (tmp_path / "new").exists()
+
+
 def test_packed_bench_tables_from_rows():
     from bertfuse.bench.packed import format_tables
 
