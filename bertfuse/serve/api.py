@@ -18,6 +18,7 @@ from bertfuse.errors import BertfuseError
 from bertfuse.ray_cluster import connect, disconnect, first_line, signal_handlers_kept
 from bertfuse.serve import quiesce
 from bertfuse.serve.config import ServeConfig, check_config, resolve
+from bertfuse.serve.haproxy_conf import SERVER_TIMEOUT_S
 from bertfuse.serve.requests import body_limit
 from bertfuse.serve.ingress import (auto_ingress, haproxy_pids, ingress_environment, remove,
                                     replica_urls)
@@ -233,7 +234,11 @@ def deploy(model: Any = None, **kwargs: Any) -> Served:
             say("serve start")
             port_free(cfg.host, cfg.port)
             with signal_handlers_kept():
-                serve.start(http_options={"host": cfg.host, "port": cfg.port},
+                # request_timeout_s: Serve's proxy (`--ingress proxy`, and HAProxy's fallback)
+                # bounds a request end to end as HAProxy's `timeout server` does; unset, a
+                # request its replica never answers has no end.
+                serve.start(http_options={"host": cfg.host, "port": cfg.port,
+                                          "request_timeout_s": SERVER_TIMEOUT_S},
                             logging_config=_logging(cfg))
             started_serve = True
             url_host, url_port = cfg.host, cfg.port
