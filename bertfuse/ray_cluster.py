@@ -6,8 +6,12 @@
 
 Both keep the process's signal handlers: ray.init (and Serve's start) replace SIGTERM's with a
 bare sys.exit in the driver, and the CLI's (io/safety.py) must stay so that SIGTERM unwinds
-(temporaries removed, Serve shut down). An address that cannot be reached is one line, not
-minutes of Ray's retries. Ray is imported on the first call: `import bertfuse` never loads it.
+(temporaries removed, Serve shut down). A local Ray's processes start with SIGTERM and
+SIGHUP blocked, as Ray starts them with SIGINT blocked: a signal to the whole process group
+(systemd's default KillMode, a supervisor's stopasgroup) reaches this process, which drains
+and stops them, instead of killing Ray under the requests in flight. An address that cannot
+be reached is one line, not minutes of Ray's retries. Ray is imported on the first call:
+`import bertfuse` never loads it.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ SINGLE_MACHINE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 WATCH_S = 0.5  # how often the watchdog notes Ray's processes
 KILL_AFTER_S = 3.0  # SIGTERM, then SIGKILL for what is left this much later
 _SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
+# Blocked in a local Ray's processes (Ray blocks SIGINT there itself): see the module's note
+_SHIELDED = tuple(s for s in _SIGNALS if s != getattr(signal, "SIGINT", None))
 
 
 @contextmanager
@@ -83,7 +89,8 @@ def connect(address: str | None, logging_level: int | None = None,
         check_reachable(address)
     elif _watchdog is None:
         _watchdog = Watchdog(leftovers)
-    with signal_handlers_kept(), _single_machine(address is None and _is_loopback(metrics_host)):
+    with _blocked(_SHIELDED if address is None else ()), signal_handlers_kept(), \
+            _single_machine(address is None and _is_loopback(metrics_host)):
         try:
             if address is None:
                 ray.init(address="local", include_dashboard=False, **kwargs)
@@ -104,6 +111,24 @@ def disconnect() -> None:
         ray.shutdown()
     finally:
         _end_watch()
+
+
+@contextmanager
+def _blocked(signals: tuple[int, ...]) -> Iterator[None]:
+    """These signals blocked in this thread for the block: the processes it starts inherit
+    the mask (exec keeps it), so they never see them. Outermost, so that a signal that came
+    meanwhile reaches the handler put back by signal_handlers_kept, when the mask is
+    restored. (Stopping those processes then waits 1 s each for the SIGTERM they ignore
+    before Ray's SIGKILL: a few seconds more at shutdown.)"""
+    if not signals or threading.current_thread() is not threading.main_thread() \
+            or not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    saved = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, saved)
 
 
 @contextmanager
