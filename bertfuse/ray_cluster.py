@@ -8,8 +8,8 @@ Both keep the process's signal handlers: ray.init (and Serve's start) replace SI
 bare sys.exit in the driver, and the CLI's (io/safety.py) must stay so that SIGTERM unwinds
 (temporaries removed, Serve shut down). A local Ray's processes start with SIGTERM and
 SIGHUP blocked, as Ray starts them with SIGINT blocked: a signal to the whole process group
-(systemd's default KillMode, a supervisor's stopasgroup) reaches this process, which drains
-and stops them, instead of killing Ray under the requests in flight. An address that cannot
+(`kill -- -PGID`, supervisord's stopasgroup) reaches this process, which drains and stops
+them, instead of killing Ray under the requests in flight. An address that cannot
 be reached is one line, not minutes of Ray's retries. Ray is imported on the first call:
 `import bertfuse` never loads it.
 """
@@ -118,7 +118,7 @@ def _blocked(signals: tuple[int, ...]) -> Iterator[None]:
     """These signals blocked in this thread for the block: the processes it starts inherit
     the mask (exec keeps it), so they never see them. Outermost, so that a signal that came
     meanwhile reaches the handler put back by signal_handlers_kept, when the mask is
-    restored. (Stopping those processes then waits 1 s each for the SIGTERM they ignore
+    restored. (Stopping those processes then waits 1 s each for the SIGTERM they never see
     before Ray's SIGKILL: a few seconds more at shutdown.)"""
     if not signals or threading.current_thread() is not threading.main_thread() \
             or not hasattr(signal, "pthread_sigmask"):

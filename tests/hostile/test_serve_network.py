@@ -368,10 +368,10 @@ def test_sigterm_under_load_answers_every_accepted_request(server):
 
 
 def test_sigterm_to_the_whole_process_group_drains_as_well(model):
-    """systemd's default KillMode (and supervisord's stopasgroup) sends SIGTERM to every
-    process of the service at once. Ray's own processes ignore it (ray_cluster.connect starts
-    them with it blocked), so they are not killed under the requests in flight: the server
-    drains and stops them as it does for a SIGTERM to its pid alone. Before, Ray's processes
+    """A SIGTERM to the server's whole process group (`kill -- -PGID`, supervisord's
+    stopasgroup). Ray's own processes are in that group and never see it (ray_cluster.connect
+    starts them with it blocked), so they are not killed under the requests in flight: the
+    server drains and stops them as it does for a SIGTERM to its pid alone. Before, Ray's processes
     died at once and the CLI took 41 s (here) to 63 s to give up on them."""
     s = Server(model, free_port(), "--token-file", model["token"])
     try:
