@@ -20,7 +20,7 @@ pytest.importorskip("ray")  # Served.drain imports ray.serve
 
 from bertfuse.serve.api import Served  # noqa: E402
 from bertfuse.serve.config import ServeConfig  # noqa: E402
-from bertfuse.serve.ingress import haproxy_binary, quiet_port  # noqa: E402
+from bertfuse.serve.ingress import haproxy_binary, quiet_port, socket_inodes  # noqa: E402
 
 QUEUED = 8
 REQUEST = (b"POST /v1/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
@@ -62,13 +62,7 @@ def _listener(port: int) -> tuple[int, str] | None:
 
 def _held_here(inode: str) -> bool:
     """This process holds a descriptor of socket `inode` (the drain's copy)."""
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            if os.readlink(f"/proc/self/fd/{fd}") == f"socket:[{inode}]":
-                return True
-        except OSError:
-            continue
-    return False
+    return inode in socket_inodes(os.getpid())
 
 
 @pytest.fixture
