@@ -38,6 +38,10 @@ def print_report(report: RunReport, console: Console) -> None:
         names = ", ".join(f"{k} <- {v}" for k, v in report.original_names.items() if k != v)
         if names:
             console.print(f"[dim]original names:[/dim] {escape(names)}")
+    if report.outputs:
+        rows = ", ".join(f"{o['name']} ({o['role'] or 'no role: its source name'})"
+                         for o in report.outputs)
+        console.print(f"[dim]outputs:[/dim] {escape(rows)}")
     stages = Table(title="bertfuse", show_lines=False)
     stages.add_column("stage")
     stages.add_column("time (s)", justify="right")

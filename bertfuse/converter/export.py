@@ -53,7 +53,8 @@ def tf_to_onnx(src: TFSource, opset: int) -> onnx.ModelProto:
     _attach_weights(model, src)
     _canonicalise_io(model, src)
     meta = {"bertfuse_version": __version__, "source_kind": src.kind,
-            "original_names": json.dumps(src.original_names, sort_keys=True)}
+            "original_names": json.dumps(src.original_names, sort_keys=True),
+            "output_roles": json.dumps(src.output_table())}
     if src.config:
         meta["bert_config"] = json.dumps(src.config, sort_keys=True)
     del model.metadata_props[:]

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from bertfuse.converter.roles import UnknownInput, assign_roles
-from bertfuse.converter.source import OUTPUT_ROLES, TFSource
+from bertfuse.converter.source import TFSource
 from bertfuse.errors import BertfuseError
 
 # Constants at least this large are weights: they bypass tf2onnx (see export.py).
@@ -45,16 +45,10 @@ def externalize_weights(graph_def) -> dict[str, np.ndarray]:
 
 def canonical_output_name(name: str, rank: int | None, used: set[str]) -> str:
     """An output role by alias (OUTPUT_ROLES; a `logits` of rank 3 is `token_logits`), else
-    the model's own name."""
-    base = name.split(":")[0].rsplit("/", 1)[-1].lower()
-    # Whole names first: `start_logits` is a span head's, not a `...logits` classifier's.
-    for hit in (lambda a: base == a, base.endswith):
-        for canon, (aliases, _) in OUTPUT_ROLES.items():
-            if canon not in used and any(hit(a) for a in aliases):
-                if canon == "logits" and rank == 3 and "token_logits" not in used:
-                    return "token_logits"
-                return canon
-    return base
+    the model's own name (case kept)."""
+    from bertfuse.converter.output_meaning import alias_role
+
+    return alias_role(name, rank, used) or name.split(":")[0]
 
 
 def _placeholders(graph_def) -> list:
@@ -113,28 +107,35 @@ def source_from_graph_def(graph_def, kind: str, path: str, inputs: dict[str, str
     for out in outputs:
         if out.split(":")[0] not in node_names:
             raise BertfuseError(f"{path}: no node {out.split(':')[0]!r} in the graph")
-    canon: dict[str, str] = {}
+    from bertfuse.converter.output_meaning import name_outputs
+
+    if output_ranks is None:
+        output_ranks = _static_ranks(graph_def, outputs)
     original: dict[str, str] = {r: t.split(":")[0] for r, t in inputs.items()}
-    for out in outputs:
-        shown = (output_names or {}).get(out, out[:-2] if out.endswith(":0") else out)
-        name = canonical_output_name(shown, (output_ranks or {}).get(out), set(canon))
-        canon[name] = out
-        original[name] = shown
-    # One unnamed output, by rank: a backbone's [B, S, H] is the sequence output (keras-hub's
-    # DistilBERT, RoBERTa), a classifier's [B, C] its logits (keras-hub's *TextClassifier).
-    ranks = output_ranks or {}
-    if len(canon) == 1 and not set(OUTPUT_ROLES) & set(canon):
-        (only,) = canon
-        canon_name = {3: "sequence_output", 2: "logits"}.get(ranks.get(canon[only]))
-        if canon_name:
-            canon[canon_name] = canon.pop(only)
-            original[canon_name] = original.pop(only)
+    shown = {out: (output_names or {}).get(out, out[:-2] if out.endswith(":0") else out)
+             for out in outputs}
+    canon, roles = name_outputs(graph_def, outputs, shown, output_ranks or {})
+    original.update({name: shown[t] for name, t in canon.items()})
     weights = externalize_weights(graph_def)
     vocab, type_vocab, max_pos = _table_sizes(graph_def, weights)
     return TFSource(kind=kind, path=path, graph_def=graph_def, weights=weights, inputs=inputs,
                     input_dtypes=dtypes, outputs=canon, original_names=original,
+                    output_roles=roles,
                     vocab_size=vocab, type_vocab_size=type_vocab, max_positions=max_pos,
                     fixed_seq=fixed_seq)
+
+
+def _static_ranks(graph_def, tensors: list[str]) -> dict[str, int | None]:
+    """Each tensor's rank as TF infers it (a frozen graph's outputs carry no signature)."""
+    import tensorflow as tf
+
+    graph = tf.Graph()
+    try:
+        with graph.as_default():
+            tf.graph_util.import_graph_def(graph_def, name="")
+        return {t: graph.get_tensor_by_name(t).shape.rank for t in tensors}
+    except Exception:  # a graph TF cannot import: tf2onnx's own error names why
+        return {t: None for t in tensors}
 
 
 def _table_sizes(graph_def, weights: dict[str, np.ndarray]) -> tuple[int | None, int, int | None]:

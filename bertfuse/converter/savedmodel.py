@@ -61,28 +61,14 @@ def _freeze(concrete) -> tuple[object, dict[str, str], dict[str, str], list[int 
 
 
 
-def _role_outputs(out_map: dict[str, str], rank_of: dict[str, int | None],
-                  path: str) -> dict[str, str]:
-    """The outputs that have an output role; TF Hub's extras left out; any other name is an
-    error that names it (never renamed, never dropped unsaid)."""
-    if len(out_map) == 1:
-        return out_map  # one output: named by its rank (source_from_graph_def)
-    used: set[str] = set()
-    keep, unknown = {}, []
-    for key, tensor in out_map.items():
-        canon = canonical_output_name(key, rank_of.get(tensor), used)
-        if canon in OUTPUT_ROLES:
-            keep[key] = tensor
-            used.add(canon)
-        elif not HUB_EXTRAS.fullmatch(key):
-            unknown.append(key)
-    if unknown or not keep:
-        raise BertfuseError(
-            f"{path}: output{'s' if len(unknown) > 1 else ''} {', '.join(unknown or out_map)} "
-            f"match{'' if len(unknown) > 1 else 'es'} no output role "
-            f"({', '.join(OUTPUT_ROLES)}); to keep outputs under their own names, list them "
-            f"with --outputs (outputs: {', '.join(out_map)})")
-    return keep
+def _role_outputs(out_map: dict[str, str]) -> dict[str, str]:
+    """The signature's outputs less TF Hub's extras (`default`, `encoder_outputs_N`), which
+    are kept only when --outputs names them; every other output is kept, under its role where
+    it has one and its own name where not (converter/output_meaning.py)."""
+    keep = {k: t for k, t in out_map.items() if not HUB_EXTRAS.fullmatch(k)}
+    return keep or out_map
+
+
 
 
 def _roles(graph_def, structured: dict[str, str], override: dict[str, str]) -> dict[str, str]:
@@ -110,7 +96,7 @@ def _source_from_concrete(concrete, kind: str, path: str, role_override: dict[st
                                 f"{', '.join(out_map)})")
         out_map = {k: out_map[k] for k in outputs}
     else:
-        out_map = _role_outputs(out_map, rank_of, path)
+        out_map = _role_outputs(out_map)
     tensors = list(out_map.values())
     names = {t: k for k, t in out_map.items()}
     src = source_from_graph_def(graph_def, kind, path, inputs, tensors, {}, output_names=names,

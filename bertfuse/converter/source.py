@@ -24,6 +24,13 @@ OUTPUT_ROLES: dict[str, tuple[tuple[str, ...], bool]] = {
 }
 
 
+def role_of(source: "TFSource", name: str) -> str | None:
+    """An output's role: what the source says, else its name where that is a role."""
+    if name in source.output_roles:
+        return source.output_roles[name]
+    return name if name in OUTPUT_ROLES else None
+
+
 def per_token(name: str) -> bool:
     """An output read at every token position (see OUTPUT_ROLES)."""
     return OUTPUT_ROLES.get(name, ((), False))[1]
@@ -51,6 +58,9 @@ class TFSource:
     max_positions: int | None = None
     fixed_seq: int | None = None
     config: dict | None = None  # bert_config.json contents, where the source has one
+    # Each output's role by meaning (converter/output_meaning.py), None for an output that
+    # has none and keeps its source name; absent outputs: the name is the role.
+    output_roles: dict[str, str | None] = field(default_factory=dict)
     backend: str = ""  # which TF computed the last reference (for the report)
     _session: Any = None
 
@@ -59,6 +69,12 @@ class TFSource:
         """Compute nodes of the TF graph (weights and their placeholders excluded)."""
         skip = {"Const", "Placeholder", "NoOp"}
         return sum(1 for n in self.graph_def.node if n.op not in skip)
+
+    def output_table(self) -> list[dict]:
+        """Each output's name, role (None: none, the output keeps its source name) and source
+        name: the report's `outputs` and the model's `output_roles` metadata."""
+        return [{"name": n, "role": role_of(self, n), "source": self.original_names.get(n, n)}
+                for n in self.outputs]
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Runs the TF graph on role-keyed inputs; returns canonical-name-keyed outputs."""

@@ -55,6 +55,7 @@ class RunReport:
     passes: PipelineReport | None = None
     parity: ParityReport | None = None
     original_names: dict[str, str] = field(default_factory=dict)
+    outputs: list[dict] = field(default_factory=list)  # convert: TFSource.output_table()
     output: str | None = None
     written: bool = False
     command: str = ""  # convert | optimize | verify
@@ -84,6 +85,7 @@ class RunReport:
             "written": self.written,
             "stages": [s.__dict__ for s in self.stages],
             "original_names": self.original_names,
+            "outputs": self.outputs,
             "options": self.options,
             "passes": self.passes.to_json() if self.passes else None,
             "parity": self.parity.to_json() if self.parity else None,

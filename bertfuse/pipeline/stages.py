@@ -70,6 +70,7 @@ def convert_model(src_path: str, out_path: str | None, opts: ConvertOptions,
         st.nodes = source.tf_node_count
         st.detail = f"{source.kind}, {len(source.weights)} weight tensors"
         report.original_names = source.original_names
+        report.outputs = source.output_table()
     try:
         with report.stage("tf2onnx export", status) as st:
             raw = tf_to_onnx(source, opts.opset)

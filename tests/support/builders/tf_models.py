@@ -259,8 +259,8 @@ def _keras_reference(path: Path, inputs: dict[str, str], outputs: dict[str, str]
     return run
 
 
-def build_keras_hub(out: Path) -> TFModel:
-    """keras-hub's BertBackbone from its constructor, tiny sizes, seeded random weights."""
+def keras_hub_backbone():
+    """(config, keras-hub BertBackbone of tiny_config's sizes), seeded; weights as built."""
     _tf()
     import keras
     import keras_hub
@@ -272,6 +272,14 @@ def build_keras_hub(out: Path) -> TFModel:
         num_heads=cfg.num_attention_heads, hidden_dim=cfg.hidden_size,
         intermediate_dim=cfg.intermediate_size, max_sequence_length=cfg.max_position_embeddings,
         num_segments=cfg.type_vocab_size, dropout=0.1)
+    return cfg, model
+
+
+def build_keras_hub(out: Path) -> TFModel:
+    """keras-hub's BertBackbone from its constructor, tiny sizes, seeded random weights."""
+    import keras_hub
+
+    cfg, model = keras_hub_backbone()
     _randomize(model.weights, SEED + 2)
     model.save(str(out))
     inputs = {"input_ids": "token_ids", "input_mask": "padding_mask",

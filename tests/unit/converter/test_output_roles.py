@@ -19,7 +19,7 @@ from bertfuse.pipeline.parity import OutputParity, tolerance_for
     ("logits", 3, "token_logits"),  # token classification: [B, S, C]
     ("start_logits", 2, "start_logits"),  # not the `...logits` classifier's
     ("end_logits", 2, "end_logits"),
-    ("bert/pooler/dense/Tanh", 2, "tanh"),
+    ("bert/pooler/dense/Tanh", 2, "bert/pooler/dense/Tanh"),  # no alias: the name, case kept
     ("encoder_outputs_1", 3, "encoder_outputs_1"),  # a per-layer output keeps its name
 ])
 def test_canonical_output_name(name, rank, canon):
@@ -94,19 +94,19 @@ def _module_savedmodel(path, outputs):
     return str(path)
 
 
-def test_unmapped_signature_outputs_are_named_not_renamed(tmp_path):
+def test_outputs_without_a_role_keep_their_names(tmp_path):
+    """An output that has no role is kept under its own name, not refused; TF Hub's per-layer
+    `encoder_outputs` are still left out unless --outputs names them."""
     from bertfuse.converter import load_source
-    from bertfuse.errors import BertfuseError
 
     path = _module_savedmodel(tmp_path / "m", {"sequence_output": "seq", "attn_probs": "seq",
                                                "encoder_outputs_0": "seq"})
-    with pytest.raises(BertfuseError, match=r"output attn_probs matches no output role.*"
-                                            r"--outputs"):
-        load_source(path, "savedmodel", "serving_default")
-    # Named with --outputs, it is kept under its own name.
-    src = load_source(path, "savedmodel", "serving_default",
-                      outputs=["sequence_output", "attn_probs"])
+    src = load_source(path, "savedmodel", "serving_default")
     assert sorted(src.outputs) == ["attn_probs", "sequence_output"]
+    assert src.output_roles["attn_probs"] is None
+    src = load_source(path, "savedmodel", "serving_default",
+                      outputs=["sequence_output", "encoder_outputs_0"])
+    assert sorted(src.outputs) == ["encoder_outputs_0", "sequence_output"]
 
 
 def test_tfhub_extras_left_out(tmp_path):
