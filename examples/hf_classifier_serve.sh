@@ -14,23 +14,23 @@ OUT=${OUT:-out/examples}
 mkdir -p "$OUT"
 rm -rf "$OUT/hf_cls"
 
-# 1. The classifier as a SavedModel (save_pretrained writes it to DIR/saved_model/1).
+# 1. The classifier as a SavedModel (save_pretrained writes it to DIR/saved_model/1; bertfuse
+#    converts DIR itself).
 "$BIN/python" - "$OUT/hf_cls" <<'PY'
-import os, shutil, sys, tempfile
+import os, shutil, sys
 out = sys.argv[1]
 try:
     from transformers import BertConfig, TFBertForSequenceClassification
 except ImportError:
-    shutil.copytree("tests/fixtures/thirdparty/hf_bert_cls/model", out)
+    shutil.copytree("tests/fixtures/thirdparty/hf_bert_cls/model",
+                    os.path.join(out, "saved_model", "1"))
     print("transformers is not installed: using tests/fixtures/thirdparty/hf_bert_cls/model")
 else:
     cfg = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                      intermediate_size=64, max_position_embeddings=64, num_labels=3)
     model = TFBertForSequenceClassification(cfg)
     model(model.dummy_inputs)
-    with tempfile.TemporaryDirectory() as tmp:
-        model.save_pretrained(tmp, saved_model=True)
-        shutil.move(os.path.join(tmp, "saved_model", "1"), out)
+    model.save_pretrained(out, saved_model=True)
     print(f"transformers SavedModel in {out}")
 PY
 

@@ -10,9 +10,11 @@ KINDS = ("auto", "checkpoint", "savedmodel", "frozen", "keras")
 
 
 def detect_kind(path: str) -> str:
+    from bertfuse.io.model import versioned_savedmodel
+
     p = Path(path)
     if p.is_dir():
-        if (p / "saved_model.pb").exists():
+        if (p / "saved_model.pb").exists() or versioned_savedmodel(p) is not None:
             return "savedmodel"
         if (p / "bert_config.json").exists() or any(p.glob("*.index")):
             return "checkpoint"
@@ -52,7 +54,10 @@ def load_source(path: str, kind: str, signature: str, inputs: str | None = None,
         return load_frozen(path, outputs, override)
     if kind == "savedmodel":
         from bertfuse.converter.savedmodel import load_savedmodel
+        from bertfuse.io.model import versioned_savedmodel
 
+        # transformers' save_pretrained(..., saved_model=True) folder, TF Serving's base folder
+        path = str(versioned_savedmodel(Path(path)) or path)
         # Keras-exported SavedModels (model.export) are plain SavedModels with a signature.
         return load_savedmodel(path, signature, override, outputs)
     if kind == "keras":

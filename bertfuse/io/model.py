@@ -21,7 +21,7 @@ EXTERNAL_DATA_THRESHOLD = 1_800_000_000
 # Files that look like a model but that no TF reader takes: what each is, and what to do.
 _HF = ("for a Hugging Face model, save a SavedModel with transformers: "
        "TFAutoModel.from_pretrained(DIR{pt}).save_pretrained(OUT, saved_model=True), then "
-       "bertfuse convert OUT/saved_model/1")
+       "bertfuse convert OUT")
 _FOREIGN = {
     ".bin": ("a PyTorch checkpoint (pytorch_model.bin)", _HF.format(pt=", from_pt=True")),
     ".pt": ("a PyTorch checkpoint", _HF.format(pt=", from_pt=True")),
@@ -46,15 +46,34 @@ def check_source_form(path: str, kind: str = "auto") -> None:
     if kind != "auto" or not p.is_dir() or (p / "saved_model.pb").exists() or \
             (p / "bert_config.json").exists() or any(p.glob("*.index")):
         return
-    nested = sorted(p.glob("saved_model/*/saved_model.pb"))
-    if nested:
-        raise BertfuseError(f"{path}: a Hugging Face folder whose SavedModel is in "
-                            f"{nested[-1].parent}: convert that directory")
+    if versioned_savedmodel(p) is not None:
+        return
     found = [n for n in _HF_FILES if (p / n).exists()]
     if found:
         pt = ", from_pt=True" if any(n.endswith((".bin", ".safetensors")) for n in found) else ""
         raise BertfuseError(f"{path}: a Hugging Face model folder ({', '.join(found)}) without a "
                             f"SavedModel; {_HF.format(pt=pt)}")
+
+
+def versioned_savedmodel(folder: Path) -> Path | None:
+    """The SavedModel inside a folder that holds one by version: transformers'
+    `save_pretrained(DIR, saved_model=True)` writes `DIR/saved_model/1/`, TF Serving reads
+    `DIR/1/`, `DIR/2/` ... The highest version is taken; None where there is none. A version
+    folder that leads outside `folder` (a symbolic link) is not taken."""
+    if not folder.is_dir() or (folder / "saved_model.pb").exists():
+        return None
+    root = folder.resolve()
+    for base in (folder / "saved_model", folder):
+        if not base.is_dir():
+            continue
+        versions = []
+        for child in base.iterdir():
+            if child.name.isdigit() and (child / "saved_model.pb").is_file() and \
+                    (child / "saved_model.pb").resolve().is_relative_to(root):
+                versions.append((int(child.name), child))
+        if versions:
+            return max(versions)[1]
+    return None
 
 
 def model_bytes(model: onnx.ModelProto) -> int:
