@@ -212,11 +212,14 @@ def measure_source(name: str, meta: dict, rel: str, fmt: str) -> dict:
     row = {"fixture": name, "library": meta["library"], "version": meta["version"],
            "class": meta["class"].rsplit(".", 1)[-1], "format": fmt,
            "built_with": {k: v for k, v in meta.items() if k.endswith("version")}}
+    # the flags a fixture needs (ELECTRA's checkpoint: --config with its hparams)
+    opts = meta.get("convert_options", {})
+    need = ["--config", str(fixture / opts["config"])] if "config" in opts else []
     with tempfile.TemporaryDirectory(prefix="breadth-") as tmp:
-        row["fp32"] = _conversion(src, tmp, "fp32", [], ref)
-        row["fp16"] = _conversion(src, tmp, "fp16", ["--precision", "fp16"], ref)
+        row["fp32"] = _conversion(src, tmp, "fp32", need, ref)
+        row["fp16"] = _conversion(src, tmp, "fp16", [*need, "--precision", "fp16"], ref)
         raw = os.path.join(tmp, "raw.onnx")
-        rc, _, err, _ = run_convert(src, raw, ["--no-fuse", "--no-verify"])
+        rc, _, err, _ = run_convert(src, raw, [*need, "--no-fuse", "--no-verify"])
         row["raw_rc"] = rc
         if rc == 0:
             import onnx
@@ -233,7 +236,8 @@ def sources(names: list[str]) -> list[tuple[str, dict, str, str]]:
     out = []
     for name in names:
         meta = json.loads((FIXTURES / name / "meta.json").read_text())
-        out.append((name, meta, meta["path"], "SavedModel"))
+        fmt = "TF1 checkpoint" if meta.get("format") == "checkpoint" else "SavedModel"
+        out.append((name, meta, meta["path"], fmt))
         if meta.get("keras_path"):
             out.append((name, meta, meta["keras_path"], ".keras"))
     return out

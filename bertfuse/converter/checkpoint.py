@@ -1,8 +1,10 @@
-"""TF1 checkpoint + bert_config.json in Google's layout -> TFSource.
+"""TF1 checkpoint + its config in Google's layouts (BERT, ALBERT, ELECTRA) -> TFSource.
 
-The graph is rebuilt from the config with modeling.py's math (modeling.py in this package);
-variables are read from the checkpoint by name. Fine-tuning extras (adam slots, global_step,
-cls/ pre-training heads) are ignored. A classifier/ranking head is detected by its variables:
+The layout is told by the variable names (ckpt_layout.py); the graph is rebuilt from the
+config with modeling.py's math (modeling.py in this package); variables are read from the
+checkpoint by name. `--config` wins over the config file beside the checkpoint. Fine-tuning
+extras (adam slots, global_step, cls/ pre-training heads; ELECTRA's generator and prediction
+heads) are ignored. A classifier/ranking head (BERT, ALBERT) is detected by its variables:
 Google's `output_weights`/`output_bias`, and dense layers `<scope>/dense[_N]/kernel|bias`
 outside bert/ and cls/ (a ranking MLP), applied in order after the pooler.
 """
@@ -17,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bertfuse.converter.ckpt_layout import (Layout, detect_layout, find_config, natural,
+                                            read_config)
 from bertfuse.converter.config import BertConfig
 from bertfuse.converter.modeling import HeadSpec, build_bert_graph, expected_shapes
 from bertfuse.converter.source import TFSource
@@ -26,22 +30,17 @@ _SLOT = re.compile(r"(/adam_[mv]|/Adam(_1)?|/Momentum|/ExponentialMovingAverage)
 _HEAD_DENSE = re.compile(r"^(?!bert/|cls/)(.+/dense(_\d+)?)/kernel$")
 
 
-def find_checkpoint(path: str) -> tuple[str, str]:
-    """Returns (checkpoint prefix, bert_config.json path) from a dir or a prefix."""
+def find_checkpoint(path: str) -> str:
+    """Returns the checkpoint prefix from a dir or a prefix."""
     p = Path(path)
     if p.is_dir():
-        config = p / "bert_config.json"
-        prefix = _latest_prefix(p)
-    else:
-        prefix = str(p)
-        if prefix.endswith(".index") or ".data-" in prefix:
-            prefix = re.sub(r"(\.index|\.data-\d+-of-\d+)$", "", prefix)
-        config = Path(prefix).parent / "bert_config.json"
-        if not os.path.exists(prefix + ".index"):
-            raise BertfuseError(f"{path}: no checkpoint found (expected {prefix}.index)")
-    if not config.exists():
-        raise BertfuseError(f"{path}: no bert_config.json beside the checkpoint")
-    return prefix, str(config)
+        return _latest_prefix(p)
+    prefix = str(p)
+    if prefix.endswith(".index") or ".data-" in prefix:
+        prefix = re.sub(r"(\.index|\.data-\d+-of-\d+)$", "", prefix)
+    if not os.path.exists(prefix + ".index"):
+        raise BertfuseError(f"{path}: no checkpoint found (expected {prefix}.index)")
+    return prefix
 
 
 def _latest_prefix(directory: Path) -> str:
@@ -51,7 +50,9 @@ def _latest_prefix(directory: Path) -> str:
     return indexes[-1][: -len(".index")]
 
 
-def _head_spec(names: set[str], cfg: BertConfig) -> HeadSpec | None:
+def _head_spec(names: set[str], cfg: BertConfig, layout: Layout) -> HeadSpec | None:
+    if layout.family == "electra":
+        return None  # its generator/ and *_predictions/ dense layers are pre-training heads
     mlp = []
     for name in names:
         m = _HEAD_DENSE.match(name)
@@ -62,24 +63,21 @@ def _head_spec(names: set[str], cfg: BertConfig) -> HeadSpec | None:
     has_output = "output_weights" in names and "output_bias" in names
     if not mlp and not has_output:
         return None
+    if not layout.pooler:
+        raise BertfuseError(f"the checkpoint has a classifier head "
+                            f"({(mlp or ['output_weights'])[0]}) but no pooler "
+                            f"({layout.scope}/pooler/dense) for it to read")
     return HeadSpec(mlp, has_output, cfg.head_activation)
 
 
-def _natural(name: str) -> list:
-    """layer_2 before layer_10."""
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
-
-
 def _check_consistent(prefix: str, cfg: BertConfig, var_shapes: dict,
-                      wanted: dict[str, tuple[int, ...]]) -> None:
-    """The config's graph uses every encoder (bert/) variable of the checkpoint, and each
-    variable it needs is there with its shape; the first offender is named. (TF is rebuilt
-    from the same config, so parity cannot see a config that truncates the checkpoint.)"""
+                      wanted: dict[str, tuple[int, ...]], layout: Layout) -> None:
+    """The config's graph uses every encoder (bert/, electra/) variable of the checkpoint,
+    and each variable it needs is there with its shape; the first offender is named. (TF is
+    rebuilt from the same config, so parity cannot see a config that truncates the
+    checkpoint.)"""
     names = set(var_shapes)
-    missing = sorted((n for n in wanted if n not in names), key=_natural)
-    if missing and not any(n.startswith("bert/") for n in names):
-        raise BertfuseError(f"{prefix}: checkpoint lacks {len(missing)} BERT variables, "
-                            f"e.g. {missing[0]} (is it Google's layout?)")
+    missing = sorted((n for n in wanted if n not in names), key=natural)
     if missing:
         raise BertfuseError(f"config does not match checkpoint: the config "
                             f"({cfg.num_hidden_layers} layers) needs {missing[0]}, which the "
@@ -88,8 +86,8 @@ def _check_consistent(prefix: str, cfg: BertConfig, var_shapes: dict,
         if tuple(var_shapes[name]) != shp:
             raise BertfuseError(f"config does not match checkpoint: {name} has shape "
                                 f"{list(var_shapes[name])}, config implies {list(shp)}")
-    unused = sorted((n for n in names if n.startswith("bert/") and n not in wanted
-                     and not _SLOT.search(n)), key=_natural)
+    unused = sorted((n for n in names if n.startswith(f"{layout.scope}/") and n not in wanted
+                     and not _SLOT.search(n)), key=natural)
     if unused:
         raise BertfuseError(f"config does not match checkpoint: the checkpoint has {unused[0]}, "
                             f"which the config ({cfg.num_hidden_layers} layers) does not use "
@@ -99,8 +97,7 @@ def _check_consistent(prefix: str, cfg: BertConfig, var_shapes: dict,
 def load_checkpoint(path: str, config_path: str | None = None) -> TFSource:
     import tensorflow as tf
 
-    prefix, default_config = find_checkpoint(path)
-    cfg = BertConfig.from_json(config_path or default_config)
+    prefix = find_checkpoint(path)
     try:
         reader = tf.train.load_checkpoint(prefix)
         var_shapes = reader.get_variable_to_shape_map()
@@ -108,9 +105,11 @@ def load_checkpoint(path: str, config_path: str | None = None) -> TFSource:
         raise BertfuseError(f"{prefix}: cannot read checkpoint ({type(exc).__name__}: "
                             f"{str(exc).splitlines()[0][:200]})") from None
     names = set(var_shapes)
-    wanted = expected_shapes(cfg)
-    _check_consistent(prefix, cfg, var_shapes, wanted)
-    head = _head_spec(names, cfg)
+    layout = detect_layout(prefix, names)
+    cfg = read_config(find_config(Path(prefix).parent, layout, config_path), layout)
+    wanted = expected_shapes(cfg, layout)
+    _check_consistent(prefix, cfg, var_shapes, wanted, layout)
+    head = _head_spec(names, cfg, layout)
     head_vars = []
     if head:
         head_vars = [f"{p}/{s}" for p in head.mlp for s in ("kernel", "bias")]
@@ -133,7 +132,8 @@ def load_checkpoint(path: str, config_path: str | None = None) -> TFSource:
         ids = tf.compat.v1.placeholder(tf.int32, [None, None], name="input_ids")
         mask = tf.compat.v1.placeholder(tf.int32, [None, None], name="input_mask")
         segs = tf.compat.v1.placeholder(tf.int32, [None, None], name="segment_ids")
-        outputs = build_bert_graph(tf, cfg, placeholders.__getitem__, ids, mask, segs, head)
+        outputs = build_bert_graph(tf, cfg, placeholders.__getitem__, ids, mask, segs, head,
+                                   layout)
     graph_def = graph.as_graph_def()
     return TFSource(
         kind="checkpoint",

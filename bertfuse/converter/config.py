@@ -57,20 +57,14 @@ class BertConfig:
 
     @classmethod
     def from_json(cls, path: str | Path) -> "BertConfig":
-        path = Path(path)
-        try:
-            raw = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise BertfuseError(f"{path}: bert_config.json not found") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise BertfuseError(f"{path}: not valid JSON ({exc})") from None
-        except RecursionError:
-            raise BertfuseError(f"{path}: not a BERT config (JSON nested too deeply)") from None
-        except OSError as exc:  # a directory, unreadable, ...
-            raise BertfuseError(f"{path}: cannot read bert_config.json "
-                                f"({exc.strerror or exc})") from None
+        raw = read_json(path)
         if not isinstance(raw, dict) or "vocab_size" not in raw:
             raise BertfuseError(f"{path}: not a BERT config (no vocab_size)")
+        return cls.from_dict(path, raw)
+
+    @classmethod
+    def from_dict(cls, path: str | Path, raw: dict) -> "BertConfig":
+        """A validated config from a JSON object; unknown keys are kept in `extra`."""
         known = {k: v for k, v in raw.items() if k in cls.__dataclass_fields__ and k != "extra"}
         extra = {k: v for k, v in raw.items() if k not in cls.__dataclass_fields__}
         try:
@@ -84,6 +78,21 @@ class BertConfig:
         data = asdict(self)
         data.update(data.pop("extra"))
         return json.dumps(data, indent=2, sort_keys=True) + "\n"
+
+
+def read_json(path: str | Path, what: str = "bert_config.json"):
+    """A config file's JSON; every way it can fail is one BertfuseError line."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise BertfuseError(f"{path}: {what} not found") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BertfuseError(f"{path}: not valid JSON ({exc})") from None
+    except RecursionError:
+        raise BertfuseError(f"{path}: not a BERT config (JSON nested too deeply)") from None
+    except OSError as exc:  # a directory, unreadable, ...
+        raise BertfuseError(f"{path}: cannot read {what} ({exc.strerror or exc})") from None
 
 
 EXAMPLE_CONFIGS: dict[str, BertConfig] = {

@@ -1,4 +1,6 @@
-"""Google's BERT (modeling.py) math, rebuilt as a TF1-style graph from a bert_config.json.
+"""Google's BERT (modeling.py) math, rebuilt as a TF1-style graph from a bert_config.json;
+ALBERT's and ELECTRA's TF1 checkpoints run the same math under their own variable names
+(ckpt_layout.py: ALBERT's shared blocks and both families' embedding projection).
 
 Weights are graph placeholders named after the checkpoint variables, never constants: the
 graph stays a few hundred KB whatever the model size, so tf2onnx converts structure only and
@@ -16,9 +18,11 @@ from typing import Callable
 
 import numpy as np
 
+from bertfuse.converter.ckpt_layout import Layout, embedding_size
 from bertfuse.converter.config import GELU_ERF, GELU_TANH, BertConfig
 
 WeightGetter = Callable[[str], "object"]  # variable name -> tf tensor
+BERT_LAYOUT = Layout("bert", "bert", pooler=True)
 
 
 def _layer_norm(tf, x, prefix: str, w: WeightGetter):
@@ -46,24 +50,28 @@ def _activation(tf, x, act: str):
 
 
 def build_bert_graph(tf, cfg: BertConfig, w: WeightGetter, input_ids, input_mask,
-                     segment_ids, head: "HeadSpec | None" = None) -> dict:
-    """Builds the encoder (+ pooler, + head) in the current default graph; returns outputs."""
+                     segment_ids, head: "HeadSpec | None" = None, layout=None) -> dict:
+    """Builds the encoder (+ pooler, + head) in the current default graph; returns outputs.
+    `layout` (ckpt_layout.Layout) names the variables of BERT, ALBERT or ELECTRA; default
+    Google's BERT with its pooler."""
+    layout = layout or BERT_LAYOUT
     shape = tf.shape(input_ids)
     batch, seq = shape[0], shape[1]
-    hidden = cfg.hidden_size
+    hidden, width = cfg.hidden_size, embedding_size(cfg)
+    emb = layout.embeddings
 
-    with tf.name_scope("bert/embeddings"):
+    with tf.name_scope(emb):
         flat_ids = tf.reshape(input_ids, [-1])
-        words = tf.gather(w("bert/embeddings/word_embeddings"), flat_ids)
-        x = tf.reshape(words, [batch, seq, hidden])
+        words = tf.gather(w(f"{emb}/word_embeddings"), flat_ids)
+        x = tf.reshape(words, [batch, seq, width])
         one_hot = tf.one_hot(tf.reshape(segment_ids, [-1]), depth=cfg.type_vocab_size)
-        types = tf.matmul(one_hot, w("bert/embeddings/token_type_embeddings"))
-        x = x + tf.reshape(types, [batch, seq, hidden])
-        positions = tf.slice(w("bert/embeddings/position_embeddings"), [0, 0], [seq, -1])
+        types = tf.matmul(one_hot, w(f"{emb}/token_type_embeddings"))
+        x = x + tf.reshape(types, [batch, seq, width])
+        positions = tf.slice(w(f"{emb}/position_embeddings"), [0, 0], [seq, -1])
         x = x + tf.expand_dims(positions, 0)
-        x = _layer_norm(tf, x, "bert/embeddings/LayerNorm", w)
+        x = _layer_norm(tf, x, f"{emb}/LayerNorm", w)
 
-    with tf.name_scope("bert/encoder"):
+    with tf.name_scope(f"{layout.scope}/encoder"):
         # create_attention_mask_from_input_mask: [B,1,S] mask broadcast over queries.
         to_mask = tf.cast(tf.reshape(input_mask, [batch, 1, seq]), tf.float32)
         mask = tf.ones([batch, seq, 1], tf.float32) * to_mask
@@ -73,29 +81,33 @@ def build_bert_graph(tf, cfg: BertConfig, w: WeightGetter, input_ids, input_mask
         def split_heads(t):
             return tf.transpose(tf.reshape(t, [batch, seq, heads, hsize]), [0, 2, 1, 3])
 
-        prev = tf.reshape(x, [-1, hidden])
-        for i in range(cfg.num_hidden_layers):
-            p = f"bert/encoder/layer_{i}"
+        prev = tf.reshape(x, [-1, width])
+        projection = layout.projection(cfg)
+        if projection:  # ALBERT's embedding_hidden_mapping_in, ELECTRA's embeddings_project
+            prev = _dense(tf, prev, projection, w)
+        for i, p in enumerate(layout.blocks(cfg)):
             with tf.name_scope(f"layer_{i}"):
-                q = split_heads(_dense(tf, prev, f"{p}/attention/self/query", w))
-                k = split_heads(_dense(tf, prev, f"{p}/attention/self/key", w))
-                v = split_heads(_dense(tf, prev, f"{p}/attention/self/value", w))
+                q = split_heads(_dense(tf, prev, p["query"], w))
+                k = split_heads(_dense(tf, prev, p["key"], w))
+                v = split_heads(_dense(tf, prev, p["value"], w))
                 scores = tf.matmul(q, k, transpose_b=True) * (1.0 / math.sqrt(hsize))
                 probs = tf.nn.softmax(scores + adder)
                 ctx = tf.transpose(tf.matmul(probs, v), [0, 2, 1, 3])
                 ctx = tf.reshape(ctx, [-1, hidden])
-                attn = _dense(tf, ctx, f"{p}/attention/output/dense", w)
-                attn = _layer_norm(tf, attn + prev, f"{p}/attention/output/LayerNorm", w)
-                inter = _activation(tf, _dense(tf, attn, f"{p}/intermediate/dense", w),
-                                    cfg.hidden_act)
-                out = _dense(tf, inter, f"{p}/output/dense", w)
-                prev = _layer_norm(tf, out + attn, f"{p}/output/LayerNorm", w)
+                attn = _dense(tf, ctx, p["attn_out"], w)
+                attn = _layer_norm(tf, attn + prev, p["attn_ln"], w)
+                inter = _activation(tf, _dense(tf, attn, p["inter"], w), cfg.hidden_act)
+                out = _dense(tf, inter, p["out"], w)
+                prev = _layer_norm(tf, out + attn, p["out_ln"], w)
         sequence_output = tf.reshape(prev, [batch, seq, hidden])
 
     outputs = {"sequence_output": tf.identity(sequence_output, name="sequence_output")}
-    with tf.name_scope("bert/pooler"):
+    if not layout.pooler:
+        return outputs
+    pooler = f"{layout.scope}/pooler/dense"
+    with tf.name_scope(f"{layout.scope}/pooler"):
         first = tf.squeeze(sequence_output[:, 0:1, :], axis=1)
-        pooled = tf.tanh(_dense(tf, first, "bert/pooler/dense", w))
+        pooled = tf.tanh(_dense(tf, first, pooler, w))
     outputs["pooled_output"] = tf.identity(pooled, name="pooled_output")
 
     if head is not None:
@@ -120,31 +132,36 @@ class HeadSpec:
         self.activation = activation
 
 
-def expected_shapes(cfg: BertConfig) -> dict[str, tuple[int, ...]]:
-    """Variable name -> shape, as Google's modeling.py creates them."""
-    h, i = cfg.hidden_size, cfg.intermediate_size
+def expected_shapes(cfg: BertConfig, layout=None) -> dict[str, tuple[int, ...]]:
+    """Variable name -> shape, as the layout's modeling.py creates them (BERT by default)."""
+    layout = layout or BERT_LAYOUT
+    h, i, e = cfg.hidden_size, cfg.intermediate_size, embedding_size(cfg)
+    emb = layout.embeddings
     shapes: dict[str, tuple[int, ...]] = {
-        "bert/embeddings/word_embeddings": (cfg.vocab_size, h),
-        "bert/embeddings/token_type_embeddings": (cfg.type_vocab_size, h),
-        "bert/embeddings/position_embeddings": (cfg.max_position_embeddings, h),
-        "bert/embeddings/LayerNorm/gamma": (h,),
-        "bert/embeddings/LayerNorm/beta": (h,),
-        "bert/pooler/dense/kernel": (h, h),
-        "bert/pooler/dense/bias": (h,),
+        f"{emb}/word_embeddings": (cfg.vocab_size, e),
+        f"{emb}/token_type_embeddings": (cfg.type_vocab_size, e),
+        f"{emb}/position_embeddings": (cfg.max_position_embeddings, e),
+        f"{emb}/LayerNorm/gamma": (e,),
+        f"{emb}/LayerNorm/beta": (e,),
     }
-    for n in range(cfg.num_hidden_layers):
-        p = f"bert/encoder/layer_{n}"
-        for name in ("attention/self/query", "attention/self/key", "attention/self/value",
-                     "attention/output/dense"):
-            shapes[f"{p}/{name}/kernel"] = (h, h)
-            shapes[f"{p}/{name}/bias"] = (h,)
-        shapes[f"{p}/intermediate/dense/kernel"] = (h, i)
-        shapes[f"{p}/intermediate/dense/bias"] = (i,)
-        shapes[f"{p}/output/dense/kernel"] = (i, h)
-        shapes[f"{p}/output/dense/bias"] = (h,)
-        for ln in ("attention/output/LayerNorm", "output/LayerNorm"):
-            shapes[f"{p}/{ln}/gamma"] = (h,)
-            shapes[f"{p}/{ln}/beta"] = (h,)
+    if layout.pooler:
+        shapes[f"{layout.scope}/pooler/dense/kernel"] = (h, h)
+        shapes[f"{layout.scope}/pooler/dense/bias"] = (h,)
+    projection = layout.projection(cfg)
+    if projection:
+        shapes[f"{projection}/kernel"] = (e, h)
+        shapes[f"{projection}/bias"] = (h,)
+    for p in layout.blocks(cfg):
+        for role in ("query", "key", "value", "attn_out"):
+            shapes[f"{p[role]}/kernel"] = (h, h)
+            shapes[f"{p[role]}/bias"] = (h,)
+        shapes[f"{p['inter']}/kernel"] = (h, i)
+        shapes[f"{p['inter']}/bias"] = (i,)
+        shapes[f"{p['out']}/kernel"] = (i, h)
+        shapes[f"{p['out']}/bias"] = (h,)
+        for ln in ("attn_ln", "out_ln"):
+            shapes[f"{p[ln]}/gamma"] = (h,)
+            shapes[f"{p[ln]}/beta"] = (h,)
     return shapes
 
 

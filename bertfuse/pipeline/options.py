@@ -106,7 +106,8 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     Option("kind", "auto", "source format (default: detect from the path)", _choice(KINDS),
            flag="--format", api="format", choices=KINDS),
     Option("signature", "serving_default", "SavedModel signature", check_text),
-    Option("config", None, "bert_config.json (checkpoint; default: beside it)",
+    Option("config", None, "checkpoint config: bert_config.json, albert_config.json or "
+           "ELECTRA's --hparams JSON (default: the config beside it)",
            lambda n, v: check_path(n, v, optional=True)),
     Option("inputs", None, "role mapping, e.g. input_ids=ids,input_mask=mask,segment_ids=types",
            check_roles, metavar="ROLE=NAME,..."),

@@ -2,10 +2,12 @@
 
 The fixtures (tests/fixtures/thirdparty/, rebuilt by the build_*.py scripts there) are tiny
 random models from transformers (TF classes, token and span heads included), keras-hub,
-TF Model Garden and TF Hub's encoder form (plain and in hub.KerasLayer), with every bias
+TF Model Garden, TF Hub's encoder form (plain and in hub.KerasLayer) and the TF1 checkpoints
+of Google's own ALBERT and ELECTRA code, with every bias
 and LayerNorm parameter perturbed so a dropped bias or a wrong gamma shows. Each carries its
 library's own eager outputs on padded inputs (reference.npz, computed with oneDNN's rewrites
-off). For every fixture, with default flags:
+off). For every fixture, with default flags (ELECTRA's checkpoint: `--config` with the
+--hparams it was trained with, which it keeps nowhere else; meta.json's convert_options):
 
 * `convert` writes the model: the parity gate against TensorFlow passes;
 * the graph is fused: Attention L, SkipLayerNormalization 2L, one GELU op per layer,
@@ -37,6 +39,16 @@ GELU_OPS = ("FastGelu", "BiasGelu", "Gelu")
 EXTRA_NODES = 3 + 1 + 2 + 6
 
 
+def _options(name: str, **extra):
+    """ConvertOptions with the fixture's own convert_options (paths relative to its dir)."""
+    from bertfuse.pipeline.options import ConvertOptions
+
+    given = json.loads((FIXTURES / name / "meta.json").read_text()).get("convert_options", {})
+    if "config" in given:
+        given = {**given, "config": str(FIXTURES / name / given["config"])}
+    return ConvertOptions(**given, **extra)
+
+
 def _cases() -> list:
     cases = []
     for meta_path in sorted(FIXTURES.glob("*/meta.json")):
@@ -50,7 +62,6 @@ def _cases() -> list:
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory):
-    from bertfuse.pipeline.options import ConvertOptions
     from bertfuse.pipeline.stages import convert
 
     out_dir = tmp_path_factory.mktemp("thirdparty")
@@ -59,7 +70,7 @@ def converted(tmp_path_factory):
     def get(name: str, rel: str):
         if (name, rel) not in cache:
             out = out_dir / f"{name}_{Path(rel).name}.onnx"
-            report = convert(str(FIXTURES / name / rel), str(out), ConvertOptions())
+            report = convert(str(FIXTURES / name / rel), str(out), _options(name))
             cache[(name, rel)] = (str(out), report)
         return cache[(name, rel)]
 
@@ -140,9 +151,10 @@ def test_thirdparty_fused_and_exact(name, rel, converted):
         assert diff.max() <= 4e-2 and diff.mean() <= 2e-3, (out, diff.max(), diff.mean())
 
 
-def test_shared_layer_weights_stay_shared(converted):
+@pytest.mark.parametrize("name", ["hf_albert", "gr_albert"])
+def test_shared_layer_weights_stay_shared(name, converted):
     """ALBERT runs one layer L times: one set of initializers feeds every fused layer."""
-    path, _ = converted("hf_albert", "model")
+    path, _ = converted(name, "model")
     model = onnx.load(path)
     attention = [n for n in model.graph.node if n.op_type == "Attention"]
     assert len(attention) == 2
@@ -210,3 +222,33 @@ def test_tfhub_per_layer_outputs_on_request(tmp_path):
     got = _run(model, feeds)
     for key in ("sequence_output", "encoder_outputs_0"):
         assert np.abs(got[key] - ref[f"out/{key}"]).max() <= 1e-4, key
+
+
+@pytest.mark.parametrize("name", ["gr_albert", "gr_electra"])
+def test_google_tf1_checkpoints_lower_to_bertfuse_kernels(name, tmp_path):
+    """`--kernels bertfuse` lowers every encoder layer of Google's ALBERT and ELECTRA
+    checkpoints (a graph rewrite, checked here on the CPU), and the written model, run
+    through the NumPy references, still matches the upstream code's own outputs."""
+    from bertfuse.ops.evaluator import evaluate
+    from bertfuse.pipeline.stages import convert
+
+    out = tmp_path / f"{name}.onnx"
+    report = convert(str(FIXTURES / name / "model"), str(out),
+                     _options(name, precision="fp16", kernels="bertfuse"))
+    assert report.written and report.parity.ok
+    model = onnx.load(out)
+    ops = Counter(f"{n.domain}.{n.op_type}" if n.domain else n.op_type for n in model.graph.node)
+    layers = json.loads((FIXTURES / name / "meta.json").read_text())["layers"]
+    bf = "ai.bertfuse"
+    assert ops[f"{bf}.BertAttention"] == ops[f"{bf}.DenseBiasGelu"] == layers, ops
+    assert ops[f"{bf}.DenseBiasSkipLayerNorm"] == 2 * layers, ops
+    assert not {"com.microsoft.Attention", "com.microsoft.SkipLayerNormalization",
+                "com.microsoft.BiasGelu", "com.microsoft.FastGelu"} & set(ops), ops
+    from bertfuse.pipeline.lowering import kernels_misses
+
+    assert report.passes.to_json()["encoder"]["fully_fused"] and not kernels_misses(report.passes)
+    feeds, expected, _ = _feeds_and_expected(name, model)
+    got = evaluate(model, feeds)
+    for key, want in expected.items():
+        diff = np.abs(got[key].astype(np.float64) - want)
+        assert diff.max() <= 4e-2 and diff.mean() <= 2e-3, (key, diff.max(), diff.mean())
