@@ -126,6 +126,8 @@ def test_thirdparty_fused_and_exact(name, rel, converted):
         assert ops["EmbedLayerNormalization"] == 1, ops
         assert ops["Softmax"] == 0 and ops["LayerNormalization"] == 0, ops
         assert sum(ops.values()) <= 7 * layers + 4 + EXTRA_NODES, ops
+    # Outputs by meaning: each output the fixture's meta names, under its role.
+    assert sorted(o.name for o in model.graph.output) == sorted(meta["outputs"].values())
     # One interface for every model: a model without token types ignores segment_ids.
     assert [i.name for i in model.graph.input] == ["input_ids", "input_mask", "segment_ids"]
 
