@@ -21,7 +21,9 @@ def _freeze(concrete) -> tuple[object, dict[str, str], dict[str, str], list[int 
 
     frozen = convert_variables_to_constants_v2(concrete)
     graph_def = frozen.graph.as_graph_def()
-    arg_names = [t.name for t in frozen.inputs]
+    # Captured resources that freezing keeps as inputs (a tokenizer's lookup table) are no
+    # signature inputs.
+    arg_names = [t.name for t in frozen.inputs if t.dtype.name != "resource"]
     # A function's flat inputs are its structured signature flattened by tf.nest (dict keys
     # sorted), captures removed by freezing. A signature placeholder is named after its key,
     # so match by name first and use the flat position only for specs whose name is not a
@@ -98,8 +100,10 @@ def _roles(graph_def, structured: dict[str, str], override: dict[str, str]) -> d
 
 
 def _source_from_concrete(concrete, kind: str, path: str, role_override: dict[str, str],
-                          outputs: list[str] | None) -> TFSource:
+                          outputs: list[str] | None, front=None) -> TFSource:
     graph_def, structured, out_map, ranks = _freeze(concrete)
+    if front is not None:  # text in: the encoder from its tokenizer's ids (text_front.py)
+        graph_def, structured = front.cut(graph_def, structured, list(out_map.values()))
     rank_of = dict(zip(out_map.values(), ranks))
     roles = _roles(graph_def, structured, role_override)
     inputs = {r: structured[n] for r, n in roles.items()}
@@ -123,6 +127,9 @@ def load_savedmodel(path: str, signature: str, role_override: dict[str, str],
                     outputs: list[str] | None) -> TFSource:
     import tensorflow as tf
 
+    from bertfuse.converter.text_front import TextFront, text_ops
+
+    text = text_ops(path)  # tensorflow-text's ops registered, or one line saying how
     try:
         loaded = tf.saved_model.load(path)
     except Exception as exc:
@@ -132,6 +139,13 @@ def load_savedmodel(path: str, signature: str, role_override: dict[str, str],
     if signature not in sigs:
         raise BertfuseError(f"{path}: no signature {signature!r} "
                             f"(signatures: {', '.join(sigs) or 'none'})")
+    if text:
+        front = TextFront(path, signature, sigs[signature], text)
+        front.loaded = loaded  # its tables live as long as the object
+        src = _source_from_concrete(sigs[signature], "savedmodel", path, role_override,
+                                    outputs, front)
+        src.text, src.config = front, front.config()
+        return src
     concrete = _keyed_call(loaded, sigs[signature]) or sigs[signature]
     return _source_from_concrete(concrete, "savedmodel", path, role_override, outputs)
 

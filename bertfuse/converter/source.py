@@ -52,6 +52,7 @@ class TFSource:
     fixed_seq: int | None = None
     config: dict | None = None  # bert_config.json contents, where the source has one
     backend: str = ""  # which TF computed the last reference (for the report)
+    text: Any = None  # a text-in SavedModel's tokenizer (text_front.py TextFront)
     _session: Any = None
 
     @property
@@ -80,6 +81,8 @@ class TFSource:
         return reference.run_in_subprocess(self, feed_sets)
 
     def close(self) -> None:
+        if self.text is not None:
+            self.text.close()
         if self._session is not None:
             self._session.close()
             self._session = None
