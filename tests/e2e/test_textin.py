@@ -1,0 +1,117 @@
+"""Text-in SavedModels: a tensorflow-text BertTokenizer and BERT packing in front of the
+encoder (tests/fixtures/thirdparty/tftext_bert, built by build_tftext.py with
+tensorflow-text's own code), through `bertfuse convert` with default flags.
+
+* Without tensorflow-text the SavedModel cannot be loaded (its ops are not registered):
+  exit 2, one line naming tensorflow-text and the pip line.
+* With it: the tokenizer is cut off, the encoder is fully fused and reproduces the
+  SavedModel's own outputs on the fixture's texts (fp32 max |diff| <= 1e-4, fp16 max <=
+  4e-2, mean <= 2e-3) when fed by bertfuse.text on the vocab written beside the model, whose
+  ids equal the SavedModel's own.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections import Counter
+
+import numpy as np
+import onnx
+import pytest
+from support import paths
+
+ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("tensorflow")
+
+FIXTURE = paths.FIXTURES / "thirdparty" / "tftext_bert"
+GELU_OPS = ("FastGelu", "BiasGelu", "Gelu")
+# bertfuse's CLI in a Python where `import tensorflow_text` fails (None in sys.modules is
+# Python's own way to make a module unimportable), whether or not it is installed.
+NO_TF_TEXT = ("import runpy, sys; sys.modules['tensorflow_text'] = None; "
+              "sys.argv = ['bertfuse', *sys.argv[1:]]; "
+              "runpy.run_module('bertfuse', run_name='__main__', alter_sys=True)")
+
+
+def test_without_tensorflow_text_one_line_with_the_pip_line(tmp_path):
+    out = tmp_path / "m.onnx"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(paths.ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    run = subprocess.run([sys.executable, "-c", NO_TF_TEXT, "convert", str(FIXTURE / "model"),
+                          "-o", str(out)], capture_output=True, text=True, env=env,
+                         timeout=600)
+    assert run.returncode == 2, run.stderr[-2000:]
+    lines = [line for line in run.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, run.stderr
+    assert "tensorflow-text is not installed" in lines[0], lines[0]
+    assert "pip install --no-deps 'tensorflow-text==" in lines[0], lines[0]
+    assert "CaseFoldUTF8" in lines[0]  # what the SavedModel needs it for
+    assert not out.exists() and not out.with_suffix(".vocab.txt").exists()
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    pytest.importorskip("tensorflow_text", reason="tensorflow-text is not installed: "
+                        "pip install --no-deps 'tensorflow-text==2.21.*' (the Makefile does)")
+    from bertfuse.pipeline.options import ConvertOptions
+    from bertfuse.pipeline.stages import convert
+
+    out = tmp_path_factory.mktemp("textin") / "tftext.onnx"
+    return out, convert(str(FIXTURE / "model"), str(out), ConvertOptions())
+
+
+def test_tokenizer_cut_off_and_encoder_fused(converted):
+    out, report = converted
+    assert report.written and report.parity.ok, report.parity.to_json()
+    rows = {o.name: o for o in report.parity.outputs}
+    on_text = [n for n in rows if n.startswith("on text: ")]
+    assert len(on_text) == 3 and all(rows[n].ok for n in on_text), rows  # ids + 2 outputs
+    assert rows["mask invariance (padded segment ids changed)"].ok
+    model = onnx.load(out)
+    assert [i.name for i in model.graph.input] == ["input_ids", "input_mask", "segment_ids"]
+    assert all(i.type.tensor_type.shape.dim[1].dim_value == 16 for i in model.graph.input)
+    ops = Counter(n.op_type for n in model.graph.node)
+    assert ops["Attention"] == 2 and ops["SkipLayerNormalization"] == 4, ops
+    assert sum(ops[g] for g in GELU_OPS) == 2 and ops["EmbedLayerNormalization"] == 1, ops
+    assert ops["Softmax"] == 0 and ops["LayerNormalization"] == 0, ops
+    # Nothing of the tokenizer is left: no strings, no lookup table.
+    assert not any(i.data_type == onnx.TensorProto.STRING for i in model.graph.initializer)
+    assert report.text["lower_case"] is True and report.text["seq"] == 16
+    assert report.text["vocab"] == str(out.with_suffix(".vocab.txt"))
+
+
+def test_vocab_beside_tokenizes_as_the_savedmodel_and_outputs_match(converted):
+    """bertfuse.text finds the casing and the packed length in the model, the vocab beside
+    it; its ids are the SavedModel's own, and the model's outputs on them its outputs."""
+    from bertfuse.io.model import load_model
+    from bertfuse.io.sidecars import find_vocab
+    from bertfuse.passes.cleanup import Cleanup
+    from bertfuse.passes.fp16 import Fp16Pass
+    from bertfuse.passes.manager import run_passes
+    from bertfuse.passes.shared_weights import SharedWeights
+    from bertfuse.text import WordPiece
+
+    out, _ = converted
+    vocab = find_vocab(out)
+    assert vocab == str(out.with_suffix(".vocab.txt"))
+    assert open(vocab, "rb").read() == (FIXTURE / "model" / "assets" / "vocab.txt").read_bytes()
+    ref = np.load(FIXTURE / "reference.npz")
+    texts = [str(t) for t in ref["text"]]
+    tok = WordPiece(vocab, model=out)
+    assert tok.lower_case and tok.lower_case_reason == "do_lower_case in the config"
+    feeds = tok(texts).feeds()
+    for role, name in (("input_ids", "input_word_ids"), ("input_mask", "input_mask"),
+                       ("segment_ids", "input_type_ids")):
+        assert np.array_equal(feeds[role], ref[f"ids/{name}"]), (role, feeds[role])
+    for model, limit, mean in ((load_model(str(out)), 1e-4, None),
+                               (run_passes(load_model(str(out)),
+                                           [Fp16Pass(), Cleanup(), SharedWeights()])[0],
+                                4e-2, 2e-3)):
+        sess = ort.InferenceSession(model.SerializeToString(),
+                                    providers=["CPUExecutionProvider"])
+        got = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+        for name in ("sequence_output", "pooled_output"):
+            diff = np.abs(got[name].astype(np.float64) - ref[f"out/{name}"])
+            assert diff.max() <= limit, (name, diff.max())
+            assert mean is None or diff.mean() <= mean, (name, diff.mean())
