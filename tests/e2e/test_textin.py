@@ -4,10 +4,10 @@ tensorflow-text's own code), through `bertfuse convert` with default flags.
 
 * Without tensorflow-text the SavedModel cannot be loaded (its ops are not registered):
   exit 2, one line naming tensorflow-text and the pip line.
-* With it: the tokenizer is cut off, the encoder is fully fused and reproduces the
-  SavedModel's own outputs on the fixture's texts (fp32 max |diff| <= 1e-4, fp16 max <=
-  4e-2, mean <= 2e-3) when fed by bertfuse.text on the vocab written beside the model, whose
-  ids equal the SavedModel's own.
+* With it: the tokenizer is cut off, the encoder is fully fused and, with its head,
+  reproduces the SavedModel's own outputs on the fixture's texts (fp32 max |diff| <= 1e-4,
+  fp16 max <= 4e-2, mean <= 2e-3) when fed by bertfuse.text on the vocab written beside the
+  model, whose ids equal the SavedModel's own; verify --text-file finds that vocab.
 """
 
 from __future__ import annotations
@@ -66,11 +66,13 @@ def test_tokenizer_cut_off_and_encoder_fused(converted):
     assert report.written and report.parity.ok, report.parity.to_json()
     rows = {o.name: o for o in report.parity.outputs}
     on_text = [n for n in rows if n.startswith("on text: ")]
-    assert len(on_text) == 3 and all(rows[n].ok for n in on_text), rows  # ids + 2 outputs
+    assert len(on_text) == 4 and all(rows[n].ok for n in on_text), rows  # ids + 3 outputs
     assert rows["mask invariance (padded segment ids changed)"].ok
     model = onnx.load(out)
     assert [i.name for i in model.graph.input] == ["input_ids", "input_mask", "segment_ids"]
     assert all(i.type.tensor_type.shape.dim[1].dim_value == 16 for i in model.graph.input)
+    assert sorted(o.name for o in model.graph.output) == ["logits", "pooled_output",
+                                                          "sequence_output"]
     ops = Counter(n.op_type for n in model.graph.node)
     assert ops["Attention"] == 2 and ops["SkipLayerNormalization"] == 4, ops
     assert sum(ops[g] for g in GELU_OPS) == 2 and ops["EmbedLayerNormalization"] == 1, ops
@@ -111,7 +113,21 @@ def test_vocab_beside_tokenizes_as_the_savedmodel_and_outputs_match(converted):
         sess = ort.InferenceSession(model.SerializeToString(),
                                     providers=["CPUExecutionProvider"])
         got = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
-        for name in ("sequence_output", "pooled_output"):
+        for name in ("sequence_output", "pooled_output", "logits"):
             diff = np.abs(got[name].astype(np.float64) - ref[f"out/{name}"])
             assert diff.max() <= limit, (name, diff.max())
             assert mean is None or diff.mean() <= mean, (name, diff.mean())
+
+
+def test_verify_text_file_finds_the_vocab_beside(converted, tmp_path):
+    from bertfuse.pipeline.options import ConvertOptions
+    from bertfuse.pipeline.stages import verify
+
+    out, _ = converted
+    queries = tmp_path / "q.txt"
+    queries.write_text("What is BERT?\nCafé, the tiny red house.\n", encoding="utf-8")
+    report = verify(str(out), str(FIXTURE / "model"), ConvertOptions(text_file=str(queries)),
+                    device="cpu")
+    assert report.parity.ok, report.parity.to_json()
+    assert str(out.with_suffix(".vocab.txt")) in report.parity.inputs
+    assert (report.parity.batch, report.parity.seq) == (2, 16)
