@@ -139,14 +139,14 @@ def load_savedmodel(path: str, signature: str, role_override: dict[str, str],
     if signature not in sigs:
         raise BertfuseError(f"{path}: no signature {signature!r} "
                             f"(signatures: {', '.join(sigs) or 'none'})")
+    concrete = _keyed_call(loaded, sigs[signature]) or sigs[signature]
     if text:
-        front = TextFront(path, signature, sigs[signature], text)
+        front = TextFront(path, signature, concrete, text)
         front.loaded = loaded  # its tables live as long as the object
-        src = _source_from_concrete(sigs[signature], "savedmodel", path, role_override,
-                                    outputs, front)
+        src = _source_from_concrete(concrete, "savedmodel", path, role_override, outputs,
+                                    front)
         src.text, src.config = front, front.config()
         return src
-    concrete = _keyed_call(loaded, sigs[signature]) or sigs[signature]
     return _source_from_concrete(concrete, "savedmodel", path, role_override, outputs)
 
 
@@ -163,20 +163,31 @@ def _keyed_call(loaded, sig):
                             for k in keys) or not callable(loaded):
         return None
     specs = sig.structured_input_signature[1]
-
-    @tf.function
-    def call(**kwargs):
-        return loaded(kwargs, training=False)
-
-    try:
-        concrete = call.get_concrete_function(**specs)
-    except Exception:  # not callable that way: keep the signature (and its names)
+    concrete = None
+    # A dict of inputs, or the one input itself (a model taking text: one string tensor).
+    for alone in (False, True) if len(specs) == 1 else (False,):
+        try:
+            concrete = _call(loaded, alone).get_concrete_function(**specs)
+            break
+        except Exception:  # not callable that way: keep the signature (and its names)
+            continue
+    if concrete is None:
         return None
     out = concrete.structured_outputs
     if not isinstance(out, dict) or not any(
             canonical_output_name(str(k), None, set()) in OUTPUT_ROLES for k in out):
         return None
     return concrete
+
+
+def _call(loaded, alone: bool):
+    import tensorflow as tf
+
+    @tf.function
+    def call(**kwargs):
+        return loaded(next(iter(kwargs.values())) if alone else kwargs, training=False)
+
+    return call
 
 
 def load_keras(path: str, role_override: dict[str, str], outputs: list[str] | None) -> TFSource:

@@ -174,7 +174,11 @@ class TextFront:
         if table not in names or names.index(table) < n_args:
             raise BertfuseError(f"{self.path}: the WordPiece vocab table is not a resource "
                                 f"the signature captures; cannot find its vocab file")
-        return table_asset(self.path, self.signature, names.index(table) - n_args)
+        # Captures are numbered as saved_model.pb's only for the signature itself.
+        own = self.concrete is self.loaded.signatures.get(self.signature) if self.loaded \
+            else True
+        return table_asset(self.path, self.signature, names.index(table) - n_args
+                           if own else None)
 
     def _handles(self) -> list:
         names = [t.name.split(":")[0] for t in self.concrete.inputs]

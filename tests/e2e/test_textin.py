@@ -1,6 +1,8 @@
 """Text-in SavedModels: a tensorflow-text BertTokenizer and BERT packing in front of the
-encoder (tests/fixtures/thirdparty/tftext_bert, built by build_tftext.py with
-tensorflow-text's own code), through `bertfuse convert` with default flags.
+encoder, through `bertfuse convert` with default flags. The fixtures are built with
+tensorflow-text's own code: tftext_bert (one tf.Module: tokenizer, packing, a keras-hub
+BertBackbone and a head; build_tftext.py) and tftext_hub_keras_layer (TF Hub's form: the
+preprocessing and the hub_bert_encoder fixture, each in hub.KerasLayer; build_tftext_hub.py).
 
 * Without tensorflow-text the SavedModel cannot be loaded (its ops are not registered):
   exit 2, one line naming tensorflow-text and the pip line.
@@ -12,6 +14,7 @@ tensorflow-text's own code), through `bertfuse convert` with default flags.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -25,7 +28,9 @@ from support import paths
 ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("tensorflow")
 
-FIXTURE = paths.FIXTURES / "thirdparty" / "tftext_bert"
+FIXTURES = paths.FIXTURES / "thirdparty"
+FIXTURE = FIXTURES / "tftext_bert"
+NAMES = ["tftext_bert", "tftext_hub_keras_layer"]
 GELU_OPS = ("FastGelu", "BiasGelu", "Gelu")
 # bertfuse's CLI in a Python where `import tensorflow_text` fails (None in sys.modules is
 # Python's own way to make a module unimportable), whether or not it is installed.
@@ -57,22 +62,36 @@ def converted(tmp_path_factory):
     from bertfuse.pipeline.options import ConvertOptions
     from bertfuse.pipeline.stages import convert
 
-    out = tmp_path_factory.mktemp("textin") / "tftext.onnx"
-    return out, convert(str(FIXTURE / "model"), str(out), ConvertOptions())
+    out_dir = tmp_path_factory.mktemp("textin")
+    cache: dict = {}
+
+    def get(name: str):
+        if name not in cache:
+            out = out_dir / f"{name}.onnx"
+            cache[name] = out, convert(str(FIXTURES / name / "model"), str(out),
+                                       ConvertOptions())
+        return cache[name]
+
+    return get
 
 
-def test_tokenizer_cut_off_and_encoder_fused(converted):
-    out, report = converted
+def _outputs(name: str) -> list[str]:
+    return sorted(json.loads((FIXTURES / name / "meta.json").read_text())["outputs"])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_tokenizer_cut_off_and_encoder_fused(name, converted):
+    out, report = converted(name)
     assert report.written and report.parity.ok, report.parity.to_json()
     rows = {o.name: o for o in report.parity.outputs}
     on_text = [n for n in rows if n.startswith("on text: ")]
-    assert len(on_text) == 4 and all(rows[n].ok for n in on_text), rows  # ids + 3 outputs
+    assert len(on_text) == 1 + len(_outputs(name)), rows  # the ids, then each output
+    assert all(rows[n].ok for n in on_text), rows
     assert rows["mask invariance (padded segment ids changed)"].ok
     model = onnx.load(out)
     assert [i.name for i in model.graph.input] == ["input_ids", "input_mask", "segment_ids"]
     assert all(i.type.tensor_type.shape.dim[1].dim_value == 16 for i in model.graph.input)
-    assert sorted(o.name for o in model.graph.output) == ["logits", "pooled_output",
-                                                          "sequence_output"]
+    assert sorted(o.name for o in model.graph.output) == _outputs(name)
     ops = Counter(n.op_type for n in model.graph.node)
     assert ops["Attention"] == 2 and ops["SkipLayerNormalization"] == 4, ops
     assert sum(ops[g] for g in GELU_OPS) == 2 and ops["EmbedLayerNormalization"] == 1, ops
@@ -83,7 +102,8 @@ def test_tokenizer_cut_off_and_encoder_fused(converted):
     assert report.text["vocab"] == str(out.with_suffix(".vocab.txt"))
 
 
-def test_vocab_beside_tokenizes_as_the_savedmodel_and_outputs_match(converted):
+@pytest.mark.parametrize("name", NAMES)
+def test_vocab_beside_tokenizes_as_the_savedmodel_and_outputs_match(name, converted):
     """bertfuse.text finds the casing and the packed length in the model, the vocab beside
     it; its ids are the SavedModel's own, and the model's outputs on them its outputs."""
     from bertfuse.io.model import load_model
@@ -94,18 +114,19 @@ def test_vocab_beside_tokenizes_as_the_savedmodel_and_outputs_match(converted):
     from bertfuse.passes.shared_weights import SharedWeights
     from bertfuse.text import WordPiece
 
-    out, _ = converted
+    out, _ = converted(name)
     vocab = find_vocab(out)
     assert vocab == str(out.with_suffix(".vocab.txt"))
-    assert open(vocab, "rb").read() == (FIXTURE / "model" / "assets" / "vocab.txt").read_bytes()
-    ref = np.load(FIXTURE / "reference.npz")
+    assets = FIXTURES / name / "model" / "assets" / "vocab.txt"
+    assert open(vocab, "rb").read() == assets.read_bytes()
+    ref = np.load(FIXTURES / name / "reference.npz")
     texts = [str(t) for t in ref["text"]]
     tok = WordPiece(vocab, model=out)
     assert tok.lower_case and tok.lower_case_reason == "do_lower_case in the config"
     feeds = tok(texts).feeds()
-    for role, name in (("input_ids", "input_word_ids"), ("input_mask", "input_mask"),
-                       ("segment_ids", "input_type_ids")):
-        assert np.array_equal(feeds[role], ref[f"ids/{name}"]), (role, feeds[role])
+    for role, packed in (("input_ids", "input_word_ids"), ("input_mask", "input_mask"),
+                         ("segment_ids", "input_type_ids")):
+        assert np.array_equal(feeds[role], ref[f"ids/{packed}"]), (role, feeds[role])
     for model, limit, mean in ((load_model(str(out)), 1e-4, None),
                                (run_passes(load_model(str(out)),
                                            [Fp16Pass(), Cleanup(), SharedWeights()])[0],
@@ -113,17 +134,17 @@ def test_vocab_beside_tokenizes_as_the_savedmodel_and_outputs_match(converted):
         sess = ort.InferenceSession(model.SerializeToString(),
                                     providers=["CPUExecutionProvider"])
         got = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
-        for name in ("sequence_output", "pooled_output", "logits"):
-            diff = np.abs(got[name].astype(np.float64) - ref[f"out/{name}"])
-            assert diff.max() <= limit, (name, diff.max())
-            assert mean is None or diff.mean() <= mean, (name, diff.mean())
+        for key in _outputs(name):
+            diff = np.abs(got[key].astype(np.float64) - ref[f"out/{key}"])
+            assert diff.max() <= limit, (key, diff.max())
+            assert mean is None or diff.mean() <= mean, (key, diff.mean())
 
 
 def test_verify_text_file_finds_the_vocab_beside(converted, tmp_path):
     from bertfuse.pipeline.options import ConvertOptions
     from bertfuse.pipeline.stages import verify
 
-    out, _ = converted
+    out, _ = converted("tftext_bert")
     queries = tmp_path / "q.txt"
     queries.write_text("What is BERT?\nCafé, the tiny red house.\n", encoding="utf-8")
     report = verify(str(out), str(FIXTURE / "model"), ConvertOptions(text_file=str(queries)),
