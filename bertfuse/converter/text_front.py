@@ -106,17 +106,18 @@ class TextFront:
         self._full = None
         self._text_inputs: list[str] = []
         self._resources: list[str] = []
+        self._text_key = ""
         self.loaded = None  # the loaded SavedModel, kept alive for its tables
 
     def cut(self, graph_def, structured: dict[str, str], outputs: list[str]
             ) -> tuple[object, dict[str, str]]:
         """The frozen signature cut at the packed ids; {input name: tensor} of the cut graph
         (TF Hub's names, by what each input feeds in the encoder)."""
+        from tensorflow.core.framework import types_pb2
+
         from bertfuse.converter.text_cut import cut_at_dense_ids, rename_nodes
 
         phs = {n.name: n for n in graph_def.node if n.op == "Placeholder"}
-        from tensorflow.core.framework import types_pb2
-
         texts = [k for k, t in structured.items()
                  if phs.get(t.split(":")[0]) is not None and
                  phs[t.split(":")[0]].attr["dtype"].type == types_pb2.DT_STRING]
