@@ -152,3 +152,13 @@ def test_verify_text_file_finds_the_vocab_beside(converted, tmp_path):
     assert report.parity.ok, report.parity.to_json()
     assert str(out.with_suffix(".vocab.txt")) in report.parity.inputs
     assert (report.parity.batch, report.parity.seq) == (2, 16)
+
+
+def test_serve_takes_text_with_the_vocab_beside(converted):
+    """serve's checked config (before Ray starts): text requests on, through that vocab."""
+    pytest.importorskip("ray")
+    from bertfuse.serve.config import check_config
+
+    out, _ = converted("tftext_bert")
+    cfg = check_config(str(out))
+    assert cfg.vocab == str(out.with_suffix(".vocab.txt").resolve())
