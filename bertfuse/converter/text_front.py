@@ -22,13 +22,17 @@ import numpy as np
 
 from bertfuse.errors import BertfuseError, MissingDependency
 
-# tensorflow-text's kernels (its newer ones are registered as "TFText>Name").
+# tensorflow-text's kernels (its newer ones are also registered as "TFText>Name"); any other
+# op the SavedModel uses that only registers once tensorflow_text is imported counts too.
 TEXT_OPS = frozenset({
     "CaseFoldUTF8", "NormalizeUTF8", "NormalizeUTF8WithOffsetsMap", "FindSourceOffsets",
     "RegexSplitWithOffsets", "WordpieceTokenizeWithOffsets", "UnicodeScriptTokenizeWithOffsets",
-    "WhitespaceTokenizeWithOffsets", "SplitMergeTokenizeWithOffsets",
-    "SentencepieceOp", "SentencepieceTokenizeOp", "SentencepieceTokenizeWithOffsetsOp",
-    "SentencepieceDetokenizeOp", "SentencepieceIdToStringOp", "SentencepieceVocabSizeOp",
+    "WhitespaceTokenizeWithOffsets", "WhitespaceTokenizeWithOffsetsV2",
+    "SplitMergeTokenizeWithOffsets", "FastBertNormalize", "FastWordpieceTokenizeWithOffsets",
+    "FastWordpieceDetokenize", "FastSentencepieceTokenize", "FastSentencepieceDetokenize",
+    "ByteSplitWithOffsets", "SentencepieceOp", "SentencepieceTokenizeOp",
+    "SentencepieceTokenizeWithOffsetsOp", "SentencepieceDetokenizeOp",
+    "SentencepieceIdToStringOp", "SentencepieceVocabSizeOp", "SentenceFragments",
     "ConstrainedSequence", "MaxSpanningTree", "StateBasedSentenceBreaker", "NgramsStringJoin",
     "RougeL", "SplitMergeFromLogitsTokenizeWithOffsets", "TokenizerFromLogits",
 })
@@ -47,21 +51,30 @@ def text_ops(path: str) -> list[str]:
     saved_model.pb, before TensorFlow loads it); when there are any, tensorflow_text is
     imported to register them, or a one-line refusal says how to install it."""
     from tensorflow.core.protobuf import saved_model_pb2
+    from tensorflow.python.framework import op_def_registry
 
     proto = saved_model_pb2.SavedModel()
     try:
         proto.ParseFromString(Path(path, "saved_model.pb").read_bytes())
     except Exception:  # unreadable: TensorFlow's own load says why
         return []
-    found: set[str] = set()
+    used, functions = set(), set()
     for meta in proto.meta_graphs:
-        found.update(n.op for n in meta.graph_def.node if is_text_op(n.op))
+        used.update(n.op for n in meta.graph_def.node)
         for fn in meta.graph_def.library.function:
-            found.update(n.op for n in fn.node_def if is_text_op(n.op))
-    ops = sorted(found)
-    if ops:
-        require_tf_text(path, ops)
-    return ops
+            functions.add(fn.signature.name)
+            used.update(n.op for n in fn.node_def)
+    unknown = {op for op in used - functions if op_def_registry.get(op) is None}
+    ops = sorted(op for op in used if is_text_op(op))
+    if not ops and not unknown:
+        return []
+    try:
+        require_tf_text(path, ops or sorted(unknown))
+    except MissingDependency:
+        if ops:
+            raise
+        return []  # none of tensorflow-text's: TensorFlow's own load names the op
+    return sorted(set(ops) | {op for op in unknown if op_def_registry.get(op) is not None})
 
 
 def require_tf_text(path: str, ops: list[str]) -> None:
@@ -130,7 +143,7 @@ class TextFront:
         self._full = graph_def
         self._text_key = texts[0]
         self.lower_case = any(n.op == "CaseFoldUTF8" or (
-            n.op == "TFText>FastBertNormalize" and n.attr["lower_case_nfd_strip_accents"].b)
+            n.op.endswith("FastBertNormalize") and n.attr["lower_case_nfd_strip_accents"].b)
             for n in graph_def.node)
         self.vocab_file = self._vocab_asset(graph_def)
         cut = cut_at_dense_ids(graph_def, self._text_inputs, outputs, self.path)

@@ -162,3 +162,38 @@ def test_serve_takes_text_with_the_vocab_beside(converted):
     out, _ = converted("tftext_bert")
     cfg = check_config(str(out))
     assert cfg.vocab == str(out.with_suffix(".vocab.txt").resolve())
+
+
+def test_a_tokenizer_without_a_vocab_file_is_one_line(tmp_path):
+    """tensorflow-text's FastBertTokenizer keeps its vocab inside the graph, not as a vocab
+    file asset: refused (exit 2) naming what to do, nothing written."""
+    tf_text = pytest.importorskip("tensorflow_text", reason="tensorflow-text is not installed")
+    import tensorflow as tf
+
+    from bertfuse.errors import BertfuseError
+    from bertfuse.pipeline.options import ConvertOptions
+    from bertfuse.pipeline.stages import convert
+
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "the", "cat", "sat", "##s"]
+    table = np.random.default_rng(0).normal(size=(len(words), 32)).astype(np.float32)
+
+    class Fast(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.tok = tf_text.FastBertTokenizer(words, lower_case_nfd_strip_accents=True)
+            self.table = tf.Variable(np.repeat(table, 160, axis=1))  # a weight, not a const
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+        def serve(self, text):
+            ids, _ = tf_text.pad_model_inputs(self.tok.tokenize(text).merge_dims(-2, -1), 8)
+            return {"sequence_output": tf.gather(self.table, ids)}
+
+    module = Fast()
+    tf.saved_model.save(module, str(tmp_path / "fast"),
+                        signatures={"serving_default": module.serve})
+    out = tmp_path / "fast.onnx"
+    with pytest.raises(BertfuseError, match="keeps no WordPiece vocab table bertfuse can read"
+                       ".*tokenize with its vocab.txt") as err:
+        convert(str(tmp_path / "fast"), str(out), ConvertOptions())
+    assert "\n" not in str(err.value) and "FastBertNormalize" in str(err.value)
+    assert not out.exists()
