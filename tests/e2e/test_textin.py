@@ -197,3 +197,28 @@ def test_a_tokenizer_without_a_vocab_file_is_one_line(tmp_path):
         convert(str(tmp_path / "fast"), str(out), ConvertOptions())
     assert "\n" not in str(err.value) and "FastBertNormalize" in str(err.value)
     assert not out.exists()
+
+
+def test_a_vocab_asset_outside_the_model_folder_is_refused(tmp_path):
+    """The asset's name in saved_model.pb points out of the folder (to a file that is there):
+    never read, one line."""
+    pytest.importorskip("tensorflow_text", reason="tensorflow-text is not installed")
+    import shutil
+
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    from bertfuse.errors import BertfuseError
+    from bertfuse.pipeline.options import ConvertOptions
+    from bertfuse.pipeline.stages import convert
+
+    model = tmp_path / "m" / "model"
+    shutil.copytree(FIXTURE / "model", model)
+    shutil.copy(model / "assets" / "vocab.txt", tmp_path / "m" / "outside.txt")
+    proto = saved_model_pb2.SavedModel()
+    proto.ParseFromString((model / "saved_model.pb").read_bytes())
+    proto.meta_graphs[0].asset_file_def[0].filename = "../../outside.txt"
+    (model / "saved_model.pb").write_bytes(proto.SerializeToString())
+    out = tmp_path / "m.onnx"
+    with pytest.raises(BertfuseError, match="points outside the model's folder"):
+        convert(str(model), str(out), ConvertOptions())
+    assert not out.exists() and not out.with_suffix(".vocab.txt").exists()
