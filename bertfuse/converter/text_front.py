@@ -53,9 +53,9 @@ def text_ops(path: str) -> list[str]:
     from tensorflow.core.protobuf import saved_model_pb2
     from tensorflow.python.framework import op_def_registry
 
-    proto = saved_model_pb2.SavedModel()
+    proto, pb = saved_model_pb2.SavedModel(), Path(path, "saved_model.pb")
     try:
-        proto.ParseFromString(Path(path, "saved_model.pb").read_bytes())
+        proto.ParseFromString(pb.read_bytes() if pb.is_file() else b"\xff")  # no fifo read
     except Exception:  # unreadable: TensorFlow's own load says why
         return []
     used, functions = set(), set()
