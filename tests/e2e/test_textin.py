@@ -222,3 +222,20 @@ def test_a_vocab_asset_outside_the_model_folder_is_refused(tmp_path):
     with pytest.raises(BertfuseError, match="points outside the model's folder"):
         convert(str(model), str(out), ConvertOptions())
     assert not out.exists() and not out.with_suffix(".vocab.txt").exists()
+
+
+def test_score_takes_a_text_column_with_the_vocab_beside(converted, tmp_path):
+    """score's checked job (before Ray starts): the text column through that vocab, cased as
+    the SavedModel's tokenizer."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    from bertfuse.score.spec import build_job
+
+    out, _ = converted("tftext_bert")
+    (tmp_path / "in").mkdir()
+    pq.write_table(pa.table({"text": ["What is BERT?", "the cat"]}),
+                   tmp_path / "in" / "a.parquet")
+    job = build_job(str(out), str(tmp_path / "in"), str(tmp_path / "out"), text_column="text")
+    assert job.spec.vocab == str(out.with_suffix(".vocab.txt").resolve())
+    assert job.spec.lower_case is True and job.spec.max_seq == 16
