@@ -134,6 +134,7 @@ class ModelInfo:
     vocab_size: int | None
     max_positions: int | None
     config: dict
+    fixed_seq: int | None = None  # the inputs' fixed length (a packer that pads to one)
 
 
 def model_info(model: str | os.PathLike) -> ModelInfo:
@@ -147,8 +148,10 @@ def model_info(model: str | os.PathLike) -> ModelInfo:
         config = json.loads(meta.get("bert_config", "{}"))
     except json.JSONDecodeError:
         config = {}
+    fixed = next((d[1].dim_value for i in proto.graph.input if i.name == "input_ids"
+                  for d in [i.type.tensor_type.shape.dim] if len(d) == 2 and d[1].dim_value), None)
     return ModelInfo(facts.vocab_size, facts.max_positions,
-                     config if isinstance(config, dict) else {})
+                     config if isinstance(config, dict) else {}, fixed)
 
 
 def _beside_config(vocab_path: Path) -> dict:
@@ -208,7 +211,7 @@ class WordPiece:
             self.lower_case, self.lower_case_reason = lower_case_for(vocab, self.vocab, config)
         else:
             self.lower_case, self.lower_case_reason = bool(lower_case), "given"
-        positions = (info.max_positions if info else None) or \
+        positions = (info.fixed_seq or info.max_positions if info else None) or \
             config.get("max_position_embeddings")
         limit = positions if isinstance(positions, int) and positions > 0 else None
         if max_length is None:
@@ -220,6 +223,7 @@ class WordPiece:
             raise BertfuseError(f"max_length {max_length} is longer than the model's "
                                 f"{limit} positions")
         self.max_length = max_length
+        self.pad_to = info.fixed_seq if info else None  # a packer padded to a fixed length
         self._tok = self._build(normalize=True)
         self._ascii = self._build(normalize=False)  # for ASCII text, normalized in Python
         self._model = self._ascii.model
@@ -256,7 +260,7 @@ class WordPiece:
                  *, pad_to: int | None = None) -> Batch:
         """Tokenizes a batch (a str is a batch of one); `pairs` gives each text a second
         segment (segment id 1). Rows are padded to the longest row, and at least to `pad_to`."""
-        texts = _as_batch(texts, "texts")
+        texts, pad_to = _as_batch(texts, "texts"), self.pad_to if pad_to is None else pad_to
         if pairs is not None:
             pairs = _as_batch(pairs, "pairs")
             if len(pairs) != len(texts):

@@ -14,7 +14,10 @@ where meta.json names one), in a temporary directory:
 1. ``bertfuse convert SRC -o m.onnx --json`` (fp32) and ``--precision fp16``: exit code,
    fused op counts, leftover Softmax / LayerNormalization, nodes, bertfuse's own parity
    verdict, and the written model run with onnxruntime (CPU) on reference.npz's inputs
-   against the library's eager outputs (fp32 max |diff|; fp16 max and mean |diff|).
+   against the library's eager outputs (fp32 max |diff|; fp16 max and mean |diff|). A
+   text-in fixture (tftext_*: its reference.npz holds texts and the SavedModel's own
+   outputs on them) is fed its texts through bertfuse.text on the vocab that convert wrote
+   beside the model.
 2. ``bertfuse convert SRC -o raw.onnx --no-fuse --no-verify`` (the raw tf2onnx graph), then
    ``onnxruntime.transformers.optimizer.optimize_model(raw, model_type=T, num_heads=heads,
    hidden_size=hidden)`` for T in bert_tf and bert, each at its default opt_level, counted
@@ -142,7 +145,15 @@ def vs_reference(onnx_path: str, ref_path: Path, original: dict) -> dict:
     ref = np.load(ref_path)
     sess = ort.InferenceSession(onnx_path, providers=["CPUExecutionProvider"])
     feed = {}
+    if "text" in ref.files:  # text in: the texts through the vocab written beside the model
+        from bertfuse.io.sidecars import find_vocab
+        from bertfuse.text import WordPiece
+
+        tok = WordPiece(find_vocab(onnx_path), model=onnx_path)
+        feed = tok([str(t) for t in ref["text"]]).feeds()
     for i in sess.get_inputs():
+        if i.name in feed:
+            continue
         if i.name in original and f"in/{original[i.name]}" in ref:
             feed[i.name] = ref[f"in/{original[i.name]}"].astype(np.int32)
         else:  # a role the source lacks (no segment ids): zeros

@@ -88,6 +88,14 @@ def print_report(report: RunReport, console: Console) -> None:
                           f"({escape(k['reason'])})", highlight=False, soft_wrap=True)
     if report.written:
         console.print(f"wrote [bold]{escape(str(report.output))}[/bold]")  # a path: literal
+    if report.text:  # a text-in source (pipeline/text_parity.py describe)
+        t = report.text
+        row = f" ({t['seq']} a row)" if t["seq"] else ""
+        vocab = (f"vocab written to [bold]{escape(t['vocab'])}[/bold] (serve, score and verify "
+                 f"--text-file find it there)" if t["vocab"] else "no vocab written")
+        console.print(f"text in: the tokenizer ({escape(t['tokenizer'])}, lower_case "
+                      f"{t['lower_case']}) is cut off; the model takes its packed ids{row}; "
+                      f"{vocab}", highlight=False, soft_wrap=True)
 
 
 def _print_passes(report: RunReport, console: Console) -> None:

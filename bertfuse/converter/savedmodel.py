@@ -21,7 +21,9 @@ def _freeze(concrete) -> tuple[object, dict[str, str], dict[str, str], list[int 
 
     frozen = convert_variables_to_constants_v2(concrete)
     graph_def = frozen.graph.as_graph_def()
-    arg_names = [t.name for t in frozen.inputs]
+    # Captured resources that freezing keeps as inputs (a tokenizer's lookup table) are no
+    # signature inputs.
+    arg_names = [t.name for t in frozen.inputs if t.dtype.name != "resource"]
     # A function's flat inputs are its structured signature flattened by tf.nest (dict keys
     # sorted), captures removed by freezing. A signature placeholder is named after its key,
     # so match by name first and use the flat position only for specs whose name is not a
@@ -84,8 +86,10 @@ def _roles(graph_def, structured: dict[str, str], override: dict[str, str]) -> d
 
 
 def _source_from_concrete(concrete, kind: str, path: str, role_override: dict[str, str],
-                          outputs: list[str] | None) -> TFSource:
+                          outputs: list[str] | None, front=None) -> TFSource:
     graph_def, structured, out_map, ranks = _freeze(concrete)
+    if front is not None:  # text in: the encoder from its tokenizer's ids (text_front.py)
+        graph_def, structured = front.cut(graph_def, structured, list(out_map.values()))
     rank_of = dict(zip(out_map.values(), ranks))
     roles = _roles(graph_def, structured, role_override)
     inputs = {r: structured[n] for r, n in roles.items()}
@@ -109,6 +113,9 @@ def load_savedmodel(path: str, signature: str, role_override: dict[str, str],
                     outputs: list[str] | None) -> TFSource:
     import tensorflow as tf
 
+    from bertfuse.converter.text_front import TextFront, text_ops
+
+    text = text_ops(path)  # tensorflow-text's ops registered, or one line saying how
     try:
         loaded = tf.saved_model.load(path)
     except Exception as exc:
@@ -119,6 +126,13 @@ def load_savedmodel(path: str, signature: str, role_override: dict[str, str],
         raise BertfuseError(f"{path}: no signature {signature!r} "
                             f"(signatures: {', '.join(sigs) or 'none'})")
     concrete = _keyed_call(loaded, sigs[signature]) or sigs[signature]
+    if text:
+        front = TextFront(path, signature, concrete, text)
+        front.loaded = loaded  # its tables live as long as the object
+        src = _source_from_concrete(concrete, "savedmodel", path, role_override, outputs,
+                                    front)
+        src.text, src.config = front, front.config()
+        return src
     return _source_from_concrete(concrete, "savedmodel", path, role_override, outputs)
 
 
@@ -135,20 +149,31 @@ def _keyed_call(loaded, sig):
                             for k in keys) or not callable(loaded):
         return None
     specs = sig.structured_input_signature[1]
-
-    @tf.function
-    def call(**kwargs):
-        return loaded(kwargs, training=False)
-
-    try:
-        concrete = call.get_concrete_function(**specs)
-    except Exception:  # not callable that way: keep the signature (and its names)
+    concrete = None
+    # A dict of inputs, or the one input itself (a model taking text: one string tensor).
+    for alone in (False, True) if len(specs) == 1 else (False,):
+        try:
+            concrete = _call(loaded, alone).get_concrete_function(**specs)
+            break
+        except Exception:  # not callable that way: keep the signature (and its names)
+            continue
+    if concrete is None:
         return None
     out = concrete.structured_outputs
     if not isinstance(out, dict) or not any(
             canonical_output_name(str(k), None, set()) in OUTPUT_ROLES for k in out):
         return None
     return concrete
+
+
+def _call(loaded, alone: bool):
+    import tensorflow as tf
+
+    @tf.function
+    def call(**kwargs):
+        return loaded(next(iter(kwargs.values())) if alone else kwargs, training=False)
+
+    return call
 
 
 def load_keras(path: str, role_override: dict[str, str], outputs: list[str] | None) -> TFSource:

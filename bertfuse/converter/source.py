@@ -62,6 +62,7 @@ class TFSource:
     # has none and keeps its source name; absent outputs: the name is the role.
     output_roles: dict[str, str | None] = field(default_factory=dict)
     backend: str = ""  # which TF computed the last reference (for the report)
+    text: Any = None  # a text-in SavedModel's tokenizer (text_front.py TextFront)
     _session: Any = None
 
     @property
@@ -96,6 +97,8 @@ class TFSource:
         return reference.run_in_subprocess(self, feed_sets)
 
     def close(self) -> None:
+        if self.text is not None:
+            self.text.close()
         if self._session is not None:
             self._session.close()
             self._session = None

@@ -6,4 +6,5 @@ except kernels/ (to register the op library on an ONNX Runtime session).
     safety   output-path checks, temp files that go on every exit, SIGTERM/SIGHUP handling
     quiet    TensorFlow's and ONNX Runtime's native log lines kept off the terminal
     inputs   every random or probe input bertfuse makes (NumPy only)
+    sidecars files beside a model: a text-in model's MODEL.vocab.txt
 """

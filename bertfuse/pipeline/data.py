@@ -233,8 +233,9 @@ class ParityData:
         if self.load_inputs and self.text_file:
             raise BertfuseError("--load-inputs and --text-file both give the inputs: pass one")
         if bool(self.text_file) != bool(self.vocab):
-            raise BertfuseError("--text-file needs --vocab (the checkpoint's vocab.txt), and "
-                                "--vocab is read only with --text-file")
+            raise BertfuseError("--text-file needs --vocab (the checkpoint's vocab.txt; verify "
+                                "finds MODEL.vocab.txt beside the model itself), and --vocab "
+                                "is read only with --text-file")
         if self.load_outputs and not self.has_inputs:
             raise BertfuseError("--load-outputs needs the inputs they were computed from: "
                                 "--load-inputs FILE or --text-file FILE --vocab VOCAB")

@@ -60,6 +60,7 @@ class RunReport:
     written: bool = False
     command: str = ""  # convert | optimize | verify
     options: dict = field(default_factory=dict)  # the options the run used (options.OPTIONS)
+    text: dict | None = None  # a text-in source: its tokenizer cut off (text_parity.describe)
 
     @contextmanager
     def stage(self, name: str, status: Callable[[str], None] | None = None) -> Iterator[Stage]:
@@ -89,4 +90,5 @@ class RunReport:
             "options": self.options,
             "passes": self.passes.to_json() if self.passes else None,
             "parity": self.parity.to_json() if self.parity else None,
+            **({"text": self.text} if self.text else {}),
         }

@@ -16,6 +16,7 @@ checks are options.py, the report report.py, the gate and the write gate.py.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Callable
 
 import onnx
@@ -23,6 +24,7 @@ import onnx
 from bertfuse.errors import BertfuseError, require
 from bertfuse.io.model import check_model, check_source_form
 from bertfuse.io.safety import check_output, convert_inputs
+from bertfuse.io.sidecars import find_vocab
 from bertfuse.passes.manager import run_passes
 from bertfuse.passes.plans import fusion_plan, packing_plan
 from bertfuse.pipeline.gate import write_gated
@@ -30,6 +32,7 @@ from bertfuse.pipeline.options import OPTIMIZE_OPTIONS, ConvertOptions, check_fu
 from bertfuse.pipeline.data import ParityData
 from bertfuse.pipeline.parity import OrtRunError, verify_against_tf
 from bertfuse.pipeline.report import RunReport
+from bertfuse.pipeline import text_parity
 
 if TYPE_CHECKING:
     from bertfuse.pipeline.fp8 import Fp32Reference
@@ -71,6 +74,9 @@ def convert_model(src_path: str, out_path: str | None, opts: ConvertOptions,
         st.detail = f"{source.kind}, {len(source.weights)} weight tensors"
         report.original_names = source.original_names
         report.outputs = source.output_table()
+        if source.text is not None:  # text in: the tokenizer cut off (text_parity.py)
+            report.text = text_parity.begin(source.text, st, out_path,
+                                            convert_inputs(src_path, opts.config, opts.kind))
     try:
         with report.stage("tf2onnx export", status) as st:
             raw = tf_to_onnx(source, opts.opset)
@@ -82,7 +88,10 @@ def convert_model(src_path: str, out_path: str | None, opts: ConvertOptions,
         model = _lower(model, opts, report, status, reference, against_tf=True)
     finally:
         source.close()
-    return _pack_and_write(model, out_path, opts, report, status, force=opts.force), report
+    model = _pack_and_write(model, out_path, opts, report, status, force=opts.force)
+    if source.text is not None and report.written:
+        report.text["vocab"] = text_parity.write_vocab(source.text, out_path)
+    return model, report
 
 
 def optimize(in_path: str, out_path: str, status: Status | None = None,
@@ -163,6 +172,9 @@ def _fuse_and_check(raw: onnx.ModelProto, opts: ConvertOptions, report: RunRepor
             report.parity = verify_against_tf(model, source, opts.precision, opts.batch,
                                               opts.seq, opts.seed, atol=opts.atol,
                                               rtol=opts.rtol, data=data)
+            if source.text is not None:  # and on text, through its own tokenizer
+                report.parity.outputs += text_parity.text_rows(
+                    model, source, report.parity.tolerance, opts.seed)
             st.detail = "ok" if report.parity.ok else "DRIFT"
     return model
 
@@ -235,6 +247,8 @@ def verify(model_path: str, src_path: str | None, opts: ConvertOptions,
     from bertfuse.io.model import load_model
 
     check_gate(opts)
+    if opts.text_file and not opts.vocab:  # a text-in model's vocab, written beside it
+        opts = replace(opts, vocab=find_vocab(model_path))
     data = _parity_data(opts, [model_path, src_path, opts.config])
     if src_path is None and (data is None or not data.load_outputs):
         raise BertfuseError("verify needs the reference: --against SOURCE (TensorFlow), or "

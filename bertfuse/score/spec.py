@@ -131,6 +131,10 @@ def build_job(model: Any, input: Any, output: Any, *, text_column: Any = None,
         raise BertfuseError("mask and segment columns go with an ids column, not text")
     if ids_column and (text_pair_column or vocab):
         raise BertfuseError("a text pair column and a vocab go with a text column, not ids")
+    if text_column and vocab is None:  # a text-in model's vocab, written beside it
+        from bertfuse.io.sidecars import find_vocab
+
+        vocab = find_vocab(model)
     if text_column and vocab is None:
         raise BertfuseError("a text column needs the checkpoint's vocab.txt (vocab)")
     for flag, value in (("truncate", truncate),):

@@ -152,7 +152,10 @@ def check_config(model: Any = None, **kwargs: Any) -> ServeConfig:
     max_seq = cfg.max_seq if cfg.max_seq is not None else (positions or 512)
     max_seq = check_int("max_seq", max_seq, 1, positions,
                         f" (the model's position table has {positions} rows)")
-    vocab = os.path.abspath(cfg.vocab) if cfg.vocab is not None else None
+    from bertfuse.io.sidecars import find_vocab  # a text-in model's vocab, beside it
+
+    vocab = cfg.vocab if cfg.vocab is not None else find_vocab(cfg.model)
+    vocab = os.path.abspath(vocab) if vocab is not None else None
     if vocab is not None:
         from bertfuse.text import WordPiece  # reads and checks it now: one line if bad
 
