@@ -32,6 +32,7 @@ def fusion_plan(precision: str, gelu_approximation: bool = False) -> list[Pass]:
     from bertfuse.passes.shared_weights import SharedWeights
     from bertfuse.passes.skip_layernorm import SkipLayerNormFusion
     from bertfuse.passes.softmax_from_exp import SoftmaxFromExp
+    from bertfuse.passes.tied_weights import TiedWeights
 
     # The hand-written LayerNorm and softmax become ops first: the embedding, attention and
     # skip fusions match on LayerNormalization and Softmax.
@@ -39,8 +40,8 @@ def fusion_plan(precision: str, gelu_approximation: bool = False) -> list[Pass]:
                           SoftmaxFromExp(), EmbedLayerNormFusion(), GeluFusion(),
                           *([FastGeluApproximation()] if gelu_approximation else []),
                           AttentionFusion(), SkipLayerNormFusion(), Cleanup(), ShapeFromInputs(),
-                          Cleanup(), Hidden3DPass(), DenseGemmFusion(), Cleanup(),
-                          SharedWeights()]
+                          Cleanup(), Hidden3DPass(), TiedWeights(), DenseGemmFusion(),
+                          Cleanup(), SharedWeights()]
     if precision == "fp16":
         from bertfuse.passes.fp16 import Fp16Pass
 
