@@ -21,6 +21,7 @@ def fusion_plan(precision: str, gelu_approximation: bool = False) -> list[Pass]:
     fp16 converts the fused graph last. gelu_approximation: exact GELUs become FastGelu
     (passes/fast_gelu.py), right after the GELU fusion."""
     from bertfuse.passes.attention import AttentionFusion
+    from bertfuse.passes.choices import FlattenChoices, RestoreChoices
     from bertfuse.passes.dense_gemm import DenseGemmFusion, GemmToMatMul
     from bertfuse.passes.einsum_matmul import EinsumToMatMul
     from bertfuse.passes.embed_layernorm import EmbedLayerNormFusion
@@ -36,12 +37,13 @@ def fusion_plan(precision: str, gelu_approximation: bool = False) -> list[Pass]:
 
     # The hand-written LayerNorm and softmax become ops first: the embedding, attention and
     # skip fusions match on LayerNormalization and Softmax.
-    passes: list[Pass] = [Cleanup(), EinsumToMatMul(), GemmToMatMul(), LayerNormFusion(),
+    passes: list[Pass] = [FlattenChoices(), Cleanup(), EinsumToMatMul(), GemmToMatMul(),
+                          LayerNormFusion(),
                           SoftmaxFromExp(), EmbedLayerNormFusion(), GeluFusion(),
                           *([FastGeluApproximation()] if gelu_approximation else []),
                           AttentionFusion(), SkipLayerNormFusion(), Cleanup(), ShapeFromInputs(),
                           Cleanup(), Hidden3DPass(), TiedWeights(), DenseGemmFusion(),
-                          Cleanup(), SharedWeights()]
+                          RestoreChoices(), Cleanup(), SharedWeights()]
     if precision == "fp16":
         from bertfuse.passes.fp16 import Fp16Pass
 

@@ -19,6 +19,8 @@ from bertfuse.pipeline.mask import mask_rows, perturbed_feeds
 if TYPE_CHECKING:
     from bertfuse.pipeline.data import ParityData
 
+CHOICES = 2  # a multiple-choice model's random inputs: [batch, 2 choices, seq]
+
 
 @dataclass(frozen=True)
 class Tolerance:
@@ -182,8 +184,11 @@ def verify_against_tf(model: onnx.ModelProto | str, source, precision: str, batc
         seq = min(seq, source.max_positions or seq)
         if source.fixed_seq:
             seq = source.fixed_seq
-        feeds = random_inputs(batch, seq, source.vocab_size or 100, source.type_vocab_size,
+        rows = batch * (CHOICES if source.input_rank == 3 else 1)
+        feeds = random_inputs(rows, seq, source.vocab_size or 100, source.type_vocab_size,
                               seed=seed, pad_anywhere=pad_anywhere)
+        if source.input_rank == 3:  # multiple choice: [batch, choices, seq]
+            feeds = {k: v.reshape(batch, CHOICES, seq) for k, v in feeds.items()}
         inputs = ""
     sets = {"base": feeds}
     if "input_mask" in source.inputs and source.outputs:
