@@ -74,3 +74,19 @@ def test_bertfuse_kernels_lower_every_layer(name, tmp_path):
         assert len(_tables(model, meta["vocab"], meta["hidden"])) == 1
     assert np.all([i.data_type != onnx.TensorProto.FLOAT for i in model.graph.initializer
                    if np.prod(i.dims) >= meta["hidden"] ** 2])
+
+
+def test_multiple_choice_takes_its_own_rank3_inputs_and_refuses_rank2(tmp_path):
+    """--load-inputs / --load-outputs with the library's [batch, choices, seq] inputs and
+    logits; [batch, seq] inputs for it are bad input (exit 2), not a failed run."""
+    from bertfuse.errors import BertfuseError
+
+    ref = str(FIXTURES / "hf_bert_mc" / "reference.npz")
+    report = _convert("hf_bert_mc", tmp_path / "mc.onnx", load_inputs=ref, load_outputs=ref)
+    assert report.written and report.parity.ok, report.parity.to_json()
+    assert report.parity.batch == 3 and report.parity.seq == 16
+    assert [o.name for o in report.parity.outputs][:1] == ["logits"]
+    flat = str(FIXTURES / "hf_bert" / "reference.npz")
+    with pytest.raises(BertfuseError, match=r"the source takes \[batch, choices, seq\]"):
+        _convert("hf_bert_mc", tmp_path / "flat.onnx", load_inputs=flat)
+    assert not (tmp_path / "flat.onnx").exists()
