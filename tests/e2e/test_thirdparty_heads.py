@@ -5,8 +5,8 @@ what test_thirdparty.py checks for every fixture (fused, exact against the libra
   stores the table once: the embedding and the decoder's Gemm(transB=1) read one initializer;
 * `--precision fp16 --kernels bertfuse` lowers every encoder layer into bertfuse's ops (the
   lowering is a graph rewrite, checked on the CPU against the contrib form through the ops'
-  NumPy references by convert itself), for the masked-LM head, multiple choice and dense
-  layers whose biases are the library's zero init.
+  NumPy references by convert itself), for the masked-LM head, multiple choice, dense
+  layers whose biases are the library's zero init and attention built with use_bias=False.
 """
 
 from __future__ import annotations
@@ -52,7 +52,8 @@ def test_mlm_decoder_reads_the_tied_table_once(tmp_path):
     assert [o.name for o in model.graph.output] == ["token_logits"]
 
 
-@pytest.mark.parametrize("name", ["hf_bert_mlm", "hf_bert_mc", "kh_bert_zero_bias"])
+@pytest.mark.parametrize("name", ["hf_bert_mlm", "hf_bert_mc", "kh_bert_zero_bias",
+                                  "mg_encoder_scaffold_no_bias"])
 def test_bertfuse_kernels_lower_every_layer(name, tmp_path):
     meta = json.loads((FIXTURES / name / "meta.json").read_text())
     out = tmp_path / f"{name}.onnx"
