@@ -130,17 +130,16 @@ def _canonicalise_io(model: onnx.ModelProto, src: TFSource) -> None:
     _rename(graph, renames)
     new_inputs = []
     order = {r: i for i, r in enumerate(ROLES)}
+    # [batch, choices, seq] for multiple choice (the model flattens them itself)
+    dims = ["batch"] + (["choices"] if src.input_rank == 3 else []) + [src.fixed_seq or "seq"]
     for inp in sorted(graph.input, key=lambda i: order.get(tf_to_role.get(i.name, i.name), 9)):
         role = tf_to_role.get(inp.name, inp.name)
-        fixed = src.fixed_seq
-        new_inputs.append(helper.make_tensor_value_info(role, TensorProto.INT32,
-                                                        ["batch", fixed or "seq"]))
+        new_inputs.append(helper.make_tensor_value_info(role, TensorProto.INT32, dims))
     # One interface for every model: a model without token types (DistilBERT, RoBERTa-style
     # encoders) still takes segment_ids, and ignores it, so servers need no per-model case.
     for role in ROLES:
         if role not in src.inputs and role != "input_ids":
-            new_inputs.append(helper.make_tensor_value_info(role, TensorProto.INT32,
-                                                            ["batch", src.fixed_seq or "seq"]))
+            new_inputs.append(helper.make_tensor_value_info(role, TensorProto.INT32, dims))
     new_inputs.sort(key=lambda i: order.get(i.name, 9))
     del graph.input[:]
     graph.input.extend(new_inputs)
@@ -156,3 +155,5 @@ def _canonicalise_io(model: onnx.ModelProto, src: TFSource) -> None:
             dims[0].dim_param, dims[1].dim_param = "batch", "seq"
         elif len(dims) >= 1 and not dims[0].dim_value:
             dims[0].dim_param = "batch"
+            if src.input_rank == 3 and len(dims) == 2 and not dims[1].dim_value:
+                dims[1].dim_param = "choices"  # a multiple-choice model's [batch, choices]

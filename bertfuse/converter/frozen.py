@@ -89,14 +89,18 @@ def source_from_graph_def(graph_def, kind: str, path: str, inputs: dict[str, str
         inputs = {r: f"{n}:0" for r, n in roles.items()}
     dtypes = {}
     fixed_seq = None
+    ranks = set()
     for role, tensor in inputs.items():
         node = phs.get(tensor.split(":")[0])
         if node is None:
             raise BertfuseError(f"{path}: input {tensor!r} is not a placeholder of the graph")
         dtypes[role] = np.dtype(tf.dtypes.as_dtype(node.attr["dtype"].type).as_numpy_dtype)
         dims = node.attr["shape"].shape.dim
-        if len(dims) == 2 and dims[1].size > 0:
-            fixed_seq = dims[1].size
+        if len(dims) in (2, 3) and dims[-1].size > 0:
+            fixed_seq = dims[-1].size
+        ranks.add(len(dims) if node.attr["shape"].HasField("shape") and
+                  not node.attr["shape"].shape.unknown_rank else 2)
+    input_rank = 3 if ranks == {3} else 2  # [batch, choices, seq]: multiple choice
     if outputs is None:
         outputs = [f"{n}:0" for n in _detect_outputs(graph_def)]
     # `--outputs` names nodes; tf2onnx wants tensors.
@@ -122,7 +126,7 @@ def source_from_graph_def(graph_def, kind: str, path: str, inputs: dict[str, str
                     input_dtypes=dtypes, outputs=canon, original_names=original,
                     output_roles=roles,
                     vocab_size=vocab, type_vocab_size=type_vocab, max_positions=max_pos,
-                    fixed_seq=fixed_seq)
+                    fixed_seq=fixed_seq, input_rank=input_rank)
 
 
 def _static_ranks(graph_def, tensors: list[str]) -> dict[str, int | None]:

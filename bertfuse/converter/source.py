@@ -57,6 +57,8 @@ class TFSource:
     type_vocab_size: int = 2
     max_positions: int | None = None
     fixed_seq: int | None = None
+    # 3: the inputs are [batch, choices, seq] (multiple choice), flattened inside the model
+    input_rank: int = 2
     config: dict | None = None  # bert_config.json contents, where the source has one
     # Each output's role by meaning (converter/output_meaning.py), None for an output that
     # has none and keeps its source name; absent outputs: the name is the role.

@@ -45,12 +45,15 @@ def random_inputs(batch: int, seq: int, vocab: int, type_vocab: int = 2, seed: i
 def probe_feeds(graph: Any, fill: int = 1, batch: int = PROBE_BATCH,
                 seq: int = PROBE_SEQ) -> Request:
     """Every input of a graph (onnx-graphsurgeon's: .inputs with name, dtype, shape) as an
-    array of `fill` ([batch, seq] for 2-D integer inputs)."""
+    array of `fill` ([batch, seq] for 2-D integer inputs; [batch, 1, seq] for 3-D ones, a
+    multiple-choice model's [batch, choices, seq], which it flattens to [batch, seq])."""
     feeds = {}
     for t in graph.inputs:
         dtype = np.dtype(t.dtype) if t.dtype is not None else np.dtype(np.int32)
         rank = len(t.shape) if t.shape is not None else 2
         shape = [batch, seq][:rank] + [1] * max(0, rank - 2)
+        if rank == 3 and dtype.kind in "iu":
+            shape = [batch, 1, seq]
         if t.shape is not None:
             shape = [d if isinstance(d, int) and d > 0 else s for d, s in zip(t.shape, shape)]
         feeds[t.name] = np.full(shape, fill, dtype=dtype)

@@ -4,7 +4,7 @@ Google's modeling.py (and tf2onnx after it) keeps hidden states 2-D [B*S, H] bet
 Attention, EmbedLayerNormalization and SkipLayerNormalization want [B, S, H]. After the
 fusions the encoder is a chain of row-wise ops between flattening and unflattening Reshapes:
 
-    [B,S,H] ─► Reshape[-1,H] ─► MatMul / Add(bias) / SkipLayerNorm / BiasGelu ... ─► Reshape[B,S,H'] ─►
+    [B,S,H] ─► Reshape[-1,H] ─► MatMul / Add(bias) / SkipLayerNorm / BiasGelu ... ─► Reshape[B|-1,S,H'] ─►
 
 Every row-wise op computes the same on [B,S,H] as on [B*S,H], so when every path from the
 flattening Reshapes reaches only row-wise ops and Reshapes back to [B,S,·] (checked by
@@ -143,7 +143,8 @@ def _check_terminals(graph: gs.Graph, terminals: list[gs.Node]) -> list[gs.Tenso
     for term in terminals:
         value = const_value(term.inputs[1])
         v = [int(x) for x in np.ravel(value if value is not None else next(evaluated))]
-        if v[:2] != [PROBE_BATCH, seq] and v[:2] != [PROBE_BATCH, -1] or len(v) < 3:
+        # B and S, B and -1, or -1 and S (a head's [-1, S, vocab]: B*S rows make B).
+        if v[:2] not in ([PROBE_BATCH, seq], [PROBE_BATCH, -1], [-1, seq]) or len(v) < 3:
             fail(f"an unflatten Reshape targets {v}, not [B, S, H]")
         if len(v) == 3:
             outs.append(term.outputs[0])

@@ -21,6 +21,7 @@ def fusion_plan(precision: str, gelu_approximation: bool = False) -> list[Pass]:
     fp16 converts the fused graph last. gelu_approximation: exact GELUs become FastGelu
     (passes/fast_gelu.py), right after the GELU fusion."""
     from bertfuse.passes.attention import AttentionFusion
+    from bertfuse.passes.choices import FlattenChoices, RestoreChoices
     from bertfuse.passes.dense_gemm import DenseGemmFusion, GemmToMatMul
     from bertfuse.passes.einsum_matmul import EinsumToMatMul
     from bertfuse.passes.embed_layernorm import EmbedLayerNormFusion
@@ -32,15 +33,17 @@ def fusion_plan(precision: str, gelu_approximation: bool = False) -> list[Pass]:
     from bertfuse.passes.shared_weights import SharedWeights
     from bertfuse.passes.skip_layernorm import SkipLayerNormFusion
     from bertfuse.passes.softmax_from_exp import SoftmaxFromExp
+    from bertfuse.passes.tied_weights import TiedWeights
 
     # The hand-written LayerNorm and softmax become ops first: the embedding, attention and
     # skip fusions match on LayerNormalization and Softmax.
-    passes: list[Pass] = [Cleanup(), EinsumToMatMul(), GemmToMatMul(), LayerNormFusion(),
+    passes: list[Pass] = [FlattenChoices(), Cleanup(), EinsumToMatMul(), GemmToMatMul(),
+                          LayerNormFusion(),
                           SoftmaxFromExp(), EmbedLayerNormFusion(), GeluFusion(),
                           *([FastGeluApproximation()] if gelu_approximation else []),
                           AttentionFusion(), SkipLayerNormFusion(), Cleanup(), ShapeFromInputs(),
-                          Cleanup(), Hidden3DPass(), DenseGemmFusion(), Cleanup(),
-                          SharedWeights()]
+                          Cleanup(), Hidden3DPass(), TiedWeights(), DenseGemmFusion(),
+                          RestoreChoices(), Cleanup(), SharedWeights()]
     if precision == "fp16":
         from bertfuse.passes.fp16 import Fp16Pass
 

@@ -6,7 +6,13 @@
 
 Either Add operand order, bias Add on either side. The sublayer side must be a dense layer's
 output (a MatMul, with or without its bias Add): that is what tells a residual connection
-apart from the embedding sum, which stays for EmbedLayerNormalization.
+apart from the embedding sum, which stays for EmbedLayerNormalization. A dense layer without
+a bias (`use_bias=False`, or a zero bias folded away: GemmToMatMul drops it) is the math's
+bias 0, also through a Keras Tensordot's Reshape / Squeeze:
+
+    h ─► MatMul(W) ─► [Reshape ─► Squeeze] ─┐
+                           residual ──────► Add ─► LayerNormalization(γ, β) ─► y
+    ==>  SkipLayerNormalization(dense out, residual, γ, β) ─► y   (no bias input)
 
 Candidates: every LayerNormalization; each ends fused or missed (LayerNorm not over the last
 axis, input not an Add, the sum read elsewhere, no dense-layer operand).
@@ -71,7 +77,7 @@ def _sublayer_and_residual(add: gs.Node) -> tuple | None:
         if const_value(residual) is not None or not side.inputs:
             continue
         node = side.inputs[0]
-        if node.op == "MatMul":
+        if _dense_output(side):  # no bias, or a zero one folded away: bias 0
             return side, None, residual
         if node.op == "Add" and len(side.outputs) == 1:
             for j in (0, 1):

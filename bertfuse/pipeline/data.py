@@ -191,17 +191,18 @@ def input_feeds(flag: str, path: str, arrays: Mapping[str, np.ndarray],
     feeds.setdefault("segment_ids", np.zeros(shape, np.int32))
     if not np.isin(mask, (0, 1)).all():
         raise BertfuseError(f"{flag} {path}: input_mask holds values other than 0 and 1")
-    if not mask.any(axis=1).all():
-        raise BertfuseError(f"{flag} {path}: row {int(np.argmin(mask.any(axis=1)))} of "
+    kept = mask.reshape(-1, mask.shape[-1]).any(axis=1)  # [batch, choices, seq]: per choice
+    if not kept.all():
+        raise BertfuseError(f"{flag} {path}: row {int(np.argmin(kept))} of "
                             f"input_mask is all zeros")
     return feeds
 
 
 def _ints(flag: str, path: str, name: str, array: np.ndarray) -> np.ndarray:
     a = np.asarray(array)
-    if a.ndim != 2 or 0 in a.shape:
+    if a.ndim not in (2, 3) or 0 in a.shape:
         raise BertfuseError(f"{flag} {path}: {name!r} has shape {list(a.shape)}; inputs are "
-                            f"[batch, seq]")
+                            f"[batch, seq] ([batch, choices, seq] for multiple choice)")
     if a.dtype.kind == "f" and not np.array_equal(a, np.round(a)):
         raise BertfuseError(f"{flag} {path}: {name!r} holds non-integer values")
     if a.dtype.kind not in "biuf" or a.min() < _INT32.min or a.max() > _INT32.max:

@@ -70,7 +70,12 @@ def model_feeds(model: onnx.ModelProto, batch: int, seq: int, seed: int | None
             vocab, positions = dims[0] or vocab, dims[1] or positions
             types = dims[2] if len(dims) > 2 and dims[2] else 1
             break
-    base = random_inputs(batch, min(seq, positions), vocab, types, seed=seed, pad_anywhere=True)
+    # a multiple-choice model's inputs are [batch, choices, seq]: 2 choices of each row
+    choices = 2 if any(len(i.type.tensor_type.shape.dim) == 3 for i in model.graph.input) else 0
+    base = random_inputs(batch * (choices or 1), min(seq, positions), vocab, types, seed=seed,
+                         pad_anywhere=True)
+    if choices:
+        base = {k: v.reshape(batch, choices, -1) for k, v in base.items()}
     feeds = {}
     for i in model.graph.input:
         low = i.name.lower()

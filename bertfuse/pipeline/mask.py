@@ -66,7 +66,7 @@ def _kept(mask: np.ndarray, shape: tuple, token: bool) -> np.ndarray:
     if token:  # [B, S] picks the tokens of [B, S] and [B, S, ...] alike
         return mask.astype(bool)
     kept = np.zeros(shape, bool)  # a row's output is read off its first token ([CLS])
-    kept[mask[:, 0].astype(bool)] = True
+    kept[mask[..., 0].astype(bool)] = True  # [B, choices, S] masks: per choice
     return kept
 
 

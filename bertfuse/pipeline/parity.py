@@ -19,6 +19,8 @@ from bertfuse.pipeline.mask import mask_rows, perturbed_feeds
 if TYPE_CHECKING:
     from bertfuse.pipeline.data import ParityData
 
+CHOICES = 2  # a multiple-choice model's random inputs: [batch, 2 choices, seq]
+
 
 @dataclass(frozen=True)
 class Tolerance:
@@ -174,16 +176,20 @@ def verify_against_tf(model: onnx.ModelProto | str, source, precision: str, batc
     tol = tolerance_for(precision, atol, rtol)
     if data is not None and data.has_inputs:
         feeds = data.feeds(source.original_names, source.max_positions, model_path)
+        check_rank(feeds, source.input_rank, "the source")
         check_feeds(feeds, source.vocab_size, source.type_vocab_size, source.max_positions,
                     source.fixed_seq)
-        batch, seq = feeds["input_ids"].shape
+        batch, seq = feeds["input_ids"].shape[0], feeds["input_ids"].shape[-1]
         seed, inputs = None, data.describe_inputs(batch, seq)
     else:
         seq = min(seq, source.max_positions or seq)
         if source.fixed_seq:
             seq = source.fixed_seq
-        feeds = random_inputs(batch, seq, source.vocab_size or 100, source.type_vocab_size,
+        rows = batch * (CHOICES if source.input_rank == 3 else 1)
+        feeds = random_inputs(rows, seq, source.vocab_size or 100, source.type_vocab_size,
                               seed=seed, pad_anywhere=pad_anywhere)
+        if source.input_rank == 3:  # multiple choice: [batch, choices, seq]
+            feeds = {k: v.reshape(batch, CHOICES, seq) for k, v in feeds.items()}
         inputs = ""
     sets = {"base": feeds}
     if "input_mask" in source.inputs and source.outputs:
@@ -236,6 +242,9 @@ def verify_against_saved(model: onnx.ModelProto, data: ParityData, precision: st
     names = [i.name for i in model.graph.input if i.name not in inits]
     roles = {n: n for n in names} if all(n in ROLES for n in names) else assign_roles(names)
     feeds = data.feeds(shown, None, model_path)  # by role, or as the source named them
+    ids = next((i for i in model.graph.input if i.name == roles.get("input_ids")), None)
+    if ids is not None and ids.type.tensor_type.HasField("shape"):
+        check_rank(feeds, len(ids.type.tensor_type.shape.dim), "the model")
     check_feeds(feeds, *_table_rows(model))
     session = ort_session(model, device)
     types = {i.name: i.type for i in session.get_inputs()}
@@ -244,7 +253,7 @@ def verify_against_saved(model: onnx.ModelProto, data: ParityData, precision: st
     outs = run_onnx(session, by_name)
     expected = data.expected({v: k for k, v in shown.items()}, list(outs))
     data.save(feeds, expected, outs)
-    batch, seq = feeds["input_ids"].shape
+    batch, seq = feeds["input_ids"].shape[0], feeds["input_ids"].shape[-1]
     return ParityReport(precision, batch, seq, compare(expected, outs, tol), tol, None,
                         f"saved outputs ({data.load_outputs})", "", data.describe_inputs(batch, seq),
                         device)
@@ -258,10 +267,19 @@ def _table_rows(model: onnx.ModelProto) -> tuple[int | None, int, int | None, No
     return facts.vocab_size, facts.type_vocab_size or 0, facts.max_positions, None
 
 
+def check_rank(feeds: dict[str, np.ndarray], rank: int, what: str) -> None:
+    """[batch, seq] inputs for a [batch, choices, seq] model, or the other way: bad input."""
+    got = feeds["input_ids"].ndim
+    if got != rank:
+        shapes = {2: "[batch, seq]", 3: "[batch, choices, seq]"}
+        raise BertfuseError(f"the inputs are {shapes.get(got, f'rank {got}')}; {what} takes "
+                            f"{shapes.get(rank, f'rank {rank}')}: give inputs of that shape")
+
+
 def check_feeds(feeds: dict[str, np.ndarray], vocab: int | None, type_vocab: int,
                 positions: int | None, fixed_seq: int | None) -> None:
     """The user's inputs against the model's tables: bad input (exit 2), not a drift."""
-    seq = feeds["input_ids"].shape[1]
+    seq = feeds["input_ids"].shape[-1]
     if fixed_seq and seq != fixed_seq:
         raise BertfuseError(f"the inputs have {seq} tokens a row; the source takes exactly "
                             f"{fixed_seq}")

@@ -414,11 +414,12 @@ def bert(rng: np.random.Generator, *, layers: int = 2, hidden: int = 16, heads: 
          inter: int = 32, vocab: int = 40, positions: int = 16, types: int = 2,
          gelu_form: str = "erf_x_half", broken_layer: int | None = None,
          pooler: bool = True, ids_dtype=np.int32,
-         not_gelu_layer: int | None = None) -> onnx.ModelProto:
+         not_gelu_layer: int | None = None, biases: bool = True) -> onnx.ModelProto:
     """A whole tiny Google-style BERT: int ids/mask/segments -> sequence_output [B,S,H]
     (unflattened from 2-D through Shape arithmetic) and pooled_output [B,H].
     broken_layer: that layer's attention probabilities are also read by a ReduceSum (unfusable).
-    not_gelu_layer: that layer's activation is 0.6 * x * (1 + erf(x / sqrt2)), not GELU."""
+    not_gelu_layer: that layer's activation is 0.6 * x * (1 + erf(x / sqrt2)), not GELU.
+    biases=False: no dense layer has a bias (Keras' use_bias=False); LayerNorms keep theirs."""
     g = G("bert")
     ids = g.input("input_ids", ids_dtype, ["B", "S"])
     mask = g.input("input_mask", ids_dtype, ["B", "S"])
@@ -428,7 +429,10 @@ def bert(rng: np.random.Generator, *, layers: int = 2, hidden: int = 16, heads: 
     h = g.op("Reshape", e, g.ints(-1, hidden))
     for i in range(layers):
         probs = f"probs_{i}" if i == broken_layer else None
-        h = encoder_layer(g, h, mask, layer_weights(rng, hidden, inter), hidden, heads,
+        w = layer_weights(rng, hidden, inter)
+        if not biases:
+            w.update(dict.fromkeys(("bq", "bk", "bv", "bo", "bi", "bo2")))
+        h = encoder_layer(g, h, mask, w, hidden, heads,
                           gelu_form=gelu_form, probs_out=probs,
                           gelu_half=0.6 if i == not_gelu_layer else 0.5)
         if probs:  # the probabilities are also read by another node: unfusable
@@ -442,7 +446,7 @@ def bert(rng: np.random.Generator, *, layers: int = 2, hidden: int = 16, heads: 
                                      g.ints(1)), g.ints(1))
         pw = (rng.standard_normal((hidden, hidden)) / math.sqrt(hidden)).astype(np.float32)
         pb = (0.1 * rng.standard_normal(hidden)).astype(np.float32)
-        g.op("Tanh", dense(g, first, pw, pb), out="pooled_output")
+        g.op("Tanh", dense(g, first, pw, pb if biases else None), out="pooled_output")
         g.output("pooled_output")
     return g.model()
 

@@ -66,3 +66,24 @@ def test_hidden_3d_flattened_tensor_as_graph_output(rng, seed):
     assert [i.name for i in fused.graph.input] == ["x", "input_mask"]
     assert any("model output" in r for r in missed(report, "hidden_3d")), report.diagnostics
     assert_same(model, fused, encoder_feeds(rng), seed)
+
+
+def test_hidden_3d_takes_a_heads_unflatten_to_minus_one_s_vocab(rng, seed):
+    """transformers' masked-LM decoder unflattens its [B*S, vocab] product to [-1, S, vocab]
+    (B left to the Reshape): still [B, S, ·], so the round trips go."""
+    vocab = 24
+    g = G("encoder")
+    x3 = g.input("x", np.float32, ["B", "S", H])
+    mask = g.input("input_mask", np.int32, ["B", "S"])
+    h = g.op("Reshape", x3, g.ints(-1, H))
+    h = encoder_layer(g, h, mask, layer_weights(rng, H, INTER), H, N)
+    w = rng.standard_normal((H, vocab)).astype(np.float32)
+    logits = g.op("MatMul", h, g.const(w))
+    seq = g.op("Slice", g.op("Shape", mask), g.ints(1), g.ints(2))
+    g.op("Reshape", logits, g.op("Concat", g.ints(-1), seq, g.ints(vocab), axis=0), out="y")
+    g.output("y")
+    model = g.model()
+    fused, report = fuse(model)
+    assert count(fused, "Reshape") == 0, census(fused)
+    assert not missed(report, "hidden_3d"), missed(report, "hidden_3d")
+    assert_same(model, fused, encoder_feeds(rng), seed)

@@ -82,9 +82,11 @@ def test_plans_name_every_form():
     from bertfuse.passes.plans import fp8_plan, fusion_plan, lowering_plan, packing_plan
 
     fp32 = [p.name for p in fusion_plan("fp32")]
-    assert fp32[:3] == ["cleanup", "einsum_matmul", "gemm_to_matmul"]
+    # multiple choice's flat rows are a graph input of their own while the fusions run
+    assert fp32[:4] == ["choices", "cleanup", "einsum_matmul", "gemm_to_matmul"]
     assert fp32.index("layernorm") < fp32.index("attention") < fp32.index("skip_layernorm") < \
-        fp32.index("hidden_3d") < fp32.index("dense_gemm")
+        fp32.index("hidden_3d") < fp32.index("tied_weights") < fp32.index("dense_gemm") < \
+        len(fp32) - 1 - fp32[::-1].index("choices")
     assert [p.name for p in fusion_plan("fp16")] == fp32 + ["fp16", "cleanup", "shared_weights"]
     assert [p.name for p in lowering_plan()] == \
         ["bertfuse_kernels", "bert_embed_layernorm", "bert_pooler", "dense_fp32_output",
