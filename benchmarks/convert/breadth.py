@@ -247,7 +247,8 @@ def sources(names: list[str]) -> list[tuple[str, dict, str, str]]:
     out = []
     for name in names:
         meta = json.loads((FIXTURES / name / "meta.json").read_text())
-        fmt = "TF1 checkpoint" if meta.get("format") == "checkpoint" else "SavedModel"
+        fmt = {"checkpoint": "TF1 checkpoint", "frozen": "frozen GraphDef"}.get(
+            meta.get("format"), "SavedModel")
         out.append((name, meta, meta["path"], fmt))
         if meta.get("keras_path"):
             out.append((name, meta, meta["keras_path"], ".keras"))
