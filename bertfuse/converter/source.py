@@ -18,6 +18,7 @@ OUTPUT_ROLES: dict[str, tuple[tuple[str, ...], bool]] = {
                          "hidden_states"), True),
     "pooled_output": (("pooled_output", "pooler_output", "pooled"), False),
     "logits": (("logits",), False),
+    "probabilities": (("probabilities",), False),  # a classifier's softmax (run_classifier.py)
     "token_logits": (("token_logits",), True),
     "start_logits": (("start_logits",), True),
     "end_logits": (("end_logits",), True),
@@ -65,6 +66,7 @@ class TFSource:
     output_roles: dict[str, str | None] = field(default_factory=dict)
     backend: str = ""  # which TF computed the last reference (for the report)
     text: Any = None  # a text-in SavedModel's tokenizer (text_front.py TextFront)
+    notes: list[str] = field(default_factory=list)  # what loading changed (the report's notes)
     _session: Any = None
 
     @property
