@@ -116,13 +116,24 @@ def _source_from_concrete(concrete, kind: str, path: str, role_override: dict[st
 
 def load_savedmodel(path: str, signature: str, role_override: dict[str, str],
                     outputs: list[str] | None) -> TFSource:
+    from bertfuse.converter.xla import freezable
+
+    notes: list[str] = []
+    with freezable(path, notes) as load_path:  # XLA-compiled functions: unmarked to inline
+        src = _load_signature(load_path, path, signature, role_override, outputs)
+    src.notes[:0] = notes
+    return src
+
+
+def _load_signature(load_path: str, path: str, signature: str, role_override: dict[str, str],
+                    outputs: list[str] | None) -> TFSource:
     import tensorflow as tf
 
     from bertfuse.converter.text_front import TextFront, text_ops
 
     text = text_ops(path)  # tensorflow-text's ops registered, or one line saying how
     try:
-        loaded = tf.saved_model.load(path)
+        loaded = tf.saved_model.load(load_path)
     except Exception as exc:
         raise BertfuseError(f"{path}: cannot load SavedModel ({type(exc).__name__}: "
                             f"{str(exc).splitlines()[0][:200] if str(exc) else ''})") from None
