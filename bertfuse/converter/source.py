@@ -18,7 +18,6 @@ OUTPUT_ROLES: dict[str, tuple[tuple[str, ...], bool]] = {
                          "hidden_states"), True),
     "pooled_output": (("pooled_output", "pooler_output", "pooled"), False),
     "logits": (("logits",), False),
-    "probabilities": (("probabilities",), False),  # a classifier's softmax (run_classifier.py)
     "token_logits": (("token_logits",), True),
     "start_logits": (("start_logits",), True),
     "end_logits": (("end_logits",), True),

@@ -89,6 +89,8 @@ def encoder_table(op_types: Sequence[str], diagnostics: Iterable = ()) -> Encode
             segments.append([])
         segments[-1].append(op)
     prelude, layer_ops = segments[0], segments[1:]
+    if len(layer_ops) > 1 and set(layer_ops[-1]) == {"Softmax"}:
+        layer_ops.pop()  # a lone Softmax after the last layer: a classifier's probabilities
     diagnostics = list(diagnostics)
     layers = []
     for i, ops in enumerate(layer_ops):
