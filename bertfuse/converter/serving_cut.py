@@ -34,7 +34,7 @@ from bertfuse.errors import BertfuseError
 PARSE_OPS = ("ParseExample", "ParseExampleV2", "ParseSingleExample")
 DECODE_OPS = ("DecodeRaw",)
 # Ops that pass their first input's values through (an output made only of these echoes it).
-_PASS = ("Identity", "Cast", "Reshape", "ExpandDims", "Squeeze", "IdentityN", "StopGradient")
+_PASS = ("Identity", "Cast", "Reshape", "ExpandDims", "Squeeze", "StopGradient")
 
 
 @dataclass
@@ -172,6 +172,19 @@ def _static(graph_def, tensor: str) -> tuple[int, list[int] | None]:
     return t.dtype.as_datatype_enum, dims
 
 
+def _numeric(dtype: int) -> bool:
+    import tensorflow as tf
+
+    d = tf.dtypes.as_dtype(dtype)
+    return d.is_integer or d.is_floating or d.is_bool
+
+
+def _dtype_name(dtype: int) -> str:
+    import tensorflow as tf
+
+    return tf.dtypes.as_dtype(dtype).name
+
+
 def _unique(base: str, taken: set[str]) -> str:
     base = re.sub(r"[^A-Za-z0-9_.\-]", "_", base) or "input"
     name, i = base, 1
@@ -269,6 +282,9 @@ def cut(graph_def, inputs: dict[str, str], outputs: dict[str, str], override: di
                 node.op == "Placeholder":
             continue  # an input: roles.assign_roles places it (or says it has none)
         dtype, dims = _static(graph_def, _ref(name))
+        if not _numeric(dtype):
+            raise BertfuseError(f"--inputs {role}={name}: a {_dtype_name(dtype)} tensor cannot "
+                                f"be fed as int32 ids; name the numeric tensor the model reads")
         features.append(_Feature(role, _ref(name), dtype, [-1, -1] if dims is None else dims,
                                  f"--inputs {role}={name}"))
     named = {f.tensor for f in features}

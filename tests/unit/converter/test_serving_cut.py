@@ -197,3 +197,9 @@ def test_unread_placeholder_removed_and_others_untouched():
     assert c.notes == ["input label_ids is read by no kept output: left out"]
     same = cut(graph_def, {"input_ids": "input_ids:0"}, {"score": "score:0"}, {})
     assert same.graph_def is graph_def and same.notes == []  # nothing to change: untouched
+
+
+def test_inputs_naming_a_string_tensor_is_refused():
+    graph_def, inputs, outputs = _graph(_parse_v2)
+    with pytest.raises(BertfuseError, match="a string tensor cannot be fed as int32 ids"):
+        cut(graph_def, inputs, outputs, {"input_ids": "ParseExample/ParseExampleV2/dense_keys:0"})
