@@ -174,3 +174,17 @@ def test_frozen_estimator_graph_is_cut_too(tmp_path):
     ref = np.load(ESTIMATOR / "est_cls_example" / "reference.npz")
     got = _run(model, {r: ref[f"in/{r}"] for r in ROLES})[output.name]
     assert np.abs(got - ref["out/probabilities"]).max() <= 1e-4
+
+
+def test_verify_against_the_estimator_export(converted):
+    """`bertfuse verify MODEL --against EXPORT` cuts the export the same way."""
+    from bertfuse.pipeline.options import ConvertOptions
+    from bertfuse.pipeline.stages import verify
+
+    src = ESTIMATOR / "est_squad_example" / "model"
+    path, _ = converted(src, "est_squad_example")
+    report = verify(path, str(src), ConvertOptions(), device="cpu", kernels="ort")
+    assert report.parity.ok, report.parity.to_json()
+    assert any(n.startswith("cut after ParseExampleV2") for n in report.notes), report.notes
+    assert sorted(o.name for o in report.parity.outputs if "invariance" not in o.name) == \
+        ["end_logits", "start_logits"]
