@@ -111,14 +111,15 @@ def test_estimator_export_cut_fused_and_exact(name, converted):
     _check_against(model, feeds, {o: ref[f"out/{o}"] for o in outputs})
 
 
-def test_estimator_classifier_passes_strict(tmp_path):
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_estimator_classifier_passes_strict(precision, tmp_path):
     """--strict: the classifier's probabilities Softmax is no unfused attention layer."""
     from bertfuse.pipeline.options import ConvertOptions
     from bertfuse.pipeline.stages import convert
 
     out = tmp_path / "strict.onnx"
     report = convert(str(ESTIMATOR / "est_cls_raw" / "model"), str(out),
-                     ConvertOptions(strict=True))
+                     ConvertOptions(strict=True, precision=precision))
     assert report.written and report.passes.table.fully_fused
     assert len(report.passes.table.layers) == 2
 
