@@ -42,6 +42,8 @@ def print_report(report: RunReport, console: Console) -> None:
         rows = ", ".join(f"{o['name']} ({o['role'] or 'no role: its source name'})"
                          for o in report.outputs)
         console.print(f"[dim]outputs:[/dim] {escape(rows)}")
+    for note in report.notes:
+        console.print(f"[dim]note:[/dim] {escape(note)}")
     stages = Table(title="bertfuse", show_lines=False)
     stages.add_column("stage")
     stages.add_column("time (s)", justify="right")

@@ -201,4 +201,12 @@ def load_frozen(path: str, outputs: list[str] | None,
         raise BertfuseError(f"{path}: not a TensorFlow GraphDef (protobuf parse failed)") from None
     if not graph_def.node:
         raise BertfuseError(f"{path}: empty or not a TensorFlow GraphDef")
-    return source_from_graph_def(graph_def, "frozen", path, None, outputs, role_override)
+    from bertfuse.converter import serving_cut
+
+    # tf.Example parsing cut off, unread inputs left out (the outputs: as given or detected).
+    tensors = [o if ":" in o else f"{o}:0" for o in outputs or _detect_outputs(graph_def)]
+    placeholders = {n.name: f"{n.name}:0" for n in _placeholders(graph_def)}
+    cut = serving_cut.cut(graph_def, placeholders, dict(zip(tensors, tensors)), role_override)
+    src = source_from_graph_def(cut.graph_def, "frozen", path, None, outputs, cut.override)
+    src.notes.extend(cut.notes)
+    return src

@@ -87,29 +87,45 @@ def _roles(graph_def, structured: dict[str, str], override: dict[str, str]) -> d
 
 def _source_from_concrete(concrete, kind: str, path: str, role_override: dict[str, str],
                           outputs: list[str] | None, front=None) -> TFSource:
+    from bertfuse.converter import serving_cut
+
     graph_def, structured, out_map, ranks = _freeze(concrete)
     if front is not None:  # text in: the encoder from its tokenizer's ids (text_front.py)
         graph_def, structured = front.cut(graph_def, structured, list(out_map.values()))
     rank_of = dict(zip(out_map.values(), ranks))
-    roles = _roles(graph_def, structured, role_override)
-    inputs = {r: structured[n] for r, n in roles.items()}
     if outputs:
         missing = [o for o in outputs if o not in out_map]
         if missing:
             raise BertfuseError(f"{path}: no output {missing[0]!r} (outputs: "
                                 f"{', '.join(out_map)})")
         out_map = {k: out_map[k] for k in outputs}
-    else:
-        out_map = _role_outputs(out_map)
+    # tf.Example parsing cut off, unread inputs and passed-through outputs left out.
+    cut = serving_cut.cut(graph_def, structured, out_map, role_override,
+                          None if outputs else _role_outputs)
+    graph_def, structured, out_map = cut.graph_def, cut.inputs, cut.outputs
+    roles = _roles(graph_def, structured, cut.override)
+    inputs = {r: structured[n] for r, n in roles.items()}
     tensors = list(out_map.values())
     names = {t: k for k, t in out_map.items()}
     src = source_from_graph_def(graph_def, kind, path, inputs, tensors, {}, output_names=names,
                                 output_ranks={t: rank_of.get(t) for t in tensors})
     src.original_names.update({r: n for r, n in roles.items()})
+    src.notes.extend(cut.notes)
     return src
 
 
 def load_savedmodel(path: str, signature: str, role_override: dict[str, str],
+                    outputs: list[str] | None) -> TFSource:
+    from bertfuse.converter.xla import freezable
+
+    notes: list[str] = []
+    with freezable(path, notes) as load_path:  # XLA-compiled functions: unmarked to inline
+        src = _load_signature(load_path, path, signature, role_override, outputs)
+    src.notes[:0] = notes
+    return src
+
+
+def _load_signature(load_path: str, path: str, signature: str, role_override: dict[str, str],
                     outputs: list[str] | None) -> TFSource:
     import tensorflow as tf
 
@@ -117,7 +133,7 @@ def load_savedmodel(path: str, signature: str, role_override: dict[str, str],
 
     text = text_ops(path)  # tensorflow-text's ops registered, or one line saying how
     try:
-        loaded = tf.saved_model.load(path)
+        loaded = tf.saved_model.load(load_path)
     except Exception as exc:
         raise BertfuseError(f"{path}: cannot load SavedModel ({type(exc).__name__}: "
                             f"{str(exc).splitlines()[0][:200] if str(exc) else ''})") from None

@@ -65,6 +65,7 @@ class TFSource:
     output_roles: dict[str, str | None] = field(default_factory=dict)
     backend: str = ""  # which TF computed the last reference (for the report)
     text: Any = None  # a text-in SavedModel's tokenizer (text_front.py TextFront)
+    notes: list[str] = field(default_factory=list)  # what loading changed (the report's notes)
     _session: Any = None
 
     @property

@@ -89,6 +89,10 @@ def encoder_table(op_types: Sequence[str], diagnostics: Iterable = ()) -> Encode
             segments.append([])
         segments[-1].append(op)
     prelude, layer_ops = segments[0], segments[1:]
+    if len(layer_ops) > 1 and set(layer_ops[-1]) <= {"Softmax", "Cast", "Identity"} and \
+            layer_ops[-1].count("Softmax") == 1:
+        layer_ops.pop()  # a lone Softmax after the last layer (fp16: and its output's Cast):
+        # a classifier's probabilities
     diagnostics = list(diagnostics)
     layers = []
     for i, ops in enumerate(layer_ops):

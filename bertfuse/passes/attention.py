@@ -44,7 +44,9 @@ class AttentionFusion(CandidatePass):
         self._order: dict[int, int] = {}
 
     def candidates(self, graph: gs.Graph) -> list[gs.Node]:
-        softmaxes = [n for n in graph.nodes if n.op == "Softmax"]
+        # A [batch, classes] Softmax that is a model output is a classifier's probabilities.
+        softmaxes = [n for n in graph.nodes if n.op == "Softmax" and not (
+            is_graph_output(graph, n.outputs[0]) and rank_of(n.outputs[0]) == 2)]
         self._order = {id(n): i for i, n in enumerate(softmaxes)}
         return softmaxes
 

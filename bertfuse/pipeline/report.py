@@ -56,6 +56,7 @@ class RunReport:
     parity: ParityReport | None = None
     original_names: dict[str, str] = field(default_factory=dict)
     outputs: list[dict] = field(default_factory=list)  # convert: TFSource.output_table()
+    notes: list[str] = field(default_factory=list)  # what loading the source changed
     output: str | None = None
     written: bool = False
     command: str = ""  # convert | optimize | verify
@@ -87,6 +88,7 @@ class RunReport:
             "stages": [s.__dict__ for s in self.stages],
             "original_names": self.original_names,
             "outputs": self.outputs,
+            "notes": self.notes,
             "options": self.options,
             "passes": self.passes.to_json() if self.passes else None,
             "parity": self.parity.to_json() if self.parity else None,

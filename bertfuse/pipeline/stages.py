@@ -72,7 +72,7 @@ def convert_model(src_path: str, out_path: str | None, opts: ConvertOptions,
                              opts.config)
         st.nodes = source.tf_node_count
         st.detail = f"{source.kind}, {len(source.weights)} weight tensors"
-        report.original_names = source.original_names
+        report.original_names, report.notes = source.original_names, list(source.notes)
         report.outputs = source.output_table()
         if source.text is not None:  # text in: the tokenizer cut off (text_parity.py)
             report.text = text_parity.begin(source.text, st, out_path,
@@ -329,7 +329,7 @@ def _verify(model: onnx.ModelProto, model_path: str, src_path: str | None,
     with report.stage("load TF model", status) as st:
         source = load_source(src_path, opts.kind, opts.signature, opts.inputs, opts.outputs,
                              opts.config)
-        st.nodes = source.tf_node_count
+        st.nodes, report.notes = source.tf_node_count, list(source.notes)
     try:
         model = match_interface(model, source, model_path, src_path,
                                 parse_override(opts.inputs))

@@ -18,6 +18,20 @@ def test_fully_fused_encoder():
     assert table.unfused() == []
 
 
+def test_classifier_probabilities_softmax_is_no_layer():
+    """run_classifier.py's head ends in Softmax(logits): not an unfused attention layer, and
+    the pooler's Tanh before it is still the pooler's."""
+    ops = ["EmbedLayerNormalization"] + FUSED_LAYER * 2 + ["Gather", "Gemm", "Tanh", "Gemm",
+                                                            "Softmax"]
+    for tail in ([], ["Cast"]):  # fp16: the output's Cast back to float32 after it
+        table = encoder_table(ops + tail)
+        assert table.fully_fused and [l.layer for l in table.layers] == [0, 1]
+        assert table.layers[1].leftovers == {}
+    # An unfused last layer starts with its Softmax too, but is never a Softmax alone.
+    raw = encoder_table(["EmbedLayerNormalization"] + FUSED_LAYER + RAW_LAYER)
+    assert len(raw.layers) == 2 and not raw.fully_fused
+
+
 def test_reasons_go_to_their_layer_and_layerless_ones_to_every_unfused_layer():
     ops = ["EmbedLayerNormalization"] + FUSED_LAYER + RAW_LAYER + RAW_LAYER
     diagnostics = [
