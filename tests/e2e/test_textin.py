@@ -100,6 +100,9 @@ def test_tokenizer_cut_off_and_encoder_fused(name, converted):
     assert not any(i.data_type == onnx.TensorProto.STRING for i in model.graph.initializer)
     assert report.text["lower_case"] is True and report.text["seq"] == 16
     assert report.text["vocab"] == str(out.with_suffix(".vocab.txt"))
+    from support.lowering import lowered
+
+    lowered(str(out), 2)  # --kernels bertfuse lowers both layers of the cut model
 
 
 @pytest.mark.parametrize("name", NAMES)
