@@ -99,7 +99,8 @@ def detect_layout(prefix: str, names: set[str]) -> Layout:
     some = min(names, default="(no variables)")
     raise BertfuseError(f"{prefix}: checkpoint layout not recognised (no bert/ or electra/ "
                         f"encoder variables of Google's BERT, ALBERT or ELECTRA; it has "
-                        f"e.g. {some})")
+                        f"e.g. {some}); for another model, convert the SavedModel or "
+                        f"frozen graph its own code exports")
 
 
 def find_config(checkpoint_dir: Path, layout: Layout, given: str | None) -> str:

@@ -176,7 +176,7 @@ BAD_CONVERT = [
     ("config_is_a_directory", lambda p, o: ["convert", p["tiny"], "--config", p["empty_dir"],
                                             "-o", o], "cannot read bert_config.json"),
     ("checkpoint_without_bert_variables", lambda p, o: ["convert", p["unrelated"], "-o", o],
-     "lacks"),
+     "checkpoint layout not recognised"),
     ("frozen_garbage_bytes", lambda p, o: ["convert", p["garbage_pb"], "-o", o],
      "not a TensorFlow GraphDef"),
     ("frozen_unrecognised_inputs", lambda p, o: ["convert", p["odd2_pb"], "-o", o],
