@@ -107,10 +107,7 @@ def source_from_graph_def(graph_def, kind: str, path: str, inputs: dict[str, str
     outputs = [o if ":" in o else f"{o}:0" for o in outputs]
     if not outputs:
         raise BertfuseError(f"{path}: no outputs found; name them with --outputs")
-    node_names = {n.name for n in graph_def.node}
-    for out in outputs:
-        if out.split(":")[0] not in node_names:
-            raise BertfuseError(f"{path}: no node {out.split(':')[0]!r} in the graph")
+    _check_outputs(graph_def, outputs, path)
     from bertfuse.converter.output_meaning import name_outputs
 
     if output_ranks is None:
@@ -127,6 +124,13 @@ def source_from_graph_def(graph_def, kind: str, path: str, inputs: dict[str, str
                     output_roles=roles,
                     vocab_size=vocab, type_vocab_size=type_vocab, max_positions=max_pos,
                     fixed_seq=fixed_seq, input_rank=input_rank)
+
+
+def _check_outputs(graph_def, tensors: list[str], path: str) -> None:
+    node_names = {n.name for n in graph_def.node}
+    for out in tensors:
+        if out.split(":")[0] not in node_names:
+            raise BertfuseError(f"{path}: no node {out.split(':')[0]!r} in the graph")
 
 
 def _static_ranks(graph_def, tensors: list[str]) -> dict[str, int | None]:
@@ -205,6 +209,7 @@ def load_frozen(path: str, outputs: list[str] | None,
 
     # tf.Example parsing cut off, unread inputs left out (the outputs: as given or detected).
     tensors = [o if ":" in o else f"{o}:0" for o in outputs or _detect_outputs(graph_def)]
+    _check_outputs(graph_def, tensors, path)  # --outputs naming nothing: before any cut
     placeholders = {n.name: f"{n.name}:0" for n in _placeholders(graph_def)}
     cut = serving_cut.cut(graph_def, placeholders, dict(zip(tensors, tensors)), role_override)
     src = source_from_graph_def(cut.graph_def, "frozen", path, None, outputs, cut.override)
