@@ -194,29 +194,36 @@ def _unique(base: str, taken: set[str]) -> str:
     return name
 
 
-def _replace(graph_def, features: list[_Feature]) -> list[str]:
-    """Each feature's tensor fed by a new int32 Placeholder (Cast where the graph wants
-    another dtype). Returns the new inputs' names, in the features' order."""
+def int32_feed(graph_def, name: str, dims: list[int], dtype: int, taken: set[str],
+               cast_name: str | None = None) -> str:
+    """Adds an int32 Placeholder `name` of `dims` (-1: unknown) and, where the graph reads
+    another dtype, a Cast to it (`cast_name`, else `name/cast`); returns the node the graph's
+    readers take instead."""
     import tensorflow as tf
 
     int32 = tf.int32.as_datatype_enum
+    ph = graph_def.node.add(name=name, op="Placeholder")
+    ph.attr["dtype"].type = int32
+    for d in dims:
+        ph.attr["shape"].shape.dim.add(size=d)
+    if dtype == int32:
+        return name
+    cast = graph_def.node.add(name=cast_name or _unique(f"{name}/cast", taken), op="Cast",
+                              input=[name])
+    cast.attr["SrcT"].type = int32
+    cast.attr["DstT"].type = dtype
+    cast.attr["Truncate"].b = False
+    return cast.name
+
+
+def _replace(graph_def, features: list[_Feature]) -> list[str]:
+    """Each feature's tensor fed by a new int32 Placeholder (Cast where the graph wants
+    another dtype). Returns the new inputs' names, in the features' order."""
     taken = {n.name for n in graph_def.node}
     new, swap = [], {}
     for f in features:
         name = _unique(f.key, taken)
-        ph = graph_def.node.add(name=name, op="Placeholder")
-        ph.attr["dtype"].type = int32
-        for d in f.dims:
-            ph.attr["shape"].shape.dim.add(size=d)
-        feed = name
-        if f.dtype != int32:
-            cast = graph_def.node.add(name=_unique(f"{name}/cast", taken), op="Cast",
-                                      input=[name])
-            cast.attr["SrcT"].type = int32
-            cast.attr["DstT"].type = f.dtype
-            cast.attr["Truncate"].b = False
-            feed = cast.name
-        swap[f.tensor] = feed
+        swap[f.tensor] = int32_feed(graph_def, name, f.dims, f.dtype, taken)
         new.append(name)
     for n in graph_def.node:
         for i, ref in enumerate(n.input):

@@ -120,10 +120,12 @@ def _rewire(graph_def, graph, cuts: list[str], tokenizer: set[str], needed: set[
     tokenizer's asserts and the inlined call's input barrier (which waits on its lookup
     table) stay behind."""
     import tensorflow as tf
-    from tensorflow.core.framework import types_pb2
+
+    from bertfuse.converter.serving_cut import int32_feed
 
     out = tf.compat.v1.GraphDef()
     out.CopyFrom(graph_def)
+    taken = {n.name for n in out.node} | set(names or [])
     names = list(names or [])
     seqs = set()
     swap: dict[str, str] = {}
@@ -138,15 +140,10 @@ def _rewire(graph_def, graph, cuts: list[str], tokenizer: set[str], needed: set[
         seq = shape[1] if shape.rank == 2 else None
         seqs.add(seq)
         name = names[i] if i < len(names) else f"cut_{i}"
-        ph = out.node.add(name=name, op="Placeholder")
-        ph.attr["dtype"].type = types_pb2.DT_INT32
-        ph.attr["shape"].shape.CopyFrom(tf.TensorShape([None, seq]).as_proto())
-        swap[tensor] = f"{name}:0"
-        if t.dtype != tf.int32:  # the graph reads int64: cast inside it
-            cast = out.node.add(name=f"{name}/to_{t.dtype.name}", op="Cast", input=[name])
-            cast.attr["SrcT"].type = types_pb2.DT_INT32
-            cast.attr["DstT"].type = t.dtype.as_datatype_enum
-            swap[tensor] = f"{cast.name}:0"
+        # the graph reads int64: cast inside it
+        feed = int32_feed(out, name, [-1, -1 if seq is None else seq],
+                          t.dtype.as_datatype_enum, taken, f"{name}/to_{t.dtype.name}")
+        swap[tensor] = f"{feed}:0"
         replaced[name] = tensor
     for node in out.node:
         if node.name in replaced or node.op == "Placeholder":
