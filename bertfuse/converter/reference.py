@@ -22,7 +22,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -109,8 +108,10 @@ def run_in_subprocess(source, feed_sets: list[dict[str, np.ndarray]],
                       timeout: float | None = None) -> list[dict[str, np.ndarray]]:
     """The reference from a fresh Python with TF_ENABLE_ONEDNN_OPTS=0; the temp dir goes away
     on every exit path (the worker is killed first if we are interrupted)."""
-    with tempfile.TemporaryDirectory(prefix="bertfuse-reference-") as tmp:
-        d = Path(tmp)
+    from bertfuse.io.safety import scratch_dir
+
+    with scratch_dir("bertfuse-reference-") as d:
+        tmp = str(d)
         (d / "graph.pb").write_bytes(source.graph_def.SerializeToString())
         spec = {"weights": _save_arrays(d / "weights.npz", source.weights),
                 "inputs": source.inputs,

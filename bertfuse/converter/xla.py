@@ -58,7 +58,7 @@ def freezable(path: str, notes: list[str]) -> Iterator[str]:
         return
     from tensorflow.core.protobuf import saved_model_pb2
 
-    from bertfuse.io.safety import temp_dir
+    from bertfuse.io.safety import scratch_dir
 
     saved = saved_model_pb2.SavedModel()
     try:
@@ -67,7 +67,7 @@ def freezable(path: str, notes: list[str]) -> Iterator[str]:
         yield path
         return
     marked = _strip(saved)
-    with temp_dir(prefix="bertfuse-xla-") as tmp:
+    with scratch_dir("bertfuse-xla-") as tmp:
         (tmp / "saved_model.pb").write_bytes(saved.SerializeToString())
         for entry in Path(path).iterdir():
             if entry.name not in ("saved_model.pb", "fingerprint.pb"):

@@ -4,6 +4,9 @@ except kernels/ (to register the op library on an ONNX Runtime session).
     model    load / check / write ONNX models (validated, atomic, external data past 2 GB)
     ort      the one ONNX Runtime session maker (providers, options, op library, log level)
     safety   output-path checks, temp files that go on every exit, SIGTERM/SIGHUP handling
+    stale    temp names that carry their process; a killed run's temps swept by the next one;
+             scratch copies beside the output
+    write_errors  a failed write (full disk, quota, read-only) as one line naming the file
     quiet    TensorFlow's and ONNX Runtime's native log lines kept off the terminal
     inputs   every random or probe input bertfuse makes (NumPy only)
     sidecars files beside a model: a text-in model's MODEL.vocab.txt

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 import os
-from contextlib import contextmanager
+import tempfile
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Iterator
 
@@ -12,7 +13,9 @@ import onnx
 
 from bertfuse.errors import BertfuseError
 from bertfuse.io.safety import (check_replaceable, held, mode_of, pause_point, replace_file,
-                             temp_dir, temp_file)
+                             scratch_dir, temp_dir, temp_file)
+from bertfuse.io.stale import scratch_folder
+from bertfuse.io.write_errors import naming_the_path
 
 # Protobuf cannot serialise a message over 2 GB; keep a margin.
 EXTERNAL_DATA_THRESHOLD = 1_800_000_000
@@ -117,7 +120,8 @@ def check_input_model(model: onnx.ModelProto, path: str | Path) -> None:
 
 def check_model(model: onnx.ModelProto, device: str = "cpu", load: bool = True) -> None:
     """onnx's checker, then an ORT session on `device`: a model that fails either is never
-    written. load=False skips the session (packed models: their kernels exist on CUDA only)."""
+    written. load=False skips the session (packed models: their kernels exist on CUDA only).
+    The copy they read is written beside the output (io/stale.py's scratch_beside)."""
     with scratch_file(model, prefix="bertfuse-check-") as path:
         pause_point("check-tmp")
         try:
@@ -144,10 +148,16 @@ def check_model(model: onnx.ModelProto, device: str = "cpu", load: bool = True) 
 @contextmanager
 def scratch_file(model: onnx.ModelProto, prefix: str = "bertfuse-") -> Iterator[Path]:
     """`model` saved in a temporary directory for the block (ONNX Runtime opens a model past
-    protobuf's 2 GB limit from a file only), removed after it on every exit path."""
-    with temp_dir(prefix=prefix) as tmp:
-        path = tmp / "model.onnx"
-        if _save(model, path):
+    protobuf's 2 GB limit from a file only), removed after it on every exit path. The
+    directory is hidden in the output's folder during a run that writes one, else in the
+    system temp folder (io/stale.py's scratch_folder)."""
+    folder = scratch_folder()
+    with ExitStack() as stack:
+        with naming_the_path(folder or tempfile.gettempdir(), "the model's scratch copy there"):
+            tmp = stack.enter_context(scratch_dir(prefix))
+            path = tmp / "model.onnx"
+            saved_external = _save(model, path)
+        if saved_external:
             # Saving with external data moved the weights out of `model`: take them back
             # now (the data file stays for the block).
             from onnx.external_data_helper import load_external_data_for_model
@@ -175,13 +185,19 @@ def save_model(model: onnx.ModelProto, path: str | Path, external_data: bool = F
         raise BertfuseError(f"{path.parent}: output directory does not exist")
     check_replaceable(path)
     mode = mode_of(path)
+    with naming_the_path(path, "the model"):
+        _write_model(model, path, mode, external_data)
+    return path
+
+
+def _write_model(model: onnx.ModelProto, path: Path, mode: int, external_data: bool) -> None:
     if not external_data and model_bytes(model) <= EXTERNAL_DATA_THRESHOLD:
         with temp_file(path) as tmp:
             onnx.save_model(model, str(tmp))
             os.chmod(tmp, mode)
             pause_point("save-tmp")
             replace_file(tmp, path)
-        return path
+        return
     # The data file's name is recorded inside the model: write both under their final names
     # in a private directory beside the target, then rename the data file, then the model.
     data = path.with_name(path.name + ".data")
@@ -195,4 +211,3 @@ def save_model(model: onnx.ModelProto, path: str | Path, external_data: bool = F
         with held():
             replace_file(tmp / data.name, data)
             replace_file(tmp / path.name, path)
-    return path

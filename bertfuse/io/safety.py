@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from bertfuse.errors import BertfuseError
+from bertfuse.io.stale import scratch_folder, sweep, tagged
 
 _SIGNALS = tuple(s for s in (getattr(signal, n, None) for n in ("SIGINT", "SIGTERM", "SIGHUP"))
                  if s is not None)
@@ -142,11 +143,13 @@ def _registered(make: Callable[[], str], is_dir: bool) -> Iterator[Path]:
 
 
 def temp_file(beside: str | Path) -> AbstractContextManager[Path]:
-    """An empty file `.NAME.XXXX.tmp` in the directory of `beside`, for a write-then-rename."""
+    """An empty file `.NAME.bertfuse-SPACE-PID-START-XXXX.tmp` in the directory of `beside`,
+    for a write-then-rename; those of killed processes there go first (io/stale.py)."""
     beside = Path(beside)
+    sweep(beside.parent)  # not in make(): a signal may stop a long sweep
 
     def make() -> str:
-        fd, name = tempfile.mkstemp(prefix=f".{beside.name}.", suffix=".tmp",
+        fd, name = tempfile.mkstemp(prefix=tagged(f".{beside.name}."), suffix=".tmp",
                                     dir=beside.parent)
         os.close(fd)
         return name
@@ -155,8 +158,17 @@ def temp_file(beside: str | Path) -> AbstractContextManager[Path]:
 
 def temp_dir(parent: str | Path | None = None, prefix: str = "bertfuse-"
              ) -> AbstractContextManager[Path]:
-    """A fresh directory (in `parent`, or the system temp dir)."""
-    return _registered(lambda: tempfile.mkdtemp(prefix=prefix, dir=parent), True)
+    """A fresh directory `PREFIX` tagged with this process (io/stale.py's `tagged`), in
+    `parent` or the system temp dir; those of killed processes there go first."""
+    sweep(parent)
+    return _registered(lambda: tempfile.mkdtemp(prefix=tagged(prefix), dir=parent), True)
+
+
+def scratch_dir(prefix: str = "bertfuse-") -> AbstractContextManager[Path]:
+    """A temp_dir where the run keeps its scratch copies: hidden beside its output (io/stale.py's
+    scratch_beside), or in the system temp dir for a run that writes no file."""
+    folder = scratch_folder()
+    return temp_dir(folder, "." + prefix if folder else prefix)
 
 
 def replace_file(tmp: Path, target: Path) -> None:

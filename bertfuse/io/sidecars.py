@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 from bertfuse.io.safety import mode_of, replace_file, temp_file
+from bertfuse.io.write_errors import naming_the_path
 
 
 def vocab_beside(model: str | os.PathLike) -> Path:
@@ -27,7 +28,7 @@ def write_vocab(model: str | os.PathLike, data: bytes) -> str:
     """The vocab's bytes beside the model, atomically (a temporary file, then renamed)."""
     target = vocab_beside(model)
     mode = mode_of(target)
-    with temp_file(target) as tmp:
+    with naming_the_path(target, "the model's vocab"), temp_file(target) as tmp:
         tmp.write_bytes(data)
         tmp.chmod(mode)
         replace_file(tmp, target)

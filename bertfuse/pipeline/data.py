@@ -87,13 +87,15 @@ def _json_array(flag: str, path: str, name: str, value: Any) -> np.ndarray:
 def write_arrays(path: str, arrays: Mapping[str, np.ndarray]) -> None:
     """.npz or .json by the suffix, written atomically (a temporary file, then renamed)."""
     from bertfuse.io.safety import mode_of, replace_file, temp_file, write_text
+    from bertfuse.io.write_errors import naming_the_path
 
     if _suffix("save", path) == ".json":
-        write_text(path, json.dumps({k: np.asarray(v).tolist() for k, v in arrays.items()}))
+        with naming_the_path(path):
+            write_text(path, json.dumps({k: np.asarray(v).tolist() for k, v in arrays.items()}))
         return
     target = Path(path)
     mode = mode_of(target)
-    with temp_file(target) as tmp:
+    with naming_the_path(target), temp_file(target) as tmp:
         with open(tmp, "wb") as f:  # a file object: savez would add .npz to a name
             np.savez(f, **{k: np.asarray(v) for k, v in arrays.items()})
         os.chmod(tmp, mode)

@@ -11,6 +11,7 @@ from importlib import metadata
 from typing import TYPE_CHECKING, Callable, Iterator
 
 from bertfuse.io.safety import pause_point
+from bertfuse.io.stale import scratch_beside
 
 if TYPE_CHECKING:  # types only: this module loads neither onnx nor the passes
     from bertfuse.passes.manager import PipelineReport
@@ -71,7 +72,8 @@ class RunReport:
         st = Stage(name)
         start = time.perf_counter()
         try:
-            yield st
+            with scratch_beside(self.output):  # scratch copies beside the output only
+                yield st
         finally:
             st.seconds = round(time.perf_counter() - start, 3)
             self.stages.append(st)

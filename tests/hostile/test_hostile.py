@@ -247,7 +247,7 @@ SIGNAL_CASES = [
     ("optimize-in-place", "save-tmp", signal.SIGHUP),
     ("strip", "save-tmp", signal.SIGINT),
 ]
-STAGE_TEMP = {"check-tmp": "bertfuse-check-", "save-tmp": "."}  # name prefix, TMPDIR / beside
+STAGE_TEMP = {"check-tmp": ".bertfuse-", "save-tmp": "."}  # name prefix, beside the output
 
 
 @pytest.mark.parametrize("command, stage, signo", SIGNAL_CASES,
@@ -265,8 +265,7 @@ def test_signal_at_stage_leaves_nothing(command, stage, signo, ws, private_tmp, 
             time.sleep(0.05)
         assert flag.exists(), f"never reached {stage!r}: {proc.communicate(timeout=60)}"
         if stage in STAGE_TEMP:  # the stage's temporary exists when the signal comes
-            where = private_tmp if stage == "check-tmp" else ws.root
-            assert any(p.name.startswith(STAGE_TEMP[stage]) for p in where.iterdir()), stage
+            assert any(p.name.startswith(STAGE_TEMP[stage]) for p in ws.root.iterdir()), stage
         proc.send_signal(signo)
         out, err = proc.communicate(timeout=120)
     finally:

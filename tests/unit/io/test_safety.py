@@ -402,7 +402,7 @@ SIGNAL_CASES = [
 
 
 # stage -> (where its temporary lives, how its name starts)
-TEMP_AT = {"save-tmp": ("target", "."), "check-tmp": ("tmp", "bertfuse-check-"),
+TEMP_AT = {"save-tmp": ("target", "."), "check-tmp": ("target", ".bertfuse-"),
            "example-tmp": ("target", ".ckpt.")}
 
 
