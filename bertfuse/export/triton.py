@@ -250,6 +250,7 @@ def export_triton(model_path: str, repo: str, name: str | None = None, max_batch
     from bertfuse.kernels.library import LIB_NAME
     from bertfuse.runtime.requests import load_model
     from bertfuse.io.safety import swap_dir_in, temp_dir
+    from bertfuse.io.write_errors import naming_the_path
 
     if cuda_graphs:
         raise BertfuseError(CUDA_GRAPHS_REFUSED)
@@ -276,7 +277,8 @@ def export_triton(model_path: str, repo: str, name: str | None = None, max_batch
     text = config_text(model, name, max_batch, instances, kind, delay_us, threads, seen)
     _check_target(src, data, repo_dir, target, force)
     repo_dir.mkdir(parents=True, exist_ok=True)
-    with temp_dir(repo_dir, prefix=f".{name}.") as tmp:
+    with naming_the_path(target, "the model's repository"), \
+            temp_dir(repo_dir, prefix=f".{name}.") as tmp:
         os.chmod(tmp, 0o755)
         (tmp / "1").mkdir()
         shutil.copyfile(src, tmp / "1" / "model.onnx")

@@ -170,3 +170,20 @@ def test_a_full_disk_in_each_writer_names_the_file(tmp_path):
     assert lines[2].startswith(f"{tmp_path / 'model.vocab.txt'}: cannot write the model's "
                                "vocab (File too large)"), lines
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_full_disk_in_export_triton_names_the_repository(ckpt_erf, convert_cached, tmp_path):
+    """The copy into the repository fails: the line names the model's folder there, not the
+    model it was copying (shutil names the source of a failed copy)."""
+    model = convert_cached(ckpt_erf)
+    assert model.exit_code == 0
+    repo = tmp_path / "repo"
+    ran = subprocess.run([sys.executable, "-m", "bertfuse", "export-triton", model.onnx_path,
+                          "-o", str(repo), "--name", "bert"], capture_output=True, text=True,
+                         env=ENV, timeout=120, preexec_fn=_file_size_limit(64 * 1024))
+    assert ran.returncode == 2, ran.stderr[-2000:]
+    assert ran.stderr.strip() == (f"bertfuse: error: {repo / 'bert'}: cannot write the model's "
+                                  "repository (File too large); the file-size limit (ulimit -f) "
+                                  "or the file system's largest file is smaller than the model: "
+                                  "raise the limit, or write to another file system")
+    assert list(repo.iterdir()) == []
