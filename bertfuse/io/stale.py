@@ -7,14 +7,16 @@ to another process later does not count as the same one. A process killed with S
 cleanup; the next bertfuse that makes a temporary in the same folder first removes every entry
 of the folder that
 
-* is named exactly as bertfuse names its temporaries (`tag_pattern`),
+* is named exactly as bertfuse names its temporaries (`_NAME`),
 * carries this host's and PID namespace's SPACE (another machine writing to the same network
   folder, or another container, keeps its own),
 * belongs to this user, and is a regular file or a directory (never a link),
 * and whose process is gone: no such PID, a zombie, or a PID that started at another time.
 
-Nothing else is touched: a file that only looks similar (no tag, another SPACE, a live PID) stays.
-Where /proc cannot tell (not Linux) nothing is swept.
+Nothing else is touched: a file that only looks similar (no tag, another SPACE, a live PID) stays,
+and so do temporaries of bertfuse releases before this naming (`.NAME.XXXX.tmp`, which a user's
+file may look like). Where /proc cannot tell (not Linux) nothing is swept. The start time is
+read by ray_cluster.process_start, as serve's stale-HAProxy check does (no psutil dependency).
 
 `scratch_beside(out)` makes a run's scratch copies (the model saved for the checker and ONNX
 Runtime) go into the output's folder instead of the system temp folder: nothing is written

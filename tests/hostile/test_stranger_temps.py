@@ -1,4 +1,4 @@
-"""What a killed or starved `bertfuse convert` leaves behind.
+"""What a killed or starved `bertfuse convert` (or optimize, export-triton) leaves behind.
 
 * kill -9 at the check and at the write (real processes, paused by the BERTFUSE_TEST_PAUSE
   hook of bertfuse/io/safety.py): the scratch copy and the temp file lie beside the output
@@ -26,7 +26,7 @@ from support.paths import ROOT
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3",
        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
 # `.NAME.bertfuse-SPACE-PID-START-XXXXXXXX.tmp` and `.bertfuse-SPACE-PID-START-check-XXXXXXXX`
-OURS = re.compile(r"\.(?:model\.onnx\.)?bertfuse-(?P<space>[0-9a-f]{8})-(?P<pid>\d+)-"
+OURS = re.compile(r"\.(?:\w+\.onnx\.)?bertfuse-(?P<space>[0-9a-f]{8})-(?P<pid>\d+)-"
                   r"(?P<start>\d+)-(?:check-)?[a-z0-9_]{8}(?:\.tmp)?")
 
 
@@ -35,10 +35,10 @@ def _convert(ckpt, out: Path) -> list[str]:
             "--batch", "2", "--seq", "8"]
 
 
-def _killed_at(stage: str, ckpt, out: Path, tmpdir: Path, flag: Path) -> int:
-    """A convert paused at `stage`, then killed with SIGKILL: no cleanup of its own runs."""
+def _killed_at(stage: str, argv: list[str], tmpdir: Path, flag: Path) -> int:
+    """A run paused at `stage`, then killed with SIGKILL: no cleanup of its own runs."""
     env = {**ENV, "TMPDIR": str(tmpdir), "BERTFUSE_TEST_PAUSE": f"{stage}:{flag}"}
-    proc = subprocess.Popen(_convert(ckpt, out), stdout=subprocess.PIPE,
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
     try:
         deadline = time.monotonic() + 240
@@ -73,7 +73,7 @@ def test_kill_9_leftovers_are_swept_by_the_next_run_and_nothing_else(ckpt_erf, t
     out = out_dir / "model.onnx"
 
     # 1. killed in the check: its scratch copy of the model is left, beside the output
-    pid_a = _killed_at("check-tmp", ckpt_erf.path, out, tmpdir, flags / "a")
+    pid_a = _killed_at("check-tmp", _convert(ckpt_erf.path, out), tmpdir, flags / "a")
     left = list(out_dir.iterdir())
     assert len(left) == 1 and left[0].is_dir() and (left[0] / "model.onnx").stat().st_size > 0, \
         f"beside the output: {left}; in TMPDIR: {list(tmpdir.iterdir())}"
@@ -94,7 +94,7 @@ def test_kill_9_leftovers_are_swept_by_the_next_run_and_nothing_else(ckpt_erf, t
         (out_dir / name).write_text("mine")
 
     # 2. killed in the write: the check's leftover and the reused PID's temp went before it
-    pid_b = _killed_at("save-tmp", ckpt_erf.path, out, tmpdir, flags / "b")
+    pid_b = _killed_at("save-tmp", _convert(ckpt_erf.path, out), tmpdir, flags / "b")
     names = {p.name for p in out_dir.iterdir()}
     assert not left[0].exists() and not (set(gone) & names), names
     new = names - set(keep)
@@ -107,6 +107,24 @@ def test_kill_9_leftovers_are_swept_by_the_next_run_and_nothing_else(ckpt_erf, t
     assert sorted(p.name for p in out_dir.iterdir()) == sorted(keep + ["model.onnx"])
     assert all((out_dir / n).read_text() == "mine" for n in keep)
     assert _ours(tmpdir) == []
+
+
+def test_kill_9_of_optimize_is_swept_by_the_next_run(ckpt_erf, convert_cached, tmp_path):
+    model = convert_cached(ckpt_erf, "--no-fuse", "--no-verify")
+    assert model.exit_code == 0
+    out_dir, tmpdir = tmp_path / "out", tmp_path / "tmp"
+    out_dir.mkdir()
+    tmpdir.mkdir()
+    argv = [sys.executable, "-m", "bertfuse", "optimize", model.onnx_path, "-o",
+            str(out_dir / "fused.onnx")]
+    for stage in ("check-tmp", "save-tmp"):
+        pid = _killed_at(stage, argv, tmpdir, tmp_path / "flag")
+        left = list(out_dir.iterdir())  # this run's only: the earlier one's went first
+        assert len(left) == 1 and int(OURS.fullmatch(left[0].name)["pid"]) == pid, left
+    ran = subprocess.run(argv, capture_output=True, text=True, timeout=300,
+                         env={**ENV, "TMPDIR": str(tmpdir)})
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert [p.name for p in out_dir.iterdir()] == ["fused.onnx"] and _ours(tmpdir) == []
 
 
 def _file_size_limit(limit: int):
