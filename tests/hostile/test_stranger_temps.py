@@ -155,6 +155,7 @@ from onnx import helper, numpy_helper
 from bertfuse.errors import BertfuseError
 from bertfuse.io.model import save_model
 from bertfuse.io.sidecars import write_vocab
+from bertfuse.pipeline.data import write_arrays
 w = numpy_helper.from_array(np.ones((64, 256), np.float32), "w")
 graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
                           [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 64])],
@@ -165,7 +166,9 @@ signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
 for write in (lambda: save_model(model, sys.argv[1]),
               lambda: save_model(model, sys.argv[1], external_data=True),
-              lambda: write_vocab(sys.argv[1], b"[PAD]\\n" * 10_000)):
+              lambda: write_vocab(sys.argv[1], b"[PAD]\\n" * 10_000),
+              lambda: write_arrays(sys.argv[1] + ".npz", {"input_ids": np.ones((64, 64))}),
+              lambda: write_arrays(sys.argv[1] + ".json", {"input_ids": np.ones((64, 64))})):
     try:
         write()
         print("written")
@@ -175,8 +178,8 @@ for write in (lambda: save_model(model, sys.argv[1]),
 
 
 def test_a_full_disk_in_each_writer_names_the_file(tmp_path):
-    """save_model (one file; model and .data) and the vocab beside a model: one line each
-    naming the file, nothing left."""
+    """save_model (one file; model and .data), the vocab beside a model and --save-* data:
+    one line each naming the file, nothing left."""
     target = tmp_path / "model.onnx"
     ran = subprocess.run([sys.executable, "-c", SAVE, str(target)], capture_output=True,
                          text=True, env=ENV, timeout=120)
@@ -187,6 +190,9 @@ def test_a_full_disk_in_each_writer_names_the_file(tmp_path):
                          "the model: raise the limit, or write to another file system"] * 2
     assert lines[2].startswith(f"{tmp_path / 'model.vocab.txt'}: cannot write the model's "
                                "vocab (File too large)"), lines
+    for line, suffix in zip(lines[3:], (".npz", ".json")):  # --save-inputs and the like
+        assert line.startswith(f"{target}{suffix}: cannot write it (File too large)"), lines
+    assert len(lines) == 5
     assert list(tmp_path.iterdir()) == []
 
 
