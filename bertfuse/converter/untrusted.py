@@ -8,7 +8,7 @@ only (nothing executed), and an op of the table below is refused in one line nam
 unless the user trusts the model (`--trust-model`: the report's notes then name the ops).
 
     frozen GraphDef (.pb)   its nodes and its function library
-    SavedModel              saved_model.pb: the MetaGraphDef's nodes and every function of
+    SavedModel              saved_model.pb (or .pbtxt): the MetaGraphDef's nodes and every function of
                             its library, read once; TF's own saver graph (the save/restore
                             nodes of `saver_def` and the functions only they call) may hold
                             the checkpoint ops, which read the SavedModel's variables/; its
@@ -245,12 +245,18 @@ def scan_savedmodel(path: str | Path) -> list[Finding]:
     named outside the model's folder is one too."""
     from tensorflow.core.protobuf import saved_model_pb2
 
-    pb = Path(path, "saved_model.pb")
-    if not pb.is_file():  # a fifo, a missing file: TensorFlow's own load says what is wrong
-        return []
     proto = saved_model_pb2.SavedModel()
+    # What TensorFlow's loader reads: saved_model.pb, else saved_model.pbtxt (text format).
+    pb, text = Path(path, "saved_model.pb"), Path(path, "saved_model.pbtxt")
     try:
-        proto.ParseFromString(pb.read_bytes())
+        if pb.exists():
+            if not pb.is_file():  # a fifo: TensorFlow's own load says what is wrong
+                return []
+            proto.ParseFromString(pb.read_bytes())
+        elif text.is_file():
+            from google.protobuf import text_format
+
+            text_format.Parse(text.read_text(encoding="utf-8"), proto)
     except Exception:  # not ours to judge: the loader says what is wrong with it
         return []
     root = Path(path).resolve()

@@ -117,6 +117,25 @@ def test_convert_refuses_ops_that_reach_outside(strangers, tmp_path, capsys, nam
     assert not (strangers["root"] / "written_by_frozen.txt").exists()
 
 
+def test_a_text_format_savedmodel_is_read_too(strangers, tmp_path, capsys):
+    """TensorFlow loads saved_model.pbtxt where there is no saved_model.pb: so does the scan."""
+    import shutil
+
+    from google.protobuf import text_format
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    folder = tmp_path / "as_text"
+    shutil.copytree(strangers["write"], folder)
+    proto = saved_model_pb2.SavedModel()
+    proto.ParseFromString((folder / "saved_model.pb").read_bytes())
+    (folder / "saved_model.pbtxt").write_text(text_format.MessageToString(proto))
+    (folder / "saved_model.pb").unlink()
+    (folder / "fingerprint.pb").unlink(missing_ok=True)
+    _refused(capsys, ["convert", folder, "--format", "savedmodel", "-o", tmp_path / "m.onnx"],
+             "WriteFile")
+    assert not (strangers["root"] / "written_by_model.txt").exists()
+
+
 def test_trust_model_runs_the_write_and_says_so(strangers, tmp_path, capsys):
     """With --trust-model the graph runs as written: the parity run writes the file (tf2onnx
     drops the op: the ONNX model has no trace of it), and the report's notes name the op."""
