@@ -61,6 +61,7 @@ OUTSIDE_OPS = frozenset(_OUTSIDE)
 # TF's own saver graph restores the SavedModel's variables/ with these.
 CHECKPOINT_OPS = frozenset({"Save", "SaveV2", "SaveSlices", "Restore", "RestoreV2",
                             "RestoreSlice", "MergeV2Checkpoints"})
+RESTORE_OPS = frozenset({"Restore", "RestoreV2", "RestoreSlice"})
 # A vocab table read from a file: allowed where the file is the SavedModel's own asset.
 TEXT_FILE_TABLES = frozenset({"InitializeTableFromTextFile", "InitializeTableFromTextFileV2"})
 
@@ -134,31 +135,33 @@ class _Library:
         for fn in targets:
             self.calls.setdefault(fn, []).append((caller, node))
 
-    def _graph_bound(self, ref: str, depth: int) -> bool:
-        """A graph tensor that is an asset's path, or reads a variable only assigned such
-        paths (TF2 SavedModels hold each asset's path in a variable of the graph)."""
+    def _graph_bound(self, ref: str, roots: set[str], depth: int) -> bool:
+        """A graph tensor of `roots`, or one that reads a variable only assigned such
+        tensors (TF2 SavedModels hold each asset's path in a variable of the graph)."""
         node = self.nodes.get(_tensor_node(ref))
         if node is None or depth > 32:
             return False
-        if node.name in self.asset_tensors:
+        if node.name in roots:
             return True
         data = [i for i in node.input if not i.startswith("^")]
         if node.op == "Identity" and data:
-            return self._graph_bound(data[0], depth + 1)
+            return self._graph_bound(data[0], roots, depth + 1)
         if node.op == "ReadVariableOp" and data:
             values = self.assigns.get(_tensor_node(data[0]), [])
-            return bool(values) and all(self._graph_bound(v, depth + 1) for v in values)
+            return bool(values) and all(self._graph_bound(v, roots, depth + 1) for v in values)
         return False
 
-    def bound(self, function: str | None, ref: str, depth: int = 0) -> bool:
-        """Whether tensor `ref` inside `function` (None: the graph) is an asset path: a TF1
-        asset tensor of the graph, or an argument that every call site binds to one and that
-        the object graph, where it captures the argument, binds to an asset (TF2 binds a
-        table initialiser's captures when it loads it)."""
+    def bound(self, function: str | None, ref: str, roots: set[str], capture: str | None,
+              depth: int = 0) -> bool:
+        """Whether tensor `ref` inside `function` (None: the graph) is a path the loader
+        gives: a graph tensor of `roots` (a TF1 asset tensor, the saver's filename), or an
+        argument that every call site binds to one and that the object graph, where it
+        captures the argument, binds to an object of kind `capture` (TF2 binds a table
+        initialiser's captured asset when it loads it)."""
         if depth > 32:
             return False
         if function is None:
-            return self._graph_bound(ref, depth)
+            return self._graph_bound(ref, roots, depth)
         args = [a.name for a in self.functions[function].signature.input_arg]
         if ref not in args:
             return False
@@ -168,17 +171,18 @@ class _Library:
             if node.op not in ("PartitionedCall", "StatefulPartitionedCall", function):
                 return False
             data = [i for i in node.input if not i.startswith("^")]
-            if index >= len(data) or not self.bound(caller, data[index], depth + 1):
+            if index >= len(data) or not self.bound(caller, data[index], roots, capture,
+                                                    depth + 1):
                 return False
         saved = self.objects.concrete_functions if self.objects is not None else {}
         if function not in saved:
             return bool(calls)
         restored = saved[function]
-        capture = index - (len(args) - len(restored.bound_inputs))
-        if not 0 <= capture < len(restored.bound_inputs):
+        position = index - (len(args) - len(restored.bound_inputs))
+        if not 0 <= position < len(restored.bound_inputs):
             return bool(calls)  # an argument, not a capture: its callers bind it
-        node = self.objects.nodes[restored.bound_inputs[capture]]
-        return node.WhichOneof("kind") == "asset"
+        node = self.objects.nodes[restored.bound_inputs[position]]
+        return node.WhichOneof("kind") == capture
 
 
 def _reach(roots, step) -> set[str]:
@@ -208,10 +212,12 @@ def _ancestors(graph_def, names: set[str]) -> set[str]:
 
 
 def scan_graph(graph_def, saver_nodes: set[str] = frozenset(), objects=None,
-               asset_tensors: set[str] = frozenset()) -> list[Finding]:
+               asset_tensors: set[str] = frozenset(),
+               saver_file: str = "") -> list[Finding]:
     """The ops of `graph_def` and its functions that reach outside the model. The saver
     graph (the ancestors of `saver_nodes`, and the functions only it calls) may hold the
-    checkpoint ops; `objects`: a SavedModel's object graph."""
+    checkpoint ops, restoring only from `saver_file` (the path the loader feeds);
+    `objects`: a SavedModel's object graph."""
     lib = _Library(graph_def, set(asset_tensors), objects)
     object_functions = list(objects.concrete_functions) if objects is not None else []
     saver = _ancestors(graph_def, set(saver_nodes))
@@ -224,10 +230,14 @@ def scan_graph(graph_def, saver_nodes: set[str] = frozenset(), objects=None,
     found: list[Finding] = []
 
     def check(function: str | None, node, in_saver: bool) -> None:
-        if in_saver and node.op in CHECKPOINT_OPS:
-            return
         data = [i for i in node.input if not i.startswith("^")]
-        bound = node.op in TEXT_FILE_TABLES and len(data) > 1 and lib.bound(function, data[1])
+        if in_saver and node.op in CHECKPOINT_OPS:
+            # Loading never saves; a restore reads the variables/ path that the loader feeds.
+            if node.op not in RESTORE_OPS or (data and lib.bound(
+                    function, data[0], {_tensor_node(saver_file)}, None)):
+                return
+        bound = node.op in TEXT_FILE_TABLES and len(data) > 1 and lib.bound(
+            function, data[1], lib.asset_tensors, "asset")
         what = _what(node, bound)
         if what:
             found.append(Finding(node.op, node.name, function, what))
@@ -269,7 +279,8 @@ def scan_savedmodel(path: str | Path) -> list[Finding]:
             if not (root / "assets" / asset.filename).resolve().is_relative_to(root):
                 found.append(Finding("asset", asset.filename, None,
                                      "names a file outside the model's folder"))
-        found += scan_graph(meta.graph_def, saver, meta.object_graph_def, assets)
+        found += scan_graph(meta.graph_def, saver, meta.object_graph_def, assets,
+                            meta.saver_def.filename_tensor_name)
     return found
 
 

@@ -135,3 +135,28 @@ def test_a_trusted_model_gets_a_note_naming_the_ops():
     notes = untrusted.enforce("m", found, trust=True)
     assert len(notes) == 1 and "WriteFile" in notes[0] and "--trust-model" in notes[0]
     assert untrusted.enforce("m", [], trust=False) == []
+
+
+@pytest.mark.parametrize("name", ["estimator/est_cls_raw", "hf_bert"])
+def test_a_restore_from_another_path_is_found(name, tmp_path):
+    """The saver graph restores from the path the loader feeds (variables/): rewired to a path
+    written into the graph (TF1: the RestoreV2 node; TF2: the restore function's call), its
+    RestoreV2 is found."""
+    from tensorflow.core.framework import attr_value_pb2, tensor_pb2, types_pb2
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    proto = saved_model_pb2.SavedModel()
+    proto.ParseFromString((FIXTURES / "thirdparty" / name / "model" / "saved_model.pb")
+                          .read_bytes())
+    graph = proto.meta_graphs[0].graph_def
+    const = graph.node.add(name="elsewhere", op="Const")
+    const.attr["dtype"].type = types_pb2.DT_STRING
+    const.attr["value"].CopyFrom(attr_value_pb2.AttrValue(tensor=tensor_pb2.TensorProto(
+        dtype=types_pb2.DT_STRING, string_val=[b"/elsewhere/model.ckpt"])))
+    restore = proto.meta_graphs[0].saver_def.restore_op_name
+    rewired = [n for n in graph.node if n.op == "RestoreV2" or n.name == restore
+               and n.op == "StatefulPartitionedCall"]
+    assert len(rewired) == 1
+    rewired[0].input[0] = "elsewhere"
+    (tmp_path / "saved_model.pb").write_bytes(proto.SerializeToString())
+    assert [f.op for f in untrusted.scan_savedmodel(tmp_path)] == ["RestoreV2"]
