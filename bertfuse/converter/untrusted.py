@@ -278,7 +278,7 @@ def scan_savedmodel(path: str | Path) -> list[Finding]:
         for asset in meta.asset_file_def:
             if not (root / "assets" / asset.filename).resolve().is_relative_to(root):
                 found.append(Finding("asset", asset.filename, None,
-                                     "names a file outside the model's folder"))
+                                     "points outside the model's folder"))
         found += scan_graph(meta.graph_def, saver, meta.object_graph_def, assets,
                             meta.saver_def.filename_tensor_name)
     return found
