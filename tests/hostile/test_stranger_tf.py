@@ -163,6 +163,17 @@ def test_trust_model_runs_the_write_and_says_so(strangers, tmp_path, capsys):
         written.unlink(missing_ok=True)
 
 
+@pytest.mark.parametrize("name, op", [("read", "ReadFile"), ("python", "EagerPyFunc")])
+def test_trust_model_then_tf2onnx_has_no_such_op(strangers, tmp_path, capsys, name, op):
+    """Trusted, the model loads and freezes; tf2onnx has no ONNX form of a read or of Python
+    code, and says so in one line (nothing written)."""
+    out = tmp_path / "m.onnx"
+    rc, _, err = _run(capsys, ["convert", strangers[name], "-o", out, "--trust-model"])
+    lines = [ln for ln in err.splitlines() if ln.strip() and "bertfuse:" in ln]
+    assert rc == 2 and f"could not map TF op '{op}'" in lines[-1], err
+    assert not out.exists()
+
+
 def test_verify_against_refuses_before_running(strangers, tmp_path, capsys):
     """verify --against loads and runs the source too: refused before the parity run."""
     import onnx
