@@ -31,8 +31,9 @@ def detect_kind(path: str) -> str:
 
 
 def load_source(path: str, kind: str, signature: str, inputs: str | None = None, outputs: list[str] | None = None,
-                config: str | None = None):
-    """Reads any supported TF BERT into a TFSource."""
+                config: str | None = None, trust: bool = False):
+    """Reads any supported TF BERT into a TFSource. Ops that reach outside the model are
+    refused before TensorFlow runs any of it, unless `trust` (converter/untrusted.py)."""
     from bertfuse.converter.roles import parse_override
 
     override = parse_override(inputs)
@@ -51,17 +52,32 @@ def load_source(path: str, kind: str, signature: str, inputs: str | None = None,
     if kind == "frozen":
         from bertfuse.converter.frozen import load_frozen
 
-        return load_frozen(path, outputs, override)
+        return load_frozen(path, outputs, override, trust)
     if kind == "savedmodel":
         from bertfuse.converter.savedmodel import load_savedmodel
         from bertfuse.io.model import versioned_savedmodel
 
         # transformers' save_pretrained(..., saved_model=True) folder, TF Serving's base folder
         path = str(versioned_savedmodel(Path(path)) or path)
+        notes = _untrusted(path, kind, trust)
         # Keras-exported SavedModels (model.export) are plain SavedModels with a signature.
-        return load_savedmodel(path, signature, override, outputs)
+        return _noted(load_savedmodel(path, signature, override, outputs), notes)
     if kind == "keras":
         from bertfuse.converter.savedmodel import load_keras
 
-        return load_keras(path, override, outputs)
+        notes = _untrusted(path, kind, trust)
+        return _noted(load_keras(path, override, outputs, trust), notes)
     raise BertfuseError(f"unknown --format {kind!r} (choose from {', '.join(KINDS)})")
+
+
+def _untrusted(path: str, kind: str, trust: bool) -> list[str]:
+    """The refusal of ops that reach outside the model, or with `trust` the notes naming
+    them."""
+    from bertfuse.converter import untrusted
+
+    return untrusted.enforce(path, untrusted.scan(path, kind), trust)
+
+
+def _noted(source, notes: list[str]):
+    source.notes[:0] = notes
+    return source

@@ -187,7 +187,7 @@ def _table_sizes(graph_def, weights: dict[str, np.ndarray]) -> tuple[int | None,
 
 
 def load_frozen(path: str, outputs: list[str] | None,
-                role_override: dict[str, str]) -> TFSource:
+                role_override: dict[str, str], trust: bool = False) -> TFSource:
     import tensorflow as tf
 
     if Path(path).is_dir():
@@ -205,7 +205,10 @@ def load_frozen(path: str, outputs: list[str] | None,
         raise BertfuseError(f"{path}: not a TensorFlow GraphDef (protobuf parse failed)") from None
     if not graph_def.node:
         raise BertfuseError(f"{path}: empty or not a TensorFlow GraphDef")
-    from bertfuse.converter import serving_cut
+    from bertfuse.converter import serving_cut, untrusted
+
+    # Ops that reach outside the model: refused before TF imports or runs the graph.
+    notes = untrusted.enforce(path, untrusted.scan_graph(graph_def), trust)
 
     # tf.Example parsing cut off, unread inputs left out (the outputs: as given or detected).
     tensors = [o if ":" in o else f"{o}:0" for o in outputs or _detect_outputs(graph_def)]
@@ -213,5 +216,5 @@ def load_frozen(path: str, outputs: list[str] | None,
     placeholders = {n.name: f"{n.name}:0" for n in _placeholders(graph_def)}
     cut = serving_cut.cut(graph_def, placeholders, dict(zip(tensors, tensors)), role_override)
     src = source_from_graph_def(cut.graph_def, "frozen", path, None, outputs, cut.override)
-    src.notes.extend(cut.notes)
+    src.notes.extend([*notes, *cut.notes])
     return src

@@ -192,14 +192,20 @@ def _call(loaded, alone: bool):
     return call
 
 
-def load_keras(path: str, role_override: dict[str, str], outputs: list[str] | None) -> TFSource:
+def load_keras(path: str, role_override: dict[str, str], outputs: list[str] | None,
+               trust: bool = False) -> TFSource:
+    """A .keras file, loaded in Keras' safe mode unless `trust` (--trust-model)."""
     import tensorflow as tf
 
     try:
         import keras
 
-        model = keras.saving.load_model(path, compile=False)
+        model = keras.saving.load_model(path, compile=False, safe_mode=not trust)
     except Exception as exc:
+        if "safe_mode" in str(exc):  # code the scan did not name: Keras' first sentence
+            raise BertfuseError(f"{path}: Keras' safe mode refuses to load it ("
+                                f"{str(exc).split('. ')[0].strip()}); pass --trust-model if "
+                                f"you trust its author") from None
         raise BertfuseError(f"{path}: cannot load Keras model ({type(exc).__name__}: "
                             f"{str(exc).splitlines()[0][:200] if str(exc) else ''})") from None
     try:

@@ -113,6 +113,10 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
            check_roles, metavar="ROLE=NAME,..."),
     Option("outputs", None, "comma-separated output names (frozen: node names)", check_names,
            cli_type="list"),
+    Option("trust_model", False, "run the model's TensorFlow graph even where it reaches "
+                                 "outside the model (files, Python code, the network; "
+                                 "refused by default, named in the report's notes)",
+           check_flag, cli_type="flag"),
     # conversion
     Option("opset", 17, "ONNX opset, 17 or 18 (default 17)", _int, cli_type="int", low=1),
     Option("fuse", True, "run the fusion passes (False: the raw tf2onnx graph with the "
@@ -175,7 +179,7 @@ _LOWS = {o.keyword: o.low for o in OPTIONS.values() if o.low is not None}  # by 
 
 # Which options each CLI group shows, in order (cli/convert.py builds the groups from these).
 GROUPS = {
-    "TF source": ("kind", "signature", "config", "inputs", "outputs"),
+    "TF source": ("kind", "signature", "config", "inputs", "outputs", "trust_model"),
     "conversion": ("opset", "fuse"),
     "fusion": ("precision", "packed", "strict", "kernels", "fp8", "gelu_approximation"),
     "verification": ("batch", "seq", "seed", "atol", "rtol"),
@@ -202,6 +206,7 @@ class ConvertOptions:
     config: str | None = _default("config")
     inputs: str | dict[str, str] | None = _default("inputs")  # ROLE=NAME,... or {role: name}
     outputs: list[str] | None = _default("outputs")
+    trust_model: bool = _default("trust_model")
     opset: int = _default("opset")
     fuse: bool = _default("fuse")
     precision: str = _default("precision")

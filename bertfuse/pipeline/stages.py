@@ -69,7 +69,7 @@ def convert_model(src_path: str, out_path: str | None, opts: ConvertOptions,
     report = RunReport(output=out_path, command="convert", options=opts.to_json())
     with report.stage("load TF model", status) as st:
         source = load_source(src_path, opts.kind, opts.signature, opts.inputs, opts.outputs,
-                             opts.config)
+                             opts.config, opts.trust_model)
         st.nodes = source.tf_node_count
         st.detail = f"{source.kind}, {len(source.weights)} weight tensors"
         report.original_names, report.notes = source.original_names, list(source.notes)
@@ -328,7 +328,7 @@ def _verify(model: onnx.ModelProto, model_path: str, src_path: str | None,
     check_source_form(src_path, opts.kind)
     with report.stage("load TF model", status) as st:
         source = load_source(src_path, opts.kind, opts.signature, opts.inputs, opts.outputs,
-                             opts.config)
+                             opts.config, opts.trust_model)
         st.nodes, report.notes = source.tf_node_count, list(source.notes)
     try:
         model = match_interface(model, source, model_path, src_path,
