@@ -98,7 +98,7 @@ def _walk(model: onnx.ModelProto, path: Path) -> tuple[
                     main_subs.setdefault(i, []).extend(subs)
                 todo += [(g, g.node, False) for g in subs]
                 for t in ([a.t] if a.HasField("t") else []) + list(a.tensors):
-                    tensors.append((f"node {n.name!r} attribute {a.name!r}", t))
+                    tensors.append((f"node {_show(n.name)} attribute {_show(a.name)}", t))
     return graphs, tensors, main_subs
 
 
@@ -113,17 +113,17 @@ def _tensors(graphs: list[onnx.GraphProto], attr_tensors: list[tuple[str, Tensor
     and the tensors in node attributes."""
     for g in graphs:
         for t in g.initializer:
-            yield f"initializer {t.name!r}", t
+            yield f"initializer {_show(t.name)}", t
         for s in g.sparse_initializer:
-            yield f"sparse initializer {s.values.name!r}", s.values
-            yield f"sparse initializer {s.values.name!r} (indices)", s.indices
+            yield f"sparse initializer {_show(s.values.name)}", s.values
+            yield f"sparse initializer {_show(s.values.name)} (indices)", s.indices
     yield from attr_tensors
 
 
 def _value_infos(graph: onnx.GraphProto) -> Iterator[tuple[str, onnx.ValueInfoProto]]:
     for part in ("input", "output", "value_info"):
         for v in getattr(graph, part):
-            yield f"{part.replace('_', ' ')} {v.name!r}", v
+            yield f"{part.replace('_', ' ')} {_show(v.name)}", v
 
 
 def _refuse_elements(count: int, what: str, path: Path) -> None:
@@ -186,33 +186,40 @@ def _external(t: TensorProto, where: str, path: Path) -> tuple[str, int]:
     info = {e.key: e.value for e in t.external_data}
     loc = info.get("location", "")
     beside = "keep the data files inside the model's folder, as ONNX Runtime requires"
-    if not loc:
-        raise BertfuseError(f"{path}: {where} has external data without a location")
+    if not loc or "\0" in loc:
+        raise BertfuseError(f"{path}: {where} has external data without a usable location "
+                            f"({_show(loc)})")
     if os.path.isabs(loc) or loc.startswith(("/", "\\")) or ":" in loc[:3]:
         raise BertfuseError(f"{path}: {where} has its external data at the absolute path "
-                            f"{loc!r}; {beside}")
+                            f"{_show(loc)}; {beside}")
     if ".." in loc.replace("\\", "/").split("/"):
-        raise BertfuseError(f"{path}: {where} has its external data at {loc!r}, which climbs "
+        raise BertfuseError(f"{path}: {where} has its external data at {_show(loc)}, which climbs "
                             f"out with '..'; {beside}")
     folder = os.path.realpath(path.parent)
     real = os.path.realpath(os.path.join(folder, loc))
     if os.path.commonpath([folder, real]) != folder:
-        raise BertfuseError(f"{path}: {where} has its external data at {loc!r}, which leads "
+        raise BertfuseError(f"{path}: {where} has its external data at {_show(loc)}, which leads "
                             f"outside the model's folder (to {real}); {beside}")
     if not os.path.isfile(real):
-        raise BertfuseError(f"{path}: {where} has its external data at {loc!r}, which is "
+        raise BertfuseError(f"{path}: {where} has its external data at {_show(loc)}, which is "
                             f"{'not a regular file' if os.path.exists(real) else 'missing'}")
-    size = os.path.getsize(real)
+    try:
+        size = os.path.getsize(real)
+        with open(real, "rb"):  # readable: ONNX Runtime would fail on it later, unnamed
+            pass
+    except OSError as exc:
+        raise BertfuseError(f"{path}: {where} has its external data at {_show(loc)}, which cannot "
+                            f"be read ({exc.strerror})") from None
     try:
         offset = int(info.get("offset", "0"))
         length = int(info["length"]) if "length" in info else size - offset
     except ValueError:
         raise BertfuseError(f"{path}: {where} has an external data offset or length that "
-                            f"is not a number ({info.get('offset')!r}, "
-                            f"{info.get('length')!r})") from None
+                            f"is not a number ({_show(info.get('offset', ''))}, "
+                            f"{_show(info.get('length', ''))})") from None
     if offset < 0 or length < 0 or offset + length > size:
         raise BertfuseError(f"{path}: {where} reads bytes {offset} to {offset + length} of "
-                            f"{loc!r}, which has {size}")
+                            f"{_show(loc)}, which has {size}")
     return os.path.normpath(loc), length  # as the model names it: a copy keeps the name
 
 
@@ -232,10 +239,10 @@ def check_graph(graph: onnx.GraphProto, path: str | os.PathLike,
             if not out:
                 continue
             if out in made_by:
-                raise BertfuseError(f"{path}: {_node(node, i)} writes {out!r}, which "
+                raise BertfuseError(f"{path}: {_node(node, i)} writes {_show(out)}, which "
                                     f"{_node(nodes[made_by[out]], made_by[out])} writes too")
             if out in sources:
-                raise BertfuseError(f"{path}: {_node(node, i)} writes {out!r}, which is a "
+                raise BertfuseError(f"{path}: {_node(node, i)} writes {_show(out)}, which is a "
                                     f"graph input or initializer")
             made_by[out] = i
     reads = [_reads(node, subs.get(i, ())) for i, node in enumerate(nodes)]
@@ -247,11 +254,11 @@ def check_graph(graph: onnx.GraphProto, path: str | os.PathLike,
                 readers[made_by[name]].append(i)
                 waiting[i] += 1
             elif name not in sources:
-                raise BertfuseError(f"{path}: {_node(nodes[i], i)} reads {name!r}, which no "
+                raise BertfuseError(f"{path}: {_node(nodes[i], i)} reads {_show(name)}, which no "
                                     f"node, graph input or initializer makes")
     for out in graph.output:
         if out.name not in made_by and out.name not in sources:
-            raise BertfuseError(f"{path}: graph output {out.name!r} is made by no node")
+            raise BertfuseError(f"{path}: graph output {_show(out.name)} is made by no node")
     ready = [i for i, w in enumerate(waiting) if w == 0]
     done = 0
     while ready:
@@ -299,5 +306,10 @@ def _free_names(graph: onnx.GraphProto) -> set[str]:
 
 
 def _node(node: onnx.NodeProto, index: int) -> str:
-    return f"node {node.name!r} ({node.op_type})" if node.name else \
-        f"node #{index} ({node.op_type})"
+    op = node.op_type[:60]
+    return f"node {_show(node.name)} ({op})" if node.name else f"node #{index} ({op})"
+
+
+def _show(text: str, most: int = 200) -> str:
+    """A name or path from the file, quoted, cut where an attacker made it long."""
+    return repr(text) if len(text) <= most else repr(text[:most]) + f"... ({len(text)} chars)"
