@@ -11,6 +11,7 @@ import tempfile
 import numpy as np
 import onnx
 
+from bertfuse.io.model import load_model
 from bertfuse.passes.manager import run_passes
 from bertfuse.passes.plans import fusion_plan, packing_plan
 from bertfuse.runtime.weights import fill_weights, is_stripped
@@ -67,7 +68,7 @@ def prepare_models(skeleton: str, workdir: str, seed: int = 0, anchors: bool = T
     """raw fp32 (refilled), raw fp16, ORT-optimized fp16, bertfuse fp32/fp16: paths by
     variant (anchors=False: the bertfuse models only; ort_models=False: raw fp32, the parity
     reference, without ORT's raw fp16 and optimizer models, most of a large model's setup)."""
-    raw = onnx.load(skeleton)
+    raw = load_model(skeleton)  # the user's file: limits, external data, the graph
     if is_stripped(raw):
         fill_weights(raw, seed)
     if not anchors:

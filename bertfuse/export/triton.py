@@ -155,24 +155,6 @@ def _check_name(name: str) -> None:
                             f"'.', not starting with '.'")
 
 
-def _external_files(model: onnx.ModelProto, model_path: Path) -> list[str]:
-    """The external weight files the model names, relative to its directory."""
-    files = []
-    for init in model.graph.initializer:
-        if init.data_location != onnx.TensorProto.EXTERNAL:
-            continue
-        loc = next((e.value for e in init.external_data if e.key == "location"), "")
-        norm = os.path.normpath(loc)
-        if not loc or os.path.isabs(loc) or norm.startswith(".."):
-            raise BertfuseError(f"{model_path}: external data location {loc!r} is not a file "
-                                f"beside the model")
-        if not (model_path.parent / norm).is_file():
-            raise BertfuseError(f"{model_path}: its external data {loc} is missing")
-        if norm not in files:
-            files.append(norm)
-    return files
-
-
 def _check_target(model_path: Path, data: list[str], repo: Path, target: Path,
                   force: bool) -> None:
     """REPO/NAME may replace nothing the command reads, and nothing it did not ask to."""
@@ -248,6 +230,7 @@ def export_triton(model_path: str, repo: str, name: str | None = None, max_batch
     op library for a model with ai.bertfuse ops). triton_repo: where Triton will see REPO
     (an absolute path, e.g. /models in a container; default REPO's own absolute path)."""
     from bertfuse.kernels.library import LIB_NAME
+    from bertfuse.io.onnx_in import check_stranger
     from bertfuse.runtime.requests import load_model
     from bertfuse.io.safety import swap_dir_in, temp_dir
     from bertfuse.io.write_errors import naming_the_path
@@ -271,7 +254,7 @@ def export_triton(model_path: str, repo: str, name: str | None = None, max_batch
     name = name if name is not None else src.name.removesuffix(".onnx")
     _check_name(name)
     library = _op_library(src, op_library) if _check_servable(model, src, kind) else None
-    data = _external_files(model, src)
+    data = check_stranger(model, src)  # the external data files, each inside src's folder
     repo_dir, target = Path(os.path.abspath(repo)), Path(os.path.abspath(repo)) / name
     seen = os.path.join(triton_repo or str(repo_dir), name, LIB_NAME) if library else None
     text = config_text(model, name, max_batch, instances, kind, delay_us, threads, seen)

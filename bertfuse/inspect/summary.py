@@ -136,6 +136,9 @@ def load_light(path: str | Path) -> onnx.ModelProto:
                 buf.release()
     if not model.opset_import or not model.graph.node:
         raise BertfuseError(f"{path}: not an ONNX model (no graph or no opset)")
+    from bertfuse.io.onnx_in import check_stranger
+
+    check_stranger(model, path)  # limits, external data inside the model's folder, the graph
     return model
 
 

@@ -2,6 +2,8 @@
 except kernels/ (to register the op library on an ONNX Runtime session).
 
     model    load / check / write ONNX models (validated, atomic, external data past 2 GB)
+    onnx_in  a user's ONNX model checked before use: external data inside its folder, the
+             graph (cycles, dangling inputs), limits on nodes and declared sizes
     ort      the one ONNX Runtime session maker (providers, options, op library, log level)
     safety   output-path checks, temp files that go on every exit, SIGTERM/SIGHUP handling
     stale    temp names that carry their process; a killed run's temps swept by the next one;

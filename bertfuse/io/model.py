@@ -91,12 +91,18 @@ def load_model(path: str | Path, load_weights: bool = True) -> onnx.ModelProto:
     if path.is_dir():
         raise BertfuseError(f"{path}: is a directory, expected an .onnx file")
     try:
-        model = onnx.load(str(path), load_external_data=load_weights)
+        model = onnx.load(str(path), load_external_data=False)
     except Exception as exc:
         raise BertfuseError(f"{path}: not a readable ONNX model ({type(exc).__name__})") from None
     # Protobuf parses some non-ONNX bytes (an empty file, say) into an empty message.
     if not model.opset_import or not model.graph.node:
         raise BertfuseError(f"{path}: not an ONNX model (no graph or no opset)")
+    from bertfuse.io.onnx_in import check_stranger
+
+    if check_stranger(model, path) and load_weights:  # limits, external data, the graph
+        from onnx.external_data_helper import load_external_data_for_model
+
+        load_external_data_for_model(model, str(path.parent))
     return model
 
 

@@ -67,6 +67,12 @@ def load_model(model: Any) -> onnx.ModelProto:
         raise ConfigError(f"{path} is not an ONNX model ({why})") from None
     if not proto.graph.node:  # an empty file parses as an empty model
         raise ConfigError(f"{path} is not an ONNX model (no graph)")
+    from bertfuse.io.onnx_in import check_stranger
+
+    try:  # limits, external data inside the model's folder, the graph
+        check_stranger(proto, path)
+    except BertfuseError as exc:
+        raise ConfigError(str(exc)) from None
     if any(p.key == STRIPPED_KEY for p in proto.metadata_props):
         raise ConfigError(f"{path} is a weight-stripped skeleton: refill it first "
                           "(bertfuse strip-weights MODEL -o OUT --fill SEED)")
