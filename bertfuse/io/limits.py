@@ -44,6 +44,8 @@ MAX_JSON_DEPTH = 64
 # bert_config.json / albert_config.json / ELECTRA's hparams / tokenizer_config.json: a few
 # hundred bytes to a few KB.
 MAX_CONFIG_BYTES = 1 * MiB
+# A bertfuse summary (summarize's JSON, for diff): 5 KB for 3 layers, ~0.6 KB a layer more.
+MAX_SUMMARY_BYTES = 64 * MiB
 # vocab.txt: BERT's 30,522 tokens take 226 KB, multilingual BERT's 119,547 about 1 MB.
 MAX_VOCAB_BYTES = 64 * MiB
 # tokenizer.json: bert-base-uncased's is 466 KB; a 250k-token vocab's under 20 MB.
