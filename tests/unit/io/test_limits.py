@@ -53,6 +53,26 @@ def test_deep_json_refused_before_parsing(tmp_path):
     assert limits.read_json(ok, limits.MAX_CONFIG_BYTES, "a config") == {"a": "[" * 1000}
 
 
+@pytest.mark.parametrize("block", [1, 2, 3, 5, 1 << 20])
+def test_text_lines_across_blocks(tmp_path, monkeypatch, block):
+    """Lines, line numbers and multi-byte characters come out the same whatever the block."""
+    monkeypatch.setattr(limits, "_LINES_BLOCK", block)
+    f = tmp_path / "v.txt"
+    text = "[PAD]\r\n##é\n\nüber\nlast\r"
+    f.write_bytes(text.encode())
+    assert list(limits.text_lines(f, 100, "a vocab", 10, 10)) == \
+        ["[PAD]", "##é", "", "über", "last"]
+    f.write_bytes("a\nbé\nc\x00d\n".encode())
+    with pytest.raises(BertfuseError, match="NUL byte on line 3"):
+        list(limits.text_lines(f, 100, "a vocab", 10, 10))
+    f.write_bytes(b"a\nb\nc\xffd\n")
+    with pytest.raises(BertfuseError, match=r"line 3, byte 1\)"):
+        list(limits.text_lines(f, 100, "a vocab", 10, 10))
+    f.write_bytes(b"a\nb\n" + b"x" * 50)
+    with pytest.raises(BertfuseError, match="line 3 is longer than 10 bytes"):
+        list(limits.text_lines(f, 100, "a vocab", 10, 10))
+
+
 def test_text_lines_bounds(tmp_path):
     f = tmp_path / "v.txt"
     f.write_bytes(b"a\r\nbb\n\nccc")
