@@ -43,9 +43,9 @@ def read_npz(path: str, label: str) -> dict[str, np.ndarray]:
         for m in members:
             total += _declared_bytes(zf, m, label)
             if total > MAX_ARRAYS_BYTES:
-                raise BertfuseError(f"{label}: its arrays declare at least {size_text(total)}, "
-                                    f"over the {size_text(MAX_ARRAYS_BYTES)} limit for arrays; "
-                                    f"save fewer rows")
+                raise BertfuseError(f"{label}: its arrays declare {total:,} bytes or more, "
+                                    f"over the {size_text(MAX_ARRAYS_BYTES)} limit for arrays "
+                                    f"({MAX_ARRAYS_BYTES:,} bytes); save fewer rows")
     with np.load(path, allow_pickle=False) as z:
         return {k: z[k] for k in z.files}
 

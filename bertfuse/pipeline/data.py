@@ -55,8 +55,8 @@ def read_arrays(flag: str, path: str) -> dict[str, np.ndarray]:
         if ext == ".npz":  # sizes declared in the zip and .npy headers checked first
             arrays = read_npz(path, f"{flag} {path}")
         else:
-            data = json.loads(json_text(path, MAX_JSON_ARRAYS_BYTES, "a .json of arrays",
-                                        f"{flag} {path}"))
+            data = json.loads(json_text(path, MAX_JSON_ARRAYS_BYTES, "a .json of arrays (save "
+                                        "larger ones as .npz)", f"{flag} {path}"))
             if isinstance(data, list) and len(data) == 1:
                 data = data[0]
             if not isinstance(data, dict):
