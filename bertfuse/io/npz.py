@@ -11,6 +11,7 @@ loaded.
 from __future__ import annotations
 
 import math
+import struct
 import zipfile
 
 import numpy as np
@@ -20,15 +21,27 @@ from bertfuse.errors import BertfuseError
 from bertfuse.io.limits import (MAX_ARRAYS_BYTES, MAX_NPZ_MEMBERS, check_size,
                                 size_text)
 
+# A savez entry in the central directory: 46 bytes, its name ("input_ids.npy"), zip64's
+# extra field (up to 32 bytes); 1 KiB leaves room for long names.
+_ENTRY_BYTES = 1024
+_EOCD = struct.Struct("<4s4H2LH")  # signature, disks, entries here, entries, size, offset, comment
+_ZIP64_LOCATOR = struct.Struct("<4sLQL")  # signature, disk, the zip64 record's offset, disks
+_ZIP64_EOCD = struct.Struct("<4sQ2H2L4Q")  # ..., entries here, entries, size, offset
 _HEADER_READERS = {(1, 0): npy.read_array_header_1_0, (2, 0): npy.read_array_header_2_0}
 
 
 def read_npz(path: str, label: str) -> dict[str, np.ndarray]:
     """name -> array of a numpy.savez file, its declared sizes checked first (`label`: how
     the one-line refusal names the file, e.g. '--load-inputs x.npz')."""
-    check_size(path, MAX_ARRAYS_BYTES + MAX_NPZ_MEMBERS * 4096, "an .npz of arrays", label)
+    check_size(path, MAX_ARRAYS_BYTES + MAX_NPZ_MEMBERS * _ENTRY_BYTES, "an .npz of arrays",
+               label)
     if not zipfile.is_zipfile(path):
         raise BertfuseError(f"{label}: not an .npz file (numpy.savez writes one)")
+    entries, directory = _directory(path)
+    if entries > MAX_NPZ_MEMBERS or directory > MAX_NPZ_MEMBERS * _ENTRY_BYTES:
+        raise BertfuseError(f"{label}: {entries:,} members in a zip directory of "
+                            f"{size_text(directory)}, over the limit of {MAX_NPZ_MEMBERS:,} "
+                            f"arrays in an .npz")
     with zipfile.ZipFile(path) as zf:
         members = zf.infolist()
         if len(members) > MAX_NPZ_MEMBERS:
@@ -48,6 +61,29 @@ def read_npz(path: str, label: str) -> dict[str, np.ndarray]:
                                     f"({MAX_ARRAYS_BYTES:,} bytes); save fewer rows")
     with np.load(path, allow_pickle=False) as z:
         return {k: z[k] for k in z.files}
+
+
+def _directory(path: str) -> tuple[int, int]:
+    """(members, bytes) of the zip's central directory, from its end records (APPNOTE.TXT
+    4.3.14-4.3.16, zip64's too), before zipfile turns every entry into a ZipInfo: a directory
+    of millions of entries costs gigabytes and minutes there. Found as zipfile finds it: the
+    last end-of-directory signature within a comment's reach of the end."""
+    with open(path, "rb") as f:
+        end = f.seek(0, 2)
+        f.seek(max(0, end - _EOCD.size - 0xFFFF - _ZIP64_LOCATOR.size))
+        tail = f.read()
+        at = tail.rfind(b"PK\x05\x06")
+        if at < 0 or len(tail) - at < _EOCD.size:
+            return 0, 0  # zipfile refuses it
+        entries, size = _EOCD.unpack_from(tail, at)[4:6]
+        loc = at - _ZIP64_LOCATOR.size
+        if (entries == 0xFFFF or size == 0xFFFFFFFF) and loc >= 0 and \
+                tail[loc:loc + 4] == b"PK\x06\x07":
+            f.seek(_ZIP64_LOCATOR.unpack_from(tail, loc)[2])
+            record = f.read(_ZIP64_EOCD.size)
+            if len(record) == _ZIP64_EOCD.size and record[:4] == b"PK\x06\x06":
+                entries, size = _ZIP64_EOCD.unpack(record)[7:9]
+    return entries, size
 
 
 def _declared_bytes(zf: zipfile.ZipFile, member: zipfile.ZipInfo, label: str) -> int:

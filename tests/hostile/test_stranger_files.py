@@ -206,6 +206,18 @@ def test_npz_limit_sums_its_members(tmp_path):
     assert_refused(run_cli(_verify(bomb), tmp_path), "two.npz", "over the 1.0 GiB limit")
 
 
+def test_npz_directory_of_70000_members_refused_from_its_end_record(tmp_path):
+    """zipfile would make a ZipInfo of every directory entry (a 1 GB directory: 20 million,
+    gigabytes, minutes) before the members could be counted: the zip64 end record's count
+    is refused first."""
+    bomb = tmp_path / "many.npz"
+    with zipfile.ZipFile(bomb, "w") as zf:
+        for i in range(70_000):
+            zf.writestr(f"{i}.npy", b"")
+    assert_refused(run_cli(_verify(bomb), tmp_path), "many.npz", "70,000 members",
+                   "over the limit of 1,024 arrays")
+
+
 def test_json_nested_100000_deep_is_one_line(tmp_path):
     deep = tmp_path / "deep.json"
     deep.write_text("[" * 100_000 + "]" * 100_000)
