@@ -35,9 +35,10 @@ GiB = 1 << 30
 MAX_ARRAYS_BYTES = 1 * GiB
 # ... and its members: inputs and outputs by name (a fixture holds in/ and out/ of each).
 MAX_NPZ_MEMBERS = 1024
-# A .json of arrays parses into Python objects at up to ~10x its size: 64 MiB stays under a
-# GB; larger arrays belong in an .npz.
-MAX_JSON_ARRAYS_BYTES = 64 * MiB
+# A .json of arrays parses into Python objects at up to ~13x its size (63 MiB of floats:
+# 825 MB peak, 10 s); 32 MiB holds 8M floats ([8, 128, 768] outputs take 6 MiB). Larger
+# arrays belong in an .npz.
+MAX_JSON_ARRAYS_BYTES = 32 * MiB
 # Nesting of any JSON file: an array file nests 5 deep ([{"input_ids": [[[...]]]}]), a
 # tokenizer.json about 6, a config 2; json.loads recurses once a level (Python's limit: 1000).
 MAX_JSON_DEPTH = 64
@@ -46,10 +47,12 @@ MAX_JSON_DEPTH = 64
 MAX_CONFIG_BYTES = 1 * MiB
 # A bertfuse summary (summarize's JSON, for diff): 5 KB for 3 layers, ~0.6 KB a layer more.
 MAX_SUMMARY_BYTES = 64 * MiB
-# vocab.txt: BERT's 30,522 tokens take 226 KB, multilingual BERT's 119,547 about 1 MB.
+# vocab.txt: BERT's 30,522 tokens take 226 KB, multilingual BERT's 119,547 about 1 MB. The
+# largest these limits let through (1M tokens of 60 bytes) tokenizes at an 814 MB peak, 5 s.
 MAX_VOCAB_BYTES = 64 * MiB
-# tokenizer.json: bert-base-uncased's is 466 KB; a 250k-token vocab's under 20 MB.
-MAX_TOKENIZER_JSON_BYTES = 64 * MiB
+# tokenizer.json: bert-base-uncased's is 466 KB; a 250k-token vocab's under 20 MB. One of
+# 32 MiB parses in 3 s at a 391 MB peak (2.1M tokens, then refused by MAX_VOCAB_TOKENS).
+MAX_TOKENIZER_JSON_BYTES = 32 * MiB
 # Tokens in a vocab, and a config's vocab_size: 8x multilingual BERT's 119,547, 4x the
 # 250,002 of the largest multilingual vocabularies.
 MAX_VOCAB_TOKENS = 1 << 20

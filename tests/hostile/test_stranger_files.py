@@ -228,7 +228,7 @@ def test_json_nested_100000_deep_is_one_line(tmp_path):
 def test_json_inputs_size_checked_from_stat(tmp_path):
     big = sparse(tmp_path / "big.json", 2 * GiB, b'{"input_ids": [[')
     assert_refused(run_cli(_verify(big), tmp_path), "big.json",
-                   "2.0 GiB, over the 64.0 MiB limit")
+                   "2.0 GiB, over the 32.0 MiB limit")
 
 
 # ------------------------------------------------------------- vocab.txt and tokenizer.json
@@ -250,7 +250,7 @@ def _vocab_files(d: Path) -> dict[str, tuple[Path, str]]:
         "nul-byte": (d / "nul.txt", "NUL byte"),
         "long-line": (d / "long.txt", f"longer than {limits.MAX_VOCAB_LINE} bytes"),
         "tokenizer-json-2GB-of-NULs": (sparse(tok_dir / "tokenizer.json", 2 * GiB),
-                                       "over the 64.0 MiB limit"),
+                                       "over the 32.0 MiB limit"),
         "tokenizer-json-deep": (deep_dir / "tokenizer.json", "nested too deeply"),
     }
 
