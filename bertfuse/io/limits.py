@@ -31,7 +31,7 @@ GiB = 1 << 30
 # --load-inputs / --load-outputs .npz: the sum of its members' uncompressed sizes, as the zip
 # directory declares them and as each .npy header's shape and dtype declare. Parity inputs
 # are [batch, seq] int32 (1024 x 512 rows: 2 MiB); saved outputs [batch, seq, hidden] fp32
-# (64 x 512 x 1024: 128 MiB); BERT's MLM logits over a 30k vocab (8 x 512 rows: 500 MiB).
+# (64 x 512 x 1024: 128 MiB); BERT's MLM logits over a 30k vocab (8 x 512 rows: 477 MiB).
 MAX_ARRAYS_BYTES = 1 * GiB
 # ... and its members: inputs and outputs by name (a fixture holds in/ and out/ of each).
 MAX_NPZ_MEMBERS = 1024
@@ -56,8 +56,8 @@ MAX_TOKENIZER_JSON_BYTES = 32 * MiB
 # Tokens in a vocab, and a config's vocab_size: 8x multilingual BERT's 119,547, 4x the
 # 250,002 of the largest multilingual vocabularies.
 MAX_VOCAB_TOKENS = 1 << 20
-# One vocab line: WordPiece makes any word past 100 characters [UNK], so no token is longer
-# (100 characters of 4-byte UTF-8 are 400 bytes).
+# One vocab line: WordPiece makes any word past 100 characters [UNK], so no longer token is
+# ever used (100 characters of 4-byte UTF-8 are 400 bytes).
 MAX_VOCAB_LINE = 1024
 # --text-file: one query (or pair) a line; every row is padded to the longest, so the rows
 # are bounded as well as the bytes.
@@ -65,7 +65,7 @@ MAX_TEXT_FILE_BYTES = 64 * MiB
 MAX_TEXT_ROWS = 65_536
 # A BERT config's sizes, checked before anything is built from them. The largest released
 # BERT-family encoders: 48 layers (Megatron-BERT 3.9B), hidden 4096 with 64 heads and an FFN
-# of 16,384 (ALBERT-xxlarge), positions 8,192 (long-context encoders), 16 token types.
+# of 16,384 (ALBERT-xxlarge), positions 8,192 (long-context encoders), 2 token types (BERT).
 CONFIG_BOUNDS = {
     "num_hidden_layers": 1024,
     "num_attention_heads": 1024,
