@@ -268,6 +268,18 @@ def test_vocab_refused_in_bounded_memory(vocab_files, kind, tmp_path):
     assert_refused(run, str(path), needle)
 
 
+def test_verify_text_file_and_its_vocab_bounded_before_the_model(vocab_files, tmp_path):
+    """verify --text-file reads the text and its --vocab before the model or TensorFlow."""
+    text = tmp_path / "t.txt"
+    text.write_text("what is bert?\n")
+    big_text = sparse(tmp_path / "big.txt", 2 * GiB, b"hello ")
+    vocab, needle = vocab_files["sparse-2GB"]
+    for args, name in ((["--text-file", big_text, "--vocab", vocab_files["nul-byte"][0]],
+                        "big.txt"), (["--text-file", text, "--vocab", vocab], str(vocab))):
+        run = run_cli(["verify", "model.onnx", "--against", "ckpt", *args], tmp_path)
+        assert_refused(run, name, "over the 64.0 MiB limit")
+
+
 def test_vocab_token_count_bounded_for_serve_and_score(tmp_path):
     """serve --vocab and score's vocab go through WordPiece (serve/config.py, score/spec.py),
     as tokenize and verify --text-file do: one reader, so one bound. Over the token limit
