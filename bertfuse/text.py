@@ -22,6 +22,7 @@ from typing import Sequence
 import numpy as np
 
 from bertfuse.errors import BertfuseError, MissingDependency
+from bertfuse.io import limits
 
 # The tokens a BERT input is built from; [MASK] is only for pre-training, so not required.
 REQUIRED = ("[PAD]", "[UNK]", "[CLS]", "[SEP]")
@@ -59,7 +60,8 @@ def _tokenizer_json(path: Path) -> tuple[dict[str, int], dict]:
     """A Hugging Face tokenizer.json's WordPiece vocab, and its normalizer's lower-casing as
     do_lower_case (BERT, DistilBERT, ELECTRA ship one; a BPE or Unigram model is refused)."""
     try:
-        data = json.loads(_read_regular(path))
+        data = json.loads(limits.json_text(path, limits.MAX_TOKENIZER_JSON_BYTES,
+                                           "a tokenizer.json"))
     except (OSError, ValueError) as exc:
         raise BertfuseError(f"{path}: not a readable tokenizer.json ({type(exc).__name__})") \
             from None
@@ -71,6 +73,9 @@ def _tokenizer_json(path: Path) -> tuple[dict[str, int], dict]:
                             f"input is BERT's WordPiece (vocab.txt or a WordPiece tokenizer.json)")
     norm = data.get("normalizer") or {}
     lower = norm.get("lowercase") if isinstance(norm, dict) else None
+    if len(model["vocab"]) > limits.MAX_VOCAB_TOKENS:
+        raise BertfuseError(f"{path}: {len(model['vocab']):,} tokens, over the limit of "
+                            f"{limits.MAX_VOCAB_TOKENS:,} for a vocab")
     return {str(t): int(i) for t, i in model["vocab"].items()}, \
         ({"do_lower_case": lower} if isinstance(lower, bool) else {})
 
@@ -84,18 +89,20 @@ def read_vocab(path: str | os.PathLike) -> dict[str, int]:
         vocab = _tokenizer_json(path)[0]
         return _with_specials(path, vocab)
     try:
-        lines = _read_regular(Path(path)).split("\n")
+        vocab = {line.strip(): i for i, line in enumerate(vocab_lines(path))}
     except FileNotFoundError:
         raise BertfuseError(f"{path}: vocab file not found") from None
-    except UnicodeDecodeError as exc:
-        raise BertfuseError(f"{path}: not a vocab.txt (not UTF-8 text at byte {exc.start})") \
-            from None
     except OSError as exc:  # a directory, unreadable, ...
         raise BertfuseError(f"{path}: cannot read the vocab file ({exc.strerror or exc})") \
             from None
-    if lines and lines[-1] == "":
-        lines.pop()  # the final newline
-    return _with_specials(path, {line.strip(): i for i, line in enumerate(lines)})
+    return _with_specials(path, vocab)
+
+
+def vocab_lines(path: str | os.PathLike):
+    """A vocab.txt's lines, one at a time within io/limits.py's bounds (size, line length,
+    token count; NUL bytes and text that is not UTF-8 refused)."""
+    return limits.text_lines(path, limits.MAX_VOCAB_BYTES, "a vocab.txt (one token a line)",
+                             limits.MAX_VOCAB_LINE, limits.MAX_VOCAB_TOKENS)
 
 
 def _with_specials(path: Path, vocab: dict[str, int]) -> dict[str, int]:
@@ -104,13 +111,6 @@ def _with_specials(path: Path, vocab: dict[str, int]) -> dict[str, int]:
         raise BertfuseError(f"{path}: not a BERT vocab.txt: missing the special token"
                             f"{'s' if len(missing) > 1 else ''} {', '.join(missing)}")
     return vocab
-
-
-def _read_regular(path: Path) -> str:
-    """A regular file's UTF-8 text; anything else (a fifo would block) is refused."""
-    if path.exists() and not path.is_file():
-        raise BertfuseError(f"{path}: not a regular file")
-    return path.read_text(encoding="utf-8")
 
 
 @dataclass
@@ -160,8 +160,8 @@ def _beside_config(vocab_path: Path) -> dict:
     found: dict = {}
     for name in ("bert_config.json", "tokenizer_config.json"):
         try:
-            data = json.loads(_read_regular(vocab_path.parent / name))
-        except (OSError, ValueError, BertfuseError):
+            data = limits.read_json(vocab_path.parent / name, limits.MAX_CONFIG_BYTES, "a config")
+        except (OSError, BertfuseError):
             continue
         if isinstance(data, dict):
             found = {**data, **found}

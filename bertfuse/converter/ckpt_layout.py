@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from bertfuse.converter.config import BertConfig, read_json
+from bertfuse.converter.config import BertConfig, check_size_value, read_json
 from bertfuse.errors import BertfuseError
 
 BERT_ROLES = {"query": "attention/self/query", "key": "attention/self/key",
@@ -140,9 +140,8 @@ def read_config(path: str, layout: Layout) -> BertConfig:
     cfg = BertConfig.from_dict(path, raw)
     for key in ("embedding_size", "num_hidden_groups", "inner_group_num"):
         value = cfg.extra.get(key)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool)
-                                  or value <= 0):
-            raise BertfuseError(f"{path}: {key} must be a positive integer, got {value!r}")
+        if value is not None:
+            check_size_value(key, value, str(path))
     return cfg
 
 

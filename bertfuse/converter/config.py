@@ -7,6 +7,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bertfuse.errors import BertfuseError
+from bertfuse.io import limits
+from bertfuse.io.limits import CONFIG_BOUNDS
 
 GELU_ERF = ("gelu", "gelu_exact", "gelu_erf")
 GELU_TANH = ("gelu_new", "gelu_tanh", "gelu_fast", "gelu_pytorch_tanh", "gelu_approximate")
@@ -34,25 +36,25 @@ class BertConfig:
     def head_size(self) -> int:
         return self.hidden_size // self.num_attention_heads
 
-    def validate(self) -> None:
+    def validate(self, where: str = "bert_config") -> None:
+        """Every size a positive integer within io/limits.py's CONFIG_BOUNDS (before
+        anything is built from it), the activations known; `where` names the file."""
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                      "intermediate_size", "max_position_embeddings", "type_vocab_size"):
             value = getattr(self, name)
             if isinstance(value, float) and value.is_integer():
                 value = int(value)
                 setattr(self, name, value)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise BertfuseError(f"bert_config: {name} must be a positive integer, "
-                                    f"got {value!r}")
+            check_size_value(name, value, where)
         if self.head_activation not in ACTIVATIONS:
-            raise BertfuseError(f"bert_config: unsupported head_activation "
+            raise BertfuseError(f"{where}: unsupported head_activation "
                                 f"{self.head_activation!r} (supported: {', '.join(ACTIVATIONS)})")
         if self.hidden_size % self.num_attention_heads:
             raise BertfuseError(
-                f"bert_config: hidden_size {self.hidden_size} is not a multiple of "
+                f"{where}: hidden_size {self.hidden_size} is not a multiple of "
                 f"num_attention_heads {self.num_attention_heads}")
         if self.hidden_act not in ACTIVATIONS:
-            raise BertfuseError(f"bert_config: unsupported hidden_act {self.hidden_act!r} "
+            raise BertfuseError(f"{where}: unsupported hidden_act {self.hidden_act!r} "
                                 f"(supported: {', '.join(ACTIVATIONS)})")
 
     @classmethod
@@ -71,7 +73,7 @@ class BertConfig:
             cfg = cls(**known, extra=extra)
         except TypeError as exc:
             raise BertfuseError(f"{path}: bad config ({exc})") from None
-        cfg.validate()
+        cfg.validate(str(path))
         return cfg
 
     def to_json(self) -> str:
@@ -80,17 +82,25 @@ class BertConfig:
         return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
 
+def check_size_value(name: str, value, where: str = "bert_config") -> None:
+    """A config size: a positive integer (not a bool) within io/limits.py's CONFIG_BOUNDS,
+    checked before anything is built from it."""
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise BertfuseError(f"{where}: {name} must be a positive integer, got {value!r}")
+    if value > CONFIG_BOUNDS[name]:
+        raise BertfuseError(f"{where}: {name} {value} is over the limit of "
+                            f"{CONFIG_BOUNDS[name]:,} (far above any released BERT); is the "
+                            f"config edited?")
+
+
 def read_json(path: str | Path, what: str = "bert_config.json"):
-    """A config file's JSON; every way it can fail is one BertfuseError line."""
+    """A config file's JSON, bounded in size and nesting (io/limits.py); every way it can
+    fail is one BertfuseError line."""
     path = Path(path)
     try:
-        return json.loads(path.read_text())
+        return limits.read_json(path, limits.MAX_CONFIG_BYTES, what)
     except FileNotFoundError:
         raise BertfuseError(f"{path}: {what} not found") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BertfuseError(f"{path}: not valid JSON ({exc})") from None
-    except RecursionError:
-        raise BertfuseError(f"{path}: not a BERT config (JSON nested too deeply)") from None
     except OSError as exc:  # a directory, unreadable, ...
         raise BertfuseError(f"{path}: cannot read {what} ({exc.strerror or exc})") from None
 

@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from bertfuse.errors import BertfuseError, MissingDependency
+from bertfuse.io.limits import MAX_VOCAB_BYTES, read_text
+from bertfuse.text import vocab_lines
 
 # tensorflow-text's kernels (its newer ones are also registered as "TFText>Name"); any other
 # op the SavedModel uses that only registers once tensorflow_text is imported counts too.
@@ -241,7 +243,7 @@ def sample_texts(vocab: Path, n: int, seed: int) -> list[str]:
     """`n` seeded sentences of the vocab's whole words (mixed case, word pieces glued on,
     punctuation, a word it lacks) that the tokenizer checks run on."""
     words, pieces = [], []
-    for line in vocab.read_text(encoding="utf-8").splitlines():
+    for line in vocab_lines(vocab):
         token = line.strip()
         if token.startswith("##") and token[2:].isalpha():
             pieces.append(token[2:])
@@ -270,4 +272,4 @@ def vocab_text(path: str | os.PathLike) -> bytes:
     p = Path(path)
     if not p.is_file():
         raise BertfuseError(f"{p}: the SavedModel's vocab asset is not a regular file")
-    return p.read_bytes()
+    return read_text(p, MAX_VOCAB_BYTES, "a vocab.txt").encode("utf-8")

@@ -32,6 +32,7 @@ import onnx
 
 from bertfuse.inspect.encoder_table import EncoderTable, encoder_table
 from bertfuse.errors import BertfuseError
+from bertfuse.io.limits import MAX_SUMMARY_BYTES, json_text
 
 SUMMARY_FORMAT = "bertfuse-summary/1"
 
@@ -241,13 +242,10 @@ def load_summary(path: str | Path) -> dict:
     with open(path, "rb") as f:
         head = f.read(64).lstrip()
     if head.startswith(b"{"):
-        try:
-            data = json.loads(path.read_text())
-        except (ValueError, UnicodeDecodeError) as exc:
+        try:  # bounded in size and nesting before it is parsed (io/limits.py)
+            data = json.loads(json_text(path, MAX_SUMMARY_BYTES, "a bertfuse summary"))
+        except ValueError as exc:
             raise BertfuseError(f"{path}: not valid JSON ({exc})") from None
-        except RecursionError:
-            raise BertfuseError(f"{path}: not a bertfuse summary (JSON nested too deeply)") \
-                from None
         if not isinstance(data, dict) or data.get("format") != SUMMARY_FORMAT:
             raise BertfuseError(f"{path}: not a bertfuse summary (expected \"format\": "
                                 f"\"{SUMMARY_FORMAT}\"; write one with bertfuse summarize)")

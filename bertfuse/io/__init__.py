@@ -12,4 +12,6 @@ except kernels/ (to register the op library on an ONNX Runtime session).
     quiet    TensorFlow's and ONNX Runtime's native log lines kept off the terminal
     inputs   every random or probe input bertfuse makes (NumPy only)
     sidecars files beside a model: a text-in model's MODEL.vocab.txt
+    limits   the limits on users' files (sizes, JSON depth, lines) and the bounded readers
+    npz      a user's .npz: declared sizes (zip directory, .npy headers) checked before reading
 """

@@ -26,6 +26,9 @@ from typing import Any, Mapping
 import numpy as np
 
 from bertfuse.errors import BertfuseError
+from bertfuse.io.limits import (MAX_JSON_ARRAYS_BYTES, MAX_TEXT_FILE_BYTES, MAX_TEXT_ROWS,
+                                json_text, text_lines as bounded_lines)
+from bertfuse.io.npz import read_npz
 
 SUFFIXES = (".npz", ".json")
 IN, OUT, MODEL = "in/", "out/", "onnx/"  # fixture keys; the model's outputs when saved
@@ -49,14 +52,11 @@ def read_arrays(flag: str, path: str) -> dict[str, np.ndarray]:
     if not os.path.isfile(path):
         raise BertfuseError(f"{flag} {path}: not a regular file")
     try:
-        if ext == ".npz":
-            if not zipfile.is_zipfile(path):
-                raise BertfuseError(f"{flag} {path}: not an .npz file (numpy.savez writes one)")
-            with np.load(path, allow_pickle=False) as z:
-                arrays = {k: z[k] for k in z.files}
+        if ext == ".npz":  # sizes declared in the zip and .npy headers checked first
+            arrays = read_npz(path, f"{flag} {path}")
         else:
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
+            data = json.loads(json_text(path, MAX_JSON_ARRAYS_BYTES, "a .json of arrays (save "
+                                        "larger ones as .npz)", f"{flag} {path}"))
             if isinstance(data, list) and len(data) == 1:
                 data = data[0]
             if not isinstance(data, dict):
@@ -65,7 +65,7 @@ def read_arrays(flag: str, path: str) -> dict[str, np.ndarray]:
             arrays = {k: _json_array(flag, path, k, v) for k, v in data.items()}
     except BertfuseError:
         raise
-    except (ValueError, OSError, EOFError) as exc:  # a zip or JSON error, a pickled array
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:  # zip, JSON, pickle
         first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
         raise BertfuseError(f"{flag} {path}: not a readable {ext} file ({first})") from None
     if not arrays:
@@ -118,11 +118,9 @@ def text_lines(path: str) -> list[list[str]]:
     """The text file's non-blank lines, each [query] or [query, passage]."""
     if not os.path.isfile(path):
         raise BertfuseError(f"--text-file {path}: no such file")
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = [ln.rstrip("\r\n") for ln in f if ln.strip()]
-    except UnicodeDecodeError as exc:
-        raise BertfuseError(f"--text-file {path}: not UTF-8 text (byte {exc.start})") from None
+    lines = [ln for ln in bounded_lines(path, MAX_TEXT_FILE_BYTES, "a text file",
+                                        MAX_TEXT_FILE_BYTES, MAX_TEXT_ROWS, f"--text-file {path}")
+             if ln.strip()]
     if not lines:
         raise BertfuseError(f"--text-file {path}: no text (one query a line)")
     split = [ln.split("\t", 1) for ln in lines]
@@ -250,7 +248,10 @@ class ParityData:
             self._inputs = read_arrays("--load-inputs", self.load_inputs)
             input_feeds("--load-inputs", self.load_inputs, self._inputs, {}, early=True)
         if self.text_file:
+            from bertfuse.text import read_vocab
+
             text_lines(self.text_file)
+            read_vocab(self.vocab)  # bounded and checked before the slow work, too
         if self.load_outputs:
             self._outputs = read_arrays("--load-outputs", self.load_outputs)
             if not self.outputs_by_name():

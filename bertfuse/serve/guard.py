@@ -22,7 +22,7 @@ import ipaddress
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Mapping
 
-import numpy as np
+from bertfuse.io.limits import json_depth
 
 
 class HTTPError(Exception):
@@ -137,21 +137,8 @@ def check_depth(body: bytes, limit: int = MAX_DEPTH) -> None:
     level and fail with RecursionError): brackets counted outside strings, vectorised."""
     if body.count(b"[") + body.count(b"{") <= limit:  # the common case: nothing to scan
         return
-    if _depth(np.frombuffer(body, np.uint8)) > limit:
+    if json_depth(body) > limit:
         raise HTTPError(400, f"body is nested more than {limit} levels deep; a request is 3")
-
-
-def _depth(a: np.ndarray) -> int:
-    """The deepest bracket nesting outside JSON strings. A quote preceded by an odd run of
-    backslashes is escaped (inside a string); every other quote opens or closes one."""
-    idx = np.arange(a.size)
-    backslash = a == 0x5C
-    last_other = np.maximum.accumulate(np.where(backslash, -1, idx))
-    before = np.concatenate(([-1], last_other[:-1]))  # last non-backslash before each byte
-    quote = (a == 0x22) & ((idx - 1 - before) % 2 == 0)
-    outside = np.cumsum(quote) % 2 == 0
-    step = (np.isin(a, (0x5B, 0x7B)).astype(np.int8) - np.isin(a, (0x5D, 0x7D))) * outside
-    return int(np.cumsum(step, dtype=np.int64).max(initial=0))
 
 
 def check_text(value: Any, name: str) -> None:
