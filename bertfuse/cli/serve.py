@@ -77,8 +77,12 @@ class Serve(Command):
                             "default the loopback only)")
         g.add_argument("--token-file", metavar="FILE",
                        help="require 'Authorization: Bearer TOKEN' (the file's one line) on "
-                            "every route but /healthz and /readyz; default: the environment's "
-                            "BERTFUSE_TOKEN, else no token")
+                            "every route but the health probes (/healthz, /readyz, "
+                            "/v2/health/*, /-/healthz), /-/routes included; default: the "
+                            "environment's BERTFUSE_TOKEN, else no token. A file that others "
+                            "may read or write is refused (chmod 600)")
+        g.add_argument("--allow-readable-token-file", action="store_true",
+                       help="accept a --token-file that group or others may read")
 
     def run(self, args: argparse.Namespace, console) -> int:
         """Deploys, prints where, then waits for Ctrl-C/SIGTERM (bertfuse.io.safety turns SIGTERM
@@ -141,7 +145,7 @@ def _deploy(deploy: Callable[..., Any], args: argparse.Namespace,
         lower_case=args.lower_case, device=args.device, address=args.address, host=args.host,
         port=args.port, outputs=args.outputs, name=args.name,
         cpus_per_replica=args.cpus_per_replica, gpus_per_replica=args.gpus_per_replica,
-        warmup=args.warmup,
+        warmup=args.warmup, allow_readable_token_file=args.allow_readable_token_file,
         access_log=args.access_log, ingress=args.ingress,
         **{k: v for k, v in (("metrics_host", args.metrics_host),
                              ("token_file", args.token_file),

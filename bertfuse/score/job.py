@@ -79,6 +79,8 @@ class ScoreSummary:
     kernels: dict[str, Any] | None = None
     # Why each rerun of the parts left happened (a lost node, a stall), as its stderr line
     reruns: list[str] | None = None
+    # Complete parts found damaged when the job resumed (score/damage.py), scored again
+    damaged: list[str] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -93,6 +95,8 @@ def run_job(job: ScoreJob, progress: bool = True,
     out = OutputDir(job)
     with out.locked():
         done = out.start()
+        for line in out.damaged:
+            note(line)
         todo = [p for p in job.parts if p.index not in done]
         start = time.perf_counter()
         device, actors, timing, stages = job.device, job.actors or 0, Timing(start), Stages()
@@ -133,6 +137,7 @@ def run_job(job: ScoreJob, progress: bool = True,
         summary.stages = stages.result(summary.rows_this_run)
         summary.kernels = kernels or {"asked": job.kernels}
         summary.reruns = reruns
+        summary.damaged = out.damaged
         out.write_manifest({"complete": True, "summary": summary.to_json()})
         return summary
 

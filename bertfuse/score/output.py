@@ -10,6 +10,8 @@ A part is committed by writing each file to a temp name beside it and renaming i
 rejects first and scores last: a part is complete exactly when its scores file exists. A
 restarted job (same model, input, columns, outputs) skips complete parts and redoes the rest;
 a job killed mid-write leaves only `.part-*.tmp` files, removed when the next run starts.
+A complete part whose footer cannot be read, or whose row count is not the part's, was
+damaged since: named and redone (damage.py).
 OUT must be absent, an empty directory, or such a job's output; never an input, never inside
 an input directory, never holding the model or vocab.
 """
@@ -27,6 +29,7 @@ import numpy as np
 
 from bertfuse.errors import BertfuseError
 from bertfuse.io.safety import replace_file, temp_file, write_text
+from bertfuse.score.damage import part_damage
 
 MANIFEST = "_bertfuse_score.json"
 LOCK = "_bertfuse_score.lock"
@@ -47,6 +50,7 @@ class OutputDir:
         self.job = job
         self.root = Path(job.output)
         self.scores, self.rejects = self.root / "scores", self.root / "rejects"
+        self.damaged: list[str] = []  # start(): complete parts found damaged, why each
         self._check_paths()
 
     def _check_paths(self) -> None:
@@ -117,6 +121,14 @@ class OutputDir:
             d.mkdir(exist_ok=True)
         self.clean_temps()
         done = {p.index for p in job.parts if (self.scores / part_name(p.index)).is_file()}
+        for index in sorted(done):  # a complete part damaged since (damage.py): redone
+            scores = self.scores / part_name(index)
+            why = part_damage(scores, self.rejects / part_name(index), job.parts[index].rows)
+            if why:
+                self.damaged.append(f"{why}; its {job.parts[index].rows} rows are scored again")
+                done.discard(index)
+                with writing(scores):
+                    scores.unlink()
         for p in job.parts:  # a rejects file without its scores file: that part is redone
             if p.index not in done and (self.rejects / part_name(p.index)).exists():
                 (self.rejects / part_name(p.index)).unlink()

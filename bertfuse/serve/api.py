@@ -23,6 +23,7 @@ from bertfuse.serve.requests import body_limit
 from bertfuse.serve.ingress import (auto_ingress, haproxy_pids, ingress_environment, remove,
                                     replica_urls)
 from bertfuse.serve.routes import wait_routed
+from bertfuse.serve.token import restore, withhold
 
 # SIGTERM's grace: requests in flight are answered within this (a request takes ms; a full
 # queue of max_batch-row calls on a 2-core CPU, well under a second), then Serve stops.
@@ -48,6 +49,8 @@ class Served:
     urls: list[str] = dataclasses.field(default_factory=list)
     scratch: str | None = None  # HAProxy's files (ingress 'haproxy'): removed on shutdown
     ingress_why: str | None = None
+    # The secrets taken out of this process's environment while it serves (token.withhold)
+    withheld: dict = dataclasses.field(default_factory=dict, repr=False)
 
     def metrics_urls(self) -> list[str]:
         """Each Ray node's Prometheus endpoint (Ray's and Serve's metrics, and bertfuse_*)."""
@@ -82,6 +85,7 @@ class Served:
                     disconnect()
             finally:
                 remove(self.scratch)
+                restore(self.withheld)
 
     def drain(self, grace_s: float) -> None:
         """Stop accepting, finish what is in flight, within grace_s. Behind HAProxy: its soft
@@ -201,6 +205,17 @@ def deploy(model: Any = None, **kwargs: Any) -> Served:
     starts (the CLI's progress lines)."""
     say = kwargs.pop("status", None) or (lambda stage: None)
     cfg = check_config(model, **kwargs)
+    # The token is read (its digest is in cfg): no process started from here on (HAProxy's
+    # probe, the watchdog, Ray's processes, HAProxy) inherits it; shutdown() puts it back
+    withheld = withhold()
+    try:
+        return _deploy(cfg, say, withheld)
+    except BaseException:
+        restore(withheld)
+        raise
+
+
+def _deploy(cfg: ServeConfig, say: Any, withheld: dict[str, str]) -> Served:
     import ray
     from ray import serve
     from ray.exceptions import RayError
@@ -219,7 +234,8 @@ def deploy(model: Any = None, **kwargs: Any) -> Served:
         say("ray cluster")
         _importable_by_workers()
         max_body = body_limit(cfg.max_batch, cfg.max_seq)
-        with ingress_environment(cfg.ingress, cfg.metrics_host, max_body) as scratch:
+        with ingress_environment(cfg.ingress, cfg.metrics_host, max_body,
+                                 cfg.extra.get("token_sha256")) as scratch:
             started_ray = connect(cfg.address, metrics_host=cfg.metrics_host,
                                   leftovers=(scratch,) if scratch else ())
         connected = True
@@ -266,7 +282,7 @@ def deploy(model: Any = None, **kwargs: Any) -> Served:
     except BaseException as exc:
         try:
             Served("", cfg, "", 0, started_ray, connected, started_serve, deployed,
-                   scratch=scratch).shutdown()
+                   scratch=scratch, withheld=withheld).shutdown()
         except Exception:  # noqa: S110  (the first error is the one to report)
             pass
         if isinstance(exc, RayError):  # e.g. a Ray process killed for memory
@@ -275,7 +291,7 @@ def deploy(model: Any = None, **kwargs: Any) -> Served:
                               "left running; Ray's logs say why") from None
         raise
     return Served(url, cfg, device, replicas, started_ray, connected, started_serve,
-                  urls=urls, scratch=scratch, ingress_why=why)
+                  urls=urls, scratch=scratch, ingress_why=why, withheld=withheld)
 
 
 def _logging(cfg: ServeConfig) -> dict[str, Any]:

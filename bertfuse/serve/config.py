@@ -14,6 +14,7 @@ from typing import Any, Sequence
 from bertfuse.checks import check_text
 from bertfuse.runtime.requests import (ConfigError, check_canonical, check_int, load_model,
                                        model_facts)
+from bertfuse.serve.token import token_sha256
 
 DEVICES = ("auto", "cuda", "cpu")
 INGRESSES = ("auto", "proxy", "direct", "haproxy")  # bertfuse/serve/ingress.py says what each is
@@ -30,8 +31,6 @@ HAPROXY_GPUS_PER_REPLICA = 0.25
 # 20.5k at 5 ms (shenma-3l b20 s64); neutral on a 2-core CPU, whose model call is slow.
 # BERTFUSE_SERVE_SWITCH_MS (set when Ray starts) picks another value, for A/B runs.
 SWITCH_MS = "0.5"
-TOKEN_ENV = "BERTFUSE_TOKEN"
-MAX_TOKEN = 4096
 
 
 def switch_interval_s() -> float:
@@ -80,6 +79,7 @@ class ServeConfig:
     ingress: str = "auto"
     metrics_host: str = "127.0.0.1"
     token_file: str | None = None
+    allow_readable_token_file: bool = False  # else a file others may read is refused
     kernels: str = "auto"  # runtime.kernels: the replicas' choice of contrib or bertfuse ops
     extra: dict = field(default_factory=dict)  # facts read from the model (filled by check)
 
@@ -142,7 +142,7 @@ def check_config(model: Any = None, **kwargs: Any) -> ServeConfig:
             raise ConfigError(f"batch_buckets must be a list of row counts, not {buckets!r}")
         buckets = tuple(sorted({check_int("each of batch_buckets", b, 1, cfg.max_batch,
                                           " (max_batch)") for b in buckets}))
-    for flag in ("warmup", "access_log"):
+    for flag in ("warmup", "access_log", "allow_readable_token_file"):
         if not isinstance(getattr(cfg, flag), bool):
             raise ConfigError(f"{flag} must be True or False, not {getattr(cfg, flag)!r}")
     facts = model_facts(load_model(cfg.model))
@@ -164,7 +164,9 @@ def check_config(model: Any = None, **kwargs: Any) -> ServeConfig:
                           "batch_buckets": buckets,
                           "vocab": vocab, "extra": {"inputs": facts.inputs,
                                                     "vocab_size": facts.vocab_size,
-                                                    "token_sha256": _token(cfg.token_file)}})
+                                                    "token_sha256": token_sha256(
+                                                        cfg.token_file,
+                                                        cfg.allow_readable_token_file)}})
 
 
 def resolve(cfg: ServeConfig, ingress: str) -> ServeConfig:
@@ -175,31 +177,6 @@ def resolve(cfg: ServeConfig, ingress: str) -> ServeConfig:
     if share is None:
         share = HAPROXY_GPUS_PER_REPLICA if concrete == "haproxy" else 1.0
     return ServeConfig(**{**asdict(cfg), "ingress": concrete, "gpus_per_replica": share})
-
-
-def _token(path: str | None) -> str | None:
-    """The digest of the bearer token in `path` (or BERTFUSE_TOKEN): what replicas keep."""
-    from bertfuse.serve.guard import token_digest
-
-    if path is None:
-        token = os.environ.get(TOKEN_ENV)
-        if token is None:
-            return None
-        where = f"the environment's {TOKEN_ENV}"
-    else:
-        where = path
-        try:
-            with open(path, encoding="utf-8") as f:
-                token = f.read(MAX_TOKEN + 2)
-        except (OSError, UnicodeDecodeError) as exc:
-            why = getattr(exc, "strerror", None) or "not UTF-8 text"
-            raise ConfigError(f"token_file {path}: cannot read it ({why})") from None
-    token = token.strip()
-    if not token or len(token) > MAX_TOKEN or not token.isascii() or not token.isprintable() \
-            or " " in token:
-        raise ConfigError(f"{where}: the token must be 1..{MAX_TOKEN} printable ASCII "
-                          "characters without spaces")
-    return token_digest(token)
 
 
 def _bucket_int(text: str) -> int:

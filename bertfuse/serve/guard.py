@@ -43,6 +43,9 @@ MAX_DEPTH = 32
 # body that stops short of its length, or trickles, holds a connection this long at most.
 BODY_TIMEOUT_S = 30.0
 LOOPBACK_NAMES = ("localhost", "localhost.", "ip6-localhost")
+REALM = 'Bearer realm="bertfuse"'  # the WWW-Authenticate of a 401
+UNAUTHORIZED = ("this server needs 'Authorization: Bearer <token>' (its --token-file or "
+                "BERTFUSE_TOKEN)")
 
 
 @dataclass(frozen=True)
@@ -84,9 +87,8 @@ def check_access(headers: Mapping[str, str], access: Access) -> None:
     scheme, _, given = headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not hmac.compare_digest(
             token_digest(given.strip()), access.token_sha256):
-        raise HTTPError(401, "this server needs 'Authorization: Bearer <token>' (its "
-                             "--token-file or BERTFUSE_TOKEN)",
-                        headers={"WWW-Authenticate": 'Bearer realm="bertfuse"'})
+        raise HTTPError(401, UNAUTHORIZED,
+                        headers={"WWW-Authenticate": REALM})
 
 
 def check_post(headers: Mapping[str, str], max_body: int) -> int | None:

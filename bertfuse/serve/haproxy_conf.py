@@ -13,13 +13,17 @@ What fix() adds:
                     timeout server SERVER_TIMEOUT_S unless Serve's config sets one (a
                     request that its server never answers gets a 504, not an open end)
     http_frontend   at most CLIENT_CONNS connections at once from one source address; 413
-                    for a Content-Length past the replicas' body limit
+                    for a Content-Length past the replicas' body limit; 401 for Serve's
+                    GET /-/routes (answered by HAProxy itself, never reaching a replica)
+                    without the bearer token, when the server has one: its SHA-256 compared,
+                    as the replicas do (guard.check_access)
     stats, prometheus  bound to the metrics host instead of every interface
 """
 
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import signal
 import sys
@@ -46,7 +50,7 @@ PR_SET_PDEATHSIG = 1
 
 
 def fix(text: str, metrics_host: str, max_body: int,
-        server_timeout_s: int = SERVER_TIMEOUT_S) -> str:
+        server_timeout_s: int = SERVER_TIMEOUT_S, token_sha256: str | None = None) -> str:
     """Serve's rendered config with bertfuse's limits (idempotent)."""
     if MARK in text:
         return text
@@ -72,8 +76,33 @@ def fix(text: str, metrics_host: str, max_body: int,
                     # a declared length past the replicas' limit is refused here, before
                     # anyone tells an `Expect: 100-continue` client to send it
                     "    http-request deny deny_status 413 if { req.hdr_val(content-length) "
-                    f"gt {max_body} }}"]
+                    f"gt {max_body} }}", *_routes_guard(token_sha256)]
     return "\n".join(out) + "\n"
+
+
+def _routes_guard(token_sha256: str | None) -> list[str]:
+    """HAProxy lines answering 401 to /-/routes (Serve's acl: `path -i`) unless the request's
+    Authorization is `Bearer TOKEN` (scheme in any case, nothing after the token)."""
+    if not token_sha256:
+        return []
+    from bertfuse.serve.guard import REALM, UNAUTHORIZED
+
+    int(token_sha256, 16)  # hex digits only: nothing of it can end the config's word
+
+    auth = "req.fhdr(authorization)"
+    return ["    acl bf_routes path -i /-/routes",
+            f"    acl bf_bearer {auth},word(1,' '),lower -m str bearer",
+            f"    acl bf_token {auth},word(2,' '),digest(sha256),hex,lower -m str {token_sha256}",
+            f"    acl bf_more {auth},word(3,' ') -m len gt 0",
+            "    http-request return status 401 content-type application/json string "
+            f"{_quoted(json.dumps({'error': UNAUTHORIZED}))} hdr WWW-Authenticate "
+            f"{_quoted(REALM)} if bf_routes !bf_bearer || "
+            "bf_routes !bf_token || bf_routes bf_more"]
+
+
+def _quoted(text: str) -> str:
+    """`text` as one HAProxy config word (double quotes: backslash and quote escaped)."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def _sets(text: str, section: str, directive: str) -> bool:
@@ -93,22 +122,24 @@ def _bind_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def wrapper(real: str, metrics_host: str, max_body: int) -> str:
+def wrapper(real: str, metrics_host: str, max_body: int,
+            token_sha256: str | None = None) -> str:
     """The wrapper script's text (run by this Python, which has bertfuse importable)."""
     return (f"#!{sys.executable}\n"
             "# bertfuse's HAProxy for Ray Serve: bertfuse/serve/haproxy_conf.py says why\n"
             "import sys\n"
             "from bertfuse.serve.haproxy_conf import main\n"
-            f"main({real!r}, {metrics_host!r}, {max_body}, sys.argv[1:])\n")
+            f"main({real!r}, {metrics_host!r}, {max_body}, sys.argv[1:], {token_sha256!r})\n")
 
 
-def main(real: str, metrics_host: str, max_body: int, args: list[str]) -> None:
+def main(real: str, metrics_host: str, max_body: int, args: list[str],
+         token_sha256: str | None = None) -> None:
     """Fixes the -f config, then becomes HAProxy; it gets SIGTERM when its parent dies."""
     if "-f" in args[:-1]:
         path = args[args.index("-f") + 1]
         with open(path) as f:
             text = f.read()
-        fixed = fix(text, metrics_host, max_body)
+        fixed = fix(text, metrics_host, max_body, token_sha256=token_sha256)
         if fixed != text:
             tmp = f"{path}.bertfuse"
             with open(tmp, "w") as f:

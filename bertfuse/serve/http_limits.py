@@ -10,11 +10,16 @@ a subclass with the limits.
     Serve's proxy / replica ─► configure_http_middlewares ─► callback() ─► install(limits)
                             ─► uvicorn.Config.load (resolves "auto": the subclass) ─► serve
 
-What the subclass adds, per connection:
+What the subclass adds, per connection (behind HAProxy, which holds to the first two
+itself, only the last two: Serve's fallback proxy and each replica's own port listen there
+too, on the loopback):
     the request line and headers within HEADER_TIMEOUT_S of their first byte (or of the
     connection): else 408 and closed (closed silently where no byte came)
     at most CLIENT_CONNS connections at once from one address (the rest closed at once)
     a Content-Length past max_body answered 413 before the app runs: never `100 Continue`
+    GET /-/routes (Serve's own route table, answered by Serve's proxy and by a replica's
+    direct port without reaching bertfuse's code) answered 401 without the server's bearer
+    token, as every route of the replicas but the health probes (guard.check_access)
 
 The limits travel in ENV (ingress_env sets it for the local Ray's processes, which inherit
 it); a process without it gets nothing changed. The body's own deadline and byte count are
@@ -29,7 +34,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-ENV = "BERTFUSE_HTTP_LIMITS"  # "MAX_BODY HEADER_TIMEOUT_S CLIENT_CONNS"
+ENV = "BERTFUSE_HTTP_LIMITS"  # "MAX_BODY HEADER_TIMEOUT_S CLIENT_CONNS [TOKEN_SHA256]"
 CALLBACK = "bertfuse.serve.http_limits.callback"
 SERVE_CALLBACK = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
 # A callback of the user's own (SERVE_CALLBACK set before bertfuse serve started): still called
@@ -41,14 +46,16 @@ class HTTPLimits:
     max_body: int
     header_timeout_s: float
     client_conns: int
+    token_sha256: str | None = None  # the digest only: the token never reaches Ray
 
     def to_env(self) -> str:
-        return f"{self.max_body} {self.header_timeout_s:g} {self.client_conns}"
+        return " ".join([str(self.max_body), f"{self.header_timeout_s:g}",
+                         str(self.client_conns), *([self.token_sha256] * bool(self.token_sha256))])
 
     @classmethod
     def from_env(cls, value: str) -> "HTTPLimits":
-        body, timeout, conns = value.split()
-        return cls(int(body), float(timeout), int(conns))
+        body, timeout, conns, *token = value.split()
+        return cls(int(body), float(timeout), int(conns), token[0] if token else None)
 
 
 def callback() -> list[Any]:
@@ -63,11 +70,16 @@ def callback() -> list[Any]:
     return []
 
 
-def env(max_body: int) -> dict[str, str]:
-    """The flags that put the limits (haproxy_conf's, max_body) in the local Ray's uvicorns."""
+def env(max_body: int, token_sha256: str | None = None,
+        behind_haproxy: bool = False) -> dict[str, str]:
+    """The flags that put the limits (haproxy_conf's, max_body, the token's digest for
+    /-/routes) in the local Ray's uvicorns. behind_haproxy: HAProxy holds to the timeout and
+    the per-address cap itself (and is the replicas' one client address), so only the
+    /-/routes check is added (header_timeout_s and client_conns 0: off)."""
     from bertfuse.serve.haproxy_conf import CLIENT_CONNS, HEADER_TIMEOUT_S
 
-    out = {ENV: HTTPLimits(max_body, HEADER_TIMEOUT_S, CLIENT_CONNS).to_env(),
+    timeout, conns = (0, 0) if behind_haproxy else (HEADER_TIMEOUT_S, CLIENT_CONNS)
+    out = {ENV: HTTPLimits(max_body, timeout, conns, token_sha256).to_env(),
            SERVE_CALLBACK: CALLBACK}
     if os.environ.get(SERVE_CALLBACK, CALLBACK) != CALLBACK:
         out[NEXT] = os.environ[SERVE_CALLBACK]
@@ -95,15 +107,11 @@ def limited(base: type, limits: HTTPLimits) -> type:
     """A subclass of uvicorn's HttpToolsProtocol `base` that holds to `limits`."""
     per_client: Counter[str] = Counter()  # open connections by source address, this process
 
-    async def too_large(scope: Any, receive: Any, send: Any) -> None:
-        """Answers without reading the body (so uvicorn never sends 100 Continue)."""
-        body = json.dumps({"error": f"request body of more than {limits.max_body} bytes is "
-                                    "over the limit"}).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(body)).encode()),
-                                (b"connection", b"close")]})
-        await send({"type": "http.response.body", "body": body})
+    from bertfuse.serve.guard import HTTPError
+
+    # Answers without reading the body (so uvicorn never sends 100 Continue)
+    too_large = _error_app(HTTPError(413, f"request body of more than {limits.max_body} bytes "
+                                          "is over the limit", {"Connection": "close"}))
 
     class Limited(base):  # type: ignore[misc, valid-type]
         _bertfuse_base = base
@@ -115,7 +123,7 @@ def limited(base: type, limits: HTTPLimits) -> type:
             per_client[self._peer] += 1
             self._began = False
             self._header_timer = None
-            if per_client[self._peer] > limits.client_conns:
+            if 0 < limits.client_conns < per_client[self._peer]:
                 transport.abort()  # as HAProxy's `tcp-request connection reject`
                 return
             self._arm()
@@ -128,7 +136,7 @@ def limited(base: type, limits: HTTPLimits) -> type:
             super().connection_lost(exc)
 
         def _arm(self) -> None:
-            if self._header_timer is None:
+            if self._header_timer is None and limits.header_timeout_s > 0:
                 self._header_timer = self.loop.call_later(limits.header_timeout_s,
                                                           self._headers_late)
 
@@ -155,8 +163,14 @@ def limited(base: type, limits: HTTPLimits) -> type:
             self._disarm()
             self._began = False
             declared = next((v for k, v in self.headers if k == b"content-length"), b"")
+            refuse = None
             if declared.strip().isdigit() and int(declared) > limits.max_body:
-                app, self.app = self.app, too_large
+                refuse = too_large
+            elif limits.token_sha256 and b"/-/" in self.url and _routes(self.url):
+                denied = _denied(self.headers, limits.token_sha256)
+                refuse = _error_app(denied) if denied else None
+            if refuse is not None:
+                app, self.app = self.app, refuse
                 try:
                     super().on_headers_complete()
                 finally:
@@ -166,3 +180,41 @@ def limited(base: type, limits: HTTPLimits) -> type:
 
     Limited.__name__ = Limited.__qualname__ = f"Limited{base.__name__}"
     return Limited
+
+
+def _routes(url: bytes) -> bool:
+    """The request line's target is Serve's /-/routes (as its proxy decodes the path)."""
+    from urllib.parse import unquote
+
+    import httptools
+
+    try:
+        path = httptools.parse_url(url).path
+    except httptools.HttpParserInvalidURLError:
+        return False
+    return unquote(path.decode("latin-1")).lower() == "/-/routes"
+
+
+def _denied(headers: list[tuple[bytes, bytes]], token_sha256: str) -> Any:
+    """guard.check_access's 401 (an HTTPError) where the request lacks the token, else None."""
+    from bertfuse.serve.guard import Access, HTTPError, check_access
+
+    value = next((v for k, v in headers if k.lower() == b"authorization"), b"")
+    try:
+        check_access({"authorization": value.decode("latin-1")}, Access(token_sha256))
+    except HTTPError as exc:
+        return exc
+    return None
+
+
+def _error_app(error: Any) -> Any:
+    """An ASGI app answering guard's HTTPError `error` ({"error": message}), body unread."""
+    body = json.dumps({"error": error.message}).encode()
+    headers = [(b"content-type", b"application/json"),
+               (b"content-length", str(len(body)).encode()),
+               *((k.lower().encode(), v.encode()) for k, v in error.headers.items())]
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": error.status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+    return app

@@ -135,13 +135,15 @@ REPLICA_HTTP = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
                 "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2"}
 
 
-def ingress_env(ingress: str, folder: str, max_body: int) -> dict[str, str]:
+def ingress_env(ingress: str, folder: str, max_body: int,
+                token_sha256: str | None = None) -> dict[str, str]:
     """The environment flags that select `ingress` (HAProxy's files under `folder`, its
     binary the wrapper there: haproxy_conf.py). Serve's proxy and direct ingress get
     HAProxy's limits in their uvicorns (http_limits.py); behind HAProxy the replicas' one
-    client is HAProxy, which holds to them itself."""
+    client is HAProxy, which holds to them itself: they get the /-/routes check alone."""
     if ingress == "direct":
-        return {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1", **REPLICA_HTTP, **limits_env(max_body)}
+        return {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1", **REPLICA_HTTP,
+                **limits_env(max_body, token_sha256)}
     if ingress == "haproxy":
         return {"RAY_SERVE_ENABLE_HA_PROXY": "1", **REPLICA_HTTP,
                 "RAY_SERVE_HAPROXY_BINARY_PATH": os.path.join(folder, "haproxy"),
@@ -153,13 +155,16 @@ def ingress_env(ingress: str, folder: str, max_body: int) -> dict[str, str]:
                 "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": os.path.join(folder, "server-state"),
                 "RAY_SERVE_HAPROXY_STATS_PORT": str(quiet_port()),
                 "RAY_SERVE_HAPROXY_METRICS_PORT": str(quiet_port()),
-                "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(quiet_port())}
-    return limits_env(max_body)
+                "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT": str(quiet_port()),
+                # the replicas' ports and Serve's fallback proxy answer /-/routes too
+                **(limits_env(max_body, token_sha256, behind_haproxy=True)
+                   if token_sha256 else {})}
+    return limits_env(max_body, token_sha256)
 
 
 @contextmanager
-def ingress_environment(ingress: str, metrics_host: str, max_body: int
-                        ) -> Iterator[str | None]:
+def ingress_environment(ingress: str, metrics_host: str, max_body: int,
+                        token_sha256: str | None = None) -> Iterator[str | None]:
     """Sets `ingress`'s flags while the local Ray starts (its processes inherit them), then
     puts this process's environment back. Yields the temporary folder (HAProxy's files, the
     wrapper, the owner's pid) that the caller removes after shutdown, or None."""
@@ -172,9 +177,9 @@ def ingress_environment(ingress: str, metrics_host: str, max_body: int
             f.write(_identity(os.getpid()))
         script = os.path.join(folder, "haproxy")
         with open(script, "w") as f:
-            f.write(wrapper(real or "haproxy", metrics_host, max_body))
+            f.write(wrapper(real or "haproxy", metrics_host, max_body, token_sha256))
         os.chmod(script, 0o700)
-    env = ingress_env(ingress, folder or "", max_body)
+    env = ingress_env(ingress, folder or "", max_body, token_sha256)
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:

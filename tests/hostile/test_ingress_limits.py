@@ -2,7 +2,8 @@
 `--ingress direct` (Serve's proxy, or the replica's own uvicorn), loopback only, each case
 bounded in seconds: `Expect: 100-continue` with a length past the limit gets 413 and never
 100, headers sent a byte a second are cut off after HEADER_TIMEOUT_S, and one address
-cannot hold more than CLIENT_CONNS connections while another address is still answered."""
+cannot hold more than CLIENT_CONNS connections while another address is still answered;
+Serve's /-/routes wants the token."""
 
 from __future__ import annotations
 
@@ -107,4 +108,21 @@ def test_one_client_cannot_take_every_connection(endpoint):
     finally:
         for s in stuck:
             s.close()
+    endpoint.good()
+
+
+def test_serves_route_table_wants_the_token(endpoint):
+    """GET /-/routes, which Serve's proxy (and a replica's direct port) answers without
+    reaching bertfuse's code: 401 without the token, Serve's route table with it. The
+    health probes stay open."""
+    def get(path: str, auth: str) -> bytes:
+        return raw(endpoint.port, (f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}"
+                                   "Connection: close\r\n\r\n").encode())
+
+    for auth in ("", "Authorization: Bearer wrong\r\n"):
+        got = get("/-/routes", auth)
+        assert got.startswith(b"HTTP/1.1 401"), got[:200]
+    assert get("/-/routes", f"Authorization: Bearer {TOKEN}\r\n").startswith(b"HTTP/1.1 200")
+    for path in ("/-/healthz", "/healthz", "/readyz"):
+        assert get(path, "").startswith(b"HTTP/1.1 200"), path
     endpoint.good()

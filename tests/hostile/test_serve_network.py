@@ -51,6 +51,7 @@ def model(tmp_path_factory) -> dict[str, str]:
     onnx.save(fused, root / "tiny.onnx")
     (root / "vocab.txt").write_text("".join(t + "\n" for t in example_vocab(300)))
     (root / "token").write_text(TOKEN + "\n")
+    (root / "token").chmod(0o600)  # one that others may read is refused
     return {"model": str(root / "tiny.onnx"), "vocab": str(root / "vocab.txt"),
             "token": str(root / "token"), "root": str(root)}
 
@@ -58,10 +59,10 @@ def model(tmp_path_factory) -> dict[str, str]:
 class Server:
     """`bertfuse serve --json` in its own process, up once its URL is printed."""
 
-    def __init__(self, model: dict, port: int, *flags: str) -> None:
-        env = {**os.environ, "RAY_ADDRESS": "", "PYTHONPATH": os.pathsep.join(
-            [str(ROOT), os.environ.get("PYTHONPATH", "")])}
-        env.pop("BERTFUSE_TOKEN", None)
+    def __init__(self, model: dict, port: int, *flags: str, env: dict | None = None) -> None:
+        env = {**{k: v for k, v in os.environ.items() if k != "BERTFUSE_TOKEN"},
+               "RAY_ADDRESS": "", "PYTHONPATH": os.pathsep.join(
+                   [str(ROOT), os.environ.get("PYTHONPATH", "")]), **(env or {})}
         self.port = port
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "bertfuse", "serve", model["model"], "--port", str(port),

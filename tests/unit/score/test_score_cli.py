@@ -1,7 +1,8 @@
 """`bertfuse score` as a process, joining this module's local Ray (no Ray start per run): one
 progress line per stage on a pipe (plan, ray cluster, score) and none with --json; --kernels
 carried to the actors' Sessions and the first actor's choice in the summary (on the CPU: the
-contrib ops, and why); a bad --kernels is one line, exit 2, before Ray."""
+contrib ops, and why); a bad --kernels is one line, exit 2, before Ray; complete parts
+damaged since their run are named and scored again on the next."""
 
 from __future__ import annotations
 
@@ -82,3 +83,30 @@ def test_a_bad_kernels_value_is_one_line_before_ray(tiny, small, tmp_path, capsy
         with pytest.raises(BertfuseError, match="kernels must be one of"):
             score(tiny["model"], small, tmp_path / "o", ids_column="ids", kernels=bad)
     assert not (tmp_path / "o").exists()
+
+
+def test_a_damaged_complete_part_is_named_and_scored_again(cluster, tiny, small, tmp_path):
+    """Parts damaged after the job wrote them (one truncated, one with its footer
+    overwritten) are found when the same command runs again: each named on a line of its
+    own, scored again, and every row is in the output exactly once (exit 0; before, every
+    rerun failed with exit 3 on `Parquet magic bytes not found`, naming no file)."""
+    out = tmp_path / "o"
+    args = ("--model", tiny["model"], "--input", small, "--output", str(out), "--ids-column",
+            "ids", "--part-rows", "100")
+    first = _score(cluster, *args)
+    assert first.returncode == 0, first.stderr[-3000:]
+    cut, footer = out / "scores" / "part-00001.parquet", out / "scores" / "part-00002.parquet"
+    data = cut.read_bytes()
+    cut.write_bytes(data[:len(data) // 2])
+    data = footer.read_bytes()
+    footer.write_bytes(data[:-8] + b"\0" * 8)  # footer length and magic bytes
+    again = _score(cluster, *args, "--json")
+    assert again.returncode == 0, again.stderr[-3000:]
+    named = [ln for ln in again.stderr.splitlines() if ln.startswith("bertfuse score: ")]
+    assert len(named) == 2 and str(cut) in named[0] and str(footer) in named[1], named
+    assert all("scored again" in ln for ln in named), named
+    summary = json.loads(again.stdout)
+    assert summary["rows_this_run"] == 200 and summary["parts_skipped"] == 1, summary
+    assert summary["damaged"] == [ln.split("bertfuse score: ", 1)[1] for ln in named]
+    rows = pq.read_table(out / "scores").column("row").to_numpy()
+    assert np.array_equal(np.sort(rows), np.arange(ROWS)), rows

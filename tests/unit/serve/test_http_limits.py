@@ -18,9 +18,12 @@ pytest.importorskip("httptools")
 import uvicorn.protocols.http.auto as auto  # noqa: E402
 
 from bertfuse.serve import http_limits  # noqa: E402
+from bertfuse.serve.guard import token_digest  # noqa: E402
 from bertfuse.serve.http_limits import HTTPLimits  # noqa: E402
 
-LIMITS = HTTPLimits(max_body=1000, header_timeout_s=1.0, client_conns=3)
+TOKEN = "limits-token"
+LIMITS = HTTPLimits(max_body=1000, header_timeout_s=1.0, client_conns=3,
+                    token_sha256=token_digest(TOKEN))
 
 
 async def app(scope, receive, send) -> None:
@@ -83,6 +86,37 @@ def test_the_limits_travel_in_one_variable():
     env = http_limits.env(1234)
     assert env[http_limits.SERVE_CALLBACK] == http_limits.CALLBACK
     assert HTTPLimits.from_env(env[http_limits.ENV]).max_body == 1234
+    assert HTTPLimits.from_env(env[http_limits.ENV]).token_sha256 is None
+
+
+@pytest.mark.parametrize("path", [b"/-/routes", b"/-/routes?x=1", b"/-/%72outes", b"/-/ROUTES"])
+@pytest.mark.parametrize("auth", [b"", b"Authorization: Bearer wrong\r\n",
+                                  b"Authorization: Basic limits-token\r\n"])
+def test_serves_route_table_wants_the_token(port, path, auth):
+    """Serve's proxy answers GET /-/routes itself (the replicas' token check never runs):
+    the protocol answers 401 first, as the replicas would."""
+    got = exchange(port, b"GET " + path + b" HTTP/1.1\r\nHost: x\r\n" + auth + b"\r\n")
+    assert got.startswith(b"HTTP/1.1 401") and b"Bearer <token>" in got, got
+    assert b'www-authenticate: bearer realm="bertfuse"' in got.lower(), got
+
+
+def test_serves_route_table_with_the_token_and_other_routes_without(port):
+    got = exchange(port, b"GET /-/routes HTTP/1.1\r\nHost: x\r\nAuthorization: bearer "
+                         b"limits-token\r\n\r\n")
+    assert got.startswith(b"HTTP/1.1 200") and got.endswith(b"got 0"), got  # the app ran
+    for path in (b"/-/healthz", b"/healthz", b"/-/routes/x"):  # the replicas' own checks
+        got = exchange(port, b"GET " + path + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert got.startswith(b"HTTP/1.1 200"), (path, got)
+
+
+def test_content_length_beside_chunked_is_400(port):
+    """Conflicting framing (RFC 9112 6.3): uvicorn's parser refuses it before the app runs,
+    whichever header comes first; the connection is closed."""
+    for headers in (b"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n",
+                    b"Transfer-Encoding: chunked\r\nContent-Length: 5\r\n"):
+        got = exchange(port, b"POST / HTTP/1.1\r\nHost: x\r\n" + headers +
+                       b"\r\n5\r\nhello\r\n0\r\n\r\nGET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert got.startswith(b"HTTP/1.1 400") and got.count(b"HTTP/1.1 ") == 1, got
 
 
 def test_a_good_request_is_answered(port):
