@@ -3,9 +3,9 @@ besides ONNX models and TensorFlow graphs (--load-inputs .npz/.json, vocab.txt,
 tokenizer.json, bert_config.json) is refused in one line naming the file and the limit,
 exit 2, before anything large is read or allocated.
 
-Each case runs the real CLI in a child process and measures it: its own peak RSS (wait4's
-rusage, not the suite's children's) and its wall time. The bombs are small on disk (sparse
-files, a zip member of ~3 MB declaring 3 GiB, an edited .npy header), and the child runs
+Each case runs the real CLI in a child process and measures it: its own peak RSS (VmHWM,
+written by the child as it exits: tests/support/peak_rss.py) and its wall time. The bombs are
+small on disk (sparse files, a zip member of ~3 MB declaring 3 GiB, an edited .npy header), and the child runs
 under RLIMIT_DATA, so code that would grow to gigabytes fails there with MemoryError
 ("out of memory ... --batch/--seq") instead of eating the machine; the asserted line and the
 bounds are what fail on such code. The limits are io/limits.py's.
@@ -34,6 +34,7 @@ import pytest
 import bertfuse
 from bertfuse.errors import BertfuseError
 from bertfuse.io import limits
+from support import peak_rss
 
 GiB = 1 << 30
 SRC = Path(bertfuse.__file__).resolve().parents[1]  # the tree under test, for the child
@@ -61,7 +62,7 @@ class Run:
 
 def run_cli(args: list, cwd: Path, data_limit: int = DATA_LIMIT, timeout: float = 180) -> Run:
     """`python -m bertfuse ARGS` in a child capped at `data_limit` bytes of data; its own
-    peak RSS from wait4."""
+    peak RSS (VmHWM, tests/support/peak_rss.py)."""
     return run_python(["-m", "bertfuse", *map(str, args)], cwd, data_limit, timeout)
 
 
@@ -72,11 +73,11 @@ def run_python(args: list, cwd: Path, data_limit: int = DATA_LIMIT, timeout: flo
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(SRC), *filter(None, [os.environ.get("PYTHONPATH")])]),
-        "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+        "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", peak_rss.ENV: str(cwd / ".peak")}
     out, err = cwd / ".stdout", cwd / ".stderr"
     start = time.monotonic()
     with open(out, "wb") as fo, open(err, "wb") as fe:
-        child = subprocess.Popen([sys.executable, *args], cwd=cwd,
+        child = subprocess.Popen([sys.executable, *peak_rss.wrapped(args)], cwd=cwd,
                                  stdout=fo, stderr=fe, stdin=subprocess.DEVNULL, env=env,
                                  preexec_fn=cap)
     timer = threading.Timer(timeout, child.kill)
@@ -88,9 +89,9 @@ def run_python(args: list, cwd: Path, data_limit: int = DATA_LIMIT, timeout: flo
     child.returncode = os.waitstatus_to_exitcode(status)
     seconds = time.monotonic() - start
     run = Run(child.returncode, out.read_text(errors="replace"), err.read_text(errors="replace"),
-              usage.ru_maxrss / 1024, seconds)
-    out.unlink()
-    err.unlink()
+              (peak_rss.peak_kb(cwd / ".peak") or usage.ru_maxrss) / 1024, seconds)
+    for p in (out, err, cwd / ".peak"):
+        p.unlink(missing_ok=True)
     return run
 
 
