@@ -157,19 +157,21 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     Option("force", False, "write even if parity fails", check_flag, cli_type="flag"),
     # parity data (pipeline/data.py): the user's own inputs and saved outputs
     Option("load_inputs", None, "compare on these inputs instead of random ones: .npz or "
-                                ".json, arrays named input_ids/input_mask/segment_ids or as "
-                                "the source's inputs", _path, metavar="FILE"),
+                                ".json (also Polygraphy's run --save-inputs), arrays named "
+                                "input_ids/input_mask/segment_ids or as the source's inputs", _path, metavar="FILE"),
     Option("text_file", None, "compare on this text, one query a line (a pair: "
                               "QUERY<TAB>PASSAGE), tokenized with --vocab", _path,
            metavar="FILE"),
     Option("vocab", None, "the checkpoint's vocab.txt, for --text-file", _path,
            metavar="VOCAB"),
-    Option("save_inputs", None, "write the compared inputs (.npz or .json, by role)", _path,
+    Option("save_inputs", None, "write the compared inputs by role (.npz, or .json in "
+                                "Polygraphy's format: polygraphy run --load-inputs reads it)", _path,
            metavar="FILE"),
     Option("save_outputs", None, "write the reference's outputs (NAME) and the model's "
                                  "(onnx/NAME), .npz or .json", _path, metavar="FILE"),
-    Option("load_outputs", None, "compare with these saved outputs (.npz or .json, by output "
-                                 "name) instead of TensorFlow's, on --load-inputs/--text-file",
+    Option("load_outputs", None, "compare with these saved outputs (.npz or .json by output "
+                                 "name, or Polygraphy's run --save-outputs) instead of "
+                                 "TensorFlow's, on --load-inputs/--text-file",
            _path, metavar="FILE"),
     # writing
     Option("external_data", False, "weights in MODEL.onnx.data beside the model (automatic "
