@@ -15,9 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from hostile.test_stranger_files import MAX_RSS_MB, MAX_SECONDS, run_cli
-from support.paths import FIXTURES
-
-POLY = FIXTURES / "polygraphy"
+from support.polygraphy_files import POLY, tiny_model
 
 
 def _npy(array: np.ndarray, allow_pickle: bool = False) -> str:
@@ -35,7 +33,7 @@ def _inputs_with(tmp: Path, name: str, payload: str) -> Path:
 
 
 def _verify(tmp: Path, inputs: Path, outputs: Path = POLY / "outputs.json"):
-    return run_cli(["verify", POLY / "tiny.onnx", "--load-inputs", inputs,
+    return run_cli(["verify", tiny_model(tmp), "--load-inputs", inputs,
                     "--load-outputs", outputs], tmp)
 
 

@@ -19,9 +19,12 @@ import pytest
 from onnx import numpy_helper
 
 from bertfuse.cli import main
-from support.paths import FIXTURES
+from support.polygraphy_files import POLY, tiny_model
 
-POLY = FIXTURES / "polygraphy"
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    return tiny_model(tmp_path_factory.mktemp("polygraphy"))
 
 
 def _cli(*argv) -> tuple[int, str, str]:
@@ -39,14 +42,14 @@ def _polygraphy_bin() -> Path | None:
     return Path(found) if found else None
 
 
-def _verify(*extra) -> tuple[int, dict, str]:
-    code, out, err = _cli("verify", POLY / "tiny.onnx", "--load-inputs", POLY / "inputs.json",
+def _verify(tiny: Path, *extra) -> tuple[int, dict, str]:
+    code, out, err = _cli("verify", tiny, "--load-inputs", POLY / "inputs.json",
                           "--load-outputs", POLY / "outputs.json", "--json", *extra)
     return code, json.loads(out) if out.strip() else {}, err
 
 
-def test_verify_reads_polygraphy_run_inputs_and_outputs():
-    code, report, err = _verify()
+def test_verify_reads_polygraphy_run_inputs_and_outputs(tiny):
+    code, report, err = _verify(tiny)
     assert code == 0, err
     parity = report["parity"]
     assert parity["ok"] and (parity["batch"], parity["seq"]) == (2, 8)
@@ -54,9 +57,9 @@ def test_verify_reads_polygraphy_run_inputs_and_outputs():
     assert parity["outputs"][0]["max_abs"] < 1e-6  # the same ONNX Runtime run, same inputs
 
 
-def test_polygraphy_outputs_are_the_reference(tmp_path):
+def test_polygraphy_outputs_are_the_reference(tiny, tmp_path):
     """A model that drifts from the one Polygraphy ran fails against its saved outputs."""
-    model = onnx.load(POLY / "tiny.onnx")
+    model = onnx.load(tiny)
     table = next(t for t in model.graph.initializer if t.name == "word_embeddings")
     table.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(table) + 0.01, table.name))
     onnx.save(model, tmp_path / "drift.onnx")
@@ -67,10 +70,10 @@ def test_polygraphy_outputs_are_the_reference(tmp_path):
     assert not row["ok"] and 0.009 < row["max_abs"] < 0.011
 
 
-def test_saved_json_inputs_are_polygraphy_inputs(tmp_path):
+def test_saved_json_inputs_are_polygraphy_inputs(tiny, tmp_path):
     from bertfuse.io import polygraphy
 
-    code, _, err = _verify("--save-inputs", tmp_path / "again.json")
+    code, _, err = _verify(tiny, "--save-inputs", tmp_path / "again.json")
     assert code == 0, err
     saved = json.loads((tmp_path / "again.json").read_text())
     assert isinstance(saved, list) and len(saved) == 1
@@ -83,14 +86,14 @@ def test_saved_json_inputs_are_polygraphy_inputs(tmp_path):
         assert again[name].dtype == np.int32
 
 
-def test_polygraphy_run_loads_the_inputs_bertfuse_saved(tmp_path):
+def test_polygraphy_run_loads_the_inputs_bertfuse_saved(tiny, tmp_path):
     binary = _polygraphy_bin()
     if binary is None:
         pytest.skip("no Polygraphy here (a venv at $BERTFUSE_POLYGRAPHY or /work/venvs/poly, "
                     "or polygraphy on PATH): pip install polygraphy onnxruntime numpy")
-    code, _, err = _verify("--save-inputs", tmp_path / "bf_inputs.json")
+    code, _, err = _verify(tiny, "--save-inputs", tmp_path / "bf_inputs.json")
     assert code == 0, err
-    done = subprocess.run([str(binary), "run", str(POLY / "tiny.onnx"), "--onnxrt",
+    done = subprocess.run([str(binary), "run", str(tiny), "--onnxrt",
                            "--load-inputs", str(tmp_path / "bf_inputs.json"),
                            "--load-outputs", str(POLY / "outputs.json")],
                           capture_output=True, text=True, timeout=120)
