@@ -148,7 +148,7 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
            _seed, cli_type="int", low=0),
     Option("atol", None, "max |diff| per element (default: 1e-4 fp32, 4e-2 fp16, with mean "
                          "limits 1e-4 / 2e-3)", check_tolerance, cli_type="tolerance"),
-    Option("rtol", None, "also allow rtol * |TF| per element (default 0)", check_tolerance,
+    Option("rtol", None, "also allow rtol * |reference| per element (default 0)", check_tolerance,
            cli_type="tolerance"),
     # parity gate
     Option("verify", True, "compare with the reference on the random padded inputs, the "
