@@ -84,6 +84,9 @@ def test_saved_json_inputs_are_polygraphy_inputs(tiny, tmp_path):
     for name in given:
         np.testing.assert_array_equal(again[name], given[name])
         assert again[name].dtype == np.int32
+    code, out, err = _cli("verify", tiny, "--load-inputs", tmp_path / "again.json",
+                          "--load-outputs", POLY / "outputs.json", "--json")
+    assert code == 0 and json.loads(out)["parity"]["ok"], err  # and bertfuse reads it back
 
 
 def test_polygraphy_run_loads_the_inputs_bertfuse_saved(tiny, tmp_path):
