@@ -60,7 +60,7 @@ def read(data: Any, label: str) -> dict[str, np.ndarray]:
     user's choice, so it is refused in a line saying how to save one)."""
     if kind(data) == "RunResults":
         return _outputs(data, label)
-    feeds = _one(data, "iterations", label, "save one (polygraphy run --iterations 1)")
+    feeds = _one(data, "iterations", label, "(save one: polygraphy run --iterations 1)")
     if not isinstance(feeds, dict):
         raise BertfuseError(f"{label}: a Polygraphy input file holds feed dicts, not "
                             f"{type(feeds).__name__}")
@@ -74,10 +74,10 @@ def _outputs(data: dict, label: str) -> dict[str, np.ndarray]:
                             f"[runner, iterations]")
     names = ", ".join(str(r[0])[:80] for r in runs[:4])
     runner, iterations = _one(runs, "runners", label,
-                              f"({names}); save one runner's outputs (polygraphy run with one "
+                              f"({names}; save one runner's outputs: polygraphy run with one "
                               f"backend flag)")
-    result = _one(iterations, "iterations", label, f"of {str(runner)[:80]}; save one "
-                                                   f"(polygraphy run --iterations 1)")
+    result = _one(iterations, "iterations", label, f"of {str(runner)[:80]} (save one: "
+                                                   f"polygraphy run --iterations 1)")
     outputs = result.get("outputs") if kind(result) == "IterationResult" else None
     if not isinstance(outputs, dict):
         raise BertfuseError(f"{label}: runner {str(runner)[:80]}'s iteration is no Polygraphy "
