@@ -76,6 +76,9 @@ def optimize(model: str | os.PathLike | onnx.ModelProto,
              inputs: Mapping[str, str] | None = _D.inputs, precision: str = _D.precision,
              strict: bool = _D.strict, packed: bool = _D.packed, kernels: str = _D.kernels,
              fp8: bool = _D.fp8, gelu_approximation: bool = _D.gelu_approximation,
+             batch: int = _D.batch, seq: int = _D.seq, seed: int | None = _D.seed,
+             atol: float | None = _D.atol, rtol: float | None = _D.rtol,
+             verify: bool = _D.verify, force: bool = _D.force,
              external_data: bool = _D.external_data,
              progress: Progress | None = None, native_logs: bool = False) -> Result:
     """The fusion passes on an ONNX model you exported with tf2onnx (`bertfuse optimize`).
@@ -84,8 +87,10 @@ def optimize(model: str | os.PathLike | onnx.ModelProto,
     without writing it. inputs: rename the model's inputs to input_ids / input_mask /
     segment_ids (int32), as bertfuse.Session takes them: {{role: the export's input name}};
     inputs left out are recognised by name ({{}} recognises all). None keeps the export's
-    names. With kernels="bertfuse" the result is checked equal to the contrib form with
-    NumPy references before it is returned; fp8 is measured against the model as given.
+    names. The fused model is compared with the model as given, both in ONNX Runtime on
+    the CPU, on random padded inputs (verify=False skips it): past the limits, ParityError
+    (with `.report`), unless force. With kernels="bertfuse" the result is also checked equal
+    to the contrib form with NumPy references; fp8 is measured against the model as given.
     native_logs: as for convert.
 {options}
     """

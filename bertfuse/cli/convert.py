@@ -52,7 +52,7 @@ class Convert(Command):
 
 class Optimize(Command):
     name = "optimize"
-    summary = "run the fusion passes on a raw tf2onnx model"
+    summary = "run the fusion passes on a raw tf2onnx model, verified against it"
     example = ("  python -m tf2onnx.convert --saved-model sm/ --opset 17 --output raw.onnx\n"
                "  bertfuse optimize raw.onnx -o fused.onnx \\\n"
                "      --inputs input_ids=input_word_ids,segment_ids=input_type_ids")
@@ -63,6 +63,9 @@ class Optimize(Command):
         p.add_argument("model", help="raw ONNX exported by tf2onnx")
         add_write_target(p, "output .onnx")
         add_options(p, "fusion", GROUPS["fusion"])
+        # parity: the fused model against MODEL itself, both in ONNX Runtime on the CPU
+        add_options(p, "verification (against MODEL, in ONNX Runtime)", GROUPS["verification"])
+        add_options(p, "parity gate", GROUPS["parity gate"])
         add_options(p, "writing", GROUPS["writing"])
         p.add_argument_group("interface").add_argument(
             "--inputs", metavar="ROLE=NAME,...",
@@ -75,6 +78,7 @@ class Optimize(Command):
 
         target = _target(args)
         opts = options_from_args(args)
+        _check_verify_size(opts)
         return _run_with_report(args, console, lambda up: stages.optimize(
             args.model, target, up, opts, args.in_place))
 

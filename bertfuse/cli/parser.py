@@ -18,7 +18,7 @@ def build_parser(registry: list[Command] | None = None) -> argparse.ArgumentPars
     parser.add_argument("--version", action="version", version=f"bertfuse {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for cmd in registry if registry is not None else commands():
-        p = sub.add_parser(cmd.name, help=cmd.summary)
+        p = sub.add_parser(cmd.name, help=cmd.summary, description=cmd.summary)
         cmd.add_arguments(p)
         if cmd.output_args:
             add_output_args(p)

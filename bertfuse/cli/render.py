@@ -64,7 +64,8 @@ def print_report(report: RunReport, console: Console) -> None:
         tol = f"max {p.tolerance.atol:g}" + (f" + {p.tolerance.rtol:g}·|TF|" if p.tolerance.rtol
                                              else "") + \
             (f", mean {p.tolerance.mean:g}" if p.tolerance.mean is not None else "")
-        against = "saved outputs" if p.reference.startswith("saved") else "TensorFlow"
+        against = "saved outputs" if p.reference.startswith("saved") else \
+            "the given model" if p.source_kind == "onnx" else "TensorFlow"
         given = f"{p.batch} x {p.seq}, your inputs" if p.inputs else \
             f"batch {p.batch}, seq {p.seq}, padded, seed {p.seed}"
         par = Table(title=f"parity vs {against} ({p.precision}, {given})")

@@ -17,7 +17,10 @@ from bertfuse.errors import BertfuseError
 
 class Serve(Command):
     name = "serve"
-    summary = "serve a model over HTTP on Ray Serve (batched, one replica per GPU)"
+    # serve/config.py: HAPROXY_GPUS_PER_REPLICA (0.25) behind HAProxy, the default ingress where
+    # Ray starts here on Linux; a whole GPU each behind Serve's proxy or direct; one CPU replica
+    summary = ("serve a model over HTTP on Ray Serve (batched; four replicas per GPU behind "
+               "HAProxy, one per GPU behind Serve's proxy, one on a CPU)")
     example = ("  bertfuse serve model.onnx --vocab out/tiny/vocab.txt --port 8000\n"
                "  curl -s localhost:8000/v1/infer -H 'Content-Type: application/json' \\\n"
                "      -d '{\"text\": [\"what is bert?\"]}'")

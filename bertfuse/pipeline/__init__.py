@@ -5,8 +5,11 @@
     stages    convert:  load TF -> tf2onnx -.
               optimize: load ONNX ----------+-> passes -> check -> [parity vs TF]
                                                -> [lowering] -> [packing] -> gate -> write
+              (optimize: parity vs the model as given, in ONNX Runtime)
               verify:   load ONNX + TF -> parity vs TF
     parity    the model against TensorFlow on random padded inputs (+ mask checks: mask)
+    onnx_parity  optimize's: the fused model against the model as given (ONNX Runtime, CPU);
+              its load, an Erfc rewritten as 1 - Erf (passes/erfc.py)
     lowering  --kernels bertfuse: the checked contrib form rewritten into ai.bertfuse ops,
               checked equal to it with the NumPy references (+ FP8 weights: fp8)
     gate      --strict, the parity verdict, then the atomic write

@@ -1,6 +1,8 @@
 """Parity on the user's own data, as Polygraphy's `run` takes it: inputs from a file or from
 text through a vocab, saved reference outputs to compare against, and the run's own inputs
-and outputs saved for later.
+and outputs saved for later. Polygraphy's own JSON files are read too (its `run
+--save-inputs` and `--save-outputs`, io/polygraphy.py), and inputs saved as .json are written
+in the form its `run --load-inputs` reads.
 
     --load-inputs FILE.npz|.json ─┐                               ┌─► --save-inputs FILE
     --text-file FILE --vocab V  ──┴─► feeds by role (int32) ─► parity ─► --save-outputs FILE
@@ -28,6 +30,7 @@ import numpy as np
 from bertfuse.errors import BertfuseError
 from bertfuse.io.limits import (MAX_JSON_ARRAYS_BYTES, MAX_TEXT_FILE_BYTES, MAX_TEXT_ROWS,
                                 json_text, text_lines as bounded_lines)
+from bertfuse.io import polygraphy
 from bertfuse.io.npz import read_npz
 
 SUFFIXES = (".npz", ".json")
@@ -44,8 +47,8 @@ def _suffix(flag: str, path: str) -> str:
 
 
 def read_arrays(flag: str, path: str) -> dict[str, np.ndarray]:
-    """name -> array from an .npz (numpy.savez) or a .json object of name -> nested lists
-    (or a list holding one such object)."""
+    """name -> array from an .npz (numpy.savez), a .json object of name -> nested lists (or
+    a list holding one such object), or Polygraphy's JSON (io/polygraphy.py)."""
     ext = _suffix(flag, path)
     if not os.path.exists(path):
         raise BertfuseError(f"{flag} {path}: no such file")
@@ -57,6 +60,8 @@ def read_arrays(flag: str, path: str) -> dict[str, np.ndarray]:
         else:
             data = json.loads(json_text(path, MAX_JSON_ARRAYS_BYTES, "a .json of arrays (save "
                                         "larger ones as .npz)", f"{flag} {path}"))
+            if polygraphy.is_polygraphy(data):  # its run's --save-inputs / --save-outputs
+                return _nonempty(flag, path, polygraphy.read(data, f"{flag} {path}"))
             if isinstance(data, list) and len(data) == 1:
                 data = data[0]
             if not isinstance(data, dict):
@@ -68,6 +73,10 @@ def read_arrays(flag: str, path: str) -> dict[str, np.ndarray]:
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:  # zip, JSON, pickle
         first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
         raise BertfuseError(f"{flag} {path}: not a readable {ext} file ({first})") from None
+    return _nonempty(flag, path, arrays)
+
+
+def _nonempty(flag: str, path: str, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     if not arrays:
         raise BertfuseError(f"{flag} {path}: holds no arrays")
     return arrays
@@ -84,14 +93,17 @@ def _json_array(flag: str, path: str, name: str, value: Any) -> np.ndarray:
     return array
 
 
-def write_arrays(path: str, arrays: Mapping[str, np.ndarray]) -> None:
-    """.npz or .json by the suffix, written atomically (a temporary file, then renamed)."""
+def write_arrays(path: str, arrays: Mapping[str, np.ndarray], inputs: bool = False) -> None:
+    """.npz or .json by the suffix, written atomically (a temporary file, then renamed).
+    inputs: a .json in Polygraphy's input format, which its `run --load-inputs` reads."""
     from bertfuse.io.safety import mode_of, replace_file, temp_file, write_text
     from bertfuse.io.write_errors import naming_the_path
 
     if _suffix("save", path) == ".json":
+        body = polygraphy.encode_inputs(arrays) if inputs else \
+            {k: np.asarray(v).tolist() for k, v in arrays.items()}
         with naming_the_path(path):
-            write_text(path, json.dumps({k: np.asarray(v).tolist() for k, v in arrays.items()}))
+            write_text(path, json.dumps(body, indent=1 if inputs else None))
         return
     target = Path(path)
     mode = mode_of(target)
@@ -317,7 +329,7 @@ class ParityData:
     def save(self, feeds: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray],
              model_outputs: Mapping[str, np.ndarray]) -> None:
         if self.save_inputs:
-            write_arrays(self.save_inputs, feeds)
+            write_arrays(self.save_inputs, feeds, inputs=True)
         if self.save_outputs:
             write_arrays(self.save_outputs, {**reference, **{MODEL + k: v for k, v in
                                                               model_outputs.items()}})

@@ -148,28 +148,32 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
            _seed, cli_type="int", low=0),
     Option("atol", None, "max |diff| per element (default: 1e-4 fp32, 4e-2 fp16, with mean "
                          "limits 1e-4 / 2e-3)", check_tolerance, cli_type="tolerance"),
-    Option("rtol", None, "also allow rtol * |TF| per element (default 0)", check_tolerance,
+    Option("rtol", None, "also allow rtol * |reference| per element (default 0)", check_tolerance,
            cli_type="tolerance"),
     # parity gate
-    Option("verify", True, "compare with TensorFlow on the random padded inputs (the parity "
-                           "gate)", check_flag, cli_type="flag",
-           cli_help="skip the TF comparison"),
+    Option("verify", True, "compare with the reference on the random padded inputs, the "
+                           "parity gate (convert: TensorFlow; optimize: the model as given, in "
+                           "ONNX Runtime)", check_flag, cli_type="flag",
+           cli_help="skip the parity comparison (convert: with TensorFlow; optimize: with the "
+                    "model as given)"),
     Option("force", False, "write even if parity fails", check_flag, cli_type="flag"),
     # parity data (pipeline/data.py): the user's own inputs and saved outputs
     Option("load_inputs", None, "compare on these inputs instead of random ones: .npz or "
-                                ".json, arrays named input_ids/input_mask/segment_ids or as "
-                                "the source's inputs", _path, metavar="FILE"),
+                                ".json (also Polygraphy's run --save-inputs), arrays named "
+                                "input_ids/input_mask/segment_ids or as the source's inputs", _path, metavar="FILE"),
     Option("text_file", None, "compare on this text, one query a line (a pair: "
                               "QUERY<TAB>PASSAGE), tokenized with --vocab", _path,
            metavar="FILE"),
     Option("vocab", None, "the checkpoint's vocab.txt, for --text-file", _path,
            metavar="VOCAB"),
-    Option("save_inputs", None, "write the compared inputs (.npz or .json, by role)", _path,
+    Option("save_inputs", None, "write the compared inputs by role (.npz, or .json in "
+                                "Polygraphy's format: polygraphy run --load-inputs reads it)", _path,
            metavar="FILE"),
     Option("save_outputs", None, "write the reference's outputs (NAME) and the model's "
                                  "(onnx/NAME), .npz or .json", _path, metavar="FILE"),
-    Option("load_outputs", None, "compare with these saved outputs (.npz or .json, by output "
-                                 "name) instead of TensorFlow's, on --load-inputs/--text-file",
+    Option("load_outputs", None, "compare with these saved outputs (.npz or .json by output "
+                                 "name, or Polygraphy's run --save-outputs) instead of "
+                                 "TensorFlow's, on --load-inputs/--text-file",
            _path, metavar="FILE"),
     # writing
     Option("external_data", False, "weights in MODEL.onnx.data beside the model (automatic "
@@ -189,8 +193,10 @@ GROUPS = {
     "writing": ("external_data",),
 }
 PARITY_DATA = GROUPS["parity data"]
-# The options `optimize` takes (its inputs rename the model's inputs to the roles).
-OPTIMIZE_OPTIONS = ("inputs", *GROUPS["fusion"], *GROUPS["writing"])
+# The options `optimize` takes (its inputs rename the model's inputs to the roles; its parity
+# compares with the model as given, in ONNX Runtime).
+OPTIMIZE_OPTIONS = ("inputs", *GROUPS["fusion"], *GROUPS["verification"],
+                    *GROUPS["parity gate"], *GROUPS["writing"])
 
 
 def _default(name: str) -> Any:
@@ -294,16 +300,22 @@ def check_seed(seed: int | None) -> int | None:
     return seed
 
 
+def check_parity_options(opts: ConvertOptions) -> None:
+    """The seed, the inputs' size and the tolerances, before any slow work."""
+    from bertfuse.pipeline.parity import tolerance_for
+
+    check_seed(opts.seed)
+    check_verify_size(opts.batch, opts.seq)
+    tolerance_for(opts.precision, opts.atol, opts.rtol)
+
+
 def check_gate(opts: ConvertOptions) -> None:
     """Before the slow TF load: a NaN or negative tolerance or seed is bad input, and TF is
     asked to start with oneDNN's rewrites off (see converter/reference.py)."""
     from bertfuse.converter.reference import prefer_onednn_off
-    from bertfuse.pipeline.parity import tolerance_for
 
     check_fusion(opts)
-    check_seed(opts.seed)
-    check_verify_size(opts.batch, opts.seq)
-    tolerance_for(opts.precision, opts.atol, opts.rtol)
+    check_parity_options(opts)
     if not opts.fuse:  # these act on the fused graph: without it they would silently do nothing
         asked = [flag for flag, on in (("--strict", opts.strict), ("--packed", opts.packed),
                                        ("--precision fp16", opts.precision != "fp32"),

@@ -2,7 +2,8 @@
 
     convert   load TF model -> tf2onnx export ---.
     optimize  load ONNX [-> rename inputs to roles] +-> passes -> check (onnx + ORT load)
-                                                     -> [verify vs TensorFlow]     convert only
+                                                     -> [verify vs TensorFlow]     convert
+                                                     -> [verify vs the given model]  optimize
                                                      -> [bertfuse kernels]         --kernels bertfuse
                                                      -> [packing]                  --packed
                                                      -> gate (--strict, parity) -> write
@@ -28,7 +29,8 @@ from bertfuse.io.sidecars import find_vocab
 from bertfuse.passes.manager import run_passes
 from bertfuse.passes.plans import fusion_plan, packing_plan
 from bertfuse.pipeline.gate import write_gated
-from bertfuse.pipeline.options import OPTIMIZE_OPTIONS, ConvertOptions, check_fusion, check_gate
+from bertfuse.pipeline.options import (OPTIMIZE_OPTIONS, ConvertOptions, check_fusion, check_gate,
+                                       check_parity_options)
 from bertfuse.pipeline.data import ParityData
 from bertfuse.pipeline.parity import OrtRunError, verify_against_tf
 from bertfuse.pipeline.report import RunReport
@@ -109,10 +111,11 @@ def optimize_model(source: str | onnx.ModelProto, out_path: str | None,
     """optimize, returning the model too; `source` a path or a ModelProto; out_path None:
     checked (and --strict gated), not written."""
     from bertfuse.converter.roles import parse_override
-    from bertfuse.io.model import check_input_model, load_model
+    from bertfuse.pipeline.onnx_parity import load_given, verify_stage
 
     opts = opts or ConvertOptions()
     check_fusion(opts)
+    check_parity_options(opts)
     override = parse_override(opts.inputs) if opts.inputs is not None else None
     from_file = not isinstance(source, onnx.ModelProto)
     if out_path is not None and not in_place:
@@ -120,13 +123,7 @@ def optimize_model(source: str | onnx.ModelProto, out_path: str | None,
     require("onnxruntime")  # the check loads the model in ONNX Runtime
     report = RunReport(output=out_path, command="optimize",
                        options={n: getattr(opts, n) for n in OPTIMIZE_OPTIONS})
-    with report.stage("load ONNX", status) as st:
-        if from_file:
-            raw = load_model(source)
-            check_input_model(raw, source)
-        else:
-            raw = source
-        st.nodes = len(raw.graph.node)
+    raw = load_given(source, report, status)
     if override is not None:  # before the passes, as convert does: they see the roles
         from bertfuse.converter.interface import role_inputs
 
@@ -142,9 +139,9 @@ def optimize_model(source: str | onnx.ModelProto, out_path: str | None,
         return run_onnx(ort_session(raw), feeds)
 
     model = _fuse_and_check(raw, opts, report, status, source=None)
+    verify_stage(model, raw, source, opts, report, status)  # the contrib form vs the given
     model = _lower(model, opts, report, status, reference, against_tf=False)
-    # No TF reference to gate on: the lowering's own check refused any drift.
-    return _pack_and_write(model, out_path, opts, report, status, force=True), report
+    return _pack_and_write(model, out_path, opts, report, status, force=opts.force), report
 
 
 def _parity_data(opts: ConvertOptions, inputs: list[str | None]) -> ParityData | None:
