@@ -180,11 +180,20 @@ def test_a_server_timeout_that_serve_sets_is_kept():
 
 
 def test_depth_scan_is_cheap_on_a_large_request():
+    """The scan costs about what parsing the body costs (1.6x json.loads measured on an idle
+    2-core host), not a multiple of it: compared with json.loads in the same process, best of
+    five each, so a loaded machine slows both alike."""
     body = json.dumps({"input_ids": np.ones((32, 512), int).tolist()}).encode()
-    start = time.perf_counter()
-    for _ in range(10):
-        check_depth(body)
-    assert (time.perf_counter() - start) / 10 < 0.02
+
+    def best(call) -> float:
+        times = []
+        for _ in range(5):
+            start = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    assert best(lambda: check_depth(body)) < 5 * best(lambda: json.loads(body))
 
 
 def test_a_start_stops_the_haproxy_of_a_serve_that_is_gone(tmp_path):
