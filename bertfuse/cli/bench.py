@@ -97,7 +97,9 @@ class Bench(Command):
                 redirect_stdout(sys.stderr if args.json else out):  # --json: progress on stderr
             payload = _bench(args, str(work))
         if args.json:
-            out.write(json.dumps(payload, default=str) + "\n")
+            from bertfuse.cli.outcome import print_json
+
+            print_json("bench", payload, indent=None)
         return 0
 
 

@@ -6,11 +6,11 @@ when they run."""
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any, Callable
 
 from bertfuse.cli.args import add_output_args
 from bertfuse.cli.command import Command
+from bertfuse.cli.outcome import error_object, print_json
 
 
 def _arch(text: str) -> int:
@@ -87,7 +87,7 @@ def _build(args, console) -> int:
         path = build(args.ort_include, args.arch, args.force, builder=args.builder,
                      say=_say(args, console))
     if args.json:
-        print(json.dumps({"library": str(path), "info": library_info(path)}, indent=2))
+        print_json("kernels build", {"library": str(path), "info": library_info(path)})
     return 0
 
 
@@ -110,7 +110,7 @@ def _info(args, console) -> int:
     report = {"cache_dir": str(lib.cache_root()), "sm": sm, "onnxruntime_api": ort_api,
               "library": current, "built": current is not None, "ops": ops, "all_built": built}
     if args.json:
-        print(json.dumps(report, indent=2))
+        print_json("kernels info", report)
         return 0
     say = _say(args, console)
     say(f"cache dir      {report['cache_dir']}")
@@ -166,12 +166,14 @@ def _check(args, console) -> int:
     unchecked = [] if args.op else sorted(set(names or ()) - {c.op for c in cases})
     if unchecked:
         say(f"no check case for: {', '.join(unchecked)}")
+    verdict = f"{sum(r.ok for r in results)}/{len(results)} cases pass"
     if args.json:
-        print(json.dumps({"library": str(path), "info": info, "sm": sm, "onnxruntime": ort.__version__,
-                          "tolerance": {"max_abs": MAX_ABS, "mean_abs": MEAN_ABS},
-                          "cuda_graph": args.cuda_graph, "ok": ok, "library_ops": names,
-                          "unchecked_ops": unchecked,
-                          "cases": [r.to_json() for r in results]}, indent=2))
+        print_json("kernels check", {
+            "library": str(path), "info": info, "sm": sm, "onnxruntime": ort.__version__,
+            "tolerance": {"max_abs": MAX_ABS, "mean_abs": MEAN_ABS},
+            "cuda_graph": args.cuda_graph, "library_ops": names, "unchecked_ops": unchecked,
+            "cases": [r.to_json() for r in results]},
+            None if ok else error_object("check", verdict, 1))
     else:
-        say(f"{sum(r.ok for r in results)}/{len(results)} cases pass")
+        say(verdict)
     return 0 if ok else 1

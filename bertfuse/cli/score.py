@@ -4,7 +4,6 @@ no Ray: the job does, when it runs."""
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from bertfuse.cli.args import add_kernels_arg, int_at_least, stage_lines
@@ -94,7 +93,9 @@ class Score(Command):
                       max_retries=args.max_retries, part_rows=args.part_rows,
                       kernels=args.kernels, stall_s=args.stall_s, status=progress)
         if args.json:
-            print(json.dumps(s.to_json(), indent=2))
+            from bertfuse.cli.outcome import print_json
+
+            print_json("score", s.to_json())
             return 0
         skipped = f", {s.parts_skipped} of {s.parts} parts done before" if s.parts_skipped else ""
         console.print(f"scored {s.scored} rows, rejected {s.rejected} (see {s.output}/rejects) of "
