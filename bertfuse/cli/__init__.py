@@ -80,6 +80,11 @@ def main(argv: list[str] | None = None) -> int:
         """The one line on stderr; with --json the report (or its envelope) on stdout."""
         from rich.markup import escape
 
+        if args.command in ("serve", "score") and code not in (0, 130) and \
+                "ray" in sys.modules:  # where Ray's own lines went (never the terminal)
+            from bertfuse.ray_cluster import logs_dir
+
+            message += f" (Ray's logs: {logs_dir()})" if logs_dir() else ""
         err.print(label + escape(message), highlight=False, soft_wrap=True)
         if args.json:
             outcome.print_failure(command, kind, message, code, data)
@@ -91,9 +96,10 @@ def main(argv: list[str] | None = None) -> int:
 
     try:  # TF/ORT's C++ logs go to fd 2 whatever the environment says: off unless --debug
         # SIGTERM/SIGHUP unwind like Ctrl-C: every temp goes
-        # (score: Ray Data's progress is on stderr)
+        # (score: Ray Data's progress bars are on stderr, unless -q or --json)
+        shows_bars = args.command == "score" and not (args.quiet or args.json)
         with third_party_logs(args), \
-                native_stderr_silenced(not native_logs_wanted(args) and args.command != "score"), \
+                native_stderr_silenced(not native_logs_wanted(args) and not shows_bars), \
                 handle_signals():
             _refuse_special_inputs(args)
             return args._command.run(args, console)

@@ -74,7 +74,10 @@ def print_failure(command: str, kind: str, message: str, exit_code: int,
     """An exit past the command's own report: the report it got to (data), or the envelope."""
     if _printed:
         return
-    print_json(command, data, error_object(kind, message, exit_code))
+    try:
+        print_json(command, data, error_object(kind, message, exit_code))
+    except OSError:  # stdout itself failed (a closed pipe): the stderr line is all there is
+        pass
 
 
 def exception_data(exc: BaseException) -> dict | None:

@@ -91,7 +91,8 @@ class Score(Command):
                       outputs=args.outputs, max_seq=args.max_seq, batch_size=args.batch_size,
                       actors=args.actors, device=args.device, address=args.address,
                       max_retries=args.max_retries, part_rows=args.part_rows,
-                      kernels=args.kernels, stall_s=args.stall_s, status=progress)
+                      kernels=args.kernels, stall_s=args.stall_s, status=progress,
+                      progress=not (args.quiet or args.json))  # -q, --json: no bars
         if args.json:
             from bertfuse.cli.outcome import print_json
 

@@ -558,7 +558,8 @@ def test_cli_serve_until_sigterm_leaves_nothing(tiny, session, tmp_path, ingress
     reader.join(10)
     assert rc == 0, proc.stderr.read()[-2000:]
     # stdout holds our two lines only (Ray's own prints go to stderr)
-    assert len(lines) == 2 and json.loads(lines[1]) == {"stopped": "SIGTERM"}, lines
+    assert len(lines) == 2 and json.loads(lines[1]) == {
+        "schema_version": 1, "command": "serve", "ok": True, "stopped": "SIGTERM"}, lines
     assert not wait_gone(started), "processes left behind by bertfuse serve"
     assert port_closed(port)
 
