@@ -86,6 +86,18 @@ def test_quiet_optimize_and_verify(work, tmp_path):
     assert (code, stdout, err) == (0, "", "")
 
 
+def test_log_level_info_lets_the_libraries_lines_through(work, tmp_path):
+    """The -q run above left stderr empty; --log-level info shows TensorFlow's own lines
+    (its deprecation warnings, which tf2onnx's freezing triggers) beside the progress."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "bertfuse", "convert", str(work["tiny"]), "-o",
+         str(tmp_path / "m.onnx"), "--no-fuse", "--no-verify", "--log-level", "info"],
+        capture_output=True, text=True, env=ENV, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    theirs = [ln for ln in proc.stderr.splitlines() if not ln.startswith("bertfuse convert:")]
+    assert any(ln.startswith("WARNING:tensorflow:") for ln in theirs), proc.stderr
+
+
 # --------------------------------------------------------------------------- exit 0
 
 
