@@ -70,8 +70,9 @@ class Kernels(Command):
                                                                                      console)
 
 
-def _say(args, console) -> Callable[[str], None]:
-    if args.json:
+def _say(args, console, progress: bool = True) -> Callable[[str], None]:
+    """Lines on stdout; progress ones (a build's steps, check's cases) not with -q."""
+    if args.json or (progress and args.quiet):  # -q: errors (check's FAIL verdict), paths
         return lambda msg: None
     return lambda msg: console.print(msg, markup=False, highlight=False, soft_wrap=True)
 
@@ -88,6 +89,8 @@ def _build(args, console) -> int:
                      say=_say(args, console))
     if args.json:
         print_json("kernels build", {"library": str(path), "info": library_info(path)})
+    elif args.quiet:
+        console.print(str(path), markup=False, highlight=False, soft_wrap=True)
     return 0
 
 
@@ -112,7 +115,7 @@ def _info(args, console) -> int:
     if args.json:
         print_json("kernels info", report)
         return 0
-    say = _say(args, console)
+    say = _say(args, console, progress=False)  # the answer itself, also with -q
     say(f"cache dir      {report['cache_dir']}")
     say(f"GPU SM         {sm}")
     say(f"onnxruntime    API {ort_api if ort_api is not None else '(not installed)'}")
@@ -174,6 +177,8 @@ def _check(args, console) -> int:
             "cuda_graph": args.cuda_graph, "library_ops": names, "unchecked_ops": unchecked,
             "cases": [r.to_json() for r in results]},
             None if ok else error_object("check", verdict, 1))
+    elif not ok and args.quiet:
+        console.print(verdict, markup=False, highlight=False, soft_wrap=True)
     else:
         say(verdict)
     return 0 if ok else 1

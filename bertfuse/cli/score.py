@@ -98,6 +98,10 @@ class Score(Command):
 
             print_json("score", s.to_json())
             return 0
+        if args.quiet:  # the folder written, nothing else
+            console.print(f"wrote {s.output}/scores", markup=False, highlight=False,
+                          soft_wrap=True)
+            return 0
         skipped = f", {s.parts_skipped} of {s.parts} parts done before" if s.parts_skipped else ""
         console.print(f"scored {s.scored} rows, rejected {s.rejected} (see {s.output}/rejects) of "
                       f"{s.rows}; {s.rows_this_run} rows this run in {s.seconds:.1f} s "

@@ -27,6 +27,7 @@ import pytest
 import ray  # the `ray` extra, in CI's default extras: never skipped
 
 from bertfuse.converter.example_vocab import example_vocab
+from bertfuse.io.schemas import first_error
 from bertfuse.runtime import Session
 from bertfuse.runtime.requests import ConfigError
 from bertfuse.serve.ingress import quiet_port
@@ -530,6 +531,7 @@ def test_cli_serve_until_sigterm_leaves_nothing(tiny, session, tmp_path, ingress
             time.sleep(0.2)
         assert lines, f"no URL printed (exit {proc.poll()}): {proc.stderr.read()[-2000:]}"
         info = json.loads(lines[0])
+        assert first_error(info, "serve.json") is None, first_error(info, "serve.json")
         assert info["url"] == f"http://127.0.0.1:{port}/" and info["device"] == "cpu"
         chosen, why = auto_ingress(None, False) if ingress == "default" else (ingress, None)
         assert (info["ingress"], info["ingress_why"]) == (chosen, why), info
