@@ -202,6 +202,18 @@ def test_exit_2_report_validates(work, argv):
                                                      "missing_dependency"), report
 
 
+def test_a_missing_optional_package_is_a_report(work, tmp_path):
+    """TensorFlow is installed here: a real process that cannot import it."""
+    proc = subprocess.run(
+        [sys.executable, "-c", "import sys\nsys.modules['tensorflow'] = None\n"
+         "from bertfuse.cli import main\nsys.exit(main(sys.argv[1:]))", "convert",
+         str(work["tiny"]), "-o", str(tmp_path / "m.onnx"), "--json"],
+        capture_output=True, text=True, env=ENV, timeout=120)
+    report = _report(proc.returncode, proc.stdout, proc.stderr, "convert.json")
+    assert proc.returncode == 2 and report["error"]["kind"] == "missing_dependency", report
+    assert "tensorflow" in report["error"]["message"]
+
+
 def test_a_bug_is_exit_3_with_a_report(work, monkeypatch):
     """A bug of ours (here: summarize raising what it never should) still leaves CI a
     report: kind internal, exit 3."""
