@@ -154,7 +154,7 @@ def _run_with_report(args, console, fn: Callable) -> int:
         report = fn(progress)
         ok = True
     except (ParityError, FusionIncomplete) as exc:
-        ok = True  # the stages ran: the progress closes as done, the verdict follows
+        ok = isinstance(exc, ParityError)  # the stages ran; the verdict follows
         if exc.report is not None and not args.json:
             _show(args, console, exc.report)
         raise
