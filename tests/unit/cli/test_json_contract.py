@@ -109,7 +109,7 @@ def test_convert_and_example_reports(work):
 
 @pytest.mark.parametrize("name", ["optimize", "verify", "strip-weights", "inspect",
                                   "summarize", "summarize-o", "diff", "draw", "tokenize",
-                                  "export-triton"])
+                                  "export-triton", "kernels-info"])
 def test_exit_0_report_validates(work, tmp_path, name):
     w = work
     argv = {"optimize": ["optimize", w["raw"], "-o", tmp_path / "o.onnx"],
@@ -123,9 +123,11 @@ def test_exit_0_report_validates(work, tmp_path, name):
             "draw": ["draw", w["fused"], "-o", tmp_path / "l.dot"],
             "tokenize": ["tokenize", "--vocab", w["tiny"] / "vocab.txt", "what is bert?"],
             "export-triton": ["export-triton", w["fused"], "-o", tmp_path / "repo", "--kind",
-                              "cpu"]}[name]
-    report = _report(*_run([*argv, "--json"]), argv[0] + ".json")
-    assert report["command"] == argv[0]
+                              "cpu"],
+            "kernels-info": ["kernels", "info", "--arch", "90"]}[name]  # no GPU needed
+    command = " ".join(argv[:2]) if argv[0] == "kernels" else argv[0]
+    report = _report(*_run([*argv, "--json"]), command.replace(" ", "-") + ".json")
+    assert report["command"] == command
     if name == "summarize":  # the summary itself, valid as a golden file
         assert first_error(report["summary"], "summary.json") is None
 
