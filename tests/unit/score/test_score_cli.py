@@ -76,6 +76,14 @@ def test_json_is_quiet_and_reports_the_kernels(cluster, tiny, small, tmp_path):
     assert again.rows_this_run == 0 and again.kernels == {"asked": "ort"}
 
 
+def test_quiet_prints_the_folder_written_and_not_a_line_of_rays(cluster, tiny, small,
+                                                               tmp_path):
+    ran = _score(cluster, "--model", tiny["model"], "--input", small, "--output",
+                 str(tmp_path / "o"), "--ids-column", "ids", "-q")
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert (ran.stdout, ran.stderr) == (f"wrote {tmp_path / 'o'}/scores\n", "")
+
+
 def test_a_bad_kernels_value_is_one_line_before_ray(tiny, small, tmp_path, capsys):
     code = cli.main(["score", "--model", tiny["model"], "--input", small, "--output",
                      str(tmp_path / "o"), "--ids-column", "ids", "--kernels", "fast"])
