@@ -26,6 +26,10 @@ class FusionIncomplete(BertfuseError):
 
     exit_code = 1
 
+    def __init__(self, message: str, report: object = None) -> None:
+        super().__init__(message)
+        self.report = report  # the run so far: --json prints it with the refusal
+
 
 class CudaUnavailableError(BertfuseError):
     """A session was asked for on CUDA, and ONNX Runtime's CUDA execution provider did not

@@ -27,6 +27,13 @@ from typing import Iterator
 from bertfuse.errors import BertfuseError
 
 LOOPBACK = "127.0.0.1"
+# The logs folder of the Ray this process joined last (its session's `logs/`): where Ray's
+# own lines went, named by the CLI's error line when serve or score fails.
+_logs: list[str] = []
+
+
+def logs_dir() -> str | None:
+    return _logs[-1] if _logs else None
 SINGLE_MACHINE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 WATCH_S = 0.5  # how often the watchdog notes Ray's processes
 KILL_AFTER_S = 3.0  # SIGTERM, then SIGKILL for what is left this much later
@@ -93,13 +100,16 @@ def connect(address: str | None, logging_level: int | None = None,
             _single_machine(address is None and _is_loopback(metrics_host)):
         try:
             if address is None:
-                ray.init(address="local", include_dashboard=False, **kwargs)
+                ctx = ray.init(address="local", include_dashboard=False, **kwargs)
             else:
-                ray.init(address=address, **kwargs)
+                ctx = ray.init(address=address, **kwargs)
         except (ConnectionError, ValueError, RuntimeError) as exc:
             _end_watch()
             where = "start a local Ray" if address is None else f"join the Ray cluster at {address}"
             raise BertfuseError(f"cannot {where}: {first_line(exc)}") from None
+    session = (getattr(ctx, "address_info", None) or {}).get("session_dir")
+    if session:
+        _logs.append(os.path.join(session, "logs"))
     return address is None
 
 

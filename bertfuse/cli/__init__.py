@@ -41,67 +41,89 @@ def _refuse_special_inputs(args) -> None:
                                 f"bertfuse reads models and configs from files")
 
 
-def _one_line(text: str) -> str:
+def _plain_line(text: object) -> str:
+    """A message as one line (the JSON report's `error.message`)."""
+    return "; ".join(ln.strip() for ln in str(text).splitlines() if ln.strip())
+
+
+def _one_line(text: object) -> str:
     """A message as one line, safe for rich (user paths/names may hold [markup])."""
     from rich.markup import escape
 
-    return escape("; ".join(ln.strip() for ln in str(text).splitlines() if ln.strip()))
+    return escape(_plain_line(text))
 
 
 def main(argv: list[str] | None = None) -> int:
+    from bertfuse.cli import outcome
     from bertfuse.cli.parser import build_parser
     from bertfuse.cli.render import make_console
     from bertfuse.converter.reference import prefer_onednn_off
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     prefer_onednn_off()  # the parity reference: see bertfuse/converter/reference.py
+    outcome.reset()
     err = make_console(stderr=True)
     argv = sys.argv[1:] if argv is None else argv
     try:
         args = build_parser().parse_args(argv)
     except UsageError as exc:
         err.print(_one_line(exc), highlight=False, soft_wrap=True)
+        if "--json" in argv:  # a refused option: the report says so too
+            outcome.print_failure(outcome.command_name(None, argv), "usage", _plain_line(exc),
+                                  exc.exit_code)
         return exc.exit_code
     console = make_console(stderr=args.json)
+    command = outcome.command_name(args)
+
+    def fail(kind: str, message: str, code: int, data: dict | None = None,
+             label: str = "[red]bertfuse: error:[/red] ") -> int:
+        """The one line on stderr; with --json the report (or its envelope) on stdout."""
+        from rich.markup import escape
+
+        if args.command in ("serve", "score") and code not in (0, 130) and \
+                "ray" in sys.modules:  # where Ray's own lines went (never the terminal)
+            from bertfuse.ray_cluster import logs_dir
+
+            message += f" (Ray's logs: {logs_dir()})" if logs_dir() else ""
+        err.print(label + escape(message), highlight=False, soft_wrap=True)
+        if args.json:
+            outcome.print_failure(command, kind, message, code, data)
+        return code
+
+    from bertfuse.cli.logs import native_logs_wanted, third_party_logs
     from bertfuse.io.quiet import native_stderr_silenced
     from bertfuse.io.safety import Terminated, handle_signals
 
     try:  # TF/ORT's C++ logs go to fd 2 whatever the environment says: off unless --debug
         # SIGTERM/SIGHUP unwind like Ctrl-C: every temp goes
-        # (score: Ray Data's progress is on stderr)
-        with native_stderr_silenced(not args.debug and args.command != "score"), \
+        # (score: Ray Data's progress bars are on stderr, unless -q or --json)
+        shows_bars = args.command == "score" and not (args.quiet or args.json)
+        with third_party_logs(args), \
+                native_stderr_silenced(not native_logs_wanted(args) and not shows_bars), \
                 handle_signals():
             _refuse_special_inputs(args)
             return args._command.run(args, console)
     except BertfuseError as exc:
         if args.debug:
             raise
-        err.print(f"[red]bertfuse: error:[/red] {_one_line(exc)}", highlight=False,
-                  soft_wrap=True)
-        return exc.exit_code
+        return fail(outcome.error_kind(exc), _plain_line(exc), exc.exit_code,
+                    outcome.exception_data(exc))
     except OSError as exc:  # unreadable/unwritable user paths: bad input, not a bug
         if args.debug:
             raise
         where = f"{exc.filename}: " if exc.filename else ""
-        err.print(f"[red]bertfuse: error:[/red] {_one_line(where + (exc.strerror or str(exc)))}",
-                  highlight=False, soft_wrap=True)
-        return 2
+        return fail("bad_input", _plain_line(where + (exc.strerror or str(exc))), 2)
     except KeyboardInterrupt:
-        err.print("bertfuse: interrupted")
-        return 130
+        return fail("interrupted", "interrupted", 130, label="bertfuse: ")
     except Terminated as exc:
-        err.print("bertfuse: terminated")
-        return 128 + exc.signo
+        return fail("terminated", "terminated", 128 + exc.signo, label="bertfuse: ")
     except Exception as exc:  # a bug of ours: one line, the traceback with --debug
         if args.debug:
             raise
         bad = missing_dependency_message(exc) or library_error_message(exc)
         if bad:
-            err.print(f"[red]bertfuse: error:[/red] {_one_line(bad)}", highlight=False,
-                      soft_wrap=True)
-            return 2
-        err.print(f"[red]bertfuse: internal error:[/red] {type(exc).__name__}: "
-                  f"{_one_line(str(exc).splitlines()[0]) if str(exc).strip() else ''} (rerun with --debug)",
-                  highlight=False, soft_wrap=True)
-        return 3
-
+            kind = "missing_dependency" if isinstance(exc, ModuleNotFoundError) else "bad_input"
+            return fail(kind, _plain_line(bad), 2)
+        first = _plain_line(str(exc).splitlines()[0]) if str(exc).strip() else ""
+        return fail("internal", f"{type(exc).__name__}: {first} (rerun with --debug)", 3,
+                    label="[red]bertfuse: internal error:[/red] ")

@@ -43,11 +43,18 @@ def tolerance(text: str) -> float:
 
 def add_output_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("output")
-    g.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+    g.add_argument("--json", action="store_true",
+                   help="print the report as JSON on stdout, on every exit (with ok, and "
+                        "error when it failed; docs/json-reports.md)")
     g.add_argument("--debug", action="store_true", help="show tracebacks")
+    g.add_argument("--log-level", choices=("error", "warning", "info", "debug"),
+                   help="the libraries' own log lines (TensorFlow, tf2onnx, ONNX Runtime, Ray): "
+                        "default warning, error with -q or --json; info and debug also let "
+                        "TensorFlow's and ONNX Runtime's C++ lines through")
     v = g.add_mutually_exclusive_group()
     v.add_argument("-q", "--quiet", action="store_true",
-                   help="no progress on stderr (--json implies it, unless -v)")
+                   help="only errors and the path written: no report tables, no progress "
+                        "(--json implies no progress, unless -v)")
     v.add_argument("-v", "--verbose", action="store_true",
                    help="progress with each sub-step (each pass, each replica)")
 

@@ -93,11 +93,16 @@ class Bench(Command):
 
         os.makedirs(out_dir, exist_ok=True)  # one new folder under a writable parent, at most
         out = sys.stdout
-        with temp_dir(prefix="bertfuse-bench-") as work, \
-                redirect_stdout(sys.stderr if args.json else out):  # --json: progress on stderr
+        # --json: the progress and tables on stderr; -q: nowhere, the file written alone
+        with temp_dir(prefix="bertfuse-bench-") as work, open(os.devnull, "w") as null, \
+                redirect_stdout(sys.stderr if args.json else null if args.quiet else out):
             payload = _bench(args, str(work))
         if args.json:
-            out.write(json.dumps(payload, default=str) + "\n")
+            from bertfuse.cli.outcome import print_json
+
+            print_json("bench", payload, indent=None)
+        elif args.quiet:
+            print(f"wrote {os.path.join(args.out, 'gpu_bench.json')}")
         return 0
 
 

@@ -6,7 +6,6 @@ option table's (pipeline/options.py), grouped as options.GROUPS says."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from typing import Callable
 
@@ -14,7 +13,7 @@ from bertfuse.cli.args import (add_kernels_arg, add_options, add_write_target, i
                                options_from_args, stage_lines)
 from bertfuse.cli.command import Command
 from bertfuse.cli.render import emit
-from bertfuse.errors import BertfuseError, ParityError
+from bertfuse.errors import BertfuseError, FusionIncomplete, ParityError
 
 
 def _add_source_options(p: argparse.ArgumentParser) -> None:
@@ -144,40 +143,47 @@ class StripWeights(Command):
         else:
             count, verb = strip_weights(model), "stripped"
         save_model(model, target)
-        return emit(args.json, console, {"output": target, verb: count},
+        return emit(args, console, {"output": target, verb: count},
                     f"{verb} {count} initializers -> {target}")
 
 
 def _run_with_report(args, console, fn: Callable) -> int:
     """fn(status) -> the report; status: the stage progress on stderr (a line per stage
-    when stderr is not a terminal, a spinner when it is; -q: none)."""
+    when stderr is not a terminal, a spinner when it is; -q: none). A refusal that carries
+    the run so far (parity, --strict) leaves its report to the CLI: with --json, the report
+    with ok false and the error (cli/outcome.py); else the tables, then the line."""
     progress = stage_lines(args)
-    failed: ParityError | None = None
     ok = False
     try:
         report = fn(progress)
         ok = True
-    except ParityError as exc:
-        failed, report, ok = exc, exc.report, True
+    except (ParityError, FusionIncomplete) as exc:
+        ok = isinstance(exc, ParityError)  # the stages ran; the verdict follows
+        if exc.report is not None and not args.json:
+            _show(args, console, exc.report)
+        raise
     finally:
         progress.close(ok)
-    if report is not None:
-        _show(args, console, report)
-    if failed is not None:
-        raise failed  # after the report: what drifted on stdout, the one-line error on stderr
     if report.parity is not None and not report.parity.ok:
-        # verify, or convert --force: the report is out, the verdict goes on stderr too
+        # verify, or convert --force: the verdict goes on stderr, with the report
         from bertfuse.pipeline.gate import parity_failure
 
-        raise ParityError(f"parity check failed, {parity_failure(report.parity)}")
+        if not args.json:
+            _show(args, console, report)
+        raise ParityError(f"parity check failed, {parity_failure(report.parity)}", report)
+    _show(args, console, report)
     return 0
 
 
 def _show(args, console, report) -> None:
-    from bertfuse.cli.render import print_report
+    from bertfuse.cli.render import print_quiet, print_report
 
     if args.json:
-        print(json.dumps(report.to_json(), indent=2, default=str))
+        from bertfuse.cli.outcome import print_json
+
+        print_json(args.command, report.to_json())
+    elif args.quiet:
+        print_quiet(report, console)
     else:
         print_report(report, console)
 

@@ -5,12 +5,12 @@ one new file, checked first by bertfuse/io/safety.py."""
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
 from bertfuse.cli.args import add_options, int_at_least, tolerance
 from bertfuse.cli.command import Command
+from bertfuse.cli.outcome import error_object, print_json
 from bertfuse.cli.render import emit
 from bertfuse.errors import BertfuseError
 
@@ -29,7 +29,7 @@ class Inspect(Command):
 
         summary = summarize(args.model)
         if args.json:
-            print(json.dumps(summary, indent=2, sort_keys=True))
+            print_json("inspect", summary)
         elif args.markdown:
             print(summary_markdown(summary, args.model), end="")
         else:
@@ -52,12 +52,16 @@ class Summarize(Command):
 
         if args.output:
             check_output(args.output, [args.model], model=False)
-        text = dumps(summarize(args.model))
+        summary = summarize(args.model)
         if not args.output:
-            sys.stdout.write(text)
+            if args.json:  # the report, the summary in it (without --json: the summary alone)
+                print_json("summarize", {"output": None, "summary": summary})
+            else:
+                sys.stdout.write(dumps(summary))
             return 0
+        text = dumps(summary)
         write_text(args.output, text)
-        return emit(args.json, console, {"output": args.output}, f"wrote summary to {args.output}")
+        return emit(args, console, {"output": args.output}, f"wrote summary to {args.output}")
 
 
 class Diff(Command):
@@ -85,7 +89,8 @@ class Diff(Command):
         p.add_argument("--markdown", action="store_true", help="print Markdown (for a PR comment)")
 
     def run(self, args: argparse.Namespace, console) -> int:
-        from bertfuse.inspect.diff import diff_markdown, diff_summaries, diff_text, parse_fail_on
+        from bertfuse.inspect.diff import (diff_markdown, diff_summaries, diff_text, diff_verdict,
+                                           parse_fail_on)
         from bertfuse.inspect.diff_numeric import add_numeric, numeric_diff
         from bertfuse.inspect.summary import load_summary
         from bertfuse.pipeline.options import check_verify_size
@@ -107,7 +112,10 @@ class Diff(Command):
             if data is not None:
                 data.save(base if base is not None else {}, *kept)
         if args.json:
-            print(json.dumps(result.to_json(), indent=2))
+            error = None
+            if result.exit_code:  # the findings --fail-on names: exit 1, ok false
+                error = error_object("fail_on", diff_verdict(result), result.exit_code)
+            print_json("diff", result.to_json(), error)
         elif args.markdown:
             print(diff_markdown(result), end="")
         else:
@@ -159,5 +167,5 @@ class Draw(Command):
         dot = to_dot(model, args.layer, before, name=os.path.basename(args.model),
                      before_name=os.path.basename(args.before) if args.before else "raw")
         out = render(dot, args.output)
-        return emit(args.json, console, {"output": str(out), "layer": args.layer},
+        return emit(args, console, {"output": str(out), "layer": args.layer},
                     f"drew layer {args.layer} to {out}")

@@ -6,11 +6,11 @@ when they run."""
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any, Callable
 
 from bertfuse.cli.args import add_output_args
 from bertfuse.cli.command import Command
+from bertfuse.cli.outcome import error_object, print_json
 
 
 def _arch(text: str) -> int:
@@ -70,8 +70,9 @@ class Kernels(Command):
                                                                                      console)
 
 
-def _say(args, console) -> Callable[[str], None]:
-    if args.json:
+def _say(args, console, progress: bool = True) -> Callable[[str], None]:
+    """Lines on stdout; progress ones (a build's steps, check's cases) not with -q."""
+    if args.json or (progress and args.quiet):  # -q: errors (check's FAIL verdict), paths
         return lambda msg: None
     return lambda msg: console.print(msg, markup=False, highlight=False, soft_wrap=True)
 
@@ -87,7 +88,9 @@ def _build(args, console) -> int:
         path = build(args.ort_include, args.arch, args.force, builder=args.builder,
                      say=_say(args, console))
     if args.json:
-        print(json.dumps({"library": str(path), "info": library_info(path)}, indent=2))
+        print_json("kernels build", {"library": str(path), "info": library_info(path)})
+    elif args.quiet:
+        console.print(str(path), markup=False, highlight=False, soft_wrap=True)
     return 0
 
 
@@ -110,9 +113,9 @@ def _info(args, console) -> int:
     report = {"cache_dir": str(lib.cache_root()), "sm": sm, "onnxruntime_api": ort_api,
               "library": current, "built": current is not None, "ops": ops, "all_built": built}
     if args.json:
-        print(json.dumps(report, indent=2))
+        print_json("kernels info", report)
         return 0
-    say = _say(args, console)
+    say = _say(args, console, progress=False)  # the answer itself, also with -q
     say(f"cache dir      {report['cache_dir']}")
     say(f"GPU SM         {sm}")
     say(f"onnxruntime    API {ort_api if ort_api is not None else '(not installed)'}")
@@ -166,12 +169,16 @@ def _check(args, console) -> int:
     unchecked = [] if args.op else sorted(set(names or ()) - {c.op for c in cases})
     if unchecked:
         say(f"no check case for: {', '.join(unchecked)}")
+    verdict = f"{sum(r.ok for r in results)}/{len(results)} cases pass"
     if args.json:
-        print(json.dumps({"library": str(path), "info": info, "sm": sm, "onnxruntime": ort.__version__,
-                          "tolerance": {"max_abs": MAX_ABS, "mean_abs": MEAN_ABS},
-                          "cuda_graph": args.cuda_graph, "ok": ok, "library_ops": names,
-                          "unchecked_ops": unchecked,
-                          "cases": [r.to_json() for r in results]}, indent=2))
+        print_json("kernels check", {
+            "library": str(path), "info": info, "sm": sm, "onnxruntime": ort.__version__,
+            "tolerance": {"max_abs": MAX_ABS, "mean_abs": MEAN_ABS},
+            "cuda_graph": args.cuda_graph, "library_ops": names, "unchecked_ops": unchecked,
+            "cases": [r.to_json() for r in results]},
+            None if ok else error_object("check", verdict, 1))
+    elif not ok and args.quiet:
+        console.print(verdict, markup=False, highlight=False, soft_wrap=True)
     else:
-        say(f"{sum(r.ok for r in results)}/{len(results)} cases pass")
+        say(verdict)
     return 0 if ok else 1

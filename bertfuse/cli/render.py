@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from typing import TYPE_CHECKING, TextIO
@@ -14,11 +13,14 @@ from rich.table import Table
 if TYPE_CHECKING:
     from bertfuse.pipeline.report import RunReport
 
-def emit(as_json: bool, console: Console, data: dict, line: str, indent: int | None = None) -> int:
-    """A command's result: `data` as one JSON document on stdout with --json, else `line` as
-    plain text (no Rich markup or highlighting: paths print as they are). Returns exit 0."""
-    if as_json:
-        print(json.dumps(data, indent=indent))
+def emit(args, console: Console, data: dict, line: str, indent: int | None = None) -> int:
+    """A command's result: `data` as one JSON report on stdout with --json (cli/outcome.py),
+    else `line` as plain text (no Rich markup or highlighting: paths print as they are).
+    Returns exit 0."""
+    if args.json:
+        from bertfuse.cli.outcome import command_name, print_json
+
+        print_json(command_name(args), data, indent=indent)
     else:
         console.print(line, markup=False, highlight=False, soft_wrap=True)
     return 0
@@ -99,6 +101,15 @@ def print_report(report: RunReport, console: Console) -> None:
         console.print(f"text in: the tokenizer ({escape(t['tokenizer'])}, lower_case "
                       f"{t['lower_case']}) is cut off; the model takes its packed ids{row}; "
                       f"{vocab}", highlight=False, soft_wrap=True)
+
+
+def print_quiet(report: RunReport, console: Console) -> None:
+    """-q: the paths written, nothing else (errors go on stderr, from the CLI)."""
+    if report.written:
+        console.print(f"wrote {report.output}", markup=False, highlight=False, soft_wrap=True)
+    if report.text and report.text["vocab"]:
+        console.print(f"wrote {report.text['vocab']}", markup=False, highlight=False,
+                      soft_wrap=True)
 
 
 def _print_passes(report: RunReport, console: Console) -> None:

@@ -4,7 +4,6 @@ no Ray: the job does, when it runs."""
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from bertfuse.cli.args import add_kernels_arg, int_at_least, stage_lines
@@ -92,9 +91,16 @@ class Score(Command):
                       outputs=args.outputs, max_seq=args.max_seq, batch_size=args.batch_size,
                       actors=args.actors, device=args.device, address=args.address,
                       max_retries=args.max_retries, part_rows=args.part_rows,
-                      kernels=args.kernels, stall_s=args.stall_s, status=progress)
+                      kernels=args.kernels, stall_s=args.stall_s, status=progress,
+                      progress=not (args.quiet or args.json))  # -q, --json: no bars
         if args.json:
-            print(json.dumps(s.to_json(), indent=2))
+            from bertfuse.cli.outcome import print_json
+
+            print_json("score", s.to_json())
+            return 0
+        if args.quiet:  # the folder written, nothing else
+            console.print(f"wrote {s.output}/scores", markup=False, highlight=False,
+                          soft_wrap=True)
             return 0
         skipped = f", {s.parts_skipped} of {s.parts} parts done before" if s.parts_skipped else ""
         console.print(f"scored {s.scored} rows, rejected {s.rejected} (see {s.output}/rejects) of "

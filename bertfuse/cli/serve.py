@@ -100,12 +100,13 @@ class Serve(Command):
 
 
 def _serve(args: argparse.Namespace, out) -> int:
+    from bertfuse.cli.outcome import report
     from bertfuse.io.safety import Terminated
     from bertfuse.serve.api import DRAIN_S, deploy
     from bertfuse.serve.ingress import describe
 
-    def say(data: dict, text: str) -> None:
-        print(json.dumps(data) if args.json else text, file=out, flush=True)
+    def say(data: dict, text: str) -> None:  # --json: a report a line (cli/outcome.py)
+        print(json.dumps(report("serve", data)) if args.json else text, file=out, flush=True)
 
     # Start-up on stderr, a line per stage (deploy's `status`); the first stage starts after
     # the options and model are checked, so a bad one is still the one error line.

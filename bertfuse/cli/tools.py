@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from bertfuse.cli.args import int_at_least
 from bertfuse.cli.command import Command
@@ -37,7 +36,7 @@ class Example(Command):
             progress(f"write the {args.config} example (TensorFlow, random weights, vocab.txt)")
             out = write_example(args.config, args.output, seed=args.seed, head=args.head,
                                 hidden_act=args.hidden_act)
-        return emit(args.json, console, {"output": str(out), "config": args.config},
+        return emit(args, console, {"output": str(out), "config": args.config},
                     f"wrote {args.config} example to {out}")
 
 
@@ -79,8 +78,11 @@ class Tokenize(Command):
             raise BertfuseError(f"{len(args.text)} texts but {len(args.pair)} --pair")
         batch = tok(args.text, args.pair)
         if args.json:
-            print(json.dumps({**{k: v.tolist() for k, v in batch.feeds().items()},
-                              "lower_case": tok.lower_case, "max_length": tok.max_length}))
+            from bertfuse.cli.outcome import print_json
+
+            print_json("tokenize", {**{k: v.tolist() for k, v in batch.feeds().items()},
+                                    "lower_case": tok.lower_case, "max_length": tok.max_length},
+                       indent=None)
             return 0
         for i, text in enumerate(args.text):
             pieces = tok.tokens(text, args.pair[i] if args.pair else None)
@@ -130,7 +132,7 @@ class ExportTriton(Command):
                             args.kind, args.dynamic_batching_delay_us, args.force,
                             args.cuda_graphs, args.intra_op_threads, args.op_library,
                             args.triton_repo_path)
-        return emit(args.json, console, out.to_json(),
+        return emit(args, console, out.to_json(),
                     f"wrote {out.name} ({out.precision}) to {out.config} and {out.model}"
                     + (f", with the op library {out.op_library}" if out.op_library else ""),
                     indent=2)

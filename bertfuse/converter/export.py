@@ -26,11 +26,12 @@ _ONNX_DOMAINS = ("", "ai.onnx", "com.microsoft")
 
 
 def _quiet_tf2onnx() -> None:
-    logging.getLogger("tf2onnx").setLevel(logging.ERROR)
+    """tf2onnx's and TensorFlow's Python loggers at errors only, unless a level was chosen
+    (the CLI's --log-level, cli/logs.py)."""
+    for name in ("tf2onnx", "tensorflow"):
+        if logging.getLogger(name).level == logging.NOTSET:
+            logging.getLogger(name).setLevel(logging.ERROR)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    import tensorflow as tf
-
-    tf.get_logger().setLevel(logging.ERROR)
 
 
 def tf_to_onnx(src: TFSource, opset: int) -> onnx.ModelProto:

@@ -234,7 +234,7 @@ def diff_text(res: DiffResult) -> str:
             if r["max_abs"] is not None:
                 out.append(f"     {r['output']:<20} max |diff| {r['max_abs']:.3g}  "
                            f"mean |diff| {r['mean_abs']:.3g}{_nonfinite_text(r)}")
-    out.append(_verdict(res))
+    out.append(diff_verdict(res))
     return "\n".join(out) + "\n"
 
 
@@ -243,7 +243,8 @@ def _nonfinite_text(row: dict) -> str:
     return f"  ({n} NaN/Inf, left out of max/mean)" if n else ""
 
 
-def _verdict(res: DiffResult) -> str:
+def diff_verdict(res: DiffResult) -> str:
+    """The one-line result: ok, or FAIL with the categories that failed."""
     if res.failing:
         cats = sorted({f.category for f in res.failing})
         return f"result: FAIL ({len(res.failing)} finding(s) in {', '.join(cats)}; " \
@@ -271,5 +272,5 @@ def diff_markdown(res: DiffResult) -> str:
         out += [f"| {r['output']} | {r['max_abs']:.3g} | {r['mean_abs']:.3g}"
                 f"{_nonfinite_text(r)} |"
                 for r in res.numeric if r["max_abs"] is not None]
-    out += ["", _verdict(res)]
+    out += ["", diff_verdict(res)]
     return "\n".join(out) + "\n"

@@ -24,7 +24,7 @@ def write_gated(model: onnx.ModelProto, out_path: str | None, report: RunReport,
     what, force_hint = (f"{out_path}: not written", "use --force to write anyway") \
         if out_path is not None else ("refused", "force=True returns it anyway")
     if strict and table is not None and not table.fully_fused:
-        raise FusionIncomplete(f"{what} (--strict): " + "; ".join(table.unfused()))
+        raise FusionIncomplete(f"{what} (--strict): " + "; ".join(table.unfused()), report)
     if report.parity is not None and not report.parity.ok and not force:
         raise ParityError(f"{what}: parity check failed, {parity_failure(report.parity)} "
                           f"({force_hint})", report)

@@ -136,7 +136,7 @@ def emit(model: onnx.ModelProto, report, status: Callable[[str], None] | None,
 def _refuse_misses(report, strict: bool) -> None:
     misses = kernels_misses(report.passes)
     if strict and misses:
-        raise FusionIncomplete(f"not written (--strict): {'; '.join(misses)}")
+        raise FusionIncomplete(f"not written (--strict): {'; '.join(misses)}", report)
 
 
 def _check_forms(model: onnx.ModelProto, kmodel: onnx.ModelProto, report, status,

@@ -303,11 +303,14 @@ def test_unknown_subcommand(capsys):
     _expect_failure(capsys, ["frobnicate"])
 
 
-def test_json_mode_error_is_one_stderr_line_and_no_stdout(bad, out_dir, capsys):
+def test_json_mode_error_is_one_stderr_line_and_the_report_says_it(bad, out_dir, capsys):
     rc = main(["convert", str(bad["root"] / "nope"), "-o", str(out_dir / "m.onnx"), "--json"])
     cap = capsys.readouterr()
-    assert rc == 2 and cap.out == ""
-    assert len([ln for ln in cap.err.splitlines() if ln.strip()]) == 1
+    lines = [ln for ln in cap.err.splitlines() if ln.strip()]
+    assert rc == 2 and len(lines) == 1
+    report = json.loads(cap.out)  # CI still gets a report: ok false, the same line
+    assert report["ok"] is False and report["error"]["exit_code"] == 2
+    assert lines[0].endswith(report["error"]["message"]) and "nope" in lines[0]
 
 
 # --------------------------------------------------------------------------- --debug

@@ -209,8 +209,14 @@ def test_session_maker_verify_and_check_refuse_on_cpu():
                                   ["kernels", "build", "--json"]])
 def test_cli_without_gpu_is_exit_2_one_line(capsys, cache, argv):
     rc, out, err = _cli(capsys, argv)
-    assert rc == 2 and len(err) == 1 and out == ""
-    assert "no CUDA GPU found" in err[0]
+    assert rc == 2 and len(err) == 1 and "no CUDA GPU found" in err[0]
+    if "--json" not in argv:
+        assert out == ""
+        return
+    report = json.loads(out)  # --json: the report of the refusal, the same line
+    assert report["ok"] is False and report["command"] == " ".join(argv[:2])
+    assert report["error"] == {"kind": "kernels", "message": err[0].split("error: ", 1)[1],
+                               "exit_code": 2}
 
 
 def test_cli_info_for_a_given_arch(capsys, cache):

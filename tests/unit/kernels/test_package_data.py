@@ -1,7 +1,8 @@
 """What `bertfuse kernels build` compiles on a user's GPU host comes from the installed
 package: the wheel must hold every file the build reads (CMakeLists.txt, the header fetcher,
 every csrc source and every header a source includes), and the op contracts' README. An
-editable install hides a missing one, so this builds the wheel itself."""
+editable install hides a missing one, so this builds the wheel itself. The JSON Schemas of
+the --json reports are package data too."""
 
 from __future__ import annotations
 
@@ -43,3 +44,12 @@ def test_the_wheel_holds_the_op_contracts_and_every_package(wheel_files):
     packages = {p.parent.relative_to(ROOT).as_posix() + "/__init__.py"
                 for p in (ROOT / "bertfuse").rglob("__init__.py")}
     assert sorted(packages - wheel_files) == []
+
+
+def test_the_wheel_holds_the_json_schemas(wheel_files):
+    """The --json reports' schemas (docs/json-reports.md) are read from the installed
+    package: every one is in the wheel."""
+    folder = ROOT / "bertfuse" / "schemas"
+    schemas = {p.relative_to(ROOT).as_posix() for p in folder.glob("*.json")}
+    assert "bertfuse/schemas/report.json" in schemas
+    assert sorted(schemas - wheel_files) == []

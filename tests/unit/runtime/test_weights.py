@@ -137,7 +137,8 @@ def test_cli_strip_and_fill(models, tmp_path, capsys):
     skel, refilled = tmp_path / "skel.onnx", tmp_path / "refilled.onnx"
     code, out, err = _cli(capsys, "strip-weights", src, "-o", str(skel), "--json")
     assert code == 0, err
-    assert json.loads(out) == {"output": str(skel), "stripped": 11}
+    assert json.loads(out) == {"schema_version": 1, "command": "strip-weights", "ok": True,
+                               "output": str(skel), "stripped": 11}
     assert skel.stat().st_size < Path(src).stat().st_size / 20
     loaded = onnx.load(str(skel))
     assert is_stripped(loaded)

@@ -1,6 +1,7 @@
 """`bertfuse score` as a process, joining this module's local Ray (no Ray start per run): one
 progress line per stage on a pipe (plan, ray cluster, score) and none with --json; --kernels
-carried to the actors' Sessions and the first actor's choice in the summary (on the CPU: the
+carried to the actors' Sessions and the first actor's choice in the summary (with --json nothing
+on stderr, not a line of Ray's, and the report valid against its schema) (on the CPU: the
 contrib ops, and why); a bad --kernels is one line, exit 2, before Ray; complete parts
 damaged since their run are named and scored again on the next."""
 
@@ -19,6 +20,7 @@ import pytest
 
 from bertfuse import cli
 from bertfuse.errors import BertfuseError
+from bertfuse.io.schemas import first_error
 from support.paths import ROOT
 
 pytest.importorskip("ray")
@@ -62,9 +64,9 @@ def test_json_is_quiet_and_reports_the_kernels(cluster, tiny, small, tmp_path):
     ran = _score(cluster, "--model", tiny["model"], "--input", small, "--output",
                  str(tmp_path / "o"), "--ids-column", "ids", "--kernels", "ort", "--json")
     assert ran.returncode == 0, ran.stderr[-3000:]
-    assert not [ln for ln in ran.stderr.splitlines() if ln.startswith("bertfuse score:")]
+    assert ran.stderr.strip() == "", ran.stderr[-3000:]  # no progress, no line of Ray's
     summary = json.loads(ran.stdout)
-    assert summary["scored"] == ROWS
+    assert summary["scored"] == ROWS and first_error(summary, "score.json") is None
     k = summary["kernels"]
     assert (k["asked"], k["used"], k["reason"]) == ("ort", "ort", "asked"), k
     table = pq.read_table(tmp_path / "o" / "scores")
@@ -72,6 +74,14 @@ def test_json_is_quiet_and_reports_the_kernels(cluster, tiny, small, tmp_path):
     again = score(tiny["model"], small, tmp_path / "o", ids_column="ids", kernels="ort",
                   progress=False)  # all done before: no actor ran, the asked value only
     assert again.rows_this_run == 0 and again.kernels == {"asked": "ort"}
+
+
+def test_quiet_prints_the_folder_written_and_not_a_line_of_rays(cluster, tiny, small,
+                                                               tmp_path):
+    ran = _score(cluster, "--model", tiny["model"], "--input", small, "--output",
+                 str(tmp_path / "o"), "--ids-column", "ids", "-q")
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert (ran.stdout, ran.stderr) == (f"wrote {tmp_path / 'o'}/scores\n", "")
 
 
 def test_a_bad_kernels_value_is_one_line_before_ray(tiny, small, tmp_path, capsys):

@@ -27,6 +27,7 @@ import pytest
 import ray  # the `ray` extra, in CI's default extras: never skipped
 
 from bertfuse.converter.example_vocab import example_vocab
+from bertfuse.io.schemas import first_error
 from bertfuse.runtime import Session
 from bertfuse.runtime.requests import ConfigError
 from bertfuse.serve.ingress import quiet_port
@@ -530,6 +531,7 @@ def test_cli_serve_until_sigterm_leaves_nothing(tiny, session, tmp_path, ingress
             time.sleep(0.2)
         assert lines, f"no URL printed (exit {proc.poll()}): {proc.stderr.read()[-2000:]}"
         info = json.loads(lines[0])
+        assert first_error(info, "serve.json") is None, first_error(info, "serve.json")
         assert info["url"] == f"http://127.0.0.1:{port}/" and info["device"] == "cpu"
         chosen, why = auto_ingress(None, False) if ingress == "default" else (ingress, None)
         assert (info["ingress"], info["ingress_why"]) == (chosen, why), info
@@ -558,7 +560,8 @@ def test_cli_serve_until_sigterm_leaves_nothing(tiny, session, tmp_path, ingress
     reader.join(10)
     assert rc == 0, proc.stderr.read()[-2000:]
     # stdout holds our two lines only (Ray's own prints go to stderr)
-    assert len(lines) == 2 and json.loads(lines[1]) == {"stopped": "SIGTERM"}, lines
+    assert len(lines) == 2 and json.loads(lines[1]) == {
+        "schema_version": 1, "command": "serve", "ok": True, "stopped": "SIGTERM"}, lines
     assert not wait_gone(started), "processes left behind by bertfuse serve"
     assert port_closed(port)
 
