@@ -14,4 +14,6 @@ except kernels/ (to register the op library on an ONNX Runtime session).
     sidecars files beside a model: a text-in model's MODEL.vocab.txt
     limits   the limits on users' files (sizes, JSON depth, lines) and the bounded readers
     npz      a user's .npz: declared sizes (zip directory, .npy headers) checked before reading
+    triton_config  Triton's ModelConfig of a model, one message: export-triton's config.pbtxt
+             (protobuf's text format) and serve's /v2 config (its JSON)
 """
