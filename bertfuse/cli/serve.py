@@ -46,6 +46,10 @@ class Serve(Command):
                        help="longest request in tokens (default: the model's positions)")
         g.add_argument("--cpus-per-replica", type=float, default=1.0, metavar="N",
                        help="Ray CPUs each replica reserves (default 1)")
+        g.add_argument("--cpu-threads", type=int_at_least(1), metavar="N",
+                       help="ONNX Runtime's intra-op threads in each replica (default: ORT's, "
+                            "one per physical core; with several CPU replicas on one host, "
+                            "replicas x N at most its cores)")
         g.add_argument("--gpus-per-replica", type=float, metavar="F",
                        help="the share of a GPU each replica reserves (default 0.25, four "
                             "replicas per GPU, with the haproxy ingress; else 1)")
@@ -114,7 +118,10 @@ def _serve(args: argparse.Namespace, out) -> int:
         served = _deploy(deploy, args, progress)
     stop = "signal"
     try:
-        info = {"url": served.url, "infer": served.url + "v1/infer", "device": served.device,
+        name = served.config.name  # the Open Inference Protocol's model name
+        info = {"url": served.url, "infer": served.url + "v1/infer", "v2": served.url + "v2",
+                "model": name, "v2_model": f"{served.url}v2/models/{name}",
+                "device": served.device,
                 "replicas": served.replicas, "max_batch": served.config.max_batch,
                 "max_seq": served.config.max_seq, "outputs": list(served.config.outputs),
                 "text": served.config.vocab is not None, "metrics": served.metrics_urls(),
@@ -126,7 +133,9 @@ def _serve(args: argparse.Namespace, out) -> int:
             share = f" ({served.config.gpus_per_replica:g} GPU each)"
         why = f": auto, {served.ingress_why}" if served.ingress_why else ""
         say(info, f"serving {args.model} on {served.replicas} {served.device} replica(s){share} "
-                  f"at {describe(served)} ({served.config.ingress} ingress{why}; Ctrl-C stops)")
+                  f"at {describe(served)}, and as model {name!r} at {info['v2_model']} (Open "
+                  f"Inference Protocol, {info['v2']}) ({served.config.ingress} ingress{why}; "
+                  "Ctrl-C stops)")
         while True:  # until a signal raises here
             time.sleep(3600)
     except KeyboardInterrupt:
@@ -153,4 +162,5 @@ def _deploy(deploy: Callable[..., Any], args: argparse.Namespace,
         access_log=args.access_log, ingress=args.ingress,
         **{k: v for k, v in (("metrics_host", args.metrics_host),
                              ("token_file", args.token_file),
-                             ("kernels", args.kernels)) if v is not None})
+                             ("kernels", args.kernels),
+                             ("cpu_threads", args.cpu_threads)) if v is not None})

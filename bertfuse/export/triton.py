@@ -17,8 +17,9 @@ backend only), so --cuda-graphs is refused with the reason rather than written a
 What Triton could not load is refused too (BertfuseError, exit 2): bertfuse's CUDA ops or a
 packed model on KIND_CPU, a packed model at all (its inputs are built per batch, which Triton's
 batching would concatenate per request), a model without inputs or outputs, numbers past the
-schema's int32. Every string in config.pbtxt is C-escaped as protobuf's text format reads it,
-so a tensor name cannot write config of its own.
+schema's int32. config.pbtxt is written by protobuf's text format from the ModelConfig that
+io/triton_config.py builds (serve's /v2/models/NAME/config is the same message), so a
+tensor name cannot write config of its own.
 """
 
 from __future__ import annotations
@@ -30,39 +31,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnx
-from google.protobuf.text_encoding import CEscape
 
 from bertfuse.errors import BertfuseError
+from bertfuse.io.triton_config import INT32_MAX, Tensor, config_pbtxt, describe, model_config, \
+    precision_of
 
-PLATFORM = "onnxruntime_onnx"
-# ONNX element type -> Triton data type (the ones a BERT model's I/O can have).
-_TYPES = {onnx.TensorProto.INT32: "TYPE_INT32", onnx.TensorProto.INT64: "TYPE_INT64",
-          onnx.TensorProto.FLOAT: "TYPE_FP32", onnx.TensorProto.FLOAT16: "TYPE_FP16",
-          onnx.TensorProto.BFLOAT16: "TYPE_BF16", onnx.TensorProto.BOOL: "TYPE_BOOL"}
 CUDA_GRAPHS_REFUSED = (
     "--cuda-graphs: Triton's onnxruntime backend has no CUDA-graph option for the CUDA "
     "execution provider (optimization.cuda.graphs is read by the TensorRT backend only), and "
     "ONNX Runtime replays a captured graph on the addresses it was captured with, which "
     "Triton's per-request buffers do not keep; serve with bertfuse's Session for CUDA graphs")
-
-
-_RESHAPE = " reshape: { shape: [ ] }"
-INT32_MAX = 2**31 - 1  # max_batch_size, count, intra_op_thread_count: int32 in ModelConfig
 PACKED_INPUTS = ("token_index", "token_offset", "cumulative_sequence_length", "token_bucket")
-
-
-def quote(text: str) -> str:
-    """A protobuf text-format string literal: quotes, backslashes, newlines and other control
-    characters escaped (Triton's parser reads back exactly `text`)."""
-    return f'"{CEscape(text, as_utf8=True)}"'
-
-
-@dataclass
-class Tensor:
-    name: str
-    data_type: str
-    dims: list[int]  # without the batch dimension; -1 where the size varies
-    scalar: bool = False  # [batch] in the model: dims [1], reshaped to [] for the backend
 
 
 @dataclass
@@ -86,66 +65,17 @@ class TritonExport:
                 "outputs": io(self.outputs)}
 
 
-def _tensors(values, what: str) -> list[Tensor]:
-    out = []
-    for v in values:
-        t = v.type.tensor_type
-        if not v.type.HasField("tensor_type") or t.elem_type not in _TYPES:
-            kind = onnx.TensorProto.DataType.Name(t.elem_type) if t.elem_type else "no tensor"
-            raise BertfuseError(f"{what} {v.name!r}: type {kind} has no Triton equivalent here")
-        dims = [d.dim_value if d.HasField("dim_value") else -1 for d in t.shape.dim]
-        if not t.HasField("shape") or not dims or dims[0] > 0:
-            raise BertfuseError(f"{what} {v.name!r}: no variable batch dimension first "
-                                f"(shape {dims}); Triton's batching needs one")
-        out.append(Tensor(v.name, _TYPES[t.elem_type], dims[1:] or [1], scalar=len(dims) == 1))
-    return out
-
-
-def describe(model: onnx.ModelProto) -> tuple[list[Tensor], list[Tensor]]:
-    """The model's inputs (initializers excluded) and outputs, as Triton sees them."""
-    inits = {i.name for i in model.graph.initializer}
-    return (_tensors([i for i in model.graph.input if i.name not in inits], "input"),
-            _tensors(model.graph.output, "output"))
-
-
-def precision_of(model: onnx.ModelProto) -> str:
-    """fp16 when the weights are half precision (bertfuse --precision fp16), else fp32."""
-    half = any(i.data_type == onnx.TensorProto.FLOAT16 for i in model.graph.initializer)
-    return "fp16" if half else "fp32"
-
-
 def config_text(model: onnx.ModelProto, name: str, max_batch: int = 32, instances: int = 1,
                 kind: str = "gpu", delay_us: int = 100, threads: int | None = None,
                 op_library: str | None = None) -> str:
-    """config.pbtxt for `model` (Triton's ModelConfig in protobuf text format); op_library:
-    the op library's path as Triton will see it (model_operations)."""
-    inputs, outputs = describe(model)
-    lines = [
-        "# Written by bertfuse export-triton for Triton's onnxruntime backend.",
-        f"# Model precision: {precision_of(model)} weights and activations; outputs "
-        f"{', '.join(sorted({t.data_type for t in outputs}))}.",
-        f"name: {quote(name)}",
-        f"platform: {quote(PLATFORM)}",
-        f"max_batch_size: {max_batch}",
-    ]
-    for key, tensors in (("input", inputs), ("output", outputs)):
-        lines.append(f"{key} [")
-        body = [f'  {{ name: {quote(t.name)} data_type: {t.data_type} dims: '
-                f'[ {", ".join(map(str, t.dims))} ]{_RESHAPE if t.scalar else ""} }}'
-                for t in tensors]
-        lines.append(",\n".join(body))
-        lines.append("]")
-    lines += [
-        f"instance_group [ {{ kind: {'KIND_GPU' if kind == 'gpu' else 'KIND_CPU'} "
-        f"count: {instances} }} ]",
-        f"dynamic_batching {{ max_queue_delay_microseconds: {delay_us} }}",
-    ]
-    if op_library is not None:  # the onnxruntime backend registers it on each session
-        lines.append(f"model_operations {{ op_library_filename: {quote(op_library)} }}")
-    if threads is not None:  # ORT's threads per instance: instances x threads <= cores
-        lines.append(f'parameters {{ key: "intra_op_thread_count" value: '
-                     f'{{ string_value: "{threads}" }} }}')
-    return "\n".join(lines) + "\n"
+    """config.pbtxt for `model` (io/triton_config.py's ModelConfig in protobuf's text
+    format, after two comment lines); op_library: the op library's path as Triton will see
+    it (model_operations)."""
+    cfg = model_config(model, name, max_batch, instances, kind, delay_us, threads, op_library)
+    outputs = sorted({t.data_type for t in describe(model)[1]})
+    return config_pbtxt(cfg, ["Written by bertfuse export-triton for Triton's onnxruntime "
+                              "backend.", f"Model precision: {precision_of(model)} weights and "
+                              f"activations; outputs {', '.join(outputs)}."])
 
 
 def _check_name(name: str) -> None:

@@ -16,4 +16,6 @@ except kernels/ (to register the op library on an ONNX Runtime session).
     npz      a user's .npz: declared sizes (zip directory, .npy headers) checked before reading
     polygraphy  Polygraphy's JSON data files (run --save-inputs/--save-outputs): read, each
              .npy header checked against its bytes, never unpickled; inputs written for it
+    triton_config  Triton's ModelConfig of a model, one message: export-triton's config.pbtxt
+             (protobuf's text format) and serve's /v2 config (its JSON)
 """

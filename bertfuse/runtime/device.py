@@ -210,8 +210,10 @@ class SessionMaker:
     in `fallback_reason`; later sessions are plain IO binding."""
 
     def __init__(self, ort: Any, device: str, cuda_graph: bool, stream: int | None,
-                 provider_options: Mapping[str, str] | None, own_graphs: bool = False) -> None:
+                 provider_options: Mapping[str, str] | None, own_graphs: bool = False,
+                 intra_op_threads: int | None = None) -> None:
         self.ort = ort
+        self.intra_op_threads = intra_op_threads
         self.cuda_graph = cuda_graph and device == "cuda"
         self.cuda_options = cuda_options(ort, self.cuda_graph, stream, provider_options) \
             if device == "cuda" else None
@@ -246,7 +248,7 @@ class SessionMaker:
 
     def _session(self, model: bytes | str) -> Any:
         return make_session(model, device=self.device, cuda_options=self.cuda_options,
-                            register_kernels=self.kernels)
+                            register_kernels=self.kernels, intra_op_threads=self.intra_op_threads)
 
     def graph_off(self, exc: BaseException) -> None:
         """Capture impossible: plain IO binding from here on."""

@@ -33,7 +33,10 @@ class SessionOptions:
     kernels: 'auto' (on CUDA, bertfuse's own ops where the library is here or builds, each
     layer covered and one batch on the device agrees with the contrib form; else the contrib
     form, with one line saying why), 'ort' (the model as written), 'bertfuse' (bertfuse's ops
-    or an error). See runtime/kernels.py."""
+    or an error). See runtime/kernels.py.
+
+    intra_op_threads: the threads of each ONNX Runtime session's intra-op pool (None: ORT's
+    default, one per physical core); what a CPU session computes with."""
 
     max_batch: int = 32
     max_seq: int | None = None
@@ -52,6 +55,7 @@ class SessionOptions:
     pinned: bool = True
     own_stream: bool = True
     kernels: str = "auto"
+    intra_op_threads: int | None = None
 
     def __post_init__(self) -> None:
         if self.device not in ("cuda", "cpu"):
@@ -74,6 +78,8 @@ class SessionOptions:
             raise ConfigError("pack_below_fill must be a fraction of the batch's positions "
                               f"(0 packs nothing, above 1 everything), not {fill!r}")
         check_int("token_steps", self.token_steps, 1)
+        if self.intra_op_threads is not None:
+            check_int("intra_op_threads", self.intra_op_threads, 1, 1024)
         check_int("variant_min_seq", self.variant_min_seq, 0)
         if self.pad_to_buckets is False and self.device == "cuda":
             raise ConfigError("pad_to_buckets=False serves the CPU only: CUDA graphs need the "

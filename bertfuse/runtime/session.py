@@ -77,7 +77,8 @@ class PaddedSession:
         self.stream = new_stream() if self.device == "cuda" and opts.own_stream \
             and self.pinned else None
         self._maker = SessionMaker(ort, self.device, opts.cuda_graph, self.stream,
-                                   opts.provider_options, own_graphs=True)
+                                   opts.provider_options, own_graphs=True,
+                                   intra_op_threads=opts.intra_op_threads)
         self.graph_notes: dict[tuple[int, int, str], str] = {}  # buckets run uncaptured: why
         self.sessions = {"raw": self._maker.open(proto.SerializeToString())}
         if opts.variants and "input_mask" in self.facts.inputs:

@@ -259,6 +259,7 @@ def _deploy(cfg: ServeConfig, say: Any, withheld: dict[str, str]) -> Served:
             started_serve = True
             url_host, url_port = cfg.host, cfg.port
         spec = dataclasses.replace(cfg, device=device, replicas=replicas).to_spec()
+        spec["extra"]["run"] = os.urandom(8).hex()  # this deployment's key for shared stats
         app = BertfuseReplica.options(
             num_replicas=replicas, ray_actor_options=resources, logging_config=_logging(cfg),
             max_ongoing_requests=max(4 * cfg.max_batch, 16),

@@ -12,7 +12,9 @@ the replica ready, and HTTP served straight from the replica (no extra hop).
 Routes: POST /v1/infer; GET /healthz (the process answers), /readyz (this replica's
 session is warm and open), /stats (this replica's counters: requests, model calls, rows,
 and the p50 of each stage of a request's time in it); the Open Inference Protocol's /v2
-routes beside them (oip.py: its own tensors, the same checks, batch and session).
+routes beside them (oip_routes.py; infer in oip.py: its own tensors, the same checks, batch
+and session), with Triton's statistics of every request (infer_stats.py), each replica's
+kept in Ray's key-value store and summed by GET /v2/models/NAME/stats.
 Imported by api.deploy() only, so `import bertfuse` never imports Ray.
 """
 
@@ -34,7 +36,9 @@ from starlette.responses import Response
 
 from bertfuse.serve.config import switch_interval_s
 from bertfuse.serve.guard import Access, check_access, check_post, is_loopback, read_body
+from bertfuse.serve.infer_stats import InferStats, merge
 from bertfuse.serve.oip import OIP
+from bertfuse.serve.oip_routes import route as v2_route
 from bertfuse.serve.requests import HTTPError, Limits, Parsed, body_limit, combine, \
     encode_body, parse_body, split
 
@@ -43,6 +47,9 @@ TIMES_KEPT = 1000
 STAGES = ("request", "body_wait", "parse", "queue", "model_call", "resume", "encode")
 # Probes a load balancer sends without credentials; every other route checks the token
 OPEN_ROUTES = ("/healthz", "/readyz", "/v2/health/live", "/v2/health/ready")
+# A replica's inference statistics reach Ray's key-value store (the GCS) at most this long
+# after they change; the /v2 stats route sums every replica's from there.
+STATS_PUBLISH_S = 0.2
 
 
 def _rows(items: list[Parsed]) -> int:
@@ -97,7 +104,8 @@ class BertfuseReplica:
         def make() -> Session:
             buckets = {"batch_buckets": spec["batch_buckets"]} if spec["batch_buckets"] else {}
             return Session(spec["model"], max_batch=spec["max_batch"], max_seq=spec["max_seq"],
-                           device=device, kernels=spec["kernels"], **buckets)
+                           device=device, kernels=spec["kernels"],
+                           intra_op_threads=spec["cpu_threads"], **buckets)
 
         def prepare(session: Session) -> None:
             if spec["warmup"]:  # every bucket's buffers and CUDA graph before any traffic
@@ -124,7 +132,12 @@ class BertfuseReplica:
         self.m_batches = Counter("bertfuse_model_calls", "Session runs (batches of requests)")
         self.m_rows = Histogram("bertfuse_batch_rows", "rows per Session run",
                                 boundaries=BATCH_ROWS_BOUNDARIES)
-        self.oip = OIP(self, dims)  # the /v2 routes (Open Inference Protocol)
+        self.infer_stats = InferStats()  # Triton's statistics (infer_stats.py)
+        context = serve.get_replica_context()
+        replica = getattr(getattr(context, "replica_id", None), "unique_id", None)
+        self.stats_key = f"bertfuse/stats/{spec['extra'].get('run', '')}/{replica or os.getpid()}"
+        self.publish_at: asyncio.TimerHandle | None = None
+        self.oip = OIP(self, dims, proto)  # the /v2 routes (Open Inference Protocol)
 
     # -- routes -------------------------------------------------------------------------------
 
@@ -139,7 +152,7 @@ class BertfuseReplica:
             except HTTPError as exc:
                 return json_response(exc.status, {"error": exc.message}, exc.headers)
         if path == "/v2" or path.startswith("/v2/"):  # its own checks and error form
-            return await self.oip.route(request, path, method)
+            return await v2_route(self.oip, request, path, method)
         try:
             if path == "/v1/infer":
                 if method != "POST":
@@ -166,11 +179,10 @@ class BertfuseReplica:
             got = time.perf_counter()
             parsed = parse_body(body, self.facts, self.limits, self.outputs, self.tokenizer)
         except HTTPError as exc:
-            self.counts["errors"] += 1
-            self.m_requests.inc(tags={"status": str(exc.status)})
+            self.failed(exc, start)
             raise
         joined = time.perf_counter()
-        result = await self.answer(parsed)
+        result = await self.answer(parsed, start)
         back = time.perf_counter()
         response = body_response(encode_body(result, parsed.encoding))
         end = time.perf_counter()
@@ -181,12 +193,21 @@ class BertfuseReplica:
             self.times[stage].append(took)
         return response
 
-    async def answer(self, parsed: Parsed) -> dict[str, np.ndarray]:
+    def failed(self, exc: HTTPError, start: float) -> None:
+        """A request refused before it reached the model, counted."""
+        self.counts["errors"] += 1
+        self.m_requests.inc(tags={"status": str(exc.status)})
+        self.infer_stats.fail(start)
+        self.publish_soon()
+
+    async def answer(self, parsed: Parsed, start: float) -> dict[str, np.ndarray]:
         """A checked request's outputs, for /v1/infer and /v2's infer alike, counted. Alone in
         this replica, a request neither waits for company that is not coming nor goes through
         serve.batch's queue and tasks: straight to the session. With others in flight it
         joins a batch (a batch of one takes the same combine, run and split). A bug or a
-        device failure is a 500 with one line, not a traceback."""
+        device failure is a 500 with one line, not a traceback. start: the request's
+        arrival (perf_counter), for its statistics."""
+        checked = time.perf_counter()
         alone = self.inflight == 0
         self.inflight += 1
         try:
@@ -197,13 +218,38 @@ class BertfuseReplica:
                 result = await self._batch(parsed)
         except Exception as exc:
             self.m_requests.inc(tags={"status": "500"})
+            self.infer_stats.fail(start)
+            self.publish_soon()
             why = (str(exc).strip().splitlines() or [""])[0][:200]
             raise HTTPError(500, f"internal error: {type(exc).__name__}: {why}") from None
         finally:
             self.inflight -= 1
         self.counts["requests"] += 1
         self.m_requests.inc(tags={"status": "200"})
+        self.infer_stats.success(parsed.rows, start, checked, parsed.ran, time.perf_counter())
+        self.publish_soon()
         return result
+
+    def publish_soon(self) -> None:
+        """This replica's statistics to Ray's key-value store within STATS_PUBLISH_S."""
+        if self.publish_at is None:
+            self.publish_at = asyncio.get_running_loop().call_later(STATS_PUBLISH_S,
+                                                                    self.publish)
+
+    def publish(self) -> None:
+        from ray.experimental.internal_kv import _internal_kv_put
+
+        self.publish_at = None
+        _internal_kv_put(self.stats_key, json.dumps(self.infer_stats.snapshot()))
+
+    def all_stats(self) -> dict[str, Any]:
+        """Every replica's statistics of this deployment summed (this one's as of now)."""
+        from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_list
+
+        prefix = self.stats_key.rsplit("/", 1)[0] + "/"
+        others = [json.loads(_internal_kv_get(k)) for k in _internal_kv_list(prefix)
+                  if k.decode() != self.stats_key]
+        return merge([self.infer_stats.snapshot(), *others])
 
     def _readyz(self) -> Response:
         if self.ready and not self.pool._closed:
@@ -220,6 +266,8 @@ class BertfuseReplica:
                 "max_batch": self.spec["max_batch"], "max_seq": self.spec["max_seq"],
                 "max_wait_ms": self.spec["max_wait_ms"], "warm_buckets": len(self.warm),
                 "ingress": self.spec["ingress"],
+                "intra_op_threads": self.session.sessions["raw"].get_session_options()
+                .intra_op_num_threads,  # 0: ORT's default (one per physical core)
                 "switch_interval_ms": round(sys.getswitchinterval() * 1e3, 3),
                 **{f"{k}_ms_p50": _p50_ms(v) for k, v in self.times.items()}}
 
@@ -248,7 +296,9 @@ class BertfuseReplica:
 
     async def _run(self, group: list[Parsed], names: list[str]) -> list[dict[str, np.ndarray]]:
         """One Session run of `group` (rows that may share one) on the session's thread."""
+        start = time.perf_counter()
         feeds = combine(group, self.facts.inputs)
+        combined = time.perf_counter()
         outputs, ran = await asyncio.wrap_future(self.pool.submit(
             lambda s: _timed(s.run, **feeds, outputs=names)))
         self.times["model_call"].append(ran[1] - ran[0])
@@ -260,7 +310,11 @@ class BertfuseReplica:
         self.m_rows.observe(rows)
         for p in group:
             p.ran = ran
-        return split(outputs, group, self.seq_axis)
+        split_start = time.perf_counter()
+        rows_out = split(outputs, group, self.seq_axis)
+        self.infer_stats.execution(rows, combined - start, ran[1] - ran[0],
+                                   time.perf_counter() - split_start)
+        return rows_out
 
     def check_health(self) -> None:
         """Serve's periodic health check: a closed session makes Serve replace the replica."""

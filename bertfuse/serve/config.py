@@ -81,6 +81,7 @@ class ServeConfig:
     token_file: str | None = None
     allow_readable_token_file: bool = False  # else a file others may read is refused
     kernels: str = "auto"  # runtime.kernels: the replicas' choice of contrib or bertfuse ops
+    cpu_threads: int | None = None  # each replica's ORT intra-op threads (None: ORT's default)
     extra: dict = field(default_factory=dict)  # facts read from the model (filled by check)
 
     def to_spec(self) -> dict[str, Any]:
@@ -116,6 +117,8 @@ def check_config(model: Any = None, **kwargs: Any) -> ServeConfig:
             and _check_number("gpus_per_replica", cfg.gpus_per_replica, 0, 1) <= 0:
         raise ConfigError("gpus_per_replica must be above 0 (0.5: two replicas share a GPU)")
     check_int("port", cfg.port, 1, 65535)
+    if cfg.cpu_threads is not None:
+        check_int("cpu_threads", cfg.cpu_threads, 1, 1024)
     switch_interval_s()  # its environment variable, read by every replica
     if cfg.device not in DEVICES:
         raise ConfigError(f"device must be one of {', '.join(DEVICES)}, not {cfg.device!r}")

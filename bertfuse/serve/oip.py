@@ -1,12 +1,9 @@
 """The Open Inference Protocol (KServe v2, as Triton speaks it) on a bertfuse replica, beside
 POST /v1/infer: the same checks, the same batch, the same session. tritonclient.http,
-perf_analyzer and KServe's clients talk to `bertfuse serve` as they would to Triton.
+perf_analyzer and KServe's clients talk to `bertfuse serve` as they would to Triton. Here:
+infer, and the model's metadata and Triton config; oip_routes.py routes every /v2 path.
 
-    GET  /v2                           server metadata (name, version, extensions)
-    GET  /v2/health/live, /ready       200 while the process answers / the session is warm
-    GET  /v2/models/NAME[/versions/1]  model metadata: inputs, outputs, datatypes, shapes;
-                                       /ready
-    POST /v2/models/NAME/infer         JSON tensors, or the binary-data extension:
+    POST /v2/models/NAME[/versions/1]/infer   JSON tensors, or the binary-data extension:
          body = JSON header (Inference-Header-Content-Length bytes) + each binary input's
          bytes, in input order (its parameters.binary_data_size)
       ─► tensors -> int32 [rows, seq] roles (INT32/INT64 ids), or text/text_pair as BYTES
@@ -31,7 +28,6 @@ import numpy as np
 from starlette.requests import Request
 from starlette.responses import Response
 
-from bertfuse._version import __version__
 from bertfuse.runtime.requests import RequestError, check_request
 from bertfuse.serve.guard import HTTPError, check_depth, check_post, read_body
 from bertfuse.serve.requests import Parsed, from_text, pick_outputs, request_message
@@ -44,16 +40,17 @@ TENSOR_KEYS = {"name", "shape", "datatype", "parameters", "data"}
 REQUEST_KEYS = {"id", "parameters", "inputs", "outputs"}
 
 
-def _response(status: int, data: Any, headers: dict | None = None) -> Response:
+def response(status: int, data: Any, headers: dict | None = None) -> Response:
     return Response(json.dumps(data, separators=(",", ":")), status, headers,
                     media_type="application/json")
 
 
 class OIP:
-    """The /v2 routes of one replica (BertfuseReplica: facts, limits, outputs, tokenizer,
-    spec, counts, answer). out_dims: declared output dims ('B', 'S', 768)."""
+    """The /v2 infer of one replica (BertfuseReplica: facts, limits, outputs, tokenizer,
+    spec, counts, answer), its metadata and Triton model config (oip_routes.py routes to
+    them). out_dims: declared output dims ('B', 'S', 768)."""
 
-    def __init__(self, replica: Any, out_dims: dict[str, tuple]) -> None:
+    def __init__(self, replica: Any, out_dims: dict[str, tuple], proto: Any) -> None:
         self.r = replica
         self.name = replica.spec["name"]
         shape = lambda n: [-1 if isinstance(d, str) else d for d in out_dims.get(n, ("B",))]  # noqa: E731
@@ -62,49 +59,11 @@ class OIP:
                                     for n in replica.facts.inputs],
                          "outputs": [{"name": n, "datatype": "FP32", "shape": shape(n)}
                                      for n in replica.outputs]}
-
-    async def route(self, request: Request, path: str, method: str) -> Response:
-        try:
-            parts = path.split("/")[2:]  # "", "v2", ...
-            if parts and parts[0] == "models":
-                return await self._model(request, parts[1:], method)
-            if method not in ("GET", "HEAD"):
-                raise HTTPError(405, f"{path} takes GET, not {method}")
-            if not parts:
-                return _response(200, {"name": "bertfuse", "version": __version__,
-                                       "extensions": ["binary_tensor_data"]})
-            if parts == ["health", "live"]:
-                return _response(200, {"live": True})
-            if parts == ["health", "ready"]:
-                return self.r._readyz()
-            raise HTTPError(404, f"no route {path}; the v2 routes are /v2, /v2/health/live, "
-                                 f"/v2/health/ready, /v2/models/{self.name}[/ready|/infer]")
-        except HTTPError as exc:
-            return _response(exc.status, {"error": exc.message}, exc.headers)
-
-    async def _model(self, request: Request, parts: list[str], method: str) -> Response:
-        if parts[:1] != [self.name]:
-            raise HTTPError(404, f"no model {(parts or [''])[0]!r}; this server serves {self.name!r}")
-        rest = parts[1:]
-        if rest[:1] == ["versions"]:
-            if rest[1:2] != [VERSION]:
-                raise HTTPError(404, f"model {self.name!r} has version {VERSION} only")
-            rest = rest[2:]
-        if rest == ["infer"]:
-            if method == "POST":
-                return await self._infer(request)
-            raise HTTPError(405, f"infer takes POST, not {method}")
-        if method not in ("GET", "HEAD"):
-            raise HTTPError(405, f"model {(rest or ['metadata'])[0]} takes GET, not {method}")
-        if not rest:
-            return _response(200, self.metadata)
-        if rest == ["ready"]:
-            return self.r._readyz()
-        raise HTTPError(404, f"no route {'/'.join(rest)!r} of model {self.name!r}: metadata, ready, infer")
+        self.config = model_config_json(proto, replica.spec)
 
     # -- infer ---------------------------------------------------------------------------------
 
-    async def _infer(self, request: Request) -> Response:
+    async def infer(self, request: Request) -> Response:
         start = time.perf_counter()
         try:
             headers = dict(request.headers)  # tritonclient sends no content type; binary
@@ -115,10 +74,9 @@ class OIP:
             body = await read_body(request.stream(), self.r.limits.max_body)
             parsed, rid, binary = self.parse(body, request.headers.get(HEADER))
         except HTTPError as exc:
-            self.r.counts["errors"] += 1
-            self.r.m_requests.inc(tags={"status": str(exc.status)})
+            self.r.failed(exc, start)
             raise
-        result = await self.r.answer(parsed)  # /v1/infer's batch or straight path
+        result = await self.r.answer(parsed, start)  # /v1/infer's batch or straight path
         response = self.encode(result, rid, binary)
         self.r.times["request"].append(time.perf_counter() - start)
         return response
@@ -265,6 +223,22 @@ class OIP:
             return Response(text, media_type="application/json")
         return Response(b"".join([text, *blobs]), media_type="application/octet-stream",
                         headers={"Inference-Header-Content-Length": str(len(text))})
+
+
+def model_config_json(proto: Any, spec: dict[str, Any]) -> dict[str, Any]:
+    """The deployment's Triton model config (io/triton_config.py, export-triton's builder):
+    the served outputs, max_batch, a replica per instance, --max-wait-ms as the queue delay,
+    --cpu-threads as ORT's intra-op threads. A model it cannot describe: {"error": why}."""
+    from bertfuse.errors import BertfuseError
+    from bertfuse.io.triton_config import config_json, model_config
+
+    try:
+        return config_json(model_config(
+            proto, spec["name"], spec["max_batch"], spec["replicas"] or 1,
+            "gpu" if spec["device"] == "cuda" else "cpu", round(spec["max_wait_ms"] * 1000),
+            spec.get("cpu_threads"), outputs=spec["outputs"]))
+    except BertfuseError as exc:
+        return {"error": str(exc)}
 
 
 # -- pieces -----------------------------------------------------------------------------------

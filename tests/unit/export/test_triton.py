@@ -288,3 +288,43 @@ def test_bertfuse_ops_bring_their_library(tmp_path, capsys, monkeypatch):
     assert copy.read_bytes() == b"mine"
     assert "--op-library" in _one_error_line(capsys, ["export-triton", src, "-o", repo,
                                                       "--force", "--op-library", tmp_path / "x"])
+
+
+def test_the_builders_schema_is_tritons_model_config():
+    """io/triton_config.py declares the part of ModelConfig it writes: every message, field
+    (number, type, repeated, message or enum type) and enum value as tritonclient's schema."""
+    from bertfuse.io.triton_config import ENUMS, MESSAGES, SCHEMA
+
+    for name, fields in SCHEMA.items():
+        theirs = getattr(PB2, name).DESCRIPTOR
+        ours = MESSAGES[name].DESCRIPTOR
+        for field, number, kind, repeated, type_name in fields:
+            t, o = theirs.fields_by_name[field], ours.fields_by_name[field]
+            assert (t.number, t.type, t.is_repeated) == (o.number, o.type, o.is_repeated) == \
+                (number, kind, repeated), (name, field)
+            sub = t.message_type or t.enum_type
+            assert (sub.full_name if sub else "") == \
+                (f"inference.{type_name}" if type_name else ""), (name, field)
+    assert [v.name for v in PB2.DataType.DESCRIPTOR.values] == ENUMS["DataType"]
+    assert [v.name for v in PB2.ModelInstanceGroup.Kind.DESCRIPTOR.values] == \
+        ENUMS["ModelInstanceGroup.Kind"]
+    assert [v.number for v in PB2.DataType.DESCRIPTOR.values] == list(range(15))
+
+
+def test_pbtxt_and_json_are_one_message(tmp_path, capsys):
+    """config.pbtxt (protobuf's text format) and the JSON serve answers GET
+    /v2/models/NAME/config with are the same ModelConfig: the evil names included."""
+    from google.protobuf import json_format
+
+    from bertfuse.io.triton_config import config_json, model_config
+
+    evil = ['p" data_type: TYPE_FP32 } ] backend: "python" output [ { name: "q', "a\nb"]
+    src = _identity_model(tmp_path / "evil.onnx", evil)
+    assert main(["export-triton", str(src), "-o", str(tmp_path / "repo"), "--kind", "cpu",
+                 "--intra-op-threads", "2", "--max-batch", "7"]) == 0
+    capsys.readouterr()
+    written = parse(tmp_path / "repo" / "evil" / "config.pbtxt")
+    built = config_json(model_config(onnx.load(str(src)), "evil", 7, kind="cpu", threads=2))
+    assert json_format.ParseDict(built, PB2.ModelConfig()) == written
+    assert built["output"][0]["name"] == evil[0] and built["output"][0]["dims"] == [4]
+    assert built["parameters"] == {"intra_op_thread_count": {"string_value": "2"}}
