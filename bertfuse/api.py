@@ -62,7 +62,7 @@ def convert(source: str | os.PathLike, output: str | os.PathLike | None = None, 
 {options}
     Raises BertfuseError for bad input, ParityError (with `.report`) when the model drifts
     from TensorFlow, FusionIncomplete (strict), MissingDependency without
-    TensorFlow/tf2onnx (pip install 'bertfuse[tf]').
+    TensorFlow/tf2onnx (its message has the pip line).
     """
     src = check_path("source", source)
     out = check_path("output", output, optional=True)

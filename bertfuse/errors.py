@@ -44,9 +44,54 @@ class MissingDependency(BertfuseError, ImportError):
 # another extra that would do.
 _EXTRAS = {"tensorflow": "tf", "tf2onnx": "tf", "tf_keras": "tf", "onnxruntime": "cpu",
            "ray": "ray", "pyarrow": "ray"}
-_NEEDS = {"tf": ("converting and verifying need TensorFlow and tf2onnx", " (or 'bertfuse[tf-cpu]')"),
-          "cpu": ("running a model needs ONNX Runtime", " (or 'bertfuse[gpu]' on CUDA)"),
+_NEEDS = {"tf": ("converting and verifying need TensorFlow and tf2onnx", "tf-cpu"),
+          "cpu": ("running a model needs ONNX Runtime", "gpu"),
           "ray": ("serving and offline scoring need Ray Serve and Ray Data", "")}
+
+
+def install_hint(extra: str) -> str:
+    """`pip install ...` of bertfuse with `extra`, in the form that works for how this bertfuse
+    was installed (pip's record of it, PEP 610's direct_url.json): from a clone, the folder
+    (`-e` where it was editable); from a wheel or sdist file, that file; from a VCS URL, that
+    URL; from a package index (no record), the name. bertfuse run from a source tree that pip
+    never installed names the tree."""
+    return "pip install " + pip_target(_direct_url(), extra)
+
+
+def pip_target(direct_url: dict | None, extra: str) -> str:
+    """pip's argument for bertfuse with `extra`, given its direct_url.json (None: an index)."""
+    url = str((direct_url or {}).get("url", ""))
+    if not url:
+        return f"'bertfuse[{extra}]'"
+    if not url.startswith("file://"):  # a VCS or remote archive URL
+        vcs = (direct_url or {}).get("vcs_info", {}).get("vcs")
+        return f"'bertfuse[{extra}] @ {vcs + '+' if vcs and not url.startswith(vcs) else ''}{url}'"
+    from urllib.parse import unquote, urlparse
+
+    path = unquote(urlparse(url).path)
+    editable = bool((direct_url or {}).get("dir_info", {}).get("editable"))
+    return f"{'-e ' if editable else ''}'{path}[{extra}]'"
+
+
+def _direct_url() -> dict | None:
+    import json
+    from importlib import metadata
+    from pathlib import Path
+
+    recorded = None
+    # Every bertfuse metadata on the path: a clone's own egg-info (no record) may come first.
+    for dist in metadata.distributions(name="bertfuse"):
+        try:
+            recorded = json.loads(dist.read_text("direct_url.json") or "null")
+        except ValueError:
+            recorded = None
+        if recorded:
+            break
+    if recorded is None:  # run from a clone pip never installed
+        root = Path(__file__).resolve().parents[1]
+        if (root / "pyproject.toml").is_file():
+            return {"url": root.as_uri(), "dir_info": {}}
+    return recorded
 
 
 def missing_dependency_message(exc: BaseException) -> str | None:
@@ -58,7 +103,8 @@ def missing_dependency_message(exc: BaseException) -> str | None:
     if extra is None:
         return None
     needs, alt = _NEEDS[extra]
-    return f"{top} is not installed: {needs}; pip install 'bertfuse[{extra}]'{alt}"
+    alt = f" (or {pip_target(_direct_url(), alt)}{' on CUDA' if alt == 'gpu' else ''})" if alt else ""
+    return f"{top} is not installed: {needs}; {install_hint(extra)}{alt}"
 
 
 def require(*modules: str) -> None:

@@ -21,7 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
-from bertfuse.errors import BertfuseError, MissingDependency
+from bertfuse.errors import BertfuseError, MissingDependency, install_hint
 from bertfuse.io import limits
 
 # The tokens a BERT input is built from; [MASK] is only for pre-training, so not required.
@@ -238,7 +238,7 @@ class WordPiece:
             from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
         except ModuleNotFoundError:
             raise MissingDependency("tokenizers is not installed: text input needs it; "
-                                    "pip install 'bertfuse[text]'") from None
+                                    + install_hint("text")) from None
         v = self.vocab
         tok = Tokenizer(models.WordPiece(v, unk_token="[UNK]",
                                          max_input_chars_per_word=_MAX_WORD))

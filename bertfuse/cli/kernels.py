@@ -11,6 +11,7 @@ from typing import Any, Callable
 from bertfuse.cli.args import add_output_args
 from bertfuse.cli.command import Command
 from bertfuse.cli.outcome import error_object, print_json
+from bertfuse.errors import install_hint
 
 
 def _arch(text: str) -> int:
@@ -136,7 +137,8 @@ def _check(args, console) -> int:
     try:
         import onnxruntime as ort
     except ImportError:
-        raise lib.KernelLibraryError("kernels check needs onnxruntime-gpu (pip install 'bertfuse[gpu]')") from None
+        raise lib.KernelLibraryError(f"kernels check needs onnxruntime-gpu ({install_hint('gpu')})"
+                                     ) from None
     if hasattr(ort, "preload_dlls"):  # as the runtime does (bertfuse.runtime.device)
         ort.preload_dlls()
     if "CUDAExecutionProvider" not in ort.get_available_providers():

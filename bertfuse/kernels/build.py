@@ -23,6 +23,7 @@ from typing import Callable
 from bertfuse.kernels.library import (LIB_NAME, KernelLibraryError, cache_key,
                                          detect_sm, library_info, library_path)
 from bertfuse.io.safety import replace_file, temp_dir, temp_file, write_text
+from bertfuse.errors import install_hint
 
 SOURCE_DIR = Path(__file__).resolve().parent
 FETCH_SCRIPT = SOURCE_DIR / "fetch_ort_headers.sh"
@@ -121,7 +122,7 @@ def find_nvcc() -> str:
     if not found:
         raise KernelLibraryError("nvcc not found (PATH, $CUDA_HOME/bin, /usr/local/cuda/bin, pip's "
                                  "nvidia-cuda-nvcc): building the bertfuse op library needs the CUDA "
-                                 "toolkit; pip install 'bertfuse[kernels]' brings it as packages")
+                                 f"toolkit; {install_hint('kernels')} brings it as packages")
     roots = [_cublas_root()] if _cublas_root() else []
     for cand in found:
         toolkit = Path(cand).resolve().parent.parent

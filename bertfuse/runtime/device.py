@@ -13,7 +13,7 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 
-from bertfuse.errors import BertfuseError
+from bertfuse.errors import BertfuseError, install_hint
 from bertfuse.io.ort import make_session
 from bertfuse.runtime import graphs
 from bertfuse.runtime.pinned import copy_to_device_async, copy_to_host, pinned_empty
@@ -156,7 +156,7 @@ def cuda_options(ort: Any, cuda_graph: bool, stream: int | None,
     if hasattr(ort, "preload_dlls"):
         ort.preload_dlls()
     if "CUDAExecutionProvider" not in ort.get_available_providers():
-        raise BertfuseError("device='cuda' needs onnxruntime-gpu (pip install 'bertfuse[gpu]'); "
+        raise BertfuseError(f"device='cuda' needs onnxruntime-gpu ({install_hint('gpu')}); "
                             f"this onnxruntime has {ort.get_available_providers()}")
     opts = {"enable_cuda_graph": "1" if cuda_graph else "0"}
     if stream is not None:

@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import pytest
 
-from bertfuse.errors import missing_dependency_message
+from bertfuse.errors import install_hint, missing_dependency_message, pip_target
 from support.builders.onnx_graphs import bert
 
 # Hide Ray from the child: `import ray` then fails as it does where Ray is not installed.
@@ -45,12 +45,39 @@ def test_serve_and_score_without_ray_name_the_extra(command, model, parquet, tmp
                           text=True, timeout=300, cwd=tmp_path)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2, proc.stderr
-    assert len(lines) == 1 and "pip install 'bertfuse[ray]'" in lines[0], lines
+    assert len(lines) == 1 and install_hint("ray") in lines[0], lines
     assert not (tmp_path / "out").exists()
 
 
 def test_only_optional_packages_get_a_pip_line():
-    assert "pip install 'bertfuse[tf]'" in missing_dependency_message(
+    assert install_hint("tf") in missing_dependency_message(
         ModuleNotFoundError("No module named 'tf2onnx'", name="tf2onnx"))
     assert missing_dependency_message(ModuleNotFoundError("x", name="numpyy")) is None
     assert missing_dependency_message(ValueError("ray")) is None
+
+
+@pytest.mark.parametrize("record, target", [
+    (None, "'bertfuse[tf]'"),  # from a package index: pip records no URL
+    ({"url": "file:///src/bertfuse", "dir_info": {"editable": True}}, "-e '/src/bertfuse[tf]'"),
+    ({"url": "file:///src/bert%20fuse", "dir_info": {}}, "'/src/bert fuse[tf]'"),
+    ({"url": "file:///w/bertfuse-0.1.0-py3-none-any.whl", "archive_info": {}},
+     "'/w/bertfuse-0.1.0-py3-none-any.whl[tf]'"),
+    ({"url": "https://example.org/bertfuse.git", "vcs_info": {"vcs": "git", "commit_id": "a"}},
+     "'bertfuse[tf] @ git+https://example.org/bertfuse.git'")])
+def test_the_pip_line_names_the_form_bertfuse_was_installed_in(record, target):
+    """bertfuse is on no package index: 'bertfuse[tf]' fails for a user who installed it from
+    a clone or a wheel, so the line names what pip recorded (PEP 610's direct_url.json)."""
+    assert pip_target(record, "tf") == target
+
+
+def test_the_pip_line_of_this_checkout_names_it():
+    """The suite runs from a clone installed as the README says (`make venv`: pip install -e
+    '.[...]'), so the line must name this folder, from the test's folder and from elsewhere."""
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[2])
+    here = install_hint("tf")
+    elsewhere = subprocess.run([sys.executable, "-c", "from bertfuse.errors import install_hint; "
+                                "print(install_hint('tf'))"], capture_output=True, text=True,
+                               cwd="/", timeout=120).stdout.strip()
+    assert here == elsewhere and f"'{root}[tf]'" in here, (here, elsewhere)
