@@ -80,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         """The one line on stderr; with --json the report (or its envelope) on stdout."""
         from rich.markup import escape
 
-        if args.command in ("serve", "score") and code not in (0, 130) and \
+        if args.command in ("serve", "score") and code != 0 and \
+                kind not in ("interrupted", "terminated") and \
                 "ray" in sys.modules:  # where Ray's own lines went (never the terminal)
             from bertfuse.ray_cluster import logs_dir
 
