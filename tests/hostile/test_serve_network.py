@@ -23,6 +23,7 @@ from typing import Callable
 
 import numpy as np
 import onnx
+import psutil
 import pytest
 
 from bertfuse.converter.example_vocab import example_vocab
@@ -120,8 +121,7 @@ def good(port: int, source: str = "127.0.0.1") -> None:
 
 def replica_rss_mb(port: int) -> float:
     pid = request(port, "GET", "/stats")[1]["pid"]
-    status = Path(f"/proc/{pid}/status").read_text()
-    return int(next(ln for ln in status.splitlines() if ln.startswith("VmRSS")).split()[1]) / 1024
+    return psutil.Process(pid).memory_info().rss / 2**20
 
 
 @pytest.fixture(scope="module")
@@ -275,30 +275,28 @@ def test_a_body_that_stops_short_of_its_length_is_dropped(server):
 
 
 def _listeners(pids: set[int]) -> list[tuple[str, int, int]]:
-    """(address, port, pid) of every TCP socket in LISTEN that one of `pids` holds."""
-    inode_pid = {}
-    for pid in pids:
-        try:
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                link = os.readlink(f"/proc/{pid}/fd/{fd}")
-                if link.startswith("socket:["):
-                    inode_pid[link[8:-1]] = pid
-        except OSError:
-            continue
+    """(address, port, pid) of every TCP socket in LISTEN that one of `pids` holds (psutil's
+    table of the host's sockets; the address as /proc/net/tcp writes it, hex, so that the
+    loopback checks below read one form for IPv4 and IPv6)."""
     out = []
-    for table, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
-        for line in open(table).read().splitlines()[1:]:
-            cols = line.split()
-            if cols[3] == "0A" and cols[9] in inode_pid:
-                addr, port = cols[1].split(":")
-                out.append((addr, int(port, 16), inode_pid[cols[9]]))
+    for conn in psutil.net_connections(kind="tcp"):
+        if conn.status == psutil.CONN_LISTEN and conn.pid in pids:
+            out.append((_hex_address(conn.laddr.ip), conn.laddr.port, conn.pid))
     return out
 
 
+def _hex_address(ip: str) -> str:
+    """An address as the kernel's socket tables print it (each 32-bit word little-endian)."""
+    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    raw = socket.inet_pton(family, ip)
+    return "".join(raw[i:i + 4][::-1].hex().upper() for i in range(0, len(raw), 4))
+
+
 def _name(pid: int) -> str:
+    """The process's name as the kernel keeps it (15 characters); '?' once it is gone."""
     try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
+        return psutil.Process(pid).name()[:15]
+    except psutil.Error:
         return "?"
 
 
@@ -418,4 +416,4 @@ def _owned_by_another(folder: str) -> bool:
         pid = int(Path(folder, "owner").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return False
-    return Path(f"/proc/{pid}").exists()
+    return psutil.pid_exists(pid)

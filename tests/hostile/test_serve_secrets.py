@@ -9,11 +9,11 @@ Ray: a token file that others may read is refused, one line, exit 2, unless allo
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import socket
 import time
 
+import psutil
 import pytest
 
 from bertfuse import cli
@@ -64,10 +64,12 @@ def get(port: int, path: str, auth: str | None) -> tuple[int, bytes]:
 
 
 def _environ(pid: int) -> bytes | None:
+    """The process's environment as it was started, NUL-separated (psutil parses it into a
+    dict; the raw bytes let a value be found under any name)."""
     try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            return f.read()
-    except OSError:  # gone, or another user's
+        return b"\0".join(f"{k}={v}".encode("utf-8", "surrogateescape")
+                           for k, v in psutil.Process(pid).environ().items())
+    except psutil.Error:  # gone, or another user's
         return None
 
 
@@ -82,7 +84,7 @@ def test_the_token_is_in_no_environment_of_the_processes_serve_starts(server):
     assert {"gcs_server", "raylet", "haproxy"} <= set(names.values()), names
     assert any(n.startswith("ray::") for n in names.values()), names
     value = TOKEN.encode()
-    everyone = [int(e) for e in os.listdir("/proc") if e.isdigit()]
+    everyone = psutil.pids()
     held = [(pid, names.get(pid, "?")) for pid in everyone
             if pid != server.proc.pid and value in (_environ(pid) or b"")]
     assert not held, f"the token is in the environment of {held}"
@@ -112,11 +114,14 @@ def test_no_port_of_the_service_gives_the_route_table_without_the_token(server):
     is asked; none gives the route table, and the three HTTP ones of Serve refuse."""
     refused, leaks, other = [], [], []
     ask = b"GET /-/routes HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    for _, port, pid in _listeners(descendants(server.proc.pid)):
+    # names taken before asking: a process may be gone by the time its answer is read
+    # (HAProxy's old worker after a reload answered, then exited: it showed as '?')
+    ports = [(port, _name(pid)) for _, port, pid in _listeners(descendants(server.proc.pid))]
+    for port, name in ports:
         got = b""
         # 3 s for the many gRPC ports that never answer HTTP; Serve's own HTTP ports get a
         # second, longer try (a loaded 2-core CI host answered one of them late).
-        for wait_s in (3, 20) if _name(pid).startswith(("haproxy", "ray::")) else (3,):
+        for wait_s in (3, 20) if name.startswith(("haproxy", "ray::")) else (3,):
             try:
                 got = exchange(port, ask, wait_s=wait_s)
             except OSError:
@@ -124,11 +129,11 @@ def test_no_port_of_the_service_gives_the_route_table_without_the_token(server):
             if got.startswith(b"HTTP/"):
                 break
         if b"bertfuse" in got.partition(b"\r\n\r\n")[2] and got.startswith(b"HTTP/1.1 200"):
-            leaks.append((port, _name(pid)))
+            leaks.append((port, name))
         elif got.startswith(b"HTTP/1.1 401") and b"Bearer <token>" in got:
-            refused.append(_name(pid))
+            refused.append(name)
         else:
-            other.append((port, _name(pid), got[:80]))
+            other.append((port, name, got[:80]))
     assert not leaks, leaks
     # (process names as /proc/PID/comm keeps them: 15 characters)
     assert {"haproxy", "ray::ProxyActor", "ray::ServeRepli"} <= set(refused), (refused, other)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import psutil
 import pytest
 import ray  # the `ray` extra, in CI's default extras: never skipped
 
@@ -54,24 +55,13 @@ def port_closed(port: int) -> bool:
 
 
 def descendants(pid: int) -> set[int]:
-    """Every live process under `pid` (from /proc; zombies count as gone)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        if fields[0] != "Z":
-            children.setdefault(int(fields[1]), []).append(int(entry))
-    out, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.add(child)
-            todo.append(child)
-    return out
+    """Every live process under `pid` (psutil's walk of the process tree; zombies count as
+    gone)."""
+    try:
+        kids = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return set()
+    return alive({p.pid for p in kids})
 
 
 def alive(pids: set[int]) -> set[int]:
@@ -79,11 +69,10 @@ def alive(pids: set[int]) -> set[int]:
     left = set()
     for pid in pids:
         try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                left.add(pid)
+        except psutil.Error:
             continue
-        if state != "Z":
-            left.add(pid)
     return left
 
 
