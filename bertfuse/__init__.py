@@ -19,7 +19,7 @@ The rooms, along the path of a model (docs/architecture.md draws them):
     checks      argument checks for every room's Python API, one message style
     ray_cluster the Ray bring-up and shutdown serve/ and score/ share
 
-The public API (README, "Python API")::
+The public API (docs/python-api.md)::
 
     import bertfuse
 

@@ -1,4 +1,4 @@
-"""The public Python API: `bertfuse.convert` and `bertfuse.optimize` (README, "Python API").
+"""The public Python API: `bertfuse.convert` and `bertfuse.optimize` (docs/python-api.md).
 
 The CLI's guarantees hold here too: arguments are checked before any slow work (a
 BertfuseError naming the bad one), nothing is written unless the gate passed, and an

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # before TensorFlow loads
-# What bertfuse sets itself before it imports TensorFlow (README, verify): here the example
+# What bertfuse sets itself before it imports TensorFlow (docs/convert.md, verify): here the example
 # writer below imports TensorFlow first.
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 

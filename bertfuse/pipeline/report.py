@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # types only: this module loads neither onnx nor the passes
     from bertfuse.pipeline.parity import ParityReport
 
 
-# The JSON run report's layout (README, "JSON reports"): bumped when a field changes meaning
+# The JSON run report's layout (docs/json-reports.md): bumped when a field changes meaning
 # or goes away; new fields may appear without a bump.
 SCHEMA_VERSION = 1
 
@@ -79,7 +79,7 @@ class RunReport:
             self.stages.append(st)
 
     def to_json(self) -> dict:
-        """The documented JSON report (README, "JSON reports"); bump SCHEMA_VERSION in
+        """The documented JSON report (docs/json-reports.md); bump SCHEMA_VERSION in
         this module when a field changes meaning or goes away."""
         return {
             "schema_version": SCHEMA_VERSION,

@@ -20,7 +20,7 @@ DEVICES = ("auto", "cuda", "cpu")
 INGRESSES = ("auto", "proxy", "direct", "haproxy")  # bertfuse/serve/ingress.py says what each is
 # Replicas per GPU behind HAProxy when gpus_per_replica is left out: on an H200 four replicas
 # of shenma-3l (fp16, b20 s64) served 32 clients 110% of an in-process SessionPool's seq/s;
-# one replica's per-request Python caps it at 42% (README "Serving").
+# one replica's per-request Python caps it at 42% (docs/serving.md).
 HAPROXY_GPUS_PER_REPLICA = 0.25
 
 # The session's thread needs the GIL around each model call (staging inputs, outputs to

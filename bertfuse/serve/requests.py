@@ -87,7 +87,7 @@ def parse_body(body: bytes, facts: ModelFacts, limits: Limits, served: Sequence[
             from None
     if not isinstance(data, dict):
         raise HTTPError(400, f"body must be a JSON object, not {type(data).__name__} "
-                             "(see the README's Serving section)")
+                             "(see docs/serving.md, The API)")
     unknown = sorted(k for k in data if k not in FIELDS)
     if unknown:
         raise HTTPError(400, f"unknown field {unknown[0]!r}; fields are {', '.join(FIELDS)}")

@@ -6,7 +6,7 @@
 // ORT_API_MANUAL_INIT must be defined identically in every translation unit (ODR), and
 // RegisterCustomOps (ops.cc) calls Ort::InitApi with the API the host process hands us.
 //
-// Kernel conventions (see /README "Building the op library" and the op contract):
+// Kernel conventions (see bertfuse/kernels/README.md, "Building the op library", and the op contract):
 //   - ops derive from bf::CudaOp<Op, Kernel> (status-returning ComputeV2, CUDA EP only);
 //   - Kernel::ComputeV2 wraps its body in bf::Guard so no C++ exception crosses into ORT;
 //   - launches go on bf::ComputeStream(ctx); nothing allocates or synchronises inside Compute.
