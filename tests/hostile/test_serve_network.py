@@ -304,7 +304,7 @@ def test_nothing_but_ray_rpc_listens_beyond_the_loopback(server):
     """The service's port on --host, and HAProxy's stats and Prometheus ports, Ray's metrics,
     dashboard-agent and runtime-env HTTP ports on the loopback. Ray's own gRPC servers (GCS,
     raylet, agents, core workers: the IPv6 wildcard) bind every interface whatever the node
-    address: guarded by Ray's token authentication, and named in the README."""
+    address: guarded by Ray's token authentication, and named in docs/serving.md."""
     loopback = {"0100007F", "00000000000000000000000001000000",
                 "0000000000000000FFFF00000100007F"}
     ours = _listeners(descendants(server.proc.pid))

@@ -386,4 +386,4 @@ def test_package_is_typed_and_the_sdist_carries_the_tests():
     manifest = (ROOT / "MANIFEST.in").read_text().splitlines()
     for line in ("graft tests", "graft examples"):  # helpers, fixtures (reference.npz), e2e
         assert line in manifest
-    assert "pip install '.[tf,cpu]'" in (ROOT / "README.md").read_text()
+    assert "pip install '.[tf,cpu]'" in (ROOT / "docs" / "install.md").read_text()

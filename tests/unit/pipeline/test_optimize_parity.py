@@ -32,7 +32,7 @@ def _cli(*argv) -> tuple[int, str, str]:
 
 @pytest.fixture(scope="module")
 def raw(tmp_path_factory) -> Path:
-    """The user's own export, as the README's optimize recipe makes it."""
+    """The user's own export, as docs/convert.md's optimize recipe makes it."""
     pytest.importorskip("tf2onnx")
     path = tmp_path_factory.mktemp("optimize_parity") / "raw.onnx"
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
