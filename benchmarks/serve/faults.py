@@ -42,6 +42,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
@@ -60,14 +61,21 @@ def free_port() -> int:
 
 def cmdline(pid: int) -> str:
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
+        return " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:
         return ""
 
 
 def alive(pids: set[int]) -> set[int]:
-    return {p for p in pids if Path(f"/proc/{p}").exists() and
-            Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[-1].split()[:1] != ["Z"]}
+    """The pids still running (a zombie has exited)."""
+    left = set()
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                left.add(pid)
+        except psutil.Error:
+            continue
+    return left
 
 
 def reap(pids: set[int], grace_s: float = 15.0) -> None:
@@ -267,7 +275,7 @@ class TwoNodes:
 
     def worker_raylet(self) -> int:
         return next(p for p in descendants(self.procs["worker"].pid)
-                    if Path(f"/proc/{p}/comm").read_text().strip() == "raylet")
+                    if psutil.Process(p).name() == "raylet")
 
     def stop(self) -> None:
         seen = set()
@@ -380,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _cpu_name() -> str:
+    # /proc/cpuinfo by hand: psutil has no CPU model name
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -390,11 +399,7 @@ def _cpu_name() -> str:
 
 
 def _mem_gb() -> int:
-    try:
-        kb = int(Path("/proc/meminfo").read_text().split()[1])
-        return round(kb / 1024 / 1024)
-    except (OSError, ValueError, IndexError):
-        return 0
+    return round(psutil.virtual_memory().total / 2**30)
 
 
 if __name__ == "__main__":
