@@ -239,6 +239,18 @@ def descendants(pid: int) -> set[int]:
         return set()
 
 
+def alive(pids: set[int]) -> set[int]:
+    """The pids still running (a zombie has exited)."""
+    left = set()
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                left.add(pid)
+        except psutil.Error:
+            continue
+    return left
+
+
 def _running(proc: psutil.Process) -> bool:
     """The process is still the one first seen (psutil checks its start time) and no zombie."""
     try:

@@ -47,7 +47,7 @@ import psutil
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from bertfuse.ray_cluster import descendants  # noqa: E402 (after the path)
+from bertfuse.ray_cluster import alive, descendants  # noqa: E402 (after the path)
 
 PHASES = ("load", "replica", "node", "sigterm")
 UP_S = 240
@@ -64,18 +64,6 @@ def cmdline(pid: int) -> str:
         return " ".join(psutil.Process(pid).cmdline())
     except psutil.Error:
         return ""
-
-
-def alive(pids: set[int]) -> set[int]:
-    """The pids still running (a zombie has exited)."""
-    left = set()
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                left.add(pid)
-        except psutil.Error:
-            continue
-    return left
 
 
 def reap(pids: set[int], grace_s: float = 15.0) -> None:

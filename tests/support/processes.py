@@ -9,6 +9,8 @@ import time
 
 import psutil
 
+from bertfuse.ray_cluster import alive
+
 
 def descendants(pid: int) -> set[int]:
     """Every live process under `pid` (zombies count as gone)."""
@@ -17,18 +19,6 @@ def descendants(pid: int) -> set[int]:
     except psutil.Error:
         return set()
     return alive({p.pid for p in kids})
-
-
-def alive(pids: set[int]) -> set[int]:
-    """The pids still running (a zombie has exited)."""
-    left = set()
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                left.add(pid)
-        except psutil.Error:
-            continue
-    return left
 
 
 def wait_gone(pids: set[int], timeout: float = 60.0) -> set[int]:
