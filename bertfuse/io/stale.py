@@ -52,7 +52,7 @@ _SCRATCH: contextvars.ContextVar[Path | None] = contextvars.ContextVar("bertfuse
 def _space() -> str:
     """This host and PID namespace, in 8 hex digits."""
     try:
-        ns = os.readlink("/proc/self/ns/pid")
+        ns = os.readlink("/proc/self/ns/pid")  # by hand: psutil has no namespaces
     except OSError:
         ns = ""
     return hashlib.sha256(f"{socket.gethostname()}\0{ns}".encode()).hexdigest()[:8]
