@@ -34,7 +34,7 @@ from bertfuse.serve.requests import decode, encode, encode_body
 from bertfuse.text import WordPiece
 from support.builders.onnx_graphs import bert
 from support.paths import ROOT
-from support.processes import descendants, wait_gone  # noqa: F401  (tests import them from here)
+from support.processes import descendants, wait_gone
 
 
 VOCAB, POSITIONS, MAX_BATCH = 300, 64, 16
