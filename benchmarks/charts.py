@@ -24,10 +24,10 @@ on go in the footnote.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import sys
 import textwrap
-import io
 from pathlib import Path
 
 FIELDS = {"p50_us": "p50 (us, lower is better)", "p99_us": "p99 (us, lower is better)",
@@ -45,6 +45,7 @@ FUSED_OPS = (("Attention", ("Attention",)), ("SkipLayerNorm", ("SkipLayerNormali
              ("GELU", ("BiasGelu", "Gelu", "FastGelu")),
              ("EmbedLayerNorm", ("EmbedLayerNormalization",)))
 TOOL_COLOURS = {"bertfuse": BERTFUSE_COLOUR, "ORT bert_tf": OTHER_COLOUR, "ORT bert": "#cbd5e0"}
+NEW_TOOL_COLOUR = "#718096"  # a tool not named above
 
 
 def rows_by_workload(results: list[dict], field: str, variants: list[str] | None
@@ -168,8 +169,8 @@ def render_fusion(panels: dict[str, Counts], title: str, missing: list[str]) -> 
                 if tool not in counts:
                     continue
                 values = [counts[tool][label] for label in labels]
-                bars = ax.barh([k - 0.4 + step * (i + 0.5) for k in range(len(labels))], values,
-                               height=step * 0.9, color=TOOL_COLOURS.get(tool, "#718096"),
+                bars = ax.barh([row - 0.4 + step * (i + 0.5) for row in range(len(labels))], values,
+                               height=step * 0.9, color=TOOL_COLOURS.get(tool, NEW_TOOL_COLOUR),
                                label=tool)
                 _name_bars(bars, f"bar-{k}-{i}")
                 ax.bar_label(bars, fontsize=7, padding=2)
@@ -177,8 +178,7 @@ def render_fusion(panels: dict[str, Counts], title: str, missing: list[str]) -> 
             ax.set_xlim(0, top * 1.08)
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # counts
             ax.set_xlabel("fused ops in the model")
-        handles = [Patch(color=TOOL_COLOURS.get(t, "#718096"), label=t)
-                   for t in tools]
+        handles = [Patch(color=TOOL_COLOURS.get(t, NEW_TOOL_COLOUR), label=t) for t in tools]
         fig.legend(handles=handles, loc="outside right upper", frameon=False)
         return _svg(fig, "failed in this run", missing)
 
