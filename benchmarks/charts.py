@@ -1,6 +1,7 @@
 """Charts for docs/, rendered from `bertfuse bench`'s gpu_bench.json files and from the breadth
-benchmark's JSON, drawn by matplotlib (its SVG backend: no display, no Agg) into SVG files that
-are the same bytes on every run of the same input (a fixed svg.hashsalt, no date).
+benchmark's JSON, drawn by matplotlib (a Figure saved by its SVG backend: no pyplot, no
+display) into SVG files that are the same bytes on every run of the same input (a fixed
+svg.hashsalt, no date).
 
     python3 benchmarks/charts.py docs/runs/gpu_bench_2026-11-29_main.json -o docs/charts/latency_tf_path.svg \
         --title "TF BERT on ONNX Runtime, H200, 2026-11-29" --variants "ORT raw fp16" ...
