@@ -1,39 +1,52 @@
 """Charts for docs/, rendered from `bertfuse bench`'s gpu_bench.json files and from the breadth
-benchmark's JSON (no plotting package: plain SVG, so the docs build needs nothing).
+benchmark's JSON, drawn by matplotlib (a Figure saved by its SVG backend: no pyplot, no
+display) into SVG files that are the same bytes on every run of the same input (a fixed
+svg.hashsalt, no date).
 
-    python3 benchmarks/charts.py docs/runs/gpu_bench_2026-11-29_main.json -o docs/charts/latency_peers.svg \
-        --title "p50 per request, H200, 2026-11-29"
+    python3 benchmarks/charts.py docs/runs/gpu_bench_2026-11-29_main.json -o docs/charts/latency_tf_path.svg \
+        --title "TF BERT on ONNX Runtime, H200, 2026-11-29" --variants "ORT raw fp16" ...
     python3 benchmarks/charts.py RUN.json -o OUT.svg --field seq_per_s --variants "ORT bert_tf fp16 + CUDA graph" ...
     python3 benchmarks/charts.py breadth.json --fusion -o docs/charts/fusion_counts.svg
 
+(benchmarks/README.md lists the commands that drew each chart in docs/charts/.)
+
 One panel per workload, one horizontal bar per variant (every row of the run with a number in
-`--field`, or those named by --variants, in that order), the value printed at the bar's end.
-Rows the run could not time are left out and listed in the chart's footnote.
+`--field`, or those named by --variants, in that order), the value printed at the bar's end;
+bertfuse's rows in blue, the others in grey, each panel on its own scale. Rows the run could not
+time are left out and listed in the chart's footnote.
 
 --fusion reads benchmarks/convert/breadth.py's JSON instead: one panel per source model, and
 per fused op (Attention, SkipLayerNorm, GELU, EmbedLayerNorm) a bar for bertfuse (its fp32
 convert) and one for each ONNX Runtime transformer-optimizer model type the run tried, all on
-one scale, so that a 0 reads as a 0 beside a 4. Sources a tool failed on go in the footnote.
+one scale, so that a 0 reads as a 0 beside a 4, with a legend of the tools. Sources a tool failed
+on go in the footnote.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import sys
-from html import escape
+import textwrap
 from pathlib import Path
 
 FIELDS = {"p50_us": "p50 (us, lower is better)", "p99_us": "p99 (us, lower is better)",
           "seq_per_s": "sequences/s (higher is better)", "gpu_us": "GPU time (us, lower is better)"}
-BAR_H, GAP, LABEL_W, BAR_W, PAD = 18, 6, 430, 360, 12
+OTHER_COLOUR, BERTFUSE_COLOUR = "#a0aec0", "#2b6cb0"
+WIDTH_IN, ROW_IN, PANEL_IN, HEAD_IN = 11.0, 0.3, 0.75, 0.8  # figure size, inches
+# Same bytes on every run: clip-path ids hash this salt instead of a random one; text stays
+# text (searchable, and what the tests read); a '$' in a name is not mathtext.
+RC = {"svg.hashsalt": "bertfuse-charts", "svg.fonttype": "none", "text.parse_math": False,
+      "font.size": 9}
+METADATA = {"Date": None}  # no timestamp in the file
 # The fusion chart's ops: (label, the contrib ops counted under it). GELU: erf (BiasGelu, Gelu)
 # or tanh (FastGelu).
 FUSED_OPS = (("Attention", ("Attention",)), ("SkipLayerNorm", ("SkipLayerNormalization",)),
              ("GELU", ("BiasGelu", "Gelu", "FastGelu")),
              ("EmbedLayerNorm", ("EmbedLayerNormalization",)))
-TOOL_COLOURS = {"bertfuse": "#2b6cb0", "ORT bert_tf": "#a0aec0", "ORT bert": "#cbd5e0"}
-FUSION_BAR_H = 11
+TOOL_COLOURS = {"bertfuse": BERTFUSE_COLOUR, "ORT bert_tf": OTHER_COLOUR, "ORT bert": "#cbd5e0"}
+NEW_TOOL_COLOUR = "#718096"  # a tool not named above
 
 
 def rows_by_workload(results: list[dict], field: str, variants: list[str] | None
@@ -55,44 +68,62 @@ def rows_by_workload(results: list[dict], field: str, variants: list[str] | None
     return panels, missing
 
 
-def _head(width: int, height: int, heading: str) -> list[str]:
-    """An SVG's opening: its size, a white ground and the bold heading."""
-    return [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-            f'font-family="sans-serif" font-size="12">',
-            f'<rect width="{width}" height="{height}" fill="white"/>',
-            f'<text x="{PAD}" y="{PAD + 14}" font-size="14" font-weight="bold">'
-            f'{escape(heading)}</text>']
+def _figure(heights: list[float], title: str):
+    """A matplotlib Figure (no pyplot: no display, no global state) with one panel per entry
+    of `heights` (their rows), stacked, laid out by matplotlib's constrained layout."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(WIDTH_IN, HEAD_IN + sum(PANEL_IN + ROW_IN * h for h in heights)),
+                 layout="constrained")
+    axes = fig.subplots(len(heights), 1, squeeze=False,
+                        gridspec_kw={"height_ratios": [PANEL_IN / ROW_IN + h for h in heights]})
+    fig.suptitle(title, fontweight="bold", fontsize=11, x=0.01, ha="left")
+    return fig, [row[0] for row in axes]
 
 
-def _tail(out: list[str], y: float, what: str, missing: list[str]) -> str:
-    """The SVG's end: a footnote naming what is left out, if anything, and the close."""
-    if missing:
-        out.append(f'<text x="{PAD}" y="{y + 12}" font-size="10">{what}: '
-                   f'{escape("; ".join(missing))[:300]}</text>')
-    return "\n".join(out + ["</svg>"]) + "\n"
+def _svg(fig, note: str, missing: list[str]) -> str:
+    """The figure as SVG text, with a footnote naming what is left out, if anything."""
+    if missing:  # under the panels, where the layout leaves room for it
+        fig.supxlabel(textwrap.fill(f"{note}: {'; '.join(missing)}"[:300], 160), fontsize=7,
+                      x=0.01, ha="left")
+    out = io.StringIO()
+    fig.savefig(out, format="svg", metadata=METADATA)
+    return out.getvalue()
+
+
+def _name_bars(bars, prefix: str) -> None:
+    """Each bar's SVG id: PREFIX-ROW (PREFIX names its panel, and for --fusion its tool)."""
+    for row, bar in enumerate(bars):
+        bar.set_gid(f"{prefix}-{row}")
+
+
+def _panel(ax, heading: str, labels: list[str]) -> None:
+    """A panel's heading and its category labels, top to bottom."""
+    ax.set_title(heading, loc="left", fontweight="bold", fontsize=10)
+    ax.set_yticks(range(len(labels)), labels)
+    ax.invert_yaxis()  # the first row at the top
+    ax.spines[["top", "right"]].set_visible(False)
 
 
 def render(panels: dict[str, list[tuple[str, float]]], field: str, title: str,
            missing: list[str]) -> str:
-    height = PAD * 2 + 28 + sum(24 + len(rows) * (BAR_H + GAP) + GAP for rows in panels.values()) \
-        + (16 if missing else 0)
-    width = LABEL_W + BAR_W + 90
-    out = _head(width, height, f"{title} — {FIELDS.get(field, field)}")
-    y = PAD + 28
-    for workload, rows in panels.items():
-        out.append(f'<text x="{PAD}" y="{y + 16}" font-weight="bold">{escape(workload)}</text>')
-        y += 24
-        top = max(v for _, v in rows) or 1.0
-        for variant, value in rows:
-            w = max(1.0, BAR_W * value / top)
-            colour = "#2b6cb0" if variant.startswith("bertfuse") else "#a0aec0"
-            out.append(f'<text x="{LABEL_W - 6}" y="{y + BAR_H - 5}" text-anchor="end">'
-                       f'{escape(variant)}</text>')
-            out.append(f'<rect x="{LABEL_W}" y="{y}" width="{w:.1f}" height="{BAR_H}" fill="{colour}"/>')
-            out.append(f'<text x="{LABEL_W + w + 4:.1f}" y="{y + BAR_H - 5}">{value:,.1f}</text>')
-            y += BAR_H + GAP
-        y += GAP
-    return _tail(out, y, "not timed in this run", missing)
+    """The latency/throughput chart's SVG: per workload a panel of bars on its own scale."""
+    import matplotlib
+
+    with matplotlib.rc_context(RC):
+        fig, axes = _figure([len(rows) for rows in panels.values()],
+                            f"{title} — {FIELDS.get(field, field)}")
+        for k, (ax, (workload, rows)) in enumerate(zip(axes, panels.items())):
+            values = [v for _, v in rows]
+            colours = [BERTFUSE_COLOUR if variant.startswith("bertfuse") else OTHER_COLOUR
+                       for variant, _ in rows]
+            bars = ax.barh(range(len(rows)), values, height=0.75, color=colours)
+            _name_bars(bars, f"bar-{k}")
+            ax.bar_label(bars, labels=[f"{v:,.1f}" for v in values], padding=3)
+            _panel(ax, workload, [variant for variant, _ in rows])
+            ax.set_xlim(0, (max(values) or 1.0) * 1.12)  # room for the value at the longest
+            ax.set_xlabel(FIELDS.get(field, field))
+        return _svg(fig, "not timed in this run", missing)
 
 
 Counts = dict[str, dict[str, int]]  # {tool: {op label: count}}
@@ -122,40 +153,35 @@ def fusion_counts(rows: list[dict]) -> tuple[dict[str, Counts], list[str]]:
 
 def render_fusion(panels: dict[str, Counts], title: str, missing: list[str]) -> str:
     """The fusion chart's SVG: per model, per op, one bar per tool on a common scale."""
+    import matplotlib
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import MaxNLocator
+
     tools = list(dict.fromkeys(t for counts in panels.values() for t in counts))
     top = max((v for counts in panels.values() for ops in counts.values()
                for v in ops.values()), default=0) or 1
-    group = len(tools) * (FUSION_BAR_H + 2) + GAP
-    height = PAD * 2 + 28 + 20 + len(panels) * (24 + len(FUSED_OPS) * group + GAP) \
-        + (16 if missing else 0)
-    width = LABEL_W + BAR_W + 90
-    out = _head(width, height, f"{title} — fused ops per model (higher is better)")
-    x = PAD
-    for tool in tools:  # the legend
-        out.append(f'<rect x="{x}" y="{PAD + 24}" width="12" height="12" '
-                   f'fill="{TOOL_COLOURS.get(tool, "#718096")}"/>')
-        out.append(f'<text x="{x + 16}" y="{PAD + 34}">{escape(tool)}</text>')
-        x += 16 + 8 * len(tool) + 20
-    y = PAD + 48
-    for model, counts in panels.items():
-        out.append(f'<text x="{PAD}" y="{y + 16}" font-weight="bold">{escape(model)}</text>')
-        y += 24
-        for label, _ in FUSED_OPS:
-            out.append(f'<text x="{LABEL_W - 6}" y="{y + FUSION_BAR_H + 3}" '
-                       f'text-anchor="end">{escape(label)}</text>')
-            for tool in tools:
-                if tool in counts:
-                    value = counts[tool][label]
-                    w = BAR_W * value / top
-                    out.append(f'<rect x="{LABEL_W}" y="{y}" width="{w:.1f}" '
-                               f'height="{FUSION_BAR_H}" fill="{TOOL_COLOURS.get(tool, "#718096")}">'
-                               f'<title>{escape(f"{model}: {tool}, {label}")}</title></rect>')
-                    out.append(f'<text x="{LABEL_W + w + 4:.1f}" y="{y + FUSION_BAR_H - 1}" '
-                               f'font-size="10">{value}</text>')
-                y += FUSION_BAR_H + 2
-            y += GAP
-        y += GAP
-    return _tail(out, y, "failed in this run", missing)
+    labels = [label for label, _ in FUSED_OPS]
+    step = 0.8 / len(tools)  # the bars of one op share 0.8 of its row
+    with matplotlib.rc_context(RC):
+        fig, axes = _figure([len(FUSED_OPS) * len(tools) / 2] * len(panels),
+                            f"{title} — fused ops per model (higher is better)")
+        for k, (ax, (model, counts)) in enumerate(zip(axes, panels.items())):
+            for i, tool in enumerate(tools):
+                if tool not in counts:
+                    continue
+                values = [counts[tool][label] for label in labels]
+                bars = ax.barh([row - 0.4 + step * (i + 0.5) for row in range(len(labels))], values,
+                               height=step * 0.9, color=TOOL_COLOURS.get(tool, NEW_TOOL_COLOUR),
+                               label=tool)
+                _name_bars(bars, f"bar-{k}-{i}")
+                ax.bar_label(bars, fontsize=7, padding=2)
+            _panel(ax, model, labels)
+            ax.set_xlim(0, top * 1.08)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # counts
+            ax.set_xlabel("fused ops in the model")
+        handles = [Patch(color=TOOL_COLOURS.get(t, NEW_TOOL_COLOUR), label=t) for t in tools]
+        fig.legend(handles=handles, loc="outside right upper", frameon=False)
+        return _svg(fig, "failed in this run", missing)
 
 
 def _fusion_main(args: argparse.Namespace) -> int:
@@ -187,6 +213,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fusion", action="store_true",
                     help="the fusion-count chart of benchmarks/convert/breadth.py's JSON")
     args = ap.parse_args(argv)
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        print("charts: needs matplotlib (pip install matplotlib; it is in bertfuse's `test` "
+              "extra)", file=sys.stderr)
+        return 2
     if args.fusion:
         return _fusion_main(args)
     try:

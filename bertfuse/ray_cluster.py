@@ -24,6 +24,8 @@ import threading
 from contextlib import contextmanager
 from typing import Iterator
 
+import psutil
+
 from bertfuse.errors import BertfuseError
 
 LOOPBACK = "127.0.0.1"
@@ -212,7 +214,15 @@ _watchdog: Watchdog | None = None
 
 
 def process_start(pid: int) -> str | None:
-    """pid's start time (a reused pid does not match), or None when it is gone or a zombie."""
+    """pid's start time in clock ticks after boot (a reused pid does not match), or None when
+    it is gone or a zombie.
+
+    Read from /proc/PID/stat by hand, not psutil: this value is written down (temporaries'
+    names, io/stale.py; serve's owner file, serve/ingress.py) and compared by another process
+    later, and psutil's public Process.create_time() adds to these ticks a boot time it reads
+    afresh from the wall clock on every call (psutil 7.2; giampaolo/psutil#2541): a clock step
+    between the two reads would make a live run look gone, its temporaries swept and its
+    HAProxy stopped. psutil keeps the ticks themselves private."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
@@ -222,22 +232,31 @@ def process_start(pid: int) -> str | None:
 
 
 def descendants(pid: int) -> set[int]:
-    """Every process below `pid` (zombies included), from /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in filter(str.isdigit, os.listdir("/proc")):
+    """Every process below `pid` (zombies included; psutil's walk of the process tree)."""
+    try:
+        return {p.pid for p in psutil.Process(pid).children(recursive=True)}
+    except psutil.Error:
+        return set()
+
+
+def alive(pids: set[int]) -> set[int]:
+    """The pids still running (a zombie has exited)."""
+    left = set()
+    for pid in pids:
         try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                left.add(pid)
+        except psutil.Error:
             continue
-        children.setdefault(ppid, []).append(int(entry))
-    out, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in out:
-                out.add(child)
-                todo.append(child)
-    return out
+    return left
+
+
+def _running(proc: psutil.Process) -> bool:
+    """The process is still the one first seen (psutil checks its start time) and no zombie."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def _watch(owner: int, leftovers: list[str]) -> None:
@@ -253,19 +272,24 @@ def _watch(owner: int, leftovers: list[str]) -> None:
             if os.read(0, 16).startswith(b"ok"):
                 return
             break  # the pipe ended: the owner is gone
-        for pid in descendants(owner) - {me}:
-            known.setdefault(pid, process_start(pid))
-    for sig, wait in ((signal.SIGTERM, KILL_AFTER_S), (signal.SIGKILL, 0)):
-        live = [p for p, ident in known.items() if ident and process_start(p) == ident]
-        for pid in live:
+        for pid in descendants(owner) - {me} - known.keys():
             try:
-                os.kill(pid, sig)
-            except OSError:
+                proc = psutil.Process(pid)
+            except psutil.Error:
+                continue
+            if _running(proc):
+                known[pid] = proc
+    for sig, wait in ((signal.SIGTERM, KILL_AFTER_S), (signal.SIGKILL, 0)):
+        live = [p for p in known.values() if _running(p)]
+        for proc in live:
+            try:
+                proc.send_signal(sig)  # refused where the pid now names another process
+            except psutil.Error:
                 pass
         deadline = time.monotonic() + wait
         while live and time.monotonic() < deadline:
             time.sleep(0.1)
-            live = [p for p in live if process_start(p) == known[p]]
+            live = [p for p in live if _running(p)]
     for folder in leftovers:
         shutil.rmtree(folder, ignore_errors=True)
 

@@ -31,7 +31,7 @@ where meta.json names one), in a temporary directory:
 Garden ``BertEncoder`` at BERT-base size as a TF-Hub-style SavedModel in DIR unless DIR
 already holds one, then times ``bertfuse convert DIR``: wall clock, GNU time's maximum
 resident set size (``/usr/bin/time -v``: the largest single process), and the summed RSS of
-the whole process tree sampled from /proc every 0.2 s.
+the whole process tree sampled (psutil) every 0.2 s.
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "thirdparty"
@@ -100,24 +101,18 @@ def run_convert(src: str, out: str, extra: list[str], timed: bool = False) -> tu
 
 
 def _tree_rss_kb(root: int) -> int:
-    """Summed VmRSS of ``root`` and all its descendants, from /proc (one sample)."""
-    parent, rss = {}, {}
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
+    """Summed RSS of ``root`` and all its descendants, in kB (psutil; one sample)."""
+    try:
+        procs = [psutil.Process(root), *psutil.Process(root).children(recursive=True)]
+    except psutil.Error:  # gone meanwhile
+        return 0
+    total = 0
+    for proc in procs:
         try:
-            with open(f"/proc/{d}/status") as f:
-                st = dict(ln.split(":", 1) for ln in f if ":" in ln)
-        except OSError:  # gone meanwhile
+            total += proc.memory_info().rss
+        except psutil.Error:
             continue
-        parent[int(d)] = int(st["PPid"])
-        rss[int(d)] = int(st.get("VmRSS", "0 kB").split()[0])
-    tree, grew = {root}, True
-    while grew:
-        new = {p for p, pp in parent.items() if pp in tree} - tree
-        tree |= new
-        grew = bool(new)
-    return sum(rss.get(p, 0) for p in tree)
+    return total // 1024
 
 
 def summarize_report(report: dict) -> dict:

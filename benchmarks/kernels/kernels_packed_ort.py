@@ -42,7 +42,7 @@ def build_models(args, rng):
     from bertfuse.passes.bertfuse_kernels import BertfuseKernels
     from bertfuse.passes.cleanup import Cleanup
     from bertfuse.passes.manager import run_passes
-from bertfuse.passes.plans import fusion_plan
+    from bertfuse.passes.plans import fusion_plan
     from bertfuse.passes.packing_kernels import PackingKernelsPass
 
     raw = bert(rng, layers=args.layers, hidden=args.hidden, heads=args.hidden // 64, inter=4 * args.hidden,

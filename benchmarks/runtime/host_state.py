@@ -26,6 +26,7 @@ import time
 from typing import Callable
 
 import numpy as np
+import psutil
 from gpu_setup import parse_args, start_ort
 
 CONFIG, BATCH, SEQ = "shenma-3l", 20, 64
@@ -39,11 +40,10 @@ def machine() -> dict:
                                      if n.startswith("node"))
         facts["topo"] = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True,
                                        text=True).stdout
-        with open("/proc/cpuinfo") as fh:
+        with open("/proc/cpuinfo") as fh:  # by hand: psutil has no CPU model name
             info = fh.readlines()
         facts["model"] = next(line for line in info if line.startswith("model name")).strip()
-        facts["mhz"] = sorted({line.split(":")[1].strip() for line in info
-                               if line.startswith("cpu MHz")})[:6]
+        facts["mhz"] = sorted({f"{f.current:.3f}" for f in psutil.cpu_freq(percpu=True)})[:6]
     except (OSError, StopIteration) as exc:
         facts["error"] = repr(exc)
     return facts

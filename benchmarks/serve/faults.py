@@ -42,11 +42,12 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from bertfuse.ray_cluster import descendants  # noqa: E402 (after the path)
+from bertfuse.ray_cluster import alive, descendants  # noqa: E402 (after the path)
 
 PHASES = ("load", "replica", "node", "sigterm")
 UP_S = 240
@@ -60,14 +61,9 @@ def free_port() -> int:
 
 def cmdline(pid: int) -> str:
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
+        return " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:
         return ""
-
-
-def alive(pids: set[int]) -> set[int]:
-    return {p for p in pids if Path(f"/proc/{p}").exists() and
-            Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[-1].split()[:1] != ["Z"]}
 
 
 def reap(pids: set[int], grace_s: float = 15.0) -> None:
@@ -267,7 +263,7 @@ class TwoNodes:
 
     def worker_raylet(self) -> int:
         return next(p for p in descendants(self.procs["worker"].pid)
-                    if Path(f"/proc/{p}/comm").read_text().strip() == "raylet")
+                    if psutil.Process(p).name() == "raylet")
 
     def stop(self) -> None:
         seen = set()
@@ -380,6 +376,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _cpu_name() -> str:
+    # /proc/cpuinfo by hand: psutil has no CPU model name
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -390,11 +387,7 @@ def _cpu_name() -> str:
 
 
 def _mem_gb() -> int:
-    try:
-        kb = int(Path("/proc/meminfo").read_text().split()[1])
-        return round(kb / 1024 / 1024)
-    except (OSError, ValueError, IndexError):
-        return 0
+    return round(psutil.virtual_memory().total / 2**30)
 
 
 if __name__ == "__main__":

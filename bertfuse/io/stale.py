@@ -16,7 +16,9 @@ of the folder that
 Nothing else is touched: a file that only looks similar (no tag, another SPACE, a live PID) stays,
 and so do temporaries of bertfuse releases before this naming (`.NAME.XXXX.tmp`, which a user's
 file may look like). Where /proc cannot tell (not Linux) nothing is swept. The start time is
-read by ray_cluster.process_start, as serve's stale-HAProxy check does (no psutil dependency).
+read by ray_cluster.process_start, as serve's stale-HAProxy check does: the clock ticks from
+/proc/PID/stat, not psutil's create_time(), which follows the wall clock (the reason is
+there). The PID namespace is /proc/self/ns/pid's link, read by hand: psutil has no call for it.
 
 `scratch_beside(out)` makes a run's scratch copies (the model saved for the checker and ONNX
 Runtime) go into the output's folder instead of the system temp folder: nothing is written
@@ -50,7 +52,7 @@ _SCRATCH: contextvars.ContextVar[Path | None] = contextvars.ContextVar("bertfuse
 def _space() -> str:
     """This host and PID namespace, in 8 hex digits."""
     try:
-        ns = os.readlink("/proc/self/ns/pid")
+        ns = os.readlink("/proc/self/ns/pid")  # by hand: psutil has no namespaces
     except OSError:
         ns = ""
     return hashlib.sha256(f"{socket.gethostname()}\0{ns}".encode()).hexdigest()[:8]

@@ -26,6 +26,8 @@ import tempfile
 from contextlib import contextmanager
 from typing import Any, Iterator
 
+import psutil
+
 from bertfuse.ray_cluster import process_start
 from bertfuse.serve.haproxy_conf import CLIENT_TIMEOUT_S, wrapper
 from bertfuse.serve.http_limits import env as limits_env
@@ -232,24 +234,20 @@ def clear_stale() -> list[int]:
 
 
 def haproxy_pids(folder: str) -> list[int]:
-    """HAProxy processes started with a config in `folder` (from /proc)."""
+    """HAProxy processes started with a config in `folder` (psutil's process table)."""
     found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-        except OSError:
-            continue
-        if argv and os.path.basename(argv[0]) == b"haproxy" and \
-                any(a.startswith(folder.encode() + b"/") for a in argv):
-            found.append(int(pid))
+    for proc in psutil.process_iter(["cmdline"]):
+        argv = proc.info["cmdline"] or []  # None: another user's, unreadable
+        if argv and os.path.basename(argv[0]) == "haproxy" and \
+                any(a.startswith(folder + "/") for a in argv):
+            found.append(proc.pid)
     return found
 
 
 def replica_urls(app: str, url_host: str) -> list[str]:
     """Each direct-ingress replica of application `app`: http://HOST:PORT/ (sorted). The port
     is the replica process's listening socket in Serve's direct-ingress range, read from
-    /proc: replicas on this machine only (a local Ray)."""
+    the process's sockets: replicas on this machine only (a local Ray)."""
     import ray
 
     from ray.serve._private.constants import SERVE_NAMESPACE
@@ -268,44 +266,20 @@ def replica_urls(app: str, url_host: str) -> list[str]:
     return sorted(urls)
 
 
-def socket_inodes(pid: int) -> set[str]:
-    """Inodes of the sockets process `pid` holds (/proc/PID/fd); empty if unreadable."""
-    inodes = set()
+def listening_ports(pid: int) -> set[int]:
+    """The TCP ports, IPv4 and IPv6, that process `pid` listens on (psutil); empty if it
+    cannot be read (gone, another user's)."""
     try:
-        fds = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return inodes
-    for fd in fds:
-        try:
-            link = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if link.startswith("socket:["):
-            inodes.add(link[8:-1])
-    return inodes
-
-
-def tcp_listeners() -> dict[str, int]:
-    """{socket inode: port} of every listening TCP socket, IPv4 and IPv6 (/proc/net/tcp*)."""
-    found = {}
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as f:
-                next(f, None)
-                for line in f:
-                    cols = line.split()
-                    if cols[3] == "0A":
-                        found[cols[9]] = int(cols[1].rsplit(":", 1)[1], 16)
-        except OSError:
-            continue
-    return found
+        conns = psutil.Process(pid).net_connections(kind="tcp")
+    except psutil.Error:
+        return set()
+    return {c.laddr.port for c in conns if c.status == psutil.CONN_LISTEN}
 
 
 def listening_port(pid: int, lo: int, hi: int) -> int:
-    """The TCP port in lo..hi that process `pid` listens on (from /proc: no psutil)."""
-    mine = socket_inodes(pid)
-    for inode, port in tcp_listeners().items():
-        if inode in mine and lo <= port <= hi:
+    """The TCP port in lo..hi that process `pid` listens on."""
+    for port in sorted(listening_ports(pid)):
+        if lo <= port <= hi:
             return port
     raise RuntimeError(f"the replica (pid {pid}) listens on no port in {lo}-{hi}")
 

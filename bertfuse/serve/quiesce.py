@@ -31,6 +31,8 @@ import socket
 import struct
 import time
 
+import psutil
+
 SO_ATTACH_FILTER = 26  # <asm-generic/socket.h>
 MAX_SEND_FD = 253      # HAProxy's _getsocks sends descriptors in batches of this many
 ADMIN_SOCKET = "admin.sock"  # ingress.ingress_env's RAY_SERVE_HAPROXY_SOCKET_PATH
@@ -123,16 +125,10 @@ def _accept_queue(s: socket.socket) -> int:
 
 
 def _handshaking(ports: set[int]) -> int:
-    """Connections in SYN_RECV on `ports` (/proc/net/tcp*: state 03): their ACK still lands in
-    the accept queue."""
-    n = 0
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as f:
-                next(f, None)
-                for line in f:
-                    cols = line.split(None, 4)
-                    n += cols[3] == "03" and int(cols[1].rsplit(":", 1)[1], 16) in ports
-        except OSError:
-            continue
-    return n
+    """Connections in SYN_RECV on `ports` (psutil's table of the host's TCP sockets): their
+    ACK still lands in the accept queue. 0 where the table cannot be read."""
+    try:
+        conns = psutil.net_connections(kind="tcp")
+    except (psutil.Error, OSError):
+        return 0
+    return sum(c.status == psutil.CONN_SYN_RECV and c.laddr.port in ports for c in conns)

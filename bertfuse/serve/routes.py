@@ -8,12 +8,11 @@ answered 200 does not tell the two apart (the old one answers through Serve's pr
 client that reached the old one in that window went to Serve's proxy, not to a replica (once,
 such requests were never answered until shutdown). So:
 
-    the port's listening socket (/proc/net/tcp*)
-      ─► the HAProxy processes holding it (/proc/PID/fd; each started with `-f CONFIG`)
+    the HAProxy processes listening on the port (psutil; each started with `-f CONFIG`)
       ─► each CONFIG lists a server that is not a `backup`      (holders, fallback_only)
     GET URL/readyz through the port ─► 200                        (wait_routed)
 
-Where the processes cannot be read (no /proc, another user), readyz alone decides, as before.
+Where the processes cannot be read (another user's), readyz alone decides, as before.
 """
 
 from __future__ import annotations
@@ -22,21 +21,21 @@ import time
 import urllib.error
 import urllib.request
 
-from bertfuse.serve.ingress import haproxy_pids, socket_inodes, tcp_listeners
+import psutil
+
+from bertfuse.serve.ingress import haproxy_pids, listening_ports
 
 
 def holders(folder: str, port: int) -> dict[int, str]:
     """{pid: its -f config path} of the HAProxy processes under `folder` that hold a socket
     listening on `port`, i.e. that can accept its next connection."""
-    inodes = {i for i, p in tcp_listeners().items() if p == port}
     found = {}
     for pid in haproxy_pids(folder):
         try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                argv = [a.decode(errors="replace") for a in f.read().split(b"\0")]
-        except OSError:
+            argv = psutil.Process(pid).cmdline()
+        except psutil.Error:
             continue
-        if inodes & socket_inodes(pid) and "-f" in argv[:-1]:
+        if port in listening_ports(pid) and "-f" in argv[:-1]:
             found[pid] = argv[argv.index("-f") + 1]
     return found
 

@@ -20,7 +20,7 @@ pytest.importorskip("ray")  # Served.drain imports ray.serve
 
 from bertfuse.serve.api import Served  # noqa: E402
 from bertfuse.serve.config import ServeConfig  # noqa: E402
-from bertfuse.serve.ingress import haproxy_binary, quiet_port, socket_inodes  # noqa: E402
+from bertfuse.serve.ingress import haproxy_binary, listening_ports, quiet_port  # noqa: E402
 
 QUEUED = 8
 REQUEST = (b"POST /v1/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
@@ -50,19 +50,20 @@ frontend http_frontend
 """
 
 
-def _listener(port: int) -> tuple[int, str] | None:
-    """(connections waiting for accept(), socket inode) of the socket listening on `port`
-    (/proc/net/tcp: a listener's rx_queue is its accept queue), None once it is closed."""
+def _queued(port: int) -> int | None:
+    """Connections waiting for accept() on the socket listening on `port`, None once it is
+    closed. Read from /proc/net/tcp by hand (a listener's rx_queue is its accept queue):
+    psutil's connections carry no queue sizes."""
     for line in open("/proc/net/tcp").read().splitlines()[1:]:
         cols = line.split()
         if cols[3] == "0A" and int(cols[1].split(":")[1], 16) == port:
-            return int(cols[4].split(":")[1], 16), cols[9]
+            return int(cols[4].split(":")[1], 16)
     return None
 
 
-def _held_here(inode: str) -> bool:
-    """This process holds a descriptor of socket `inode` (the drain's copy)."""
-    return inode in socket_inodes(os.getpid())
+def _held_here(port: int) -> bool:
+    """This process holds a socket listening on `port` (the drain's copy of HAProxy's)."""
+    return port in listening_ports(os.getpid())
 
 
 @pytest.fixture
@@ -76,7 +77,7 @@ def haproxy(tmp_path):
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 10
-        while not (tmp_path / "admin.sock").exists() or _listener(port) is None:
+        while not (tmp_path / "admin.sock").exists() or _queued(port) is None:
             assert proc.poll() is None and time.monotonic() < deadline, "HAProxy did not start"
             time.sleep(0.02)
         yield proc, port, str(tmp_path)
@@ -99,14 +100,13 @@ def test_drain_answers_connections_haproxy_had_not_accepted(haproxy):
             c.sendall(REQUEST)
             clients.append(c)
         deadline = time.monotonic() + 5
-        while _listener(port)[0] != QUEUED and time.monotonic() < deadline:
+        while _queued(port) != QUEUED and time.monotonic() < deadline:
             time.sleep(0.01)
-        queued, inode = _listener(port)
-        assert queued == QUEUED
+        assert _queued(port) == QUEUED
         drain = threading.Thread(target=served.drain, args=(10.0,))
         drain.start()  # SIGTERM's drain begins with them queued
         deadline = time.monotonic() + 30  # until it holds the socket, or HAProxy closed it
-        while _listener(port) is not None and not _held_here(inode) \
+        while _queued(port) is not None and not _held_here(port) \
                 and time.monotonic() < deadline:
             time.sleep(0.005)
         time.sleep(0.1)

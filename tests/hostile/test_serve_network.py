@@ -36,7 +36,8 @@ from support.paths import ROOT
 
 pytest.importorskip("ray")
 
-from unit.serve.test_serve import descendants, free_port, port_closed, wait_gone  # noqa: E402
+from support.processes import descendants, listeners, process_name, wait_gone  # noqa: E402
+from unit.serve.test_serve import free_port, port_closed  # noqa: E402
 
 TOKEN = "hostile-test-token"
 START_S = 180
@@ -274,32 +275,6 @@ def test_a_body_that_stops_short_of_its_length_is_dropped(server):
     good(server.port)
 
 
-def _listeners(pids: set[int]) -> list[tuple[str, int, int]]:
-    """(address, port, pid) of every TCP socket in LISTEN that one of `pids` holds (psutil's
-    table of the host's sockets; the address as /proc/net/tcp writes it, hex, so that the
-    loopback checks below read one form for IPv4 and IPv6)."""
-    out = []
-    for conn in psutil.net_connections(kind="tcp"):
-        if conn.status == psutil.CONN_LISTEN and conn.pid in pids:
-            out.append((_hex_address(conn.laddr.ip), conn.laddr.port, conn.pid))
-    return out
-
-
-def _hex_address(ip: str) -> str:
-    """An address as the kernel's socket tables print it (each 32-bit word little-endian)."""
-    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
-    raw = socket.inet_pton(family, ip)
-    return "".join(raw[i:i + 4][::-1].hex().upper() for i in range(0, len(raw), 4))
-
-
-def _name(pid: int) -> str:
-    """The process's name as the kernel keeps it (15 characters); '?' once it is gone."""
-    try:
-        return psutil.Process(pid).name()[:15]
-    except psutil.Error:
-        return "?"
-
-
 def test_nothing_but_ray_rpc_listens_beyond_the_loopback(server):
     """The service's port on --host, and HAProxy's stats and Prometheus ports, Ray's metrics,
     dashboard-agent and runtime-env HTTP ports on the loopback. Ray's own gRPC servers (GCS,
@@ -307,12 +282,12 @@ def test_nothing_but_ray_rpc_listens_beyond_the_loopback(server):
     address: guarded by Ray's token authentication, and named in docs/serving.md."""
     loopback = {"0100007F", "00000000000000000000000001000000",
                 "0000000000000000FFFF00000100007F"}
-    ours = _listeners(descendants(server.proc.pid))
-    wide = [(addr, port, _name(pid)) for addr, port, pid in ours if addr not in loopback]
+    ours = listeners(descendants(server.proc.pid))
+    wide = [(addr, port, process_name(pid)) for addr, port, pid in ours if addr not in loopback]
     grpc = [w for w in wide if w[0] == "0" * 32 and
             (w[2] in ("gcs_server", "raylet") or w[2].startswith("ray::"))]
     assert sorted(set(wide) - set(grpc)) == [], wide
-    haproxy = [port for addr, port, pid in ours if _name(pid) == "haproxy"]
+    haproxy = [port for addr, port, pid in ours if process_name(pid) == "haproxy"]
     assert len(haproxy) >= 3 and server.port in haproxy  # the service, stats, Prometheus
 
 
@@ -394,7 +369,7 @@ def test_kill_9_leaves_nothing_and_the_port_serves_again(model):
         first.proc.kill()
         first.proc.wait()
         left = wait_gone(first.started, 30)
-        assert not left, sorted((p, _name(p)) for p in left)
+        assert not left, sorted((p, process_name(p)) for p in left)
         assert port_closed(port)
         assert not [f for f in folders if os.path.exists(f) and not _owned_by_another(f)]
     finally:

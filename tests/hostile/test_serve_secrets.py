@@ -23,9 +23,9 @@ from bertfuse.runtime.requests import ConfigError
 
 pytest.importorskip("ray")
 
-from hostile.test_serve_network import (Server, _listeners, _name,  # noqa: E402,F401
-                                        model)
-from unit.serve.test_serve import descendants, free_port  # noqa: E402
+from hostile.test_serve_network import Server, model  # noqa: E402,F401
+from support.processes import descendants, listeners, process_name  # noqa: E402
+from unit.serve.test_serve import free_port  # noqa: E402
 
 TOKEN = f"env-token-{secrets.token_hex(12)}"
 
@@ -80,7 +80,7 @@ def test_the_token_is_in_no_environment_of_the_processes_serve_starts(server):
     is left out: its environ is the one it was started with (os.environ changes do not show
     there)."""
     children = descendants(server.proc.pid)
-    names = {pid: _name(pid) for pid in children}
+    names = {pid: process_name(pid) for pid in children}
     assert {"gcs_server", "raylet", "haproxy"} <= set(names.values()), names
     assert any(n.startswith("ray::") for n in names.values()), names
     value = TOKEN.encode()
@@ -116,7 +116,8 @@ def test_no_port_of_the_service_gives_the_route_table_without_the_token(server):
     ask = b"GET /-/routes HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
     # names taken before asking: a process may be gone by the time its answer is read
     # (HAProxy's old worker after a reload answered, then exited: it showed as '?')
-    ports = [(port, _name(pid)) for _, port, pid in _listeners(descendants(server.proc.pid))]
+    ports = [(port, process_name(pid))
+             for _, port, pid in listeners(descendants(server.proc.pid))]
     for port, name in ports:
         got = b""
         # 3 s for the many gRPC ports that never answer HTTP; Serve's own HTTP ports get a

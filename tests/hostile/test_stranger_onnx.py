@@ -23,6 +23,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from bertfuse.cli import main
 from bertfuse.io.onnx_in import LIMITS
+from support import peak_rss
 
 TABLE = np.arange(64, dtype=np.float32).reshape(16, 4)
 ROLES = ("input_ids", "input_mask", "segment_ids")
@@ -235,14 +236,6 @@ def test_a_100k_node_chain_is_refused_at_once(models, tmp_path):
     assert not (tmp_path / "o.onnx").exists()
 
 
-# The child's own peak (VmHWM of its address space, in kB). Not getrusage's ru_maxrss: Linux
-# keeps the peak of the process image that exec replaced, which under subprocess's vfork is
-# pytest's own (2.7 GB measured in the full suite for a child that used a few hundred MB).
-_RSS = ("import re, sys\nfrom bertfuse.cli import main\nrc = main(sys.argv[1:])\n"
-        "hwm = re.search(r'VmHWM:\\s*(\\d+)', open('/proc/self/status').read()).group(1)\n"
-        "print('maxrss', hwm)\nsys.exit(rc)")
-
-
 _ABSURD = {
     "absurd": f"initializer 'w' declares 1099511627776 elements, past bertfuse's limit of "
               f"{LIMITS['tensor elements']}",
@@ -255,11 +248,11 @@ _ABSURD = {
 def test_an_absurd_declared_size_is_refused_in_bounded_memory(models, tmp_path, command, case):
     """2^40 elements declared in a file of a few hundred bytes: refused from the proto."""
     argv = [str(a) for a in _argv(command, models[case], tmp_path)]
-    env = {**os.environ, "TMPDIR": str(tmp_path)}
-    proc = subprocess.run([sys.executable, "-c", _RSS, *argv], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)
+    env = {**os.environ, "TMPDIR": str(tmp_path), peak_rss.ENV: str(tmp_path / ".peak")}
+    proc = subprocess.run([sys.executable, *peak_rss.wrapped(["-m", "bertfuse", *argv])],
+                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     line = _one_line(proc)
     assert _ABSURD[case] in line, line
-    rss_kb = int(proc.stdout.split("maxrss")[-1])
-    assert rss_kb < 1_000_000, rss_kb  # the import alone is a few hundred MB
+    rss_kb = peak_rss.peak_kb(tmp_path / ".peak")  # the child's own (support/peak_rss.py)
+    assert rss_kb is not None and rss_kb < 1_000_000, rss_kb  # the import: a few hundred MB
     assert not (tmp_path / "repo").exists() and not (tmp_path / "o.onnx").exists()

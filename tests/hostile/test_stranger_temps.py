@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from bertfuse.ray_cluster import process_start
 from support.hostile_workspace import ORT_TMP_FILES
 from support.paths import ROOT
 
@@ -61,11 +62,6 @@ def _ours(tmpdir: Path) -> list[Path]:
     return [p for p in tmpdir.iterdir() if p.name not in ORT_TMP_FILES]
 
 
-def _start_ticks(pid: int) -> str:
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[19]
-
-
 def test_kill_9_leftovers_are_swept_by_the_next_run_and_nothing_else(ckpt_erf, tmp_path):
     out_dir, tmpdir, flags = tmp_path / "out", tmp_path / "tmp", tmp_path / "flags"
     for d in (out_dir, tmpdir, flags):
@@ -84,7 +80,7 @@ def test_kill_9_leftovers_are_swept_by_the_next_run_and_nothing_else(ckpt_erf, t
 
     # Beside it: files that only look like bertfuse's, a temp of a live process (this one),
     # one of a process of another host, and one whose PID now names another process.
-    me, start = os.getpid(), _start_ticks(os.getpid())
+    me, start = os.getpid(), process_start(os.getpid())
     keep = [".model.onnx.abcd1234.tmp", ".model.onnx.bertfuse-notes.tmp",
             f"model.onnx.bertfuse-{space}-{pid_a}-{named['start']}-abcdefgh.tmp.bak",
             f".model.onnx.bertfuse-{space}-{me}-{start}-live0000.tmp",

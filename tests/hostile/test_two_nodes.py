@@ -20,7 +20,6 @@ import sys
 import tempfile
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -31,7 +30,8 @@ pytest.importorskip("ray")
 
 from hostile.test_serve_network import model  # noqa: E402,F401
 from support.paths import ROOT  # noqa: E402
-from unit.serve.test_serve import descendants, free_port, wait_gone  # noqa: E402
+from support.processes import cmdline, descendants, process_name, wait_gone  # noqa: E402
+from unit.serve.test_serve import free_port  # noqa: E402
 
 UP_S = 120
 
@@ -46,20 +46,6 @@ def _env(token_path: str) -> dict[str, str]:
     for name in ("RAY_ADDRESS", "RAY_AUTH_TOKEN"):
         env.pop(name, None)
     return env
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-    except OSError:
-        return "?"
-
-
-def _comm(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return "?"
 
 
 class TwoNodes:
@@ -129,7 +115,7 @@ class TwoNodes:
     def kill_worker(self) -> None:
         """kill -9 of the worker node's raylet: its workers and agents go with it."""
         self.snapshot()
-        raylets = [p for p in self.node_pids("worker") if _comm(p) == "raylet"]
+        raylets = [p for p in self.node_pids("worker") if process_name(p) == "raylet"]
         assert len(raylets) == 1, raylets
         os.kill(raylets[0], signal.SIGKILL)
 
@@ -154,7 +140,7 @@ class TwoNodes:
         import shutil
 
         shutil.rmtree(self.temp, ignore_errors=True)
-        assert not left, sorted((p, _comm(p)) for p in left)
+        assert not left, sorted((p, process_name(p)) for p in left)
 
 
 @pytest.fixture
@@ -196,8 +182,8 @@ def test_serve_goes_on_from_the_head_when_the_worker_node_dies(cluster, model):
             time.sleep(0.2)
         assert lines, f"no URL (exit {proc.poll()}): {proc.stderr.read()[-2000:]}"
         # a replica on each node: the worker's ray start has one among its processes
-        replicas = [p for p in cluster.node_pids("worker") if "ServeReplica" in _cmdline(p)]
-        assert replicas, sorted(_cmdline(p)[:60] for p in cluster.node_pids("worker"))
+        replicas = [p for p in cluster.node_pids("worker") if "ServeReplica" in cmdline(p)]
+        assert replicas, sorted(cmdline(p)[:60] for p in cluster.node_pids("worker"))
         body = json.dumps({"input_ids": [[5, 6, 7, 8]] * 2}).encode()
         results: list[tuple[float, str]] = []
         stop = threading.Event()
@@ -252,7 +238,7 @@ def test_score_finishes_every_row_once_when_the_worker_node_dies(cluster, model,
                 not list((out / "scores").glob("part-*.parquet")):
             time.sleep(0.1)
         assert proc.poll() is None, f"finished before the kill: {proc.stderr.read()[-2000:]}"
-        on_worker = sorted({_cmdline(p)[:40] for p in cluster.node_pids("worker")})
+        on_worker = sorted({cmdline(p)[:40] for p in cluster.node_pids("worker")})
         cluster.kill_worker()
         stdout, stderr = proc.communicate(timeout=300)
     finally:

@@ -3,9 +3,11 @@
 getrusage's and wait4's `ru_maxrss` keep, across exec, the peak of the process image that
 exec replaced: on Linux that is the forked (or vforked) copy of pytest, gigabytes late in a
 full suite, whatever the child itself used. `VmHWM` in /proc/self/status is the peak of the
-child's own address space. A child run through `WRAPPER` writes it (kB) to the file named by
-$BERTFUSE_TEST_PEAK_FILE as it exits (atexit: normal ends, sys.exit and uncaught errors; a
-child killed by a signal writes nothing, and `peak_kb` says None).
+child's own address space, read from that file by hand: psutil has no peak (its memory_info()
+and memory_full_info() give the current rss, vms, uss, pss and swap only). A child run
+through `WRAPPER` writes it (kB) to the file named by $BERTFUSE_TEST_PEAK_FILE as it exits
+(atexit: normal ends, sys.exit and uncaught errors; a child killed by a signal writes
+nothing, and `peak_kb` says None).
 """
 
 from __future__ import annotations

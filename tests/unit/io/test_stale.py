@@ -12,13 +12,13 @@ from pathlib import Path
 
 from bertfuse.io import stale
 from bertfuse.io.safety import temp_dir, temp_file
+from bertfuse.ray_cluster import process_start
 
 
 def _gone_process() -> tuple[int, str]:
     """The pid and start time of a process that has ended."""
     proc = subprocess.Popen(["sleep", "30"])
-    with open(f"/proc/{proc.pid}/stat") as f:
-        start = f.read().rsplit(")", 1)[1].split()[19]
+    start = process_start(proc.pid)  # as the tag has it
     proc.kill()
     proc.wait()
     return proc.pid, start

@@ -33,7 +33,7 @@ from support.builders.onnx_graphs import bert
 ray = pytest.importorskip("ray")  # the `ray` extra: in CI's default extras
 
 from bertfuse.score import score  # noqa: E402
-from unit.serve.test_serve import descendants, wait_gone  # noqa: E402  (Ray process bookkeeping)
+from support.processes import alive, descendants, wait_gone  # noqa: E402  (Ray's processes)
 from support.paths import ROOT
 
 VOCAB, POSITIONS, HIDDEN, ROWS = 300, 64, 32, 10_000
@@ -255,8 +255,7 @@ def test_a_killed_actor_loses_and_repeats_nothing(cluster, tiny, corpus, ids_run
               progress=False)
     assert flag.exists(), "no actor was killed"
     pid = int(flag.read_text())
-    assert not Path(f"/proc/{pid}").exists() or \
-        Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    assert not alive({pid})
     assert (s.scored, s.rejected) == (ROWS, 0)
     got, want = scored(tmp_path / "out"), scored(ids_run["out"])
     assert got.column("doc_id").equals(want.column("doc_id"))

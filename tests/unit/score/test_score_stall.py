@@ -20,6 +20,7 @@ import pytest
 from bertfuse import cli
 from bertfuse.errors import BertfuseError
 from support.paths import ROOT
+from support.processes import wait_gone
 
 ray = pytest.importorskip("ray")
 
@@ -28,19 +29,6 @@ from bertfuse.score.watch import (STALL_FLOOR_S, STARTUP_S, StallClock, Stalled,
                                   watched)
 from unit.score.test_score import (ROWS, TOL, cluster, corpus, embeddings, ids_run,  # noqa: E402,F401
                                    scored, tiny)
-
-
-def _gone(pid: int, within: float) -> bool:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            return True
-        if state == "Z":
-            return True
-        time.sleep(0.2)
-    return False
 
 
 def test_a_run_whose_udf_blocks_is_cancelled_after_the_limit(cluster, tmp_path):
@@ -74,7 +62,7 @@ def test_a_run_whose_udf_blocks_is_cancelled_after_the_limit(cluster, tmp_path):
     assert 3.0 <= raised.value.waited < 3.0 + 5  # the limit, plus the watchdog's polling
     assert time.monotonic() - stopped < 3.0 + 60  # cancelled: Ray Data's shutdown included
     # the run was cancelled, not left holding its CPU: the blocked actor is gone
-    assert _gone(int(flag.read_text()), 30), "the blocked actor was not killed"
+    assert not wait_gone({int(flag.read_text())}, 30), "the blocked actor was not killed"
     assert clock.seen and clock.startup > 0
 
 
@@ -110,7 +98,7 @@ def test_a_stalled_job_is_rerun_and_writes_every_row_once(cluster, tiny, corpus,
         env=env, capture_output=True, text=True, timeout=240)
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert flag.exists(), "no actor blocked"
-    assert _gone(int(flag.read_text()), 30), "the blocked actor was not killed"
+    assert not wait_gone({int(flag.read_text())}, 30), "the blocked actor was not killed"
     notes = [ln for ln in ran.stderr.splitlines() if ln.startswith("bertfuse score: no rows")]
     assert notes and all("s (stall limit 8 s): the run is cancelled and the" in ln and
                          "parts left of 10 run again" in ln for ln in notes), ran.stderr[-3000:]

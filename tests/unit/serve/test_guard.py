@@ -16,6 +16,7 @@ import tempfile
 import time
 
 import numpy as np
+import psutil
 import pytest
 
 from bertfuse.errors import BertfuseError
@@ -128,8 +129,8 @@ def test_the_port_check_counts_a_listener_not_time_wait():
         port_free("127.0.0.1", port)
     server.close()
     time.sleep(0.1)
-    states = open("/proc/net/tcp").read()
-    assert f":{port:04X} " in states  # the TIME_WAIT socket is still there
+    assert any(c.laddr and c.laddr.port == port and c.status == psutil.CONN_TIME_WAIT
+               for c in psutil.net_connections(kind="tcp4"))  # the TIME_WAIT socket is still there
     port_free("127.0.0.1", port)  # and refuses nothing
 
 

@@ -17,6 +17,7 @@ import pytest
 from bertfuse import ray_cluster
 from bertfuse.errors import BertfuseError
 from support.paths import ROOT
+from support.processes import alive
 
 
 class FakeRay(types.ModuleType):
@@ -93,19 +94,11 @@ def test_the_watchdog_stops_what_its_owner_left_when_the_owner_dies(tmp_path):
         owner.kill()
         owner.wait()
         deadline = time.monotonic() + 10
-        while (_alive(child) or left.exists()) and not clean and time.monotonic() < deadline:
+        while (alive({child}) or left.exists()) and not clean and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert _alive(child) is clean and left.exists() is clean
+        assert bool(alive({child})) is clean and left.exists() is clean
         if clean:
             os.kill(child, signal.SIGKILL)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_connect_joins_auto_without_a_probe(monkeypatch, ours):

@@ -19,11 +19,9 @@ import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 import onnx
-import psutil
 import pytest
 import ray  # the `ray` extra, in CI's default extras: never skipped
 
@@ -36,6 +34,7 @@ from bertfuse.serve.requests import decode, encode, encode_body
 from bertfuse.text import WordPiece
 from support.builders.onnx_graphs import bert
 from support.paths import ROOT
+from support.processes import descendants, wait_gone
 
 
 VOCAB, POSITIONS, MAX_BATCH = 300, 64, 16
@@ -52,35 +51,6 @@ def free_port() -> int:
 def port_closed(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) != 0
-
-
-def descendants(pid: int) -> set[int]:
-    """Every live process under `pid` (psutil's walk of the process tree; zombies count as
-    gone)."""
-    try:
-        kids = psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        return set()
-    return alive({p.pid for p in kids})
-
-
-def alive(pids: set[int]) -> set[int]:
-    """The pids still running (a zombie has exited)."""
-    left = set()
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                left.add(pid)
-        except psutil.Error:
-            continue
-    return left
-
-
-def wait_gone(pids: set[int], timeout: float = 60.0) -> set[int]:
-    deadline = time.monotonic() + timeout
-    while (left := alive(pids)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return left
 
 
 class Client:
