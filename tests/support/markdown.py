@@ -71,14 +71,16 @@ def section(text: str, heading: str) -> tuple[int, str]:
 
 
 def anchors(text: str) -> set[str]:
-    """GitHub's heading ids: lower case, punctuation dropped, spaces to '-', '-N' on repeats."""
+    """GitHub's heading ids: a link's text alone, lower case, punctuation dropped, spaces to
+    '-', '-N' on repeats."""
     seen: dict[str, int] = {}
     out = set()
     for line in prose(text).splitlines():
         m = re.match(r"^#{1,6} (.+?)\s*#*$", line)
         if not m:
             continue
-        slug = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
+        title = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", m.group(1).strip())  # a link: its text
+        slug = re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
         n = seen.get(slug, 0)
         seen[slug] = n + 1
         out.add(slug if n == 0 else f"{slug}-{n}")
