@@ -7,9 +7,12 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 # tf-cpu = tensorflow-cpu (tf = the full tensorflow package, e.g. beside one you have);
-# cpu = onnxruntime; use EXTRAS=tf-cpu,gpu,text,ray,test for onnxruntime-gpu (never both: they
-# clash); text = tokenizers (bertfuse.text); ray = Ray Serve + Ray Data (serve, score).
-EXTRAS ?= tf-cpu,cpu,text,ray,test
+# cpu = onnxruntime; use EXTRAS=all-gpu,test for onnxruntime-gpu (never both: they clash);
+# text = tokenizers (bertfuse.text); ray = Ray Serve + Ray Data (serve, score). all-cpu is
+# tf-cpu,cpu,text,ray and all-gpu tf-cpu,gpu,text,ray (pyproject.toml; ALL below spells them
+# out for the checks).
+EXTRAS ?= all-cpu,test
+ALL    := s/all-cpu/tf-cpu,cpu,text,ray/; s/all-gpu/tf-cpu,gpu,text,ray/
 STAMP  := $(VENV)/.bertfuse-installed
 DEMO   ?= shenma-3l
 
@@ -25,11 +28,12 @@ venv: $(STAMP) graphviz
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	@case ",$(EXTRAS)," in *,cpu,*,gpu,*|*,gpu,*,cpu,*) \
+	@ex=",$$(echo '$(EXTRAS)' | sed '$(ALL)'),"; \
+	case "$$ex" in *,cpu,*gpu,*|*,gpu,*cpu,*) \
 	    echo "EXTRAS=$(EXTRAS): pick cpu or gpu, not both" >&2; exit 1;; esac; \
-	case ",$(EXTRAS)," in *,tf,*,tf-cpu,*|*,tf-cpu,*,tf,*) \
+	case "$$ex" in *,tf,*tf-cpu,*|*,tf-cpu,*tf,*) \
 	    echo "EXTRAS=$(EXTRAS): pick tf or tf-cpu, not both" >&2; exit 1;; esac; \
-	case ",$(EXTRAS)," in *,cpu,*) other=onnxruntime-gpu;; *,gpu,*) other=onnxruntime;; \
+	case "$$ex" in *,cpu,*) other=onnxruntime-gpu;; *,gpu,*) other=onnxruntime;; \
 	    *) other=;; esac; \
 	if [ -n "$$other" ] && $(BIN)/python -m pip show -q "$$other" >/dev/null 2>&1; then \
 	    echo "$(VENV) already has $$other; onnxruntime and onnxruntime-gpu must not be" \
