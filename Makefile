@@ -39,20 +39,23 @@ $(STAMP): pyproject.toml
 	    echo "$(VENV) already has $$other; onnxruntime and onnxruntime-gpu must not be" \
 	         "installed together: '$(BIN)/pip uninstall $$other' or remove $(VENV)" >&2; \
 	    exit 1; fi
-	@# keras-hub and tensorflow-text out first: pip would report what they lack as conflicts.
-	@$(BIN)/python -m pip uninstall -y -q keras-hub tensorflow-text >/dev/null 2>&1 || true
+	@# keras-hub, tensorflow-text and tf-keras out first: pip would report what they lack as
+	@# conflicts.
+	@$(BIN)/python -m pip uninstall -y -q keras-hub tensorflow-text tf-keras >/dev/null 2>&1 || true
 	$(BIN)/python -m pip install -e '.[$(EXTRAS)]'
 	@# keras-hub (a Keras 3 BERT for the fusion tests) and tensorflow-text (its ops load the
 	@# text-in SavedModels the tests convert) with --no-deps, which an extra cannot say: both
 	@# would pull the full tensorflow package over tensorflow-cpu. tensorflow-text is built
 	@# for one TensorFlow minor version: the installed one's. keras-hub's other requirements
-	@# are in the `test` extra.
+	@# are in the `test` extra. tf-keras (Keras 2, which transformers' TF classes need; the
+	@# `test` extra has transformers<5) the same way and at that version, as
+	@# docs/transformers.md tells users of tensorflow-cpu.
 	@case ",$(EXTRAS)," in *,test,*) \
 	    tf=$$($(BIN)/python -c "import importlib.metadata as m; v = [d.version for n in \
 	        ('tensorflow', 'tensorflow-cpu') for d in m.distributions(name=n)]; \
 	        print('.'.join(v[0].split('.')[:2]) if v else '')"); \
 	    $(BIN)/python -m pip install -q --no-deps 'keras-hub==0.32.*' \
-	        $${tf:+"tensorflow-text==$$tf.*"};; esac
+	        $${tf:+"tensorflow-text==$$tf.*"} $${tf:+"tf-keras==$$tf.*"};; esac
 	@touch $@
 
 # Graphviz `dot` for `bertfuse draw` (a system package): apt-get installs it when it is missing
