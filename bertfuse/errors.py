@@ -43,10 +43,11 @@ class MissingDependency(BertfuseError, ImportError):
 # Optional packages -> the extra that installs them (pyproject.toml), what needs them, and
 # another extra that would do.
 _EXTRAS = {"tensorflow": "tf", "tf2onnx": "tf", "tf_keras": "tf", "onnxruntime": "cpu",
-           "ray": "ray", "pyarrow": "ray"}
+           "ray": "ray", "pyarrow": "ray", "tokenizers": "text"}
 _NEEDS = {"tf": ("converting and verifying need TensorFlow and tf2onnx", "tf-cpu"),
           "cpu": ("running a model needs ONNX Runtime", "gpu"),
-          "ray": ("serving and offline scoring need Ray Serve and Ray Data", "")}
+          "ray": ("serving and offline scoring need Ray Serve and Ray Data", ""),
+          "text": ("text input needs tokenizers", "")}
 
 
 def install_hint(extra: str) -> str:
@@ -108,17 +109,46 @@ def missing_dependency_message(exc: BaseException) -> str | None:
 
 
 def require(*modules: str) -> None:
-    """Raises MissingDependency (with the pip line) unless each module can be imported."""
+    """Raises MissingDependency (with the pip line) unless each module can be imported. Where
+    the missing ones belong to several extras, the one line names them all and one pip line
+    for all of them (`all-cpu`), so that a user installs once, not once per error."""
     import importlib.util
 
+    missing = []
     for name in modules:
         try:
             found = importlib.util.find_spec(name) is not None
         except (ImportError, ValueError):  # a parent package missing, or None in sys.modules
             found = False
         if not found:
-            exc = ModuleNotFoundError(f"No module named {name!r}", name=name)
-            raise MissingDependency(missing_dependency_message(exc) or str(exc))
+            missing.append(name)
+    if not missing:
+        return
+    extras = list(dict.fromkeys(_EXTRAS.get(name.split(".")[0], "") for name in missing))
+    if len(extras) == 1 or "" in extras:
+        exc = ModuleNotFoundError(f"No module named {missing[0]!r}", name=missing[0])
+        raise MissingDependency(missing_dependency_message(exc) or str(exc))
+    raise MissingDependency(f"{', '.join(missing)} are not installed: "
+                            f"{'; '.join(_NEEDS[e][0] for e in extras)}; {_install_all(extras)}")
+
+
+def _install_all(extras: list[str]) -> str:
+    """One pip line for several extras: `all-cpu` (or `all-gpu` on CUDA), which hold
+    tensorflow-cpu; `all-gpu` where onnxruntime-gpu is here; beside the full tensorflow
+    package, the extras themselves (either `all` would add tensorflow-cpu beside it)."""
+    from importlib import metadata
+
+    def installed(dist: str) -> bool:
+        try:
+            return bool(metadata.version(dist))
+        except metadata.PackageNotFoundError:
+            return False
+
+    if installed("tensorflow"):
+        return install_hint(",".join(extras))
+    if installed("onnxruntime-gpu"):
+        return install_hint("all-gpu")
+    return f"{install_hint('all-cpu')} (or {pip_target(_direct_url(), 'all-gpu')} on CUDA)"
 
 
 def library_error_message(exc: BaseException) -> str | None:

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from bertfuse.cli.args import add_kernels_arg, int_at_least, stage_lines
 from bertfuse.cli.command import Command
-from bertfuse.errors import BertfuseError
+from bertfuse.errors import BertfuseError, require
 
 
 class Serve(Command):
@@ -104,6 +104,8 @@ class Serve(Command):
 
 
 def _serve(args: argparse.Namespace, out) -> int:
+    # Every package serving needs, in one line where several are missing.
+    require("ray", "onnxruntime", *(("tokenizers",) * bool(args.vocab)))
     from bertfuse.cli.outcome import report
     from bertfuse.io.safety import Terminated
     from bertfuse.serve.api import DRAIN_S, deploy

@@ -59,8 +59,9 @@ def convert_model(src_path: str, out_path: str | None, opts: ConvertOptions,
                             f"the contrib ops they emit are built and tested on those)")
     check_gate(opts)
     check_source_form(src_path, opts.kind)
+    # Every package missing in one line (tokenizers before the user's text is tokenized).
+    require("tensorflow", "tf2onnx", "onnxruntime", *(("tokenizers",) * bool(opts.text_file)))
     data = _parity_data(opts, [src_path, opts.config])  # the user's files: read before TF
-    require("tensorflow", "tf2onnx", "onnxruntime")
     # The Python API gets the CLI's guarantee too: the output is none of the source's files.
     if out_path is not None:
         files, dirs = convert_inputs(src_path, opts.config, opts.kind)
@@ -246,11 +247,12 @@ def verify(model_path: str, src_path: str | None, opts: ConvertOptions,
     check_gate(opts)
     if opts.text_file and not opts.vocab:  # a text-in model's vocab, written beside it
         opts = replace(opts, vocab=find_vocab(model_path))
+    require(*(("tensorflow",) if src_path is not None else ()), "onnxruntime",
+            *(("tokenizers",) * bool(opts.text_file)))
     data = _parity_data(opts, [model_path, src_path, opts.config])
     if src_path is None and (data is None or not data.load_outputs):
         raise BertfuseError("verify needs the reference: --against SOURCE (TensorFlow), or "
                             "--load-outputs FILE with the inputs they came from")
-    require(*(("tensorflow",) if src_path is not None else ()), "onnxruntime")
     asked, device = device, verify_device(device, kernels)
     # options: the convert-time kernels mean nothing here; these are the session's
     report = RunReport(command="verify", options={**opts.to_json(), "kernels": kernels,

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from bertfuse.checks import check_int, check_path
-from bertfuse.errors import BertfuseError
+from bertfuse.errors import BertfuseError, require
 from bertfuse.runtime.kernels import check_kernels_option
 from bertfuse.score.rows import InputSpec
 
@@ -165,6 +165,8 @@ def build_job(model: Any, input: Any, output: Any, *, text_column: Any = None,
     elif max_seq > positions:
         raise BertfuseError(f"max_seq {max_seq} is longer than the model's {positions} positions")
     fingerprint = {"model": _stamp(model)}
+    # Every package the job needs, in one line where several are missing (run_job: ray).
+    require("ray", "onnxruntime", *(("tokenizers",) * bool(text_column)))
     if text_column:
         lower_case, fingerprint["vocab"] = _vocab(vocab, model, lower_case, max_seq)
     spec = InputSpec(max_seq, text_column, text_pair_column, vocab and os.path.abspath(vocab),

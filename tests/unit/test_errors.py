@@ -81,3 +81,44 @@ def test_the_pip_line_of_this_checkout_names_it():
                                 "print(install_hint('tf'))"], capture_output=True, text=True,
                                cwd="/", timeout=120).stdout.strip()
     assert here == elsewhere and f"'{root}[tf]'" in here, (here, elsewhere)
+
+
+HIDE = ("import sys\nfor name in sys.argv[1].split(','):\n    sys.modules[name] = None\n"
+        "from bertfuse.cli import main\nsys.exit(main(sys.argv[2:]))")
+
+
+@pytest.mark.parametrize("command", ["serve", "score", "convert"])
+def test_several_missing_packages_are_one_line_with_one_pip_line(command, model, parquet,
+                                                                 tmp_path):
+    """serve --vocab needs Ray and tokenizers, score on a text column the same, convert on
+    --text-file TensorFlow and tokenizers: one line names every missing one and the one extra
+    that holds them all, not one error per package."""
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\nwhat\n")
+    (tmp_path / "q.txt").write_text("what\n")
+    (tmp_path / "sm").mkdir()
+    (tmp_path / "sm" / "saved_model.pb").write_bytes(b"")
+    hidden, argv = {
+        "serve": ("ray,tokenizers", [model, "--port", "18765", "--vocab", str(vocab)]),
+        "score": ("ray,tokenizers", ["--model", model, "--input", parquet, "--output",
+                                     str(tmp_path / "out"), "--text-column", "ids",
+                                     "--vocab", str(vocab)]),
+        "convert": ("tensorflow,tokenizers", ["sm", "-o", "m.onnx", "--text-file", "q.txt",
+                                              "--vocab", str(vocab)])}[command]
+    proc = subprocess.run([sys.executable, "-c", HIDE, hidden, command, *argv],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert f"{hidden.replace(',', ', ')} are not installed" in lines[0], lines
+    assert install_hint("all-cpu") in lines[0] and "all-gpu]' on CUDA" in lines[0], lines
+    assert not (tmp_path / "out").exists() and not (tmp_path / "m.onnx").exists()
+
+
+def test_one_missing_package_still_names_its_own_extra(model, tmp_path):
+    (tmp_path / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\nwhat\n")
+    proc = subprocess.run([sys.executable, "-c", HIDE, "tokenizers", "serve", model, "--port",
+                           "18765", "--vocab", str(tmp_path / "vocab.txt")],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].endswith(install_hint("text")) and "all-cpu" not in lines[0], lines
