@@ -4,8 +4,8 @@
 #   -> bertfuse convert --precision fp16 (fused, checked against TensorFlow)
 #   -> bertfuse serve --device cpu -> a client, its logits checked against the model in-process
 #   examples/hf_classifier_serve.sh      # 1-2 minutes on 2 cores, Ray's start-up the most
-# The SavedModel is made with transformers where it is installed (pip install transformers
-# tf-keras); otherwise the tests' own one is used, made by the same recipe
+# The SavedModel is made with transformers where it is installed (docs/transformers.md has the
+# environment: transformers<5, tf-keras at TensorFlow's minor version); otherwise the tests' own one is used, made by the same recipe
 # (tests/fixtures/thirdparty/build_transformers.py: 2 layers, hidden 32, random weights).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
