@@ -197,8 +197,8 @@ def _nvcc_build(build: Path, include: Path, sm: int | None, nvcc: str, log: Path
                 archs: list[str] | None = None, portable: bool = False) -> Path:
     """The same library as CMakeLists.txt, for hosts without cmake. `archs` (CMake's notation,
     several at once, the sm_90a GEMMs left out) instead of `sm`; `portable`: the platform
-    wheel's link (libstdc++ and libgcc static, CUDA found through a RUNPATH relative to the
-    library: docs/prebuilt-kernels.md) instead of this host's absolute paths."""
+    wheel's link (CUDA found through a RUNPATH relative to the library:
+    docs/prebuilt-kernels.md) instead of this host's absolute paths."""
     from bertfuse._version import __version__
 
     cuda = Path(nvcc).parent.parent
@@ -250,9 +250,8 @@ def _nvcc_build(build: Path, include: Path, sm: int | None, nvcc: str, log: Path
     out = build / LIB_NAME
     rpath = ":".join(dict.fromkeys(str(d) for d in (lt.parent, cuda / "lib64", cuda / "lib",
                                                      *libdirs[2:])))
-    if portable:  # no path of this host; libstdc++'s symbols kept inside (manylinux)
+    if portable:  # no path of this host (manylinux: csrc/glibcxx_compat.cc)
         rpath = PORTABLE_RPATH
-        cmd += ["-Xcompiler=-static-libstdc++,-static-libgcc", "-Xlinker=--exclude-libs,ALL"]
     cmd += ["-o", str(out), f"-L{cuda / 'lib64'}", f"-L{lt.parent}", f"-l:{lt.name}",
             f"-Xlinker=-rpath,{rpath}"]
     if not any((d / "libcudart.so").exists() for d in libdirs):

@@ -8,9 +8,9 @@ serves, with pip's CUDA 13 toolchain and ONNX Runtime's pinned headers (setup.py
   $ORT_INCLUDE_DIR's, checked file by file against ort_headers.sha256: the build refuses any
   other headers, so every platform wheel is built against the same ORT API (21).
 - Link: CUDA 13's runtime and cuBLASLt by soname, found at run time through a RUNPATH into
-  pip's site-packages/nvidia/cu13/lib (or preloaded, resolve.py); libstdc++ and libgcc linked
-  in statically with their symbols hidden, so that the library asks glibc for no symbol newer
-  than 2.28 and nothing of libstdc++ (manylinux_2_28; checked here with readelf).
+  pip's site-packages/nvidia/cu13/lib (or preloaded, packaged.py); the system's libstdc++,
+  of which the library asks nothing newer than GCC 8's (csrc/glibcxx_compat.cc), and glibc
+  nothing newer than 2.28 (manylinux_2_28; checked here with readelf).
 
 Only the standard library and the kernel build's modules: the wheel build imports this from
 the source tree, in pip's isolated build environment.

@@ -198,8 +198,8 @@ def test_the_manylinux_check_reads_the_library(tmp_path):
 
 def test_the_manylinux_check_finds_a_glibc_symbol_newer_than_2_28(tmp_path):
     """arc4random came with glibc 2.36: a library calling it cannot go into a manylinux_2_28
-    wheel (the platform build links libstdc++ statically for the same reason: gcc 12's asks
-    for GLIBCXX_3.4.29)."""
+    wheel (gcc 12's static libstdc++ calls it, which is why the platform build links the
+    system's libstdc++)."""
     try:
         new = _library(tmp_path / "new", WHEEL, 21, [f"-Wl,-rpath,{PORTABLE_RPATH}"],
                        "#include <stdlib.h>\nunsigned int bf_r(void) { return arc4random(); }\n")
