@@ -17,7 +17,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Distribution, setup
 from setuptools.command.build_py import build_py
 
 try:
@@ -58,12 +58,15 @@ class BuildPy(build_py):
                 sys.exit(f"bertfuse: {exc}")
 
 
-class BdistWheel(bdist_wheel):
-    def finalize_options(self):
-        super().finalize_options()
-        if with_kernels():
-            self.root_is_pure = False
+class KernelsDistribution(Distribution):
+    """With the switch, a binary distribution: the package goes to platlib (the wheel's root,
+    Root-Is-Purelib: false) rather than under .data/purelib."""
 
+    def has_ext_modules(self):
+        return with_kernels()
+
+
+class BdistWheel(bdist_wheel):
     def get_tag(self):
         if with_kernels():
             return "py3", "none", PLATFORM
@@ -75,5 +78,5 @@ def toolchain() -> list[str]:
     return list(project["optional-dependencies"]["kernels"])
 
 
-setup(cmdclass={"build_py": BuildPy, "bdist_wheel": BdistWheel},
+setup(distclass=KernelsDistribution, cmdclass={"build_py": BuildPy, "bdist_wheel": BdistWheel},
       setup_requires=toolchain() if with_kernels() else [])
