@@ -28,8 +28,9 @@
 # for `local` only), PYTHON (default python3), ITERS (default 300), NVCC_DIR (the host's nvcc,
 # for `local` only; default /usr/local/cuda/bin).
 # Writes under $OUT: env.txt, install.log, model.log, session.json, info.json, check.json,
-# check.txt, bench-packaged/ and bench-local/ (bench.log, gpu_bench.json), local-build.json,
-# compare.txt, and one verdict line per step in verdicts.txt. Exit 0 when every step run passed.
+# check.txt, bench-packaged/ and bench-local/ (bench.log, gpu_bench.json; kept under $WORK too,
+# where `local` compares them), local-build.json, compare.txt, and one verdict line per step
+# in verdicts.txt. Exit 0 when every step run passed.
 set -uo pipefail
 
 WHEEL="${1:?usage: wheel_check.sh WHEEL [install|model|session|check|bench|local ...]}"
@@ -178,18 +179,23 @@ EOF
 fi
 
 run_bench() {  # run_bench DIR [ENV=VALUE...]: shenma-3l b20 s64, own-kernel rows beside contrib
-    local dir="$OUT/$1"
+    # (under $WORK, which a later call on the same host reads; copied to $OUT)
+    local name="$1" dir="$WORK/$1" rc
     shift
+    rm -rf "$dir"
     mkdir -p "$dir"
     (cd "$WORK" && clean_env "$@" "$VENV/bin/python" -m bertfuse bench --skeletons "$WORK/skel" \
         --workloads "shenma-3l b20 s64" --packed --streams --peers off --ort-rows reference \
         --runtime-rows paired --kernels both --iters "$ITERS" --out "$dir") > "$dir/bench.log" 2>&1
+    rc=$?
+    cp -r "$dir" "$OUT/$name"
+    return $rc
 }
 
 if want bench; then
     run_bench bench-packaged
     rc=$?
-    verdict bench $rc "$(grep -m1 '^bertfuse kernels:' "$OUT/bench-packaged/bench.log")"
+    verdict bench $rc "$(grep -m1 '^bertfuse kernels:' "$WORK/bench-packaged/bench.log")"
 fi
 
 if want local; then
@@ -205,8 +211,8 @@ if want local; then
     if [ "$rc" -eq 0 ]; then
         KDIR="$WORK/local-cache" run_bench bench-local BERTFUSE_PACKAGED_KERNELS=0
         rc=$?
-        verdict bench-local $rc "$(grep -m1 '^bertfuse kernels:' "$OUT/bench-local/bench.log")"
-        (cd "$WORK" && clean_env "$VENV/bin/python" - "$OUT" <<'EOF'
+        verdict bench-local $rc "$(grep -m1 '^bertfuse kernels:' "$WORK/bench-local/bench.log")"
+        (cd "$WORK" && clean_env "$VENV/bin/python" - "$WORK" <<'EOF'
 import json, os, sys
 from bertfuse.bench.kernels import AUTO_ROW, KERNELS_ROWS
 out = sys.argv[1]
