@@ -52,7 +52,8 @@ def platform_wheel(tmp_path_factory) -> tuple[Path, float]:
                           env=env)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     (built,) = out.glob("bertfuse-*.whl")
-    lines = [ln.strip() for ln in proc.stdout.splitlines() if "bertfuse: " in ln]
+    lines = [ln.strip() for ln in (proc.stdout + proc.stderr).splitlines()
+             if ln.strip().startswith("bertfuse: ")]
     print("\n".join(lines), f"\npip wheel: {time.monotonic() - start:.0f} s", file=sys.stderr)
     return built, time.monotonic() - start
 
