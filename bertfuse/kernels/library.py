@@ -194,7 +194,7 @@ def locate(sm: int | None = None, ort_api: int | None = None, root: Path | None 
     found = resolve(sm, ort_api, root)
     if found.path is not None:
         return found.path
-    raise KernelLibraryError(f"the bertfuse op library is not here ({found.packaged}; "
+    raise KernelLibraryError(f"the bertfuse op library is not built here ({found.packaged}; "
                              f"{found.reason.split('; ')[-1]}): {BUILD_HINT}")
 
 
