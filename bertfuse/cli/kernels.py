@@ -59,7 +59,8 @@ class Kernels(Command):
         g.add_argument("--no-fp8", dest="fp8", action="store_false", help="skip the FP8 forms")
         add_output_args(c)
 
-        i = ks.add_parser("info", help="cache dir, ONNX Runtime API version, GPU SM, whether built")
+        i = ks.add_parser("info", help="the library the runtime takes (packaged, cache or none) "
+                                       "and why; cache dir, ONNX Runtime API version, GPU SM")
         i.add_argument("--arch", type=_arch, help="report for this SM instead of the local GPU's")
         add_output_args(i)
         for q in (b, c, i):
@@ -101,18 +102,20 @@ def _info(args, console) -> int:
     sm = args.arch if args.arch is not None else lib.detect_sm()
     ort_api = lib.installed_ort_api()
     built = [{"ort_api": a, "sm": s, "path": str(p)} for a, s, p in lib.built_libraries()]
-    try:
-        current: str | None = str(lib.locate(sm=sm))
-    except lib.KernelLibraryError:
-        current = None
+    found = lib.resolve(sm=sm)  # what the runtime takes: packaged, else cache, else none
+    current = str(found.path) if found.path else None
     ops = None
     if current is not None and ort_api is not None:
         try:
             ops = lib.op_names(current)
         except lib.KernelLibraryError:
             pass  # not loadable here (no CUDA runtime): the rest still answers
+    packaged = lib.PACKAGED_DIR / lib.LIB_NAME
     report = {"cache_dir": str(lib.cache_root()), "sm": sm, "onnxruntime_api": ort_api,
-              "library": current, "built": current is not None, "ops": ops, "all_built": built}
+              "library": current, "built": current is not None, "ops": ops, "all_built": built,
+              "source": found.source, "reason": found.reason,
+              "packaged": {"path": str(packaged) if packaged.is_file() else None,
+                           "info": found.info or None, "why": found.packaged}}
     if args.json:
         print_json("kernels info", report)
         return 0
@@ -121,6 +124,7 @@ def _info(args, console) -> int:
     say(f"GPU SM         {sm}")
     say(f"onnxruntime    API {ort_api if ort_api is not None else '(not installed)'}")
     say(f"library        {current or 'not built: bertfuse kernels build'}")
+    say(f"source         {found.source}: {found.reason}")
     if ops:
         say(f"ops            {', '.join(ops)}")
     for b in built:

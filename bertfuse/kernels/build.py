@@ -20,6 +20,8 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Callable
 
+from bertfuse.kernels.archs import parse_archs
+from bertfuse.kernels.packaged import pip_cuda_trees
 from bertfuse.kernels.library import (LIB_NAME, KernelLibraryError, cache_key,
                                          detect_sm, library_info, library_path)
 from bertfuse.io.safety import replace_file, temp_dir, temp_file, write_text
@@ -29,6 +31,9 @@ SOURCE_DIR = Path(__file__).resolve().parent
 FETCH_SCRIPT = SOURCE_DIR / "fetch_ort_headers.sh"
 ORT_ENV = "ORT_INCLUDE_DIR"
 CUTLASS_ENV = "BERTFUSE_CUTLASS_DIR"
+# The platform wheel's library sits in site-packages/bertfuse/kernels/prebuilt/; pip's CUDA 13
+# runtime and cuBLAS in site-packages/nvidia/cu13/lib.
+PORTABLE_RPATH = "$ORIGIN/../../../nvidia/cu13/lib"
 
 
 def header_dir(path: str | Path) -> Path | None:
@@ -73,23 +78,6 @@ def find_ort_include(explicit: str | Path | None = None, fetch: bool = True) -> 
         why = (out.stderr.strip().splitlines() or ["no output"])[-1]
     raise KernelLibraryError(f"could not fetch ONNX Runtime's headers ({why[:200]}): pass --ort-include "
                              f"DIR (an ONNX Runtime release's include/) or set {ORT_ENV}")
-
-
-def pip_cuda_trees() -> list[Path]:
-    """Every CUDA tree pip installed on sys.path, site-packages/nvidia/cu13 (or cu12): one where
-    the `kernels` extra (nvidia-cuda-nvcc, -runtime, -crt, -cccl, nvidia-nvvm, nvidia-cublas)
-    went into one environment; several in a venv made with --system-site-packages, e.g. nvcc in
-    the venv and cuBLAS and the runtime beside the system's torch."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("nvidia")
-    trees = []
-    for base in (spec.submodule_search_locations or []) if spec else []:
-        for name in ("cu13", "cu12"):
-            root = Path(base) / name
-            if root.is_dir() and root not in trees:
-                trees.append(root)
-    return trees
 
 
 def pip_cuda_root() -> Path | None:
@@ -195,21 +183,40 @@ def _cmake_build(build: Path, include: Path, sm: int, nvcc: str, log: Path) -> P
     return build / LIB_NAME
 
 
-def _nvcc_build(build: Path, include: Path, sm: int, nvcc: str, log: Path) -> Path:
-    """The same library as CMakeLists.txt, for hosts without cmake."""
+def gencode(archs: list[str]) -> list[str]:
+    """nvcc's -gencode flags for targets in CMake's notation (archs.py): '80-real' -> SASS for
+    sm_80, '90-virtual' -> PTX for compute_90, '90' -> both."""
+    flags = []
+    for t in parse_archs(",".join(archs)):
+        codes = [f"compute_{t.name()}"] * t.ptx + [f"sm_{t.name()}"] * t.sass
+        flags.append(f"-gencode=arch=compute_{t.name()},code=[{','.join(codes)}]")
+    return flags
+
+
+def _nvcc_build(build: Path, include: Path, sm: int | None, nvcc: str, log: Path,
+                archs: list[str] | None = None, portable: bool = False) -> Path:
+    """The same library as CMakeLists.txt, for hosts without cmake. `archs` (CMake's notation,
+    several at once, the sm_90a GEMMs left out) instead of `sm`; `portable`: the platform
+    wheel's link (CUDA found through a RUNPATH relative to the library:
+    docs/prebuilt-kernels.md) instead of this host's absolute paths."""
     from bertfuse._version import __version__
 
     cuda = Path(nvcc).parent.parent
     csrc = SOURCE_DIR / "csrc"
     sources = sorted(p for p in csrc.iterdir() if p.suffix in (".cc", ".cu"))
-    cutlass = find_cutlass()
-    arch = f"{sm}a" if sm90_gemms(sm, cutlass) else str(sm)
-    flags = ["-std=c++17", "-O3", f"-gencode=arch=compute_{arch},code=[compute_{arch},sm_{arch}]",
-             "--expt-relaxed-constexpr",
+    cutlass = find_cutlass() if archs is None else None
+    if archs is None:
+        archs = [f"{sm}a" if sm90_gemms(sm, cutlass) else str(sm)]
+    arch = ",".join(archs)
+    # Each source's targets one after another, as many sources at once as there are cores;
+    # where there are more cores than sources, nvcc also compiles a source's targets in parallel.
+    threads = max(1, (os.cpu_count() or 1) // len(sources))
+    flags = ["-std=c++17", "-O3", *gencode(archs), "--expt-relaxed-constexpr",
+             *([f"--threads={threads}"] if threads > 1 and len(archs) > 1 else []),
              "-Xcompiler=-fPIC,-fvisibility=hidden,-fvisibility-inlines-hidden",
              f"-I{csrc}", f"-I{include}",
              f'-DBF_VERSION="{__version__}"', f'-DBF_CUDA_ARCHS="{arch}"', "-DNDEBUG"]
-    if sm90_gemms(sm, cutlass):
+    if cutlass is not None and sm90_gemms(sm, cutlass):
         sources += sorted((csrc / "sm90").glob("*.cu"))
         flags += [f"-I{cutlass / 'include'}", f"-I{cutlass / 'tools' / 'util' / 'include'}",
                   "-DBF_HAVE_SM90_GEMM=1"]
@@ -235,14 +242,16 @@ def _nvcc_build(build: Path, include: Path, sm: int, nvcc: str, log: Path) -> Pa
                 out.write(part.read_text(errors="replace"))
     if failures:
         raise failures[0]
-    cmd = [nvcc, "-shared", f"-gencode=arch=compute_{arch},code=[compute_{arch},sm_{arch}]",
-           "-cudart=shared", "-Xlinker=--no-undefined", *map(str, objects)]
+    cmd = [nvcc, "-shared", *gencode(archs), "-cudart=shared", "-Xlinker=--no-undefined",
+           *map(str, objects)]
     lt = _versioned(libdirs, "libcublasLt")
     if lt is None:
         raise KernelLibraryError(f"libcublasLt not found in {', '.join(map(str, libdirs))}: set CUBLAS_ROOT")
     out = build / LIB_NAME
     rpath = ":".join(dict.fromkeys(str(d) for d in (lt.parent, cuda / "lib64", cuda / "lib",
                                                      *libdirs[2:])))
+    if portable:  # no path of this host (manylinux: csrc/glibcxx_compat.cc)
+        rpath = PORTABLE_RPATH
     cmd += ["-o", str(out), f"-L{cuda / 'lib64'}", f"-L{lt.parent}", f"-l:{lt.name}",
             f"-Xlinker=-rpath,{rpath}"]
     if not any((d / "libcudart.so").exists() for d in libdirs):

@@ -1,6 +1,7 @@
 """Find and register libbertfuse_ops.so, the CUDA library behind the `ai.bertfuse` ops.
 
-The library is built per machine (`bertfuse kernels build`, see build.py) into a cache:
+The platform wheel ships it prebuilt (resolve.py: taken first where it runs here); else it is
+built per machine (`bertfuse kernels build`, see build.py) into a cache:
 
     <root>/ort-api<N>-sm<SM>/libbertfuse_ops.so   (+ info.json)
 
@@ -25,9 +26,11 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
 from bertfuse.errors import BertfuseError
+from bertfuse.kernels.packaged import PACKAGED_DIR, packaged_choice
 
 DOMAIN = "ai.bertfuse"
 DOMAIN_VERSION = 1
@@ -153,16 +156,46 @@ def installed_ort_api() -> int | None:
 # ------------------------------------------------------------------------------ locate / load
 
 
-def locate(sm: int | None = None, ort_api: int | None = None, root: Path | None = None) -> Path:
-    """The cached library for this GPU and onnxruntime, or KernelLibraryError saying how to build."""
+@dataclass
+class Resolution:
+    """source: 'packaged', 'cache' or 'none'; path: the library (None for 'none'); reason:
+    one line saying why; packaged: why the packaged library was taken or passed over."""
+
+    source: str
+    path: Path | None
+    reason: str
+    packaged: str
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def resolve(sm: int | None = None, ort_api: int | None = None, root: Path | None = None,
+            packaged: Path | None = None) -> Resolution:
+    """The library for this GPU and onnxruntime: the platform wheel's (packaged.py) where it
+    runs here, else the cache's with the highest ORT API the installed onnxruntime offers,
+    else none. Never builds."""
     root = root or cache_root()
     sm = detect_sm() if sm is None else sm
     max_api = installed_ort_api() if ort_api is None else ort_api
-    for api, lib_sm, path in built_libraries(root):
+    path, why, info = packaged_choice(sm, max_api, packaged or PACKAGED_DIR / LIB_NAME,
+                                      library_info)
+    if path is not None:
+        return Resolution("packaged", path, why, why, info)
+    for api, lib_sm, cached in built_libraries(root):
         if lib_sm == sm and (max_api is None or api <= max_api):
-            return path
+            return Resolution("cache", cached, f"{why}; took the cache's {cached.parent.name}",
+                              why, info)
     within = f", ONNX Runtime API <= {max_api}" if max_api is not None else ""
-    raise KernelLibraryError(f"the bertfuse op library (sm{sm}{within}) is not built in {root}: {BUILD_HINT}")
+    return Resolution("none", None, f"{why}; the cache {root} has none for sm{sm}{within}", why,
+                      info)
+
+
+def locate(sm: int | None = None, ort_api: int | None = None, root: Path | None = None) -> Path:
+    """The library resolve() takes, or KernelLibraryError saying why none and how to build."""
+    found = resolve(sm, ort_api, root)
+    if found.path is not None:
+        return found.path
+    raise KernelLibraryError(f"the bertfuse op library is not built here ({found.packaged}; "
+                             f"{found.reason.split('; ')[-1]}): {BUILD_HINT}")
 
 
 def library_info(path: str | Path) -> dict[str, Any]:

@@ -200,11 +200,14 @@ def _choose(proto: onnx.ModelProto, kernels: str, device: str, max_seq: int,
 
 
 def ensure_library(build: bool = True, say: Callable[[str], None] | None = None) -> str:
-    """The op library's path for this GPU: cached, else built now (first use) where `build`."""
+    """The op library's path for this GPU: the platform wheel's where it runs here, else the
+    cache's, else built now into the cache (first use) where `build`."""
     from bertfuse.kernels.library import KernelLibraryError, locate
 
     try:
-        return str(locate())
+        path = str(locate())
+        LOG.debug("bertfuse op library: %s", path)
+        return path
     except KernelLibraryError:
         if not build:
             raise

@@ -49,7 +49,7 @@ inline OrtStatusPtr InvalidArgument(const char* op, const std::string& what) {
 }
 
 inline OrtStatusPtr CudaError(const char* op, cudaError_t err, const char* expr, const char* file, int line) {
-    std::ostringstream s;
+    std::ostringstream s(std::ios_base::out);  // see glibcxx_compat.cc
     s << "CUDA error " << cudaGetErrorName(err) << " (" << cudaGetErrorString(err) << ") from " << expr
       << " at " << file << ":" << line;
     return Error(op, s.str(), ORT_EP_FAIL);
@@ -72,7 +72,7 @@ inline const char* CublasStatusName(cublasStatus_t st) {
 }
 
 inline OrtStatusPtr CublasError(const char* op, cublasStatus_t st, const char* expr, const char* file, int line) {
-    std::ostringstream s;
+    std::ostringstream s(std::ios_base::out);  // see glibcxx_compat.cc
     s << "cuBLAS error " << CublasStatusName(st) << " (" << static_cast<int>(st) << ") from " << expr << " at "
       << file << ":" << line;
     return Error(op, s.str(), ORT_EP_FAIL);
@@ -108,7 +108,7 @@ inline OrtStatusPtr CublasError(const char* op, cublasStatus_t st, const char* e
 #define BF_REQUIRE(cond, stream_msg)                                                  \
     do {                                                                              \
         if (!(cond)) {                                                                \
-            std::ostringstream bf_msg_;                                               \
+            std::ostringstream bf_msg_(std::ios_base::out);                          \
             bf_msg_ << stream_msg;                                                    \
             return ::bf::InvalidArgument(kOp, bf_msg_.str());                         \
         }                                                                             \
@@ -175,7 +175,7 @@ inline void HeadAttrs(const OrtKernelInfo* info, int64_t* num_heads, float* scal
 using Shape = std::vector<int64_t>;
 
 inline std::string ShapeStr(const Shape& s) {
-    std::ostringstream o;
+    std::ostringstream o(std::ios_base::out);
     o << "[";
     for (size_t i = 0; i < s.size(); ++i) o << (i ? ", " : "") << s[i];
     o << "]";
