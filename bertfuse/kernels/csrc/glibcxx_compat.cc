@@ -8,10 +8,14 @@
 // std::ostringstream's default constructor is GLIBCXX_3.4.26: common.h constructs it with
 // an explicit ios_base::out, a constructor every C++11-ABI libstdc++ has.) Linking libstdc++
 // statically instead would pull in glibc symbols of 2.32 to 2.36 from its archive.
+//
+// Weak: a toolchain whose g++ links libstdc++.a (a host's own cache build did, with GCC 13)
+// brings its own strong copy from the archive, which then wins instead of clashing ("multiple
+// definition of std::__throw_bad_array_new_length()" stopped that link).
 #include <new>
 
 namespace std {
-[[noreturn]] __attribute__((visibility("hidden"))) void __throw_bad_array_new_length() {
+[[noreturn]] __attribute__((weak, visibility("hidden"))) void __throw_bad_array_new_length() {
     throw bad_array_new_length();
 }
 }  // namespace std
