@@ -74,8 +74,12 @@ class BdistWheel(bdist_wheel):
 
 
 def toolchain() -> list[str]:
+    """The `kernels` extra (pip's CUDA 13 toolchain), and psutil: the build runs bertfuse's
+    own build code (bertfuse.kernels.prebuild), whose temp files name their run by PID and
+    start time (bertfuse.io.stale, through psutil)."""
     project = tomllib.loads((HERE / "pyproject.toml").read_text())["project"]
-    return list(project["optional-dependencies"]["kernels"])
+    needs = [d for d in project["dependencies"] if d.startswith("psutil")]
+    return list(project["optional-dependencies"]["kernels"]) + needs
 
 
 setup(distclass=KernelsDistribution, cmdclass={"build_py": BuildPy, "bdist_wheel": BdistWheel},
