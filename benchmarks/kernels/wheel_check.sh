@@ -24,7 +24,10 @@
 #
 # Environment: OUT (default ./out/wheel-check), WORK (default /tmp/bertfuse-wheel-check),
 # ORT_SITE (default /tmp/site: where onnxruntime-gpu and bertfuse's other dependencies the
-# host lacks are importable from, put on PYTHONPATH; empty: none), ORT_INCLUDE (ORT headers,
+# host lacks are importable from, put on PYTHONPATH; empty: none; several folders joined with ':'.
+# Where PYTHON is itself a virtualenv's, --system-site-packages sees the base interpreter's
+# packages, not that venv's: name its site-packages here too, as the H100 run in
+# docs/prebuilt-kernels.md did for the image's /opt/torch/.venv), ORT_INCLUDE (ORT headers,
 # for `local` only), PYTHON (default python3), ITERS (default 300), NVCC_DIR (the host's nvcc,
 # for `local` only; default /usr/local/cuda/bin).
 # Writes under $OUT: env.txt, install.log, model.log, session.json, info.json, check.json,
