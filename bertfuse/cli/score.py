@@ -4,6 +4,8 @@ no Ray: the job does, when it runs."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 from typing import Any
 
 from bertfuse.cli.args import add_kernels_arg, int_at_least, stage_lines
@@ -81,8 +83,13 @@ class Score(Command):
     def run(self, args: argparse.Namespace, console: Any) -> int:
         from bertfuse.score import score
 
-        # plan, ray cluster, score: a line each on a pipe (a terminal has Ray Data's bars)
-        with stage_lines(args, spinner=False) as progress:
+        # plan, ray cluster, score: a line each on a pipe (a terminal has Ray Data's bars).
+        # Ray prints the cluster's error messages (an actor killed after a stall: "(raylet)
+        # Task ... submit failed"; a worker died) on the driver's stdout whatever log_to_driver
+        # says: they go nowhere (Ray's logs keep them, and a failure's one line names those),
+        # so that stdout holds only this command's output (a --json report began with one).
+        with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink), \
+                stage_lines(args, spinner=False) as progress:
             s = score(args.model, args.input, args.output, text_column=args.text_column,
                       text_pair_column=args.text_pair_column, vocab=args.vocab,
                       lower_case=args.lower_case, truncate=args.truncate,
