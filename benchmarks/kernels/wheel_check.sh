@@ -23,7 +23,8 @@
 #            (packaged / local, the bar: within 3%)
 #
 # Environment: OUT (default ./out/wheel-check), WORK (default /tmp/bertfuse-wheel-check),
-# ORT_SITE (default /tmp/site: where onnxruntime-gpu and bertfuse's other dependencies the
+# ORT_SITE (default none: the venv sees the host's site-packages, where onnxruntime-gpu is
+# installed the ordinary way; else a folder where onnxruntime-gpu and bertfuse's other dependencies the
 # host lacks are importable from, put on PYTHONPATH; empty: none; several folders joined with ':'.
 # Where PYTHON is itself a virtualenv's, --system-site-packages sees the base interpreter's
 # packages, not that venv's: name its site-packages here too, as the H100 run in
@@ -42,7 +43,7 @@ STEPS="${*:-install model session check bench local}"
 REPO="$PWD"
 OUT="${OUT:-$PWD/out/wheel-check}"
 WORK="${WORK:-/tmp/bertfuse-wheel-check}"
-ORT_SITE="${ORT_SITE-/tmp/site}"
+ORT_SITE="${ORT_SITE-}"
 PY="${PYTHON:-python3}"
 ITERS="${ITERS:-300}"
 NVCC_DIR="${NVCC_DIR:-/usr/local/cuda/bin}"
