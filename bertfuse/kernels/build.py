@@ -129,7 +129,7 @@ def find_cutlass() -> Path | None:
     """CUTLASS's source root (include/cutlass/cutlass.h, tools/util/include/) when the sm_90a GEMMs
     are asked for: $BERTFUSE_CUTLASS_DIR, a CUTLASS checkout, or `pip` to take pip's
     nvidia-cutlass (cutlass_library/source). Unset: None, cuBLASLt GEMMs only. Opt-in because,
-    as measured on the H200, cuBLASLt is faster at every BERT shape so far (docs/benchmarks/
+    as measured on the H200, cuBLASLt is faster at every BERT shape so far (docs/journal/
     kernels.md) and the CUTLASS files add minutes to the build."""
     env = os.environ.get(CUTLASS_ENV, "").strip()
     if not env:

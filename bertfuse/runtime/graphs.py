@@ -10,7 +10,7 @@
 
 Why: ONNX Runtime's own replay (`gpu_graph_id`) goes through its Run() call around the launch.
 Measured on an H100 that call costs only 0.6-2.9 us, so a request gains 1.3-4.5 us, and the
-copy inside the graph and the native launch a few us more (docs/benchmarks/kernels.md).
+copy inside the graph and the native launch a few us more (docs/journal/kernels.md).
 
 What makes the recorded addresses stay right: the bucket's inputs and outputs are bound once to
 buffers it owns; ORT's intermediates come from its arena, which the session's lock lets only one

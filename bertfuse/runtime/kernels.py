@@ -167,7 +167,7 @@ def _choose(proto: onnx.ModelProto, kernels: str, device: str, max_seq: int,
                          "--precision fp16")
     slow = general_path_heads(proto)
     if slow and kernels == "auto":
-        # Measured on an H200 (docs/benchmarks/kernels.md): TinyBERT's head size 26 on the
+        # Measured on an H200 (docs/journal/kernels.md): TinyBERT's head size 26 on the
         # general path is ~1.7x slower than ONNX Runtime's kernels, so auto keeps those.
         return fall_back(f"head size {slow[0]} runs on bertfuse's general attention path only, "
                          "slower than ONNX Runtime's kernels (kernels='bertfuse' uses it anyway)")

@@ -21,7 +21,7 @@ _cudart: ctypes.CDLL | None = None
 _cudart_name = ""
 # cudaMemcpyAsync only queues the copy (a few us): called through PyDLL it keeps the GIL.
 # Through CDLL every call drops and retakes it, and with several threads serving, retaking
-# it means waiting for another thread's Python work (measured: docs/benchmarks/packed.md).
+# it means waiting for another thread's Python work (measured: docs/journal/packed.md).
 _queue_copy: Callable[..., int] | None = None
 
 

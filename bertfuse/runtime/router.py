@@ -5,7 +5,7 @@ requests that are mostly padding.
                           keeps a token? ─► PackedSession (packed.py)
                                          └► else the padded buckets (session.py)
 
-Measured (docs/benchmarks/packed.md): packing pays below ~70% fill at 3 layers b20 s64 and below
+Measured (docs/journal/packed.md): packing pays below ~70% fill at 3 layers b20 s64 and below
 ~85% at BERT-base b32 s128; full batches lose 9-11% packed.
 """
 

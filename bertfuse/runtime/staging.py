@@ -102,7 +102,7 @@ class FastStager:
         """The bits of `names` whose outputs the native call copies into their page-locked
         mirrors (each made on first use); 0 where the lane launches nothing. Only copies of up
         to MIRROR_BYTES go this way: past a few MB, the copy out of the mirror into the array
-        run() returns costs more than it saves (measured, docs/benchmarks/kernels.md)."""
+        run() returns costs more than it saves (measured, docs/journal/kernels.md)."""
         if not lane.launch:
             return 0
         want = 0

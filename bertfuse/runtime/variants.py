@@ -54,7 +54,7 @@ class VariantPolicy:
     """Which session (mask variant) serves a request. Rows that are right-padded (or full)
     can use a narrower mask form with faster attention kernels, each provably equal to the
     raw mask for them: 'keylen' ([B]: cuDNN flash attention), 'keyseq' ([3B+2]: cutlass
-    memory-efficient attention). Measured on the H200 (docs/benchmarks/gpu.md): keyseq is
+    memory-efficient attention). Measured on the H200 (docs/journal/gpu.md): keyseq is
     fastest below seq 128 (243 -> 229 us GPU at 3 layers b20 s64), cuDNN's keylen from 128
     on, so 'auto' splits there. min_seq keeps the raw mask below a bucket length. [3B+2]
     selects cutlass attention in fp16 only; fp32 would take the unfused path. A model whose
@@ -62,7 +62,7 @@ class VariantPolicy:
     length under 'auto': its kernel reads the raw mask at no cost, and the key-length form only
     adds its ReduceSum (measured on the H200 at shenma-3l b20 s64: GPU 182.6 against 184.2 us,
     p50 8-22 us lower in three runs; at base b1 s128: GPU 389.8 against 393.7 us, 99 kernels
-    against 100; docs/benchmarks/kernels.md)."""
+    against 100; docs/journal/kernels.md)."""
 
     right_padded: str  # 'auto', 'keylen' or 'keyseq'
     min_seq: int

@@ -40,7 +40,7 @@ from bertfuse.score.watch import StallClock, Stalled, note, watched
 
 # A Ray Data batch is this many session batches: fewer, larger calls. On two H200s (shenma-3l
 # fp16, 1M rows) 4,096-row calls kept each GPU's session 98% busy: 2 actors 1.98x one, where
-# 2,048-row calls gave 1.77x (docs/benchmarks/scoring.md).
+# 2,048-row calls gave 1.77x (docs/journal/scoring.md).
 ROWS_PER_TASK = 128
 # Calls at once per actor (actor.Scorer): Ray Data fetches and batches the next block and
 # stores the last one's output, and the Scorer prepares and converts rows, while the session
@@ -256,7 +256,7 @@ def _dataset(job: ScoreJob, todo: list, device: str, actors: int) -> Any:
     # slot: after a node's loss Ray restarts its actors on the nodes left, and a read or a
     # split waiting for a CPU that the actors hold stalls the job for ever, Ray Data raising
     # nothing (the actors wait for its rows). Seen with the split: repartition() takes no
-    # num_cpus, so its logical operator's remote args are set (docs/benchmarks/serving.md).
+    # num_cpus, so its logical operator's remote args are set (docs/journal/serving.md).
     ds = ds.map_batches(read_parts, batch_size=1, batch_format="numpy",
                         fn_kwargs={"files": job.files, "columns": columns}, num_cpus=0,
                         compute=TaskPoolStrategy(size=2))

@@ -12,7 +12,7 @@ from support.paths import ROOT
 
 README = ROOT / "README.md"
 PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]  # the user pages
-RESULTS = sorted((ROOT / "docs" / "benchmarks").glob("*.md"))  # results pages, linked from them
+RESULTS = sorted((ROOT / "docs" / "journal").glob("*.md"))  # the journal of measured trials, linked from them
 
 
 @dataclass
