@@ -3,8 +3,8 @@ benchmark's JSON, drawn by matplotlib (a Figure saved by its SVG backend: no pyp
 display) into SVG files that are the same bytes on every run of the same input (a fixed
 svg.hashsalt, no date).
 
-    python3 benchmarks/charts.py docs/runs/gpu_bench_2026-11-29_main.json -o docs/charts/latency_tf_path.svg \
-        --title "TF BERT on ONNX Runtime, H200, 2026-11-29" --variants "ORT raw fp16" ...
+    python3 benchmarks/charts.py docs/runs/gpu_bench_2026-12-06_h100_evening_base.json -o docs/charts/latency_peers_h100.svg \
+        --title "p50 per request against the peers, H100, 2026-12-06" --variants "bertfuse fp16 runtime (arena + CUDA graph)" ...
     python3 benchmarks/charts.py RUN.json -o OUT.svg --field seq_per_s --variants "ORT bert_tf fp16 + CUDA graph" ...
     python3 benchmarks/charts.py breadth.json --fusion -o docs/charts/fusion_counts.svg
 
