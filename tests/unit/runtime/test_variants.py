@@ -113,7 +113,7 @@ def test_keyseq_variant_equals_raw_mask(name, batch, seq, kinds, expected, model
 
 @pytest.mark.parametrize("precision", ["fp16", "fp32"])
 def test_auto_policy_splits_at_seq_128(precision, models):
-    """Default right_padded='auto' (measured, docs/benchmarks.md): for fp16 models the
+    """Default right_padded='auto' (measured, docs/journal/gpu.md): for fp16 models the
     [3B+2] form below bucket length 128, [B] key lengths / no mask from 128. fp32 models
     keep the raw mask below 128 ([3B+2] selects the fast kernel in fp16 only)."""
     s = new_session(models[precision], max_batch=4)
