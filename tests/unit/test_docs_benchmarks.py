@@ -60,7 +60,8 @@ def test_every_run_file_is_linked_from_a_doc():
 
 def test_every_benchmark_script_is_cited_or_imported():
     """benchmarks/README.md lists the scripts; a script it alone names is a probe of a trial
-    nobody reads any more."""
+    nobody reads any more. A citation: the file's name in a doc, a test, the Makefile, another
+    script or the package's code (a comment naming what measured it); or a script importing it."""
     readers = [p for p in _doc_pages() if p != BENCH / "README.md"]
     readers += [*sorted((ROOT / "tests").rglob("*.py")), ROOT / "Makefile",
                 *(p for p in (ROOT / "bertfuse").rglob("*") if p.is_file() and p.suffix in
