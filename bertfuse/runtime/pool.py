@@ -124,6 +124,11 @@ class SessionPool:
                              "pool.call(lambda s: use(s.run(..., to_host=False)))")
         return self.call(lambda session: session.run(*args, **kwargs))
 
+    @property
+    def closed(self) -> bool:
+        """True once close() has run (or the constructor failed): submit() refuses jobs."""
+        return self._closed
+
     def close(self) -> None:
         """Stops the workers once the queued jobs are done, and closes the replicas (each on
         its own worker thread; from a pool job, its own replica closes after that job)."""

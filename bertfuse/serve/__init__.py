@@ -2,12 +2,13 @@
 
     guard (headers, token, body read as it arrives, JSON depth, surrogates)
       ─► config (ServeConfig, checked keywords)
+           ─► replica_config (ReplicaConfig: one replica's typed settings, once placed)
       ─► requests (JSON body -> checked arrays; a batch -> one run -> split)
            ─► oip (the Open Inference Protocol, KServe v2 as Triton speaks it: infer, the
                    model's metadata and Triton config)
     infer_stats (Triton's statistics: counts and nanoseconds per request and model call)
     oip, infer_stats ─► oip_routes (every /v2 route as Triton answers it)
-    config, requests, oip, oip_routes ─► app (the Serve deployment: a warmed Session per replica,
+    replica_config, requests, oip, oip_routes ─► app (the Serve deployment: a warmed Session per replica,
                                   serve.batch, the HTTP routes of both protocols)
     haproxy_conf (limits added to Serve's HAProxy config)
       ─► http_limits (the same limits in uvicorn, for the proxy and direct ingresses)

@@ -19,6 +19,7 @@ from bertfuse.ray_cluster import connect, disconnect, first_line, signal_handler
 from bertfuse.serve import quiesce
 from bertfuse.serve.config import ServeConfig, check_config, resolve
 from bertfuse.serve.haproxy_conf import SERVER_TIMEOUT_S
+from bertfuse.serve.replica_config import replica_config
 from bertfuse.serve.requests import body_limit
 from bertfuse.serve.ingress import (auto_ingress, haproxy_pids, ingress_environment, remove,
                                     replica_urls)
@@ -235,7 +236,7 @@ def _deploy(cfg: ServeConfig, say: Any, withheld: dict[str, str]) -> Served:
         _importable_by_workers()
         max_body = body_limit(cfg.max_batch, cfg.max_seq)
         with ingress_environment(cfg.ingress, cfg.metrics_host, max_body,
-                                 cfg.extra.get("token_sha256")) as scratch:
+                                 cfg.token_sha256) as scratch:
             started_ray = connect(cfg.address, metrics_host=cfg.metrics_host,
                                   leftovers=(scratch,) if scratch else ())
         connected = True
@@ -258,12 +259,12 @@ def _deploy(cfg: ServeConfig, say: Any, withheld: dict[str, str]) -> Served:
                             logging_config=_logging(cfg))
             started_serve = True
             url_host, url_port = cfg.host, cfg.port
-        spec = dataclasses.replace(cfg, device=device, replicas=replicas).to_spec()
-        spec["extra"]["run"] = os.urandom(8).hex()  # this deployment's key for shared stats
+        # run: this deployment's key for the statistics its replicas share
+        config = replica_config(cfg, device, replicas, run=os.urandom(8).hex())
         app = BertfuseReplica.options(
             num_replicas=replicas, ray_actor_options=resources, logging_config=_logging(cfg),
             max_ongoing_requests=max(4 * cfg.max_batch, 16),
-            graceful_shutdown_timeout_s=DRAIN_S).bind(spec)
+            graceful_shutdown_timeout_s=DRAIN_S).bind(config)
         prefix = "/" if started_serve else f"/{cfg.name}"
         say("deploy replicas")  # each replica builds and warms its Session
         with signal_handlers_kept():

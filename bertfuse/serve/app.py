@@ -39,6 +39,7 @@ from bertfuse.serve.guard import Access, check_access, check_post, is_loopback, 
 from bertfuse.serve.infer_stats import InferStats, merge
 from bertfuse.serve.oip import OIP
 from bertfuse.serve.oip_routes import route as v2_route
+from bertfuse.serve.replica_config import ReplicaConfig
 from bertfuse.serve.requests import HTTPError, Limits, Parsed, body_limit, combine, \
     encode_body, parse_body, split
 
@@ -76,46 +77,48 @@ def body_response(body: bytes) -> Response:
 
 @serve.deployment(name="BertfuseModel")
 class BertfuseReplica:
-    """A Serve replica of `spec` (ServeConfig.to_spec(), device resolved)."""
+    """A Serve replica of `config` (replica_config.py: a checked ServeConfig, placed)."""
 
-    def __init__(self, spec: dict[str, Any]) -> None:
+    def __init__(self, config: ReplicaConfig) -> None:
+        if not isinstance(config, ReplicaConfig):
+            raise TypeError(f"BertfuseReplica takes a ReplicaConfig (bertfuse.serve."
+                            f"replica_config), not {type(config).__name__}")
         from bertfuse.runtime import Session, SessionPool
         from bertfuse.runtime.requests import declared_output_dims, load_model, model_facts
 
-        self.spec = spec
+        self.config = config
         sys.setswitchinterval(switch_interval_s())
-        proto = load_model(spec["model"])
+        proto = load_model(config.model)
         self.facts = model_facts(proto)
         dims = declared_output_dims(proto) or {}
-        self.outputs = list(spec["outputs"])
+        self.outputs = list(config.outputs)
         self.seq_axis = {n: dims.get(n, ("B", "S"))[1:2] == ("S",) for n in self.facts.outputs}
-        self.limits = Limits(spec["max_batch"], spec["max_seq"],
-                             body_limit(spec["max_batch"], spec["max_seq"]))
-        self.access = Access(spec["extra"].get("token_sha256"), is_loopback(spec["host"]))
+        self.limits = Limits(config.max_batch, config.max_seq,
+                             body_limit(config.max_batch, config.max_seq))
+        self.access = Access(config.token_sha256, is_loopback(config.host))
         self.tokenizer = None
-        if spec["vocab"]:
+        if config.vocab:
             from bertfuse.text import WordPiece
 
-            self.tokenizer = WordPiece(spec["vocab"], lower_case=spec["lower_case"],
-                                       max_length=spec["max_seq"], model=spec["model"])
-        device = spec["device"]
+            self.tokenizer = WordPiece(config.vocab, lower_case=config.lower_case,
+                                       max_length=config.max_seq, model=config.model)
         self.warm: list[tuple[int, int]] = []
 
         def make() -> Session:
-            buckets = {"batch_buckets": spec["batch_buckets"]} if spec["batch_buckets"] else {}
-            return Session(spec["model"], max_batch=spec["max_batch"], max_seq=spec["max_seq"],
-                           device=device, kernels=spec["kernels"],
-                           intra_op_threads=spec["cpu_threads"], **buckets)
+            buckets = {"batch_buckets": config.batch_buckets} if config.batch_buckets else {}
+            return Session(config.model, max_batch=config.max_batch, max_seq=config.max_seq,
+                           device=config.device, kernels=config.kernels,
+                           intra_op_threads=config.cpu_threads, **buckets)
 
         def prepare(session: Session) -> None:
-            if spec["warmup"]:  # every bucket's buffers and CUDA graph before any traffic
+            if config.warmup:  # every bucket's buffers and CUDA graph before any traffic
                 self.warm = session.warmup()
 
         self.pool = SessionPool(make, replicas=1, prepare=prepare)
         self.session = self.pool.replicas[0]
         self.ready = True
-        self.wait_s = spec["max_wait_ms"] / 1000
-        self._batch.set_max_batch_size(spec["max_batch"])
+        self.wait_s = config.max_wait_ms / 1000
+        self._batch.set_max_batch_size(config.max_batch)
         self._batch.set_batch_wait_timeout_s(self.wait_s)
         self.inflight = 0  # requests between parse and answer: queued, batched or running
         self.counts = {"requests": 0, "errors": 0, "batches": 0, "rows": 0, "max_batch_rows": 0,
@@ -135,7 +138,7 @@ class BertfuseReplica:
         self.infer_stats = InferStats()  # Triton's statistics (infer_stats.py)
         context = serve.get_replica_context()
         replica = getattr(getattr(context, "replica_id", None), "unique_id", None)
-        self.stats_key = f"bertfuse/stats/{spec['extra'].get('run', '')}/{replica or os.getpid()}"
+        self.stats_key = f"bertfuse/stats/{config.run}/{replica or os.getpid()}"
         self.publish_at: asyncio.TimerHandle | None = None
         self.oip = OIP(self, dims, proto)  # the /v2 routes (Open Inference Protocol)
 
@@ -252,8 +255,8 @@ class BertfuseReplica:
         return merge([self.infer_stats.snapshot(), *others])
 
     def _readyz(self) -> Response:
-        if self.ready and not self.pool._closed:
-            return json_response(200, {"ready": True, "device": self.spec["device"],
+        if self.ready and not self.pool.closed:
+            return json_response(200, {"ready": True, "device": self.config.device,
                                        "warm_buckets": len(self.warm)})
         return json_response(503, {"ready": False, "error": "the session is closed"})
 
@@ -262,10 +265,10 @@ class BertfuseReplica:
         context = serve.get_replica_context()
         replica = getattr(getattr(context, "replica_id", None), "unique_id", None)
         return {**self.counts, "replica": replica or str(os.getpid()),
-                "pid": os.getpid(), "device": self.spec["device"],
-                "max_batch": self.spec["max_batch"], "max_seq": self.spec["max_seq"],
-                "max_wait_ms": self.spec["max_wait_ms"], "warm_buckets": len(self.warm),
-                "ingress": self.spec["ingress"],
+                "pid": os.getpid(), "device": self.config.device,
+                "max_batch": self.config.max_batch, "max_seq": self.config.max_seq,
+                "max_wait_ms": self.config.max_wait_ms, "warm_buckets": len(self.warm),
+                "ingress": self.config.ingress,
                 "intra_op_threads": self.session.sessions["raw"].get_session_options()
                 .intra_op_num_threads,  # 0: ORT's default (one per physical core)
                 "switch_interval_ms": round(sys.getswitchinterval() * 1e3, 3),
@@ -318,7 +321,7 @@ class BertfuseReplica:
 
     def check_health(self) -> None:
         """Serve's periodic health check: a closed session makes Serve replace the replica."""
-        if self.pool._closed:
+        if self.pool.closed:
             raise RuntimeError("the replica's session is closed")
 
     def __del__(self) -> None:

@@ -1,14 +1,15 @@
 """What `bertfuse serve` / `bertfuse.serve.deploy()` is asked for, checked before Ray starts:
 keyword arguments become one validated `ServeConfig` (a ConfigError names the first bad
 one), and the model and vocab are read once here so a bad file is one line, not a dead
-replica. No Ray here."""
+replica. Once placed, a `ReplicaConfig` (replica_config.py) is what each replica is built
+from. No Ray here."""
 
 from __future__ import annotations
 
 import math
 import numbers
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
 from bertfuse.checks import check_text
@@ -56,7 +57,8 @@ class ServeConfig:
     ingress 'auto' and gpus_per_replica None are decided when deploy() starts (resolve()).
     metrics_host: where the metrics and stats ports listen (HAProxy's, Ray's). token_file:
     a file holding the bearer token every route but the health probes requires (without it,
-    the environment's BERTFUSE_TOKEN; neither: no token)."""
+    the environment's BERTFUSE_TOKEN; neither: no token). token_sha256 is no argument:
+    check_config fills it with that token's digest (the token itself is never kept)."""
 
     model: str
     replicas: int | None = None
@@ -82,11 +84,11 @@ class ServeConfig:
     allow_readable_token_file: bool = False  # else a file others may read is refused
     kernels: str = "auto"  # runtime.kernels: the replicas' choice of contrib or bertfuse ops
     cpu_threads: int | None = None  # each replica's ORT intra-op threads (None: ORT's default)
-    extra: dict = field(default_factory=dict)  # facts read from the model (filled by check)
+    token_sha256: str | None = None  # filled by check_config (FILLED), not an argument
 
-    def to_spec(self) -> dict[str, Any]:
-        """What a replica is built from (plain data: it travels to Ray workers)."""
-        return asdict(self)
+
+FILLED = ("token_sha256",)  # ServeConfig's fields check_config fills: no keyword sets them
+ARGUMENTS = tuple(f for f in ServeConfig.__dataclass_fields__ if f not in FILLED)
 
 
 def _check_number(name: str, value: Any, lo: float, hi: float | None = None) -> float:
@@ -100,11 +102,10 @@ def _check_number(name: str, value: Any, lo: float, hi: float | None = None) -> 
 def check_config(model: Any = None, **kwargs: Any) -> ServeConfig:
     """A ServeConfig from keywords, every field checked, the model read (its inputs, outputs
     and positions) and the vocab loaded against it."""
-    unknown = sorted(set(kwargs) - set(ServeConfig.__dataclass_fields__) - {"extra"})
-    if unknown or "extra" in kwargs:
-        bad = unknown[0] if unknown else "extra"
-        known = [f for f in ServeConfig.__dataclass_fields__ if f not in ("model", "extra")]
-        raise ConfigError(f"unknown argument {bad!r}; arguments are {', '.join(known)}")
+    unknown = sorted(set(kwargs) - set(ARGUMENTS))
+    if unknown:
+        known = [f for f in ARGUMENTS if f != "model"]
+        raise ConfigError(f"unknown argument {unknown[0]!r}; arguments are {', '.join(known)}")
     if not isinstance(model, (str, os.PathLike)):
         raise ConfigError(f"model must be the path of an .onnx file, not {model!r}")
     cfg = ServeConfig(model=os.path.abspath(os.fspath(model)), **kwargs)
@@ -165,11 +166,8 @@ def check_config(model: Any = None, **kwargs: Any) -> ServeConfig:
         WordPiece(vocab, lower_case=cfg.lower_case, max_length=max_seq, model=cfg.model)
     return ServeConfig(**{**asdict(cfg), "max_seq": max_seq, "outputs": outputs,
                           "batch_buckets": buckets,
-                          "vocab": vocab, "extra": {"inputs": facts.inputs,
-                                                    "vocab_size": facts.vocab_size,
-                                                    "token_sha256": token_sha256(
-                                                        cfg.token_file,
-                                                        cfg.allow_readable_token_file)}})
+                          "vocab": vocab, "token_sha256": token_sha256(
+                              cfg.token_file, cfg.allow_readable_token_file)})
 
 
 def resolve(cfg: ServeConfig, ingress: str) -> ServeConfig:

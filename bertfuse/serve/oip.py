@@ -30,6 +30,7 @@ from starlette.responses import Response
 
 from bertfuse.runtime.requests import RequestError, check_request
 from bertfuse.serve.guard import HTTPError, check_depth, check_post, read_body
+from bertfuse.serve.replica_config import ReplicaConfig
 from bertfuse.serve.requests import Parsed, from_text, pick_outputs, request_message
 
 HEADER = "inference-header-content-length"
@@ -47,19 +48,19 @@ def response(status: int, data: Any, headers: dict | None = None) -> Response:
 
 class OIP:
     """The /v2 infer of one replica (BertfuseReplica: facts, limits, outputs, tokenizer,
-    spec, counts, answer), its metadata and Triton model config (oip_routes.py routes to
+    config, counts, answer), its metadata and Triton model config (oip_routes.py routes to
     them). out_dims: declared output dims ('B', 'S', 768)."""
 
     def __init__(self, replica: Any, out_dims: dict[str, tuple], proto: Any) -> None:
         self.r = replica
-        self.name = replica.spec["name"]
+        self.name = replica.config.name
         shape = lambda n: [-1 if isinstance(d, str) else d for d in out_dims.get(n, ("B",))]  # noqa: E731
         self.metadata = {"name": self.name, "versions": [VERSION], "platform": "onnxruntime_onnx",
                          "inputs": [{"name": n, "datatype": "INT32", "shape": [-1, -1]}
                                     for n in replica.facts.inputs],
                          "outputs": [{"name": n, "datatype": "FP32", "shape": shape(n)}
                                      for n in replica.outputs]}
-        self.config = model_config_json(proto, replica.spec)
+        self.config = model_config_json(proto, replica.config)
 
     # -- infer ---------------------------------------------------------------------------------
 
@@ -225,7 +226,7 @@ class OIP:
                         headers={"Inference-Header-Content-Length": str(len(text))})
 
 
-def model_config_json(proto: Any, spec: dict[str, Any]) -> dict[str, Any]:
+def model_config_json(proto: Any, config: ReplicaConfig) -> dict[str, Any]:
     """The deployment's Triton model config (io/triton_config.py, export-triton's builder):
     the served outputs, max_batch, a replica per instance, --max-wait-ms as the queue delay,
     --cpu-threads as ORT's intra-op threads. A model it cannot describe: {"error": why}."""
@@ -234,9 +235,9 @@ def model_config_json(proto: Any, spec: dict[str, Any]) -> dict[str, Any]:
 
     try:
         return config_json(model_config(
-            proto, spec["name"], spec["max_batch"], spec["replicas"] or 1,
-            "gpu" if spec["device"] == "cuda" else "cpu", round(spec["max_wait_ms"] * 1000),
-            spec.get("cpu_threads"), outputs=spec["outputs"]))
+            proto, config.name, config.max_batch, config.replicas,
+            "gpu" if config.device == "cuda" else "cpu", round(config.max_wait_ms * 1000),
+            config.cpu_threads, outputs=config.outputs))
     except BertfuseError as exc:
         return {"error": str(exc)}
 

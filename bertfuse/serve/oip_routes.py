@@ -88,7 +88,7 @@ def _get(method: str, what: str) -> None:
 
 
 def _ready(oip: OIP) -> bool:
-    return bool(oip.r.ready and not oip.r.pool._closed)
+    return bool(oip.r.ready and not oip.r.pool.closed)
 
 
 async def _repository(oip: OIP, request: Request, parts: list[str], method: str) -> Response:

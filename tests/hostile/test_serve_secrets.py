@@ -176,7 +176,7 @@ def test_a_token_file_others_may_read_is_refused_before_ray(model, tmp_path, cap
     with pytest.raises(ConfigError, match="mode 0640"):
         check_config(model["model"], token_file=str(token))
     cfg = check_config(model["model"], token_file=str(token), allow_readable_token_file=True)
-    assert cfg.extra["token_sha256"] == token_digest("file-token")
+    assert cfg.token_sha256 == token_digest("file-token")
     token.chmod(0o600)
-    assert check_config(model["model"], token_file=str(token)).extra["token_sha256"] == \
+    assert check_config(model["model"], token_file=str(token)).token_sha256 == \
         token_digest("file-token")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+import onnx
 import pytest
 
 ort = pytest.importorskip("onnxruntime")
@@ -115,3 +116,21 @@ def test_pool_closes_a_replica_whose_prepare_failed(tiny_onnx):
     with pytest.raises(ConfigError, match="warmup batch"):
         SessionPool(make, replicas=2, prepare=lambda s: s.warmup([(0, 1)]))
     assert len(made) == 2 and all(s._closed for s in made)
+
+
+def test_pool_closed_is_public_and_follows_close(tmp_path):
+    """`closed` (read-only) is what serve's readiness and health checks read. (A graph
+    built without TensorFlow: this needs no converted model.)"""
+    from support.builders.onnx_graphs import bert
+
+    path = tmp_path / "tiny.onnx"
+    onnx.save(bert(np.random.default_rng(0), layers=1, hidden=16, heads=2, inter=32, vocab=50,
+                   positions=128), path)
+    pool = SessionPool(lambda: new_session(str(path)), replicas=1)
+    assert pool.closed is False
+    pool.close()
+    assert pool.closed is True
+    with pytest.raises(AttributeError):
+        pool.closed = False  # type: ignore[misc]
+    with pytest.raises(RuntimeError, match="closed"):
+        pool.submit(lambda s: None)

@@ -590,10 +590,14 @@ def test_kernels_choice_is_checked_and_reaches_the_replicas(tiny):
     """serve's replicas choose their kernels at load (runtime/kernels.py): auto by default,
     ort or bertfuse when asked; anything else is refused before Ray starts."""
     from bertfuse.errors import BertfuseError
-    from bertfuse.serve.config import check_config
+    from bertfuse.serve.config import check_config, resolve
+    from bertfuse.serve.replica_config import replica_config
 
-    assert check_config(tiny["model"]).to_spec()["kernels"] == "auto"
-    assert check_config(tiny["model"], kernels="ort").to_spec()["kernels"] == "ort"
+    def replica_kernels(**kwargs) -> str:
+        cfg = resolve(check_config(tiny["model"], **kwargs), "proxy")
+        return replica_config(cfg, "cpu", 1, run="r").kernels
+
+    assert replica_kernels() == "auto" and replica_kernels(kernels="ort") == "ort"
     with pytest.raises(BertfuseError, match="kernels must be one of 'auto', 'ort', 'bertfuse'"):
         check_config(tiny["model"], kernels="tensorrt")
     from bertfuse import cli

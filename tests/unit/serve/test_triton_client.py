@@ -268,10 +268,12 @@ def test_statistics_merge_and_triton_form():
 
 def test_served_config_is_the_builders(model):
     """The deployment's config is io/triton_config's message for its options."""
+    from bertfuse.serve.config import resolve
     from bertfuse.serve.oip import model_config_json
+    from bertfuse.serve.replica_config import replica_config
 
     proto = onnx.load(model["model"])
-    spec = {"name": "x", "max_batch": 8, "replicas": 3, "device": "cuda", "max_wait_ms": 0.5,
-            "cpu_threads": None, "outputs": ["pooled_output"]}
-    assert model_config_json(proto, spec) == config_json(model_config(
-        proto, "x", 8, 3, "gpu", 500, None, outputs=["pooled_output"]))
+    cfg = resolve(check_config(model["model"], name="x", max_batch=8, max_wait_ms=0.5,
+                               outputs=["pooled_output"]), "proxy")
+    assert model_config_json(proto, replica_config(cfg, "cuda", 3, run="r")) == \
+        config_json(model_config(proto, "x", 8, 3, "gpu", 500, None, outputs=["pooled_output"]))
