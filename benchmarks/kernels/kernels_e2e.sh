@@ -94,7 +94,7 @@ bench packed "$(cap 150 10)" --workloads --packed "$PACKED" --streams $STREAMS
 "$PY" - "$OUT" <<'EOF' | tee "$OUT/summary.txt"
 import json, os, sys
 
-from bertfuse.bench.kernels import CONTRIB_DEFAULT, KERNELS_ROWS, format_comparison
+from bertfuse.bench.forms import CONTRIB_DEFAULT, KERNELS_ROWS, format_comparison
 from bertfuse.bench.padded import Result
 
 out = sys.argv[1]
@@ -111,7 +111,7 @@ print()
 print(f"library: {setup.get('library') or setup.get('reason')}")
 print(format_comparison(results))
 try:  # padded vs device-packed on bertfuse kernels, and the packed target
-    from bertfuse.bench.packed_kernels import format_tables, target_line
+    from bertfuse.bench.packed_forms import format_tables, target_line
 
     packed = json.load(open(os.path.join(out, "packed", "gpu_bench.json"))).get("packed", {})
     print()

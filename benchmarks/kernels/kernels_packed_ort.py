@@ -1,6 +1,6 @@
 """The device-packed encoder end to end inside ONNX Runtime's CUDA EP (GPU host): a BERT of
 random weights (tests/support/builders) fused to fp16, rewritten to bertfuse ops (the padded model), then
-to the device-packed form (passes/packing_kernels.py: PackTokens, PackedBertAttention,
+to the device-packed form (passes/device_packing.py: PackTokens, PackedBertAttention,
 UnpackTokens); both run through libbertfuse_ops.so.
 
     python3 benchmarks/kernels/kernels_packed_ort.py --lib build/libbertfuse_ops.so
@@ -39,11 +39,11 @@ def build_models(args, rng):
     sys.path.insert(0, str(ROOT / "tests"))
     from support.builders.onnx_graphs import bert
 
-    from bertfuse.passes.bertfuse_kernels import BertfuseKernels
+    from bertfuse.passes.bertfuse_encoder import BertfuseKernels
     from bertfuse.passes.cleanup import Cleanup
     from bertfuse.passes.manager import run_passes
     from bertfuse.passes.plans import fusion_plan
-    from bertfuse.passes.packing_kernels import PackingKernelsPass
+    from bertfuse.passes.device_packing import PackingKernelsPass
 
     raw = bert(rng, layers=args.layers, hidden=args.hidden, heads=args.hidden // 64, inter=4 * args.hidden,
                vocab=200, positions=args.seq)

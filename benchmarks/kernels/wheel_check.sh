@@ -218,7 +218,7 @@ if want local; then
         verdict bench-local $rc "$(grep -m1 '^bertfuse kernels:' "$WORK/bench-local/bench.log")"
         (cd "$WORK" && clean_env "$VENV/bin/python" - "$WORK" <<'EOF'
 import json, os, sys
-from bertfuse.bench.kernels import AUTO_ROW, KERNELS_ROWS
+from bertfuse.bench.forms import AUTO_ROW, KERNELS_ROWS
 out = sys.argv[1]
 runs = {}
 for side in ("packaged", "local"):

@@ -46,7 +46,7 @@ COLUMNS = [  # the table printed last: (header, key in a form's row, format)
 def models(skeleton: str) -> dict[str, str]:
     import onnx
 
-    from bertfuse.bench.kernels import kernels_model
+    from bertfuse.bench.forms import kernels_model
     from bertfuse.bench.models import prepare_models
     from bertfuse.passes.manager import run_passes
     from bertfuse.passes.plans import fusion_plan

@@ -34,7 +34,7 @@ _P = ctypes.c_void_p
 
 
 def models(skeleton: str) -> dict[str, str]:
-    from bertfuse.bench.kernels import fp8_model
+    from bertfuse.bench.forms import fp8_model
 
     paths, k16, work = lowered(skeleton, "split-graph-")
     out = {"fp16": k16}

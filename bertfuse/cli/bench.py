@@ -11,7 +11,7 @@ import tempfile
 import time
 from contextlib import redirect_stdout
 
-from bertfuse.bench.kernels import KERNELS_FORMS
+from bertfuse.bench.forms import KERNELS_FORMS
 from bertfuse.bench.workloads import PACKED_WORKLOADS, PADDED_WORKLOADS
 from bertfuse.cli.command import Command
 from bertfuse.errors import BertfuseError
@@ -111,7 +111,7 @@ def _bench(args: argparse.Namespace, work: str) -> dict:
     import onnxruntime as ort
 
     from bertfuse.bench import packed as packed_bench
-    from bertfuse.bench.kernels import find_library, format_comparison
+    from bertfuse.bench.forms import find_library, format_comparison
     from bertfuse.bench.models import prepare_models
     from bertfuse.bench.padded import Result, Rows, format_table, run_workload, soak
     from bertfuse.bench.timing import kernel_profile

@@ -260,7 +260,7 @@ def check_verify_size(batch: int, seq: int) -> None:
 
 def check_kernels(kernels: str, precision: str, packed: bool = False, fp8: bool = False) -> None:
     """Bad combinations, before any slow work (one line, exit 2). `--packed --kernels bertfuse`
-    is the device-packed form (passes/packing_kernels.py)."""
+    is the device-packed form (passes/device_packing.py)."""
     if fp8 and kernels != "bertfuse":
         raise BertfuseError("--fp8 needs --kernels bertfuse (FP8 weights exist only as bertfuse "
                             "ops)")

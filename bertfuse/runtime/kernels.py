@@ -3,7 +3,7 @@
     model (contrib form) ─► kernels='ort', a CPU device, or an fp32 model ─► as written
                          └► 'auto' | 'bertfuse' on CUDA:
                               the op library (cached, else built on first use)
-                              ─► lowered (passes/bertfuse_kernels.py: each covered layer)
+                              ─► lowered (passes/bertfuse_encoder.py: each covered layer)
                               ─► one padded batch through both forms on the device,
                                  within fp16 limits (ops/contract.TOLERANCES)
                               ─► the lowered form; else 'auto' keeps the contrib form and

@@ -1,4 +1,4 @@
-"""The device-packed form on bertfuse kernels (passes/packing_kernels.py) and the NumPy references
+"""The device-packed form on bertfuse kernels (passes/device_packing.py) and the NumPy references
 of its ops (ops/bertfuse/packed_ops.py): PackTokens, PackedBertAttention, UnpackTokens.
 
 No GPU here: the packed model runs in onnx's ReferenceEvaluator with every custom node's
@@ -19,10 +19,10 @@ from bertfuse.ops.evaluator import evaluate
 from bertfuse.ops.packing_layout import choose_shape, pack_into, packed_shapes
 from bertfuse.passes.manager import run_passes
 from bertfuse.passes.plans import fusion_plan
-from bertfuse.passes.packing_kernels import PackingKernelsPass
+from bertfuse.passes.device_packing import PackingKernelsPass
 from support.builders.onnx_graphs import bert
 from support.passes_common import B, S, bert_feeds, fuse
-from unit.passes.test_bertfuse_kernels import contrib_fp16, kernels
+from unit.passes.test_bertfuse_encoder import contrib_fp16, kernels
 
 PACKED_OPS = ("PackTokens", "PackedBertAttention", "UnpackTokens")
 

@@ -15,7 +15,7 @@ pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx_graphsurgeon")
 
 from bertfuse import cli  # noqa: E402
-from bertfuse.bench.kernels import AUTO_ROW, CONTRIB_DEFAULT, CONTRIB_RAW_ONLY, FIRST_ROW, KERNELS_ROWS, KernelsSetup, \
+from bertfuse.bench.forms import AUTO_ROW, CONTRIB_DEFAULT, CONTRIB_RAW_ONLY, FIRST_ROW, KERNELS_ROWS, KernelsSetup, \
     find_library, format_comparison, gelu_approximation_model, plan_rows, runtime_rows  # noqa: E402
 from bertfuse.bench.peers import ORT_PEER, TORCH_PEER  # noqa: E402
 from bertfuse.bench.models import prepare_models  # noqa: E402
@@ -203,7 +203,7 @@ def test_reference_only_preparation_skips_ort_own_models(tiny_onnx, tmp_path):
 def test_fp8_model_is_the_pipelines_fp8_form(tiny_onnx, tmp_path):
     """bench's FP8 row runs what `convert --kernels bertfuse --fp8` writes: pipeline.fp8's
     form, calibrated on convert's default parity inputs."""
-    from bertfuse.bench.kernels import fp8_model
+    from bertfuse.bench.forms import fp8_model
     from bertfuse.pipeline.fp8 import fp8_form
     from bertfuse.pipeline.lowering import model_feeds, to_bertfuse_kernels
     from bertfuse.pipeline.options import ConvertOptions
