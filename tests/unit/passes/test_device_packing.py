@@ -198,9 +198,9 @@ def test_pass_misses_a_packed_model(padded_and_packed):
 
 
 def test_pass_on_a_converted_checkpoint(ckpt_erf, convert_cached, seed):
-    """The written --kernels bertfuse model of a real TF checkpoint (tf2onnx's graph, not the
+    """The written --ops bertfuse model of a real TF checkpoint (tf2onnx's graph, not the
     builder's) packs, and its packed form equals it at every kept position."""
-    conv = convert_cached(ckpt_erf, "--precision", "fp16", "--kernels", "bertfuse")
+    conv = convert_cached(ckpt_erf, "--precision", "fp16", "--ops", "bertfuse")
     assert conv.exit_code == 0, conv.report
     padded = onnx.load(conv.onnx_path)
     packed, report = fuse(padded, PackingKernelsPass())
