@@ -75,8 +75,8 @@ def run(paths_for: Callable[[str], dict[str, str]], iters: int,
         kernels: Any = None) -> dict:
     """Rows of the padded-vs-packed table and the fill sweep; paths_for(config) gives the
     prepared model paths (bench.prepare_models). kernels: the run's KernelsSetup with
-    `--kernels both` (the fp16 rows then time the bertfuse-kernels forms too, or say why
-    not: packed_forms.py), None for `--kernels ort`."""
+    `--forms both` (the fp16 rows then time the bertfuse-kernels forms too, or say why
+    not: packed_forms.py), None for `--forms contrib`."""
     from bertfuse.runtime.packed import PackedSession
     from bertfuse.runtime.requests import model_facts
     from bertfuse.runtime.router import Session

@@ -1,4 +1,4 @@
-"""`bertfuse bench`'s padded-vs-packed part with `--kernels both`: which bertfuse-kernels forms
+"""`bertfuse bench`'s padded-vs-packed part with `--forms both`: which bertfuse-kernels forms
 it builds (padded and device-packed), what the rows say without the op library, and the
 tables and target line read off the rows. Timing needs a GPU (docs/benchmarks.md)."""
 
@@ -25,7 +25,7 @@ def test_without_the_library_the_rows_say_why():
     paths = {"bertfuse16": "/nonexistent/bertfuse16.onnx"}  # never read
     forms, note = packed_forms.kernels_forms(KernelsSetup(reason="no CUDA GPU found"), paths)
     assert forms == {} and note == "not run: no CUDA GPU found"
-    assert packed_forms.kernels_forms(None, paths) == ({}, "")  # --kernels ort: no rows
+    assert packed_forms.kernels_forms(None, paths) == ({}, "")  # --forms contrib: no rows
     assert packed_forms.makers({}, {}) == {} and set(paths) == {"bertfuse16"}
     row = {"workload": WORKLOAD, "mix": "mixed", "fill": 0.6, "kernels": note}
     load = {"workload": WORKLOAD, "streams": 4, "kernels": note}
