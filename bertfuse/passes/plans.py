@@ -2,7 +2,7 @@
 
     fusion_plan(precision, gelu_approximation)
                               the TF export -> the ORT-contrib encoder (convert, optimize, bench)
-    lowering_plan()           the contrib encoder -> ai.bertfuse ops (`--kernels bertfuse`)
+    lowering_plan()           the contrib encoder -> ai.bertfuse ops (`--ops bertfuse`)
     fp8_plan(x_amax)          the bertfuse dense ops -> FP8 weights (`--fp8`)
     packing_plan(on_kernels)  the padded model -> the packed form (`--packed`)
 
