@@ -18,6 +18,7 @@ import onnx
 from bertfuse.checks import check_path
 from bertfuse.errors import BertfuseError
 from bertfuse.pipeline.options import GROUPS, OPTIMIZE_OPTIONS, OPTIONS, ConvertOptions
+from bertfuse.pipeline.renamed import api_value
 from bertfuse.pipeline.report import RunReport
 from bertfuse.pipeline.stages import convert_model, optimize_model
 
@@ -42,7 +43,7 @@ def convert(source: str | os.PathLike, output: str | os.PathLike | None = None, 
             atol: float | None = _D.atol, rtol: float | None = _D.rtol,
             seed: int | None = _D.seed, batch: int = _D.batch, seq: int = _D.seq,
             verify: bool = _D.verify, force: bool = _D.force, strict: bool = _D.strict,
-            fuse: bool = _D.fuse, packed: bool = _D.packed, kernels: str = _D.kernels,
+            fuse: bool = _D.fuse, packed: bool = _D.packed, ops: str = _D.ops,
             fp8: bool = _D.fp8, gelu_approximation: bool = _D.gelu_approximation,
             load_inputs: str | os.PathLike | None = _D.load_inputs,
             text_file: str | os.PathLike | None = _D.text_file,
@@ -51,7 +52,8 @@ def convert(source: str | os.PathLike, output: str | os.PathLike | None = None, 
             save_outputs: str | os.PathLike | None = _D.save_outputs,
             load_outputs: str | os.PathLike | None = _D.load_outputs,
             external_data: bool = _D.external_data,
-            progress: Progress | None = None, native_logs: bool = False) -> Result:
+            progress: Progress | None = None, native_logs: bool = False,
+            kernels: str | None = None) -> Result:
     """TF BERT -> fused ONNX, verified against TensorFlow (`bertfuse convert`).
 
     source: checkpoint directory or prefix, SavedModel directory, frozen .pb/.pbtxt, .keras.
@@ -59,6 +61,7 @@ def convert(source: str | os.PathLike, output: str | os.PathLike | None = None, 
     progress: called with each stage's name.
     native_logs: let TensorFlow's and ONNX Runtime's own C++ log lines reach stderr (the
     CLI's --debug); by default they are silenced during the call, as the CLI does.
+    kernels: ops's old name (deprecated: a DeprecationWarning; accepted until the next release).
 {options}
     Raises BertfuseError for bad input, ParityError (with `.report`) when the model drifts
     from TensorFlow, FusionIncomplete (strict), MissingDependency without
@@ -66,6 +69,7 @@ def convert(source: str | os.PathLike, output: str | os.PathLike | None = None, 
     """
     src = check_path("source", source)
     out = check_path("output", output, optional=True)
+    ops = api_value("convert", "ops", ops, kernels, _D.ops)
     opts = ConvertOptions.from_keywords(_CONVERT_OPTIONS, locals())
     with _quiet(native_logs) as passthrough:
         return Result(*convert_model(src, out, opts, passthrough(_progress(progress))))
@@ -74,13 +78,14 @@ def convert(source: str | os.PathLike, output: str | os.PathLike | None = None, 
 def optimize(model: str | os.PathLike | onnx.ModelProto,
              output: str | os.PathLike | None = None, *,
              inputs: Mapping[str, str] | None = _D.inputs, precision: str = _D.precision,
-             strict: bool = _D.strict, packed: bool = _D.packed, kernels: str = _D.kernels,
+             strict: bool = _D.strict, packed: bool = _D.packed, ops: str = _D.ops,
              fp8: bool = _D.fp8, gelu_approximation: bool = _D.gelu_approximation,
              batch: int = _D.batch, seq: int = _D.seq, seed: int | None = _D.seed,
              atol: float | None = _D.atol, rtol: float | None = _D.rtol,
              verify: bool = _D.verify, force: bool = _D.force,
              external_data: bool = _D.external_data,
-             progress: Progress | None = None, native_logs: bool = False) -> Result:
+             progress: Progress | None = None, native_logs: bool = False,
+             kernels: str | None = None) -> Result:
     """The fusion passes on an ONNX model you exported with tf2onnx (`bertfuse optimize`).
 
     model: a path or an onnx.ModelProto (left unchanged). output: None returns the model
@@ -89,13 +94,14 @@ def optimize(model: str | os.PathLike | onnx.ModelProto,
     inputs left out are recognised by name ({{}} recognises all). None keeps the export's
     names. The fused model is compared with the model as given, both in ONNX Runtime on
     the CPU, on random padded inputs (verify=False skips it): past the limits, ParityError
-    (with `.report`), unless force. With kernels="bertfuse" the result is also checked equal
+    (with `.report`), unless force. With ops="bertfuse" the result is also checked equal
     to the contrib form with NumPy references; fp8 is measured against the model as given.
-    native_logs: as for convert.
+    native_logs, kernels: as for convert.
 {options}
     """
     if not isinstance(model, onnx.ModelProto):
         model = check_path("model", model)
+    ops = api_value("optimize", "ops", ops, kernels, _D.ops)
     opts = ConvertOptions.from_keywords(OPTIMIZE_OPTIONS, locals())
     out = check_path("output", output, optional=True)
     with _quiet(native_logs) as passthrough:

@@ -18,7 +18,7 @@
 #    is missing, the kernels rows say why and the rest still runs.
 #    Then (packed/) the padded-vs-packed workload $PACKED (default "uniform [8,64] b20 s64")
 #    under $STREAMS streams (default 4): beside the contrib form's padded and packed sessions,
-#    the bertfuse-kernels padded form and its device-packed form (--packed --kernels bertfuse).
+#    the bertfuse-kernels padded form and its device-packed form (--packed --ops bertfuse).
 # 3. Last: the two forms side by side, against the targets, with the top kernels of each, and
 #    the device-packed vs padded tables with the packed target's line.
 #
@@ -80,7 +80,7 @@ bench() {  # bench DIR TIMEOUT BENCH-ARGS... (which workloads)
     local t0=$(date +%s)
     timeout -k 15 "$t" "$PY" -m bertfuse.cli bench --skeletons "$SKEL" "$@" \
         --ort-rows "$ORT_ROWS" --runtime-rows "$RUNTIME_ROWS" --iters "$ITERS" \
-        --kernels both --out "$OUT/$dir" \
+        --forms both --out "$OUT/$dir" \
         > "$OUT/$dir/bench.log" 2>&1
     local rc=$?
     echo "bench $*: exit $rc in $(( $(date +%s) - t0 )) s (timeout $t s)"
@@ -94,7 +94,7 @@ bench packed "$(cap 150 10)" --workloads --packed "$PACKED" --streams $STREAMS
 "$PY" - "$OUT" <<'EOF' | tee "$OUT/summary.txt"
 import json, os, sys
 
-from bertfuse.bench.kernels import CONTRIB_DEFAULT, KERNELS_ROWS, format_comparison
+from bertfuse.bench.forms import CONTRIB_DEFAULT, KERNELS_ROWS, format_comparison
 from bertfuse.bench.padded import Result
 
 out = sys.argv[1]
@@ -111,7 +111,7 @@ print()
 print(f"library: {setup.get('library') or setup.get('reason')}")
 print(format_comparison(results))
 try:  # padded vs device-packed on bertfuse kernels, and the packed target
-    from bertfuse.bench.packed_kernels import format_tables, target_line
+    from bertfuse.bench.packed_forms import format_tables, target_line
 
     packed = json.load(open(os.path.join(out, "packed", "gpu_bench.json"))).get("packed", {})
     print()

@@ -1,5 +1,5 @@
 """On a host with TensorFlow: TinyBERT- and MiniLM-shaped checkpoints (head sizes 26 and 32, 4
-layers, 512 positions, random weights), each converted with `--precision fp16 --kernels
+layers, 512 positions, random weights), each converted with `--precision fp16 --ops
 bertfuse`, and TensorFlow's own fp32 outputs on padded requests of seq 64 and 384, for
 benchmarks/kernels/saved_parity.py on the GPU host.
 
@@ -32,7 +32,7 @@ def main(out: str) -> None:
     for name, kw in SPECS.items():
         cfg = BertConfig(vocab_size=VOCAB, num_hidden_layers=4, max_position_embeddings=512, **kw)
         ckpt = write_example(cfg, f"{out}/{name}_ckpt", seed=1)
-        bertfuse.convert(ckpt, f"{out}/{name}_k.onnx", precision="fp16", kernels="bertfuse")
+        bertfuse.convert(ckpt, f"{out}/{name}_k.onnx", precision="fp16", ops="bertfuse")
         src = load_source(str(ckpt), opts.kind, opts.signature, None, None, None)
         refs = {}
         try:

@@ -190,7 +190,7 @@ run_bench() {  # run_bench DIR [ENV=VALUE...]: shenma-3l b20 s64, own-kernel row
     mkdir -p "$dir"
     (cd "$WORK" && clean_env "$@" "$VENV/bin/python" -m bertfuse bench --skeletons "$WORK/skel" \
         --workloads "shenma-3l b20 s64" --packed --streams --peers off --ort-rows reference \
-        --runtime-rows paired --kernels both --iters "$ITERS" --out "$dir") > "$dir/bench.log" 2>&1
+        --runtime-rows paired --forms both --iters "$ITERS" --out "$dir") > "$dir/bench.log" 2>&1
     rc=$?
     cp -r "$dir" "$OUT/$name"
     return $rc
@@ -218,7 +218,7 @@ if want local; then
         verdict bench-local $rc "$(grep -m1 '^bertfuse kernels:' "$WORK/bench-local/bench.log")"
         (cd "$WORK" && clean_env "$VENV/bin/python" - "$WORK" <<'EOF'
 import json, os, sys
-from bertfuse.bench.kernels import AUTO_ROW, KERNELS_ROWS
+from bertfuse.bench.forms import AUTO_ROW, KERNELS_ROWS
 out = sys.argv[1]
 runs = {}
 for side in ("packaged", "local"):

@@ -17,7 +17,7 @@ OUT="${OUT:-$PWD/out/ab}"
 SKEL="${SKEL:-out/skeletons}"
 PY="${PYTHON:-python3}"
 if [ -n "${BENCH_ARGS:-}" ]; then read -r -a ARGS <<< "$BENCH_ARGS"; else
-    ARGS=(--workloads "shenma-3l b20 s64" --packed --streams --kernels ort --ort-rows reference
+    ARGS=(--workloads "shenma-3l b20 s64" --packed --streams --forms contrib --ort-rows reference
           --iters 300); fi
 mkdir -p "$OUT"
 for r in $(seq 1 "$ROUNDS"); do

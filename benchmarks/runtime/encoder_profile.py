@@ -28,7 +28,7 @@ WORKLOADS = [("shenma-3l", 20, 64), ("base", 32, 128)]
 
 
 def models(skeleton: str) -> dict[str, str]:
-    from bertfuse.bench.kernels import fp8_model
+    from bertfuse.bench.forms import fp8_model
 
     paths, k16, work = lowered(skeleton, "encoder-profile-")
     fp8, note = fp8_model(paths["bertfuse16"], k16, work)

@@ -4,7 +4,7 @@ For each workload, the config refilled from its skeleton and fused twice with be
 (fp16): as the model computes it (erf GELU: DenseBiasGelu approximate = 0, cuBLASLt's GEMM with
 the bias, then the erf GELU kernel) and with `--gelu-approximation` (FastGelu, then
 DenseBiasGelu approximate = 1: cuBLASLt's bias + GELU epilogue, no GELU kernel). Both are
-lowered to bertfuse's ops as `convert --kernels bertfuse` does and opened as runtime Sessions
+lowered to bertfuse's ops as `convert --ops bertfuse` does and opened as runtime Sessions
 (CUDA graph, one warm bucket). Timed in alternating rounds: ORT's replay of the bucket and the
 whole `Session.run(..., to_host=False)`; then CUPTI's GPU time and kernel count per request,
 and each form's error against the fp32 fused model (exact GELU) on the same request: max and
@@ -46,7 +46,7 @@ COLUMNS = [  # the table printed last: (header, key in a form's row, format)
 def models(skeleton: str) -> dict[str, str]:
     import onnx
 
-    from bertfuse.bench.kernels import kernels_model
+    from bertfuse.bench.forms import kernels_model
     from bertfuse.bench.models import prepare_models
     from bertfuse.passes.manager import run_passes
     from bertfuse.passes.plans import fusion_plan

@@ -110,7 +110,7 @@ def print_table(rows: list, forms: tuple, columns: list[tuple[str, str, str]]) -
 def lowered(skeleton: str, prefix: str) -> tuple[dict[str, str], str, str]:
     """The config refilled from its skeleton and fused (bertfuse's fp32 and fp16 models) in a
     fresh temp dir, and its fp16 model lowered to bertfuse's ops: (paths, that model, the dir)."""
-    from bertfuse.bench.kernels import kernels_model
+    from bertfuse.bench.forms import kernels_model
     from bertfuse.bench.models import prepare_models
 
     work = tempfile.mkdtemp(prefix=prefix)

@@ -23,7 +23,7 @@ from typing import Any, Callable
 import numpy as np
 import onnx
 
-from bertfuse.bench import packed_kernels
+from bertfuse.bench import packed_forms
 from bertfuse.bench.models import packed_form, prepare_models
 from bertfuse.bench.timing import time_interleaved
 from bertfuse.pipeline.options import PRECISIONS
@@ -75,8 +75,8 @@ def run(paths_for: Callable[[str], dict[str, str]], iters: int,
         kernels: Any = None) -> dict:
     """Rows of the padded-vs-packed table and the fill sweep; paths_for(config) gives the
     prepared model paths (bench.prepare_models). kernels: the run's KernelsSetup with
-    `--kernels both` (the fp16 rows then time the bertfuse-kernels forms too, or say why
-    not: packed_kernels.py), None for `--kernels ort`."""
+    `--forms both` (the fp16 rows then time the bertfuse-kernels forms too, or say why
+    not: packed_forms.py), None for `--forms contrib`."""
     from bertfuse.runtime.packed import PackedSession
     from bertfuse.runtime.requests import model_facts
     from bertfuse.runtime.router import Session
@@ -92,9 +92,9 @@ def run(paths_for: Callable[[str], dict[str, str]], iters: int,
             opts = {"use_tf32": "0"} if precision == "fp32" else {}
             kw = dict(max_batch=batch, max_seq=seq, batch_buckets=(batch,), seq_buckets=(seq,),
                       device="cuda", provider_options=opts, kernels="ort")  # forms as given
-            forms, knote = packed_kernels.kernels_forms(kernels, paths) \
+            forms, knote = packed_forms.kernels_forms(kernels, paths) \
                 if precision == "fp16" else ({}, "")
-            kmakers, ksessions, knote = packed_kernels.open_sessions(forms, kw, knote)
+            kmakers, ksessions, knote = packed_forms.open_sessions(forms, kw, knote)
             padded = Session(fused, **kw)
             packed = PackedSession(packed_model, **kw)
             nograph = PackedSession(packed_model, **{**kw, "cuda_graph": False})
@@ -123,7 +123,7 @@ def run(paths_for: Callable[[str], dict[str, str]], iters: int,
                     row["routed_speedup"] = round(row["padded_p50_us"] / row["routed_p50_us"], 2)
                     row["graph"] = packed.cuda_graph or packed.fallback_reason
                     if ksessions:
-                        packed_kernels.add_ratios(row, "_p50_us", higher_better=False)
+                        packed_forms.add_ratios(row, "_p50_us", higher_better=False)
                 except Exception as exc:
                     row["error"] = str(exc).splitlines()[0][:200]
                 rows.append(row)
@@ -146,7 +146,7 @@ def run(paths_for: Callable[[str], dict[str, str]], iters: int,
                     try:
                         load.append({**head, **under_load(makers, draws, n, (batch, seq))})
                         if kmakers:
-                            packed_kernels.add_ratios(load[-1], "_seq_per_s", higher_better=True)
+                            packed_forms.add_ratios(load[-1], "_seq_per_s", higher_better=True)
                     except Exception as exc:
                         load.append({**head, "error": str(exc).splitlines()[0][:200]})
                     print("   load", load[-1], flush=True)
@@ -292,5 +292,5 @@ def format_tables(result: dict) -> str:
         lines.append(f"| {r['workload']} | {r['streams']} | " + " | ".join(cells) + " | "
                      f"{r['packed_speedup']} | {r['packed16_speedup']} | "
                      f"{r['routed_speedup']} | {r['replica_max_diff']:.2e} |")
-    kernels = packed_kernels.format_tables(result)
+    kernels = packed_forms.format_tables(result)
     return "\n".join(lines + (["", kernels] if kernels else []))

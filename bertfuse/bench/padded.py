@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 import onnx
 
-from bertfuse.bench.kernels import FIRST_ROW, KernelsSetup, plan_rows
+from bertfuse.bench.forms import FIRST_ROW, KernelsSetup, plan_rows
 from bertfuse.bench.models import bound_session, memcpy_nodes, packed_form, prepare_models
 from bertfuse.bench.peers import best_peer, setup_peers
 from bertfuse.bench.timing import compare, time_calls, time_interleaved

@@ -74,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     console = make_console(stderr=args.json)
     command = outcome.command_name(args)
+    from bertfuse.cli.renamed import print_renamed
+
+    print_renamed(args, err)  # an old flag's spelling: one line on stderr, then the run
 
     def fail(kind: str, message: str, code: int, data: dict | None = None,
              label: str = "[red]bertfuse: error:[/red] ") -> int:

@@ -101,12 +101,16 @@ def add_write_target(p: argparse.ArgumentParser, what: str) -> None:
 def add_options(p: argparse.ArgumentParser, title: str, names: Sequence[str]) -> None:
     """One argparse group of convert options, from the table: `dest` is the option's name,
     so `options_from_args` reads them back by name."""
-    from bertfuse.pipeline.options import OPTIONS
+    from bertfuse.cli.renamed import add_renamed
+    from bertfuse.pipeline.options import OPTIONS, RENAMED
 
     g = p.add_argument_group(title)
     for name in names:
         o = OPTIONS[name]
         kw: dict = {"dest": name, "help": o.flag_help}
+        if name in RENAMED:  # the old flag and values too, with a deprecation line
+            add_renamed(g, RENAMED[name], o.choices, default=o.default, **kw)
+            continue
         if o.cli_type == "flag":
             kw.update(action="store_false" if o.default is True else "store_true")
         else:

@@ -11,10 +11,12 @@ import tempfile
 import time
 from contextlib import redirect_stdout
 
-from bertfuse.bench.kernels import KERNELS_FORMS
+from bertfuse.bench.forms import FORMS
 from bertfuse.bench.workloads import PACKED_WORKLOADS, PADDED_WORKLOADS
 from bertfuse.cli.command import Command
+from bertfuse.cli.renamed import add_renamed
 from bertfuse.errors import BertfuseError
+from bertfuse.pipeline.renamed import FORMS as FORMS_RENAMED
 
 
 class Bench(Command):
@@ -54,11 +56,11 @@ class Bench(Command):
                             "transformer optimizer on a PyTorch export of the same config and "
                             "torch SDPA, both fp16 with CUDA graphs (need torch and "
                             "transformers; else those rows say why)")
-        k = p.add_argument_group("kernels")
-        k.add_argument("--kernels", choices=KERNELS_FORMS, default="both",
-                       help="ort: the fused model on ONNX Runtime's contrib kernels only; both "
-                            "(default): also rewritten into bertfuse's own CUDA ops, timed beside "
-                            "it (needs `bertfuse kernels build` first; else those rows say why)")
+        k = p.add_argument_group("forms")
+        add_renamed(k, FORMS_RENAMED, FORMS, dest="forms", default="both",
+                    help="contrib: the fused model on ONNX Runtime's contrib ops only; both "
+                         "(default): also rewritten into bertfuse's own CUDA ops, timed beside "
+                         "it (needs `bertfuse kernels build` first; else those rows say why)")
         p.add_argument("--out", default=os.environ.get("OUT", "."),
                        help="folder for gpu_bench.json, made if its parent exists (default "
                             "$OUT, else .)")
@@ -111,7 +113,7 @@ def _bench(args: argparse.Namespace, work: str) -> dict:
     import onnxruntime as ort
 
     from bertfuse.bench import packed as packed_bench
-    from bertfuse.bench.kernels import find_library, format_comparison
+    from bertfuse.bench.forms import find_library, format_comparison
     from bertfuse.bench.models import prepare_models
     from bertfuse.bench.padded import Result, Rows, format_table, run_workload, soak
     from bertfuse.bench.timing import kernel_profile
@@ -122,7 +124,7 @@ def _bench(args: argparse.Namespace, work: str) -> dict:
     extra: dict = {}
     kernels = None
     packed_names = list(packed_bench.WORKLOADS) if args.packed is None else args.packed
-    if args.kernels == "both" and (args.workloads or packed_names):
+    if args.forms == "both" and (args.workloads or packed_names):
         kernels = find_library()
         extra["kernels"] = kernels.to_json()
         print(f"bertfuse kernels: {kernels.library or 'not run: ' + kernels.reason}", flush=True)

@@ -117,7 +117,7 @@ class ExportTriton(Command):
         g.add_argument("--intra-op-threads", type=int_at_least(1), metavar="N",
                        help="ONNX Runtime threads per instance (CPU: instances x N <= cores)")
         g.add_argument("--cuda-graphs", action="store_true", help=argparse.SUPPRESS)
-        g = p.add_argument_group("bertfuse's own ops (a model converted with --kernels bertfuse)")
+        g = p.add_argument_group("bertfuse's own ops (a model converted with --ops bertfuse)")
         g.add_argument("--op-library", metavar="PATH",
                        help="the op library to put in the repository (default: the one "
                             "`bertfuse kernels build` built for this GPU)")

@@ -130,7 +130,7 @@ def _check_servable(model: onnx.ModelProto, src: Path, kind: str) -> bool:
     uses = uses_library(model)
     if uses and kind == "cpu":
         raise BertfuseError(f"{src}: the model uses bertfuse's own CUDA ops ({DOMAIN}), which run "
-                            "only on a GPU, not --kind cpu; convert it with --kernels ort for CPU")
+                            "only on a GPU, not --kind cpu; convert it with --ops contrib for CPU")
     return uses
 
 

@@ -32,7 +32,7 @@ from bertfuse.errors import BertfuseError
 from bertfuse.io.safety import mode_of, replace_file, temp_file
 
 CORE_OPS = ATTENTION_OPS + ("Softmax",)
-FUSED = {  # op -> (fill, legend label); --kernels bertfuse's ops as the ones they replace
+FUSED = {  # op -> (fill, legend label); --ops bertfuse's ops as the ones they replace
     **{a: ("#f4a261", "Attention") for a in ATTENTION_OPS + ("DenseBias", "DenseBiasFp8")},
     **{s: ("#8ecae6", "SkipLayerNorm") for s in SKIP_LN_OPS},
     **{e: ("#cdb4db", "EmbedLayerNorm") for e in EMBEDDING_OPS},

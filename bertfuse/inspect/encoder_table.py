@@ -19,7 +19,7 @@ from typing import Iterable, Sequence
 from bertfuse.ops.bertfuse.embed_layernorm import EMBEDDING_OPS
 
 GELU_OPS = ("BiasGelu", "FastGelu", "Gelu", "GemmFastGelu", "DenseBiasGelu", "DenseBiasGeluFp8")
-# The ai.bertfuse ops (--kernels bertfuse) count as the contrib ops they replace.
+# The ai.bertfuse ops (--ops bertfuse) count as the contrib ops they replace.
 ATTENTION_OPS = ("Attention", "BertAttention", "PackedBertAttention")
 SKIP_LN_OPS = ("SkipLayerNormalization", "DenseBiasSkipLayerNorm", "DenseBiasSkipLayerNormFp8")
 # Pass components whose misses do not explain an unfused layer (embed_layernorm has its row).

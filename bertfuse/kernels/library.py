@@ -286,6 +286,6 @@ def prepare(session_options: Any, model: Any, device: str, uses: bool | None = N
     if device != "cuda":
         raise KernelLibraryError(
             f"this model uses bertfuse's own CUDA ops (domain {DOMAIN}), which run only on a CUDA GPU: "
-            "open it with device='cuda', or convert it with --kernels ort for CPU")
+            "open it with device='cuda', or convert it with --ops contrib for CPU")
     register(session_options, path)
     return True

@@ -47,7 +47,7 @@ def packed_shapes(batch: int, seq: int, steps: int = 8) -> list[PackedShape]:
 
 def device_shapes(batch: int, seq: int, steps: int = 8) -> list[PackedShape]:
     """The token buckets of one [batch, seq] bucket of the device-packed form
-    (passes/packing_kernels.py): T in `steps` equal steps up to batch x seq, no filler rows
+    (passes/device_packing.py): T in `steps` equal steps up to batch x seq, no filler rows
     (packed rows past the kept tokens belong to no sequence there)."""
     step = -(-batch * seq // steps)
     tokens = sorted({min(k * step, batch * seq) for k in range(1, steps + 1)})

@@ -11,7 +11,7 @@ DenseBiasSkipLayerNorm that Cast is one more kernel (about 3 us at 1280 x 768) t
 LayerNorm just wrote. The LayerNorm writes the fp32 copy beside the fp16 one instead (output
 slot 2, Y32), from the value before its rounding to fp16. The FP8 form takes the same output
 (passes/fp8_weights.py keeps it); the device-packed form unfolds it again
-(passes/packing_kernels.py), since its hidden states are unpacked before the output. BertPooler's
+(passes/device_packing.py), since its hidden states are unpacked before the output. BertPooler's
 pooled output takes the same fold (its Y32 is slot 1).
 
 Candidates: every Cast to float32 of a DenseBiasSkipLayerNorm's (or its FP8 form's) or a

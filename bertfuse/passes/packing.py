@@ -82,7 +82,7 @@ class PackingPass:
 
 def gather_tokens(graph: gs.Graph, embed: gs.Node, index: gs.Tensor) -> gs.Tensor:
     """Every reader of the embeddings [B, S, H] reads Gather(Reshape [B*S, H], index) [T, H]
-    instead (also the device-packed form's, passes/packing_kernels.py); returns that tensor."""
+    instead (also the device-packed form's, passes/device_packing.py); returns that tensor."""
     embedded = embed.outputs[0]
     hidden = int(embed.inputs[2].values.shape[1])
     flat = gs.Variable("embeddings_flat", dtype=embedded.dtype)

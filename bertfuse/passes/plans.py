@@ -2,7 +2,7 @@
 
     fusion_plan(precision, gelu_approximation)
                               the TF export -> the ORT-contrib encoder (convert, optimize, bench)
-    lowering_plan()           the contrib encoder -> ai.bertfuse ops (`--kernels bertfuse`)
+    lowering_plan()           the contrib encoder -> ai.bertfuse ops (`--ops bertfuse`)
     fp8_plan(x_amax)          the bertfuse dense ops -> FP8 weights (`--fp8`)
     packing_plan(on_kernels)  the padded model -> the packed form (`--packed`)
 
@@ -55,7 +55,7 @@ def lowering_plan() -> list[Pass]:
     """The fused fp16 contrib encoder rewritten into ai.bertfuse ops."""
     from bertfuse.passes.bert_embed_layernorm import BertEmbedLayerNormFusion
     from bertfuse.passes.bert_pooler import BertPoolerFusion
-    from bertfuse.passes.bertfuse_kernels import BertfuseKernels
+    from bertfuse.passes.bertfuse_encoder import BertfuseKernels
     from bertfuse.passes.dense_fp32_output import DenseFp32Output
 
     return [BertfuseKernels(), BertEmbedLayerNormFusion(), BertPoolerFusion(), DenseFp32Output(),
@@ -75,7 +75,7 @@ def packing_plan(on_kernels: bool) -> list[Pass]:
     """The packed form: packed on the device for a model on bertfuse kernels (BertAttention),
     else the contrib form's PackedAttention, packed by the runtime."""
     if on_kernels:
-        from bertfuse.passes.packing_kernels import PackingKernelsPass
+        from bertfuse.passes.device_packing import PackingKernelsPass
 
         return [PackingKernelsPass(), Cleanup()]
     from bertfuse.passes.packing import PackingPass

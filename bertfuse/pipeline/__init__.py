@@ -10,7 +10,7 @@
     parity    the model against TensorFlow on random padded inputs (+ mask checks: mask)
     onnx_parity  optimize's: the fused model against the model as given (ONNX Runtime, CPU);
               its load, an Erfc rewritten as 1 - Erf (passes/erfc.py)
-    lowering  --kernels bertfuse: the checked contrib form rewritten into ai.bertfuse ops,
+    lowering  --ops bertfuse: the checked contrib form rewritten into ai.bertfuse ops,
               checked equal to it with the NumPy references (+ FP8 weights: fp8)
     gate      --strict, the parity verdict, then the atomic write
     report    the run report: stages, passes, parity, options, tool versions

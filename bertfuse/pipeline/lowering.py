@@ -1,4 +1,4 @@
-"""`--kernels bertfuse`: the verified ORT-contrib model rewritten into ai.bertfuse ops, and the
+"""`--ops bertfuse`: the verified ORT-contrib model rewritten into ai.bertfuse ops, and the
 check that the rewrite changed nothing.
 
 ONNX Runtime's CPU EP has no kernel for the ai.bertfuse ops (they are CUDA-only), so a CPU

@@ -8,7 +8,7 @@ the CPU, on the random padded inputs and with the limits convert uses against Te
     the fused model, in ONNX Runtime's contrib ops                   fp32 max 1e-4,
                                                                      fp16 max 4e-2 mean 2e-3
 
-What is compared is always the contrib form: `--kernels bertfuse` lowers it afterwards (held
+What is compared is always the contrib form: `--ops bertfuse` lowers it afterwards (held
 to it by the lowering's own check, pipeline/lowering.py) and `--packed` packs it afterwards,
 and neither of those runs on ONNX Runtime's CPU.
 """
@@ -144,7 +144,7 @@ def verify_stage(model: onnx.ModelProto, given: onnx.ModelProto, source, opts, r
         report.parity = verify_against_onnx(model, given, label, opts.precision, opts.batch,
                                             opts.seq, opts.seed, opts.atol, opts.rtol)
         st.detail = "ok" if report.parity.ok else "DRIFT"
-    later = [what for what, on in (("lowered to bertfuse's ops", opts.kernels == "bertfuse"),
+    later = [what for what, on in (("lowered to bertfuse's ops", opts.ops == "bertfuse"),
                                    ("packed", opts.packed)) if on]
     if later:
         report.notes.append(f"parity compared the fused model in ONNX Runtime's contrib ops "

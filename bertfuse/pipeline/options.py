@@ -19,9 +19,10 @@ from bertfuse.converter import KINDS
 from bertfuse.checks import (check_choice, check_flag, check_int, check_names, check_path,
                              check_text, check_tolerance)
 from bertfuse.errors import BertfuseError
+from bertfuse.pipeline.renamed import OPTIONS as RENAMED
 
 PRECISIONS = ("fp32", "fp16")
-KERNELS = ("ort", "bertfuse")  # ort: contrib ops; bertfuse: ai.bertfuse (lowering.py)
+OPS = ("contrib", "bertfuse")  # the op form written: com.microsoft, or ai.bertfuse (lowering.py)
 MAX_VERIFY_TOKENS = 1 << 16  # random verification inputs past this only exhaust memory
 
 
@@ -129,10 +130,10 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
                             "only)", check_flag, cli_type="flag"),
     Option("strict", False, "fail (exit 1, nothing written) if any layer is left unfused",
            check_flag, cli_type="flag"),
-    Option("kernels", "ort", "ort: ONNX Runtime's contrib ops (default); bertfuse: bertfuse's "
-                             "own CUDA ops (ai.bertfuse, fp16 only, needs the bertfuse op "
-                             "library)", _choice(KERNELS), choices=KERNELS),
-    Option("fp8", False, "with --kernels bertfuse: FP8 (e4m3) weights for the encoder GEMMs, "
+    Option("ops", "contrib", "contrib: ONNX Runtime's contrib ops (default); bertfuse: "
+                             "bertfuse's own CUDA ops (ai.bertfuse, fp16 only, needs the "
+                             "bertfuse op library)", _choice(OPS), choices=OPS),
+    Option("fp8", False, "with --ops bertfuse: FP8 (e4m3) weights for the encoder GEMMs, "
                          "scales calibrated on the parity inputs; accuracy vs fp32 is reported, "
                          "not held to the fp16 limits", check_flag, cli_type="flag"),
     Option("gelu_approximation", False, "with --precision fp16: compute exact (erf) GELUs in "
@@ -185,7 +186,7 @@ _LOWS = {o.keyword: o.low for o in OPTIONS.values() if o.low is not None}  # by 
 GROUPS = {
     "TF source": ("kind", "signature", "config", "inputs", "outputs", "trust_model"),
     "conversion": ("opset", "fuse"),
-    "fusion": ("precision", "packed", "strict", "kernels", "fp8", "gelu_approximation"),
+    "fusion": ("precision", "packed", "strict", "ops", "fp8", "gelu_approximation"),
     "verification": ("batch", "seq", "seed", "atol", "rtol"),
     "parity gate": ("verify", "force"),
     "parity data": ("load_inputs", "text_file", "vocab", "save_inputs", "save_outputs",
@@ -218,7 +219,7 @@ class ConvertOptions:
     precision: str = _default("precision")
     packed: bool = _default("packed")
     strict: bool = _default("strict")
-    kernels: str = _default("kernels")
+    ops: str = _default("ops")
     fp8: bool = _default("fp8")
     gelu_approximation: bool = _default("gelu_approximation")
     batch: int = _default("batch")
@@ -241,8 +242,14 @@ class ConvertOptions:
         """The API's keywords (by Option.keyword) checked one by one, in table order."""
         return cls(**{n: OPTIONS[n].validate(values[OPTIONS[n].keyword]) for n in names})
 
-    def to_json(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+    def to_json(self, names: Sequence[str] | None = None) -> dict[str, Any]:
+        """The report's "options" (names: these only, in this order); a renamed option keeps
+        its old key and values there (pipeline/renamed.py)."""
+        out = {}
+        for name in names or [f.name for f in fields(self)]:
+            old, value = RENAMED.get(name), getattr(self, name)
+            out[old.report_key if old else name] = old.report_value(value) if old else value
+        return out
 
 
 def check_precision(precision: str) -> None:
@@ -258,17 +265,16 @@ def check_verify_size(batch: int, seq: int) -> None:
                             f"comparison takes at most {MAX_VERIFY_TOKENS}")
 
 
-def check_kernels(kernels: str, precision: str, packed: bool = False, fp8: bool = False) -> None:
-    """Bad combinations, before any slow work (one line, exit 2). `--packed --kernels bertfuse`
-    is the device-packed form (passes/packing_kernels.py)."""
-    if fp8 and kernels != "bertfuse":
-        raise BertfuseError("--fp8 needs --kernels bertfuse (FP8 weights exist only as bertfuse "
+def check_ops(ops: str, precision: str, packed: bool = False, fp8: bool = False) -> None:
+    """Bad combinations, before any slow work (one line, exit 2). `--packed --ops bertfuse`
+    is the device-packed form (passes/device_packing.py)."""
+    if fp8 and ops != "bertfuse":
+        raise BertfuseError("--fp8 needs --ops bertfuse (FP8 weights exist only as bertfuse "
                             "ops)")
-    if kernels not in KERNELS:
-        raise BertfuseError(f"kernels {kernels!r} is not supported (choose "
-                            f"{' or '.join(KERNELS)})")
-    if kernels == "bertfuse" and precision != "fp16":
-        raise BertfuseError(f"--kernels bertfuse needs --precision fp16 (the bertfuse ops "
+    if ops not in OPS:
+        raise BertfuseError(f"ops {ops!r} is not supported (choose {' or '.join(OPS)})")
+    if ops == "bertfuse" and precision != "fp16":
+        raise BertfuseError(f"--ops bertfuse needs --precision fp16 (the bertfuse ops "
                             f"are fp16 only; got {precision})")
 
 
@@ -289,7 +295,7 @@ def check_gelu_approximation(gelu_approximation: bool, precision: str) -> None:
 def check_fusion(opts: ConvertOptions) -> None:
     """The checks every stage plan runs first: options that cannot work together."""
     check_precision(opts.precision)
-    check_kernels(opts.kernels, opts.precision, opts.packed, opts.fp8)
+    check_ops(opts.ops, opts.precision, opts.packed, opts.fp8)
     check_gelu_approximation(opts.gelu_approximation, opts.precision)
     check_inputs_text(opts.inputs)
 
@@ -319,7 +325,7 @@ def check_gate(opts: ConvertOptions) -> None:
     if not opts.fuse:  # these act on the fused graph: without it they would silently do nothing
         asked = [flag for flag, on in (("--strict", opts.strict), ("--packed", opts.packed),
                                        ("--precision fp16", opts.precision != "fp32"),
-                                       ("--kernels bertfuse", opts.kernels != "ort")) if on]
+                                       ("--ops bertfuse", opts.ops != "contrib")) if on]
         if asked:
             raise BertfuseError(f"{asked[0]} needs the fusion passes; it cannot be combined "
                                 f"with --no-fuse")

@@ -4,7 +4,7 @@
     optimize  load ONNX [-> rename inputs to roles] +-> passes -> check (onnx + ORT load)
                                                      -> [verify vs TensorFlow]     convert
                                                      -> [verify vs the given model]  optimize
-                                                     -> [bertfuse kernels]         --kernels bertfuse
+                                                     -> [bertfuse kernels]         --ops bertfuse
                                                      -> [packing]                  --packed
                                                      -> gate (--strict, parity) -> write
     verify    load ONNX -> [kernels: runtime/kernels.choose on CUDA] -> load TF model
@@ -123,7 +123,7 @@ def optimize_model(source: str | onnx.ModelProto, out_path: str | None,
         check_output(out_path, [source] if from_file else [])
     require("onnxruntime")  # the check loads the model in ONNX Runtime
     report = RunReport(output=out_path, command="optimize",
-                       options={n: getattr(opts, n) for n in OPTIMIZE_OPTIONS})
+                       options=opts.to_json(OPTIMIZE_OPTIONS))
     raw = load_given(source, report, status)
     if override is not None:  # before the passes, as convert does: they see the roles
         from bertfuse.converter.interface import role_inputs
@@ -180,10 +180,10 @@ def _fuse_and_check(raw: onnx.ModelProto, opts: ConvertOptions, report: RunRepor
 def _lower(model: onnx.ModelProto, opts: ConvertOptions, report: RunReport,
            status: Status | None, reference: Fp32Reference | None,
            against_tf: bool) -> onnx.ModelProto:
-    """--kernels bertfuse: the checked contrib form, rewritten into ai.bertfuse ops and checked
+    """--ops bertfuse: the checked contrib form, rewritten into ai.bertfuse ops and checked
     equal to it. After convert the parity gate decides (--force); after optimize, which has
     no TF reference and no --force, a drift is refused here."""
-    if opts.kernels != "bertfuse":
+    if opts.ops != "bertfuse":
         return model
     from bertfuse.pipeline.lowering import emit
 

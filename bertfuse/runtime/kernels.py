@@ -3,14 +3,14 @@
     model (contrib form) ─► kernels='ort', a CPU device, or an fp32 model ─► as written
                          └► 'auto' | 'bertfuse' on CUDA:
                               the op library (cached, else built on first use)
-                              ─► lowered (passes/bertfuse_kernels.py: each covered layer)
+                              ─► lowered (passes/bertfuse_encoder.py: each covered layer)
                               ─► one padded batch through both forms on the device,
                                  within fp16 limits (ops/contract.TOLERANCES)
                               ─► the lowered form; else 'auto' keeps the contrib form and
                                  says why in one line, 'bertfuse' raises
 
 A pool's replicas and later sessions of the same model file reuse the first decision (the
-lowering is redone, the device check is not). A model written with `convert --kernels bertfuse` (ai.bertfuse nodes already) runs as written
+lowering is redone, the device check is not). A model written with `convert --ops bertfuse` (ai.bertfuse nodes already) runs as written
 under 'auto' and 'bertfuse'; 'ort' cannot undo the lowering and says so. The choice is made on
 the machine that runs the model: conversion usually happens on a CPU host with TensorFlow,
 serving on a GPU host without it.
@@ -148,9 +148,9 @@ def _choose(proto: onnx.ModelProto, kernels: str, device: str, max_seq: int,
     if lowered_already:
         if kernels == "ort":
             raise KernelChoiceError(
-                "kernels='ort': this model was written with bertfuse's ops (convert --kernels "
+                "kernels='ort': this model was written with bertfuse's ops (convert --ops "
                 "bertfuse) and cannot be run on ONNX Runtime's contrib ops; convert it with "
-                "--kernels ort, or open it with kernels='auto'")
+                "--ops contrib, or open it with kernels='auto'")
         return proto, KernelChoice(kernels, "bertfuse", "written with bertfuse's ops")
     if kernels == "ort":
         return proto, KernelChoice(kernels, "ort", "asked")

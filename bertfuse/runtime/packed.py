@@ -13,7 +13,7 @@ well-formed sequences, and nothing in the outputs is left uninitialised. Outputs
 positions are zero (RestorePadding), unlike the padded model; compare valid positions only.
 PackedAttention and RestorePadding have CUDA kernels only, so this runs on the GPU.
 
-The device-packed form (`--packed --kernels bertfuse`, passes/packing_kernels.py) packs on the
+The device-packed form (`--packed --ops bertfuse`, passes/device_packing.py) packs on the
 device: the host stages the padded ids, segments and mask (the same one copy) and packs
 nothing; each (B, S, T) bucket binds a `token_bucket` device buffer of T int32, allocated once,
 whose shape alone tells PackTokens the token count (T in equal steps up to B x S, no filler rows).

@@ -113,7 +113,7 @@ def test_estimator_export_cut_fused_and_exact(name, converted):
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_estimator_export_lowers_to_bertfuse_kernels(name, converted):
-    """`--kernels bertfuse` lowers every encoder layer of the cut export (checked on the CPU);
+    """`--ops bertfuse` lowers every encoder layer of the cut export (checked on the CPU);
     run through the NumPy references it still matches the signature's own outputs."""
     from bertfuse.ops.evaluator import evaluate
     from support.lowering import lowered

@@ -102,7 +102,7 @@ def test_tokenizer_cut_off_and_encoder_fused(name, converted):
     assert report.text["vocab"] == str(out.with_suffix(".vocab.txt"))
     from support.lowering import lowered
 
-    lowered(str(out), 2)  # --kernels bertfuse lowers both layers of the cut model
+    lowered(str(out), 2)  # --ops bertfuse lowers both layers of the cut model
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -240,7 +240,7 @@ def _lowering_cases() -> list:
 
 @pytest.mark.parametrize("name,rel", _lowering_cases())
 def test_every_family_lowers_to_bertfuse_kernels(name, rel, converted):
-    """`--kernels bertfuse` lowers every encoder layer of every family (a graph rewrite,
+    """`--ops bertfuse` lowers every encoder layer of every family (a graph rewrite,
     checked here on the CPU): the converted model through optimize's fp16 + lowering, which
     checks the lowered model against the fp32 one itself; the lowered model, run through the
     NumPy references, still matches the library's own outputs within the fp16 limits."""

@@ -3,7 +3,7 @@ what test_thirdparty.py checks for every fixture (fused, exact against the libra
 
 * a masked-LM head's decoder tied to the word embeddings (transformers' TFBertForMaskedLM)
   stores the table once: the embedding and the decoder's Gemm(transB=1) read one initializer;
-* `--precision fp16 --kernels bertfuse` lowers every encoder layer into bertfuse's ops (the
+* `--precision fp16 --ops bertfuse` lowers every encoder layer into bertfuse's ops (the
   lowering is a graph rewrite, checked on the CPU against the contrib form through the ops'
   NumPy references by convert itself), for the masked-LM head, multiple choice, dense
   layers whose biases are the library's zero init and attention built with use_bias=False.
@@ -57,7 +57,7 @@ def test_mlm_decoder_reads_the_tied_table_once(tmp_path):
 def test_bertfuse_kernels_lower_every_layer(name, tmp_path):
     meta = json.loads((FIXTURES / name / "meta.json").read_text())
     out = tmp_path / f"{name}.onnx"
-    report = _convert(name, out, precision="fp16", kernels="bertfuse")
+    report = _convert(name, out, precision="fp16", ops="bertfuse")
     assert report.written and report.parity.ok, report.parity.to_json()
     rows = [o for o in report.parity.outputs if o.name.startswith("bertfuse ops vs contrib")]
     assert rows and all(r.ok for r in rows), rows

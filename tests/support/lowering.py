@@ -1,4 +1,4 @@
-"""The lowering to bertfuse's ops (`--kernels bertfuse`) checked on the CPU, for e2e tests."""
+"""The lowering to bertfuse's ops (`--ops bertfuse`) checked on the CPU, for e2e tests."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ def lowered(path: str, layers: int, head_gelus: int = 0) -> onnx.ModelProto:
     from bertfuse.pipeline.stages import optimize_model
 
     model, report = optimize_model(path, None, opts=ConvertOptions(precision="fp16",
-                                                                   kernels="bertfuse"))
+                                                                   ops="bertfuse"))
     ops = Counter(f"{n.domain}.{n.op_type}" if n.domain else n.op_type for n in model.graph.node)
     bf = "ai.bertfuse"
     assert ops[f"{bf}.BertAttention"] == layers, ops

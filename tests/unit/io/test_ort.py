@@ -85,7 +85,7 @@ def test_ai_bertfuse_model_on_the_cpu_is_refused_before_ort(recorded):
     """The op library's own line (kernels/library.py), as the runtime and verify give it."""
     model = dense.make_model("DenseBias", ("B", "S", 8), 4)
     for form in (model, model.SerializeToString()):
-        with pytest.raises(KernelLibraryError, match="only on a CUDA GPU.*--kernels ort"):
+        with pytest.raises(KernelLibraryError, match="only on a CUDA GPU.*--ops contrib"):
             make_session(form)
         with pytest.raises(KernelLibraryError, match="only on a CUDA GPU"):
             make_session(form, register_kernels=True)

@@ -160,7 +160,7 @@ def test_uses_library_on_every_model_form(tmp_path):
 
 def test_prepare_refuses_cpu_and_skips_other_models():
     ort = pytest.importorskip("onnxruntime")
-    with pytest.raises(lib.KernelLibraryError, match="only on a CUDA GPU.*--kernels ort"):
+    with pytest.raises(lib.KernelLibraryError, match="only on a CUDA GPU.*--ops contrib"):
         lib.prepare(ort.SessionOptions(), _dense_model(), "cpu")
     plain = onnx.ModelProto()
     assert lib.prepare(ort.SessionOptions(), plain, "cpu") is False

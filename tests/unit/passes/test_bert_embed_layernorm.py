@@ -18,7 +18,7 @@ from bertfuse.passes.manager import run_passes
 from bertfuse.passes.plans import lowering_plan
 from bertfuse.runtime.requests import model_facts
 from support.passes_common import bert_feeds, fuse
-from unit.passes.test_bertfuse_kernels import assert_fp16_same, contrib_fp16
+from unit.passes.test_bertfuse_encoder import assert_fp16_same, contrib_fp16
 
 
 def _ops(model: onnx.ModelProto) -> list[str]:

@@ -15,7 +15,7 @@ from bertfuse.passes.bert_pooler import BertPoolerFusion
 from bertfuse.passes.manager import run_passes
 from bertfuse.passes.plans import lowering_plan
 from support.passes_common import bert_feeds, fuse
-from unit.passes.test_bertfuse_kernels import contrib_fp16, kernels
+from unit.passes.test_bertfuse_encoder import contrib_fp16, kernels
 
 
 def _ops(model: onnx.ModelProto) -> list[str]:

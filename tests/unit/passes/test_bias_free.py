@@ -1,6 +1,6 @@
 """Dense layers without a bias (Keras' use_bias=False) or with a zero one folded away: the
 math's bias 0, fused like any other (skip_layernorm.py, attention.py, gelu.py, and the
-lowering to bertfuse's ops, bertfuse_kernels.py).
+lowering to bertfuse's ops, bertfuse_encoder.py).
 
 ORT before/after on the same random inputs, ops counted: passes/common.py.
 """
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from bertfuse.ops.evaluator import evaluate
-from bertfuse.passes.bertfuse_kernels import BertfuseKernels
+from bertfuse.passes.bertfuse_encoder import BertfuseKernels
 from bertfuse.passes.dense_gemm import GemmToMatMul
 from bertfuse.passes.manager import run_passes
 from bertfuse.passes.plans import fusion_plan

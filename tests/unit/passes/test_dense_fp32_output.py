@@ -10,11 +10,11 @@ import onnx
 from bertfuse.ops.evaluator import evaluate
 from bertfuse.passes.dense_fp32_output import DenseFp32Output
 from bertfuse.passes.manager import run_passes
-from bertfuse.passes.packing_kernels import PackingKernelsPass
+from bertfuse.passes.device_packing import PackingKernelsPass
 from bertfuse.passes.plans import lowering_plan
 from bertfuse.pipeline.fp8 import calibrate, dense_inputs, to_fp8
 from support.passes_common import bert_feeds, fuse
-from unit.passes.test_bertfuse_kernels import contrib_fp16, kernels
+from unit.passes.test_bertfuse_encoder import contrib_fp16, kernels
 
 
 def _writer(model: onnx.ModelProto, name: str) -> onnx.NodeProto:

@@ -8,7 +8,7 @@ import onnx
 import pytest
 
 from bertfuse.ops.evaluator import evaluate
-from bertfuse.passes.bertfuse_kernels import BertfuseKernels
+from bertfuse.passes.bertfuse_encoder import BertfuseKernels
 from bertfuse.passes.cleanup import Cleanup
 from bertfuse.passes.fp8_handoff import Fp8Handoff
 from bertfuse.passes.fp8_weights import Fp8Weights

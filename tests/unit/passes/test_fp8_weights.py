@@ -9,7 +9,7 @@ import onnx
 from bertfuse.ops.bertfuse.dense_fp8 import E4M3_MAX
 from bertfuse.ops.evaluator import evaluate
 from bertfuse.pipeline.fp8 import calibrate, dense_inputs, to_fp8
-from bertfuse.passes.bertfuse_kernels import BertfuseKernels
+from bertfuse.passes.bertfuse_encoder import BertfuseKernels
 from bertfuse.passes.fp8_weights import Fp8Weights
 from bertfuse.passes.manager import run_passes
 from bertfuse.passes.plans import fusion_plan

@@ -34,16 +34,16 @@ def _against_tf(ckpt, model: onnx.ModelProto, seed: int) -> dict[str, float]:
     return means
 
 
-@pytest.mark.parametrize("kernels", ["ort", "bertfuse"])
-def test_optimize_approximates_every_gelu(ckpt_erf, tiny_onnx, seed, kernels):
+@pytest.mark.parametrize("ops", ["contrib", "bertfuse"])
+def test_optimize_approximates_every_gelu(ckpt_erf, tiny_onnx, seed, ops):
     layers = ckpt_erf.config.num_hidden_layers
-    exact, _ = bertfuse.optimize(tiny_onnx["raw"], precision="fp16", kernels=kernels)
-    model, report = bertfuse.optimize(tiny_onnx["raw"], precision="fp16", kernels=kernels,
+    exact, _ = bertfuse.optimize(tiny_onnx["raw"], precision="fp16", ops=ops)
+    model, report = bertfuse.optimize(tiny_onnx["raw"], precision="fp16", ops=ops,
                                       gelu_approximation=True)
-    ops = _ops(model)
-    assert not ops["com.microsoft.BiasGelu"] and not ops["com.microsoft.Gelu"], ops
-    if kernels == "ort":
-        assert ops["com.microsoft.FastGelu"] == layers
+    counts = _ops(model)
+    assert not counts["com.microsoft.BiasGelu"] and not counts["com.microsoft.Gelu"], counts
+    if ops == "contrib":
+        assert counts["com.microsoft.FastGelu"] == layers
     else:
         gelus = [n for n in model.graph.node if n.op_type == "DenseBiasGelu"]
         assert len(gelus) == layers
@@ -59,7 +59,7 @@ def test_optimize_approximates_every_gelu(ckpt_erf, tiny_onnx, seed, kernels):
 
 
 def test_convert_gates_it_against_tensorflow(ckpt_erf, convert_cached, seed):
-    conv = convert_cached(ckpt_erf, "--precision", "fp16", "--kernels", "bertfuse",
+    conv = convert_cached(ckpt_erf, "--precision", "fp16", "--ops", "bertfuse",
                           "--gelu-approximation")
     assert conv.exit_code == 0, conv.report
     assert conv.report["options"]["gelu_approximation"] is True

@@ -1,4 +1,4 @@
-"""`--kernels ort|bertfuse` on convert and optimize, and the API keyword, end to end on the tiny
+"""`--ops contrib|bertfuse` on convert and optimize, and the API keyword, end to end on the tiny
 checkpoint. The bertfuse form cannot run on ORT's CPU EP: convert gates the contrib form
 against TensorFlow and then checks the bertfuse form equal to it with the NumPy references
 (pipeline/lowering.py); here the written model is also run that way against TensorFlow itself."""
@@ -21,7 +21,7 @@ from bertfuse.pipeline.fp8 import cosine
 from bertfuse.pipeline.lowering import ROW_PREFIX
 
 BF = "ai.bertfuse"
-ARGS = ("--precision", "fp16", "--kernels", "bertfuse")
+ARGS = ("--precision", "fp16", "--ops", "bertfuse")
 
 
 def _ops(model: onnx.ModelProto) -> Counter:
@@ -62,9 +62,9 @@ def test_default_is_ort(tiny_onnx):
 
 
 @pytest.mark.parametrize("argv,needle", [
-    (["--kernels", "bertfuse"], "needs --precision fp16"),
-    (["--precision", "fp16", "--kernels", "bertfuse", "--no-fuse"], "needs the fusion passes"),
-    (["--kernels", "cuda"], "invalid choice"),
+    (["--ops", "bertfuse"], "needs --precision fp16"),
+    (["--precision", "fp16", "--ops", "bertfuse", "--no-fuse"], "needs the fusion passes"),
+    (["--ops", "cuda"], "invalid choice"),
 ])
 def test_refused_combinations_are_one_line_exit_2(ckpt_erf, tmp_path, capsys, argv, needle):
     out = tmp_path / "m.onnx"
@@ -86,13 +86,13 @@ def test_optimize_with_bertfuse_kernels(tiny_onnx, tmp_path, capsys):
     assert all(r["ok"] for r in report["parity"]["outputs"])
     assert _ops(onnx.load(str(out)))[f"{BF}.BertAttention"] == 2
     assert main(["optimize", tiny_onnx["raw"], "-o", str(tmp_path / "x.onnx"),
-                 "--kernels", "bertfuse"]) == 2
+                 "--ops", "bertfuse"]) == 2
     assert "needs --precision fp16" in capsys.readouterr().err
 
 
 def test_optimize_packed_on_bertfuse_kernels_packs_on_the_device(tiny_onnx, tmp_path, capsys,
                                                                   rng):
-    """`--packed --kernels bertfuse`: the device-packed form, equal to the padded bertfuse form
+    """`--packed --ops bertfuse`: the device-packed form, equal to the padded bertfuse form
     at kept positions (ReferenceEvaluator) and zero at padding."""
     padded_path, packed_path = tmp_path / "k.onnx", tmp_path / "p.onnx"
     assert main(["optimize", tiny_onnx["raw"], "-o", str(padded_path), *ARGS]) == 0
@@ -133,15 +133,15 @@ def test_optimize_packed_on_bertfuse_kernels_packs_on_the_device(tiny_onnx, tmp_
 
 
 def test_api_keyword(tiny_onnx):
-    model, report = bertfuse.optimize(tiny_onnx["raw"], precision="fp16", kernels="bertfuse")
+    model, report = bertfuse.optimize(tiny_onnx["raw"], precision="fp16", ops="bertfuse")
     assert _ops(model)[f"{BF}.DenseBiasSkipLayerNorm"] == 4 and report.parity.ok
     plain, _ = bertfuse.optimize(tiny_onnx["raw"], precision="fp16")
     assert not [n for n in plain.graph.node if n.domain == BF]
     for bad in ("cuda", 1, None):
-        with pytest.raises(BertfuseError, match="kernels"):
-            bertfuse.optimize(tiny_onnx["raw"], precision="fp16", kernels=bad)
+        with pytest.raises(BertfuseError, match="ops"):
+            bertfuse.optimize(tiny_onnx["raw"], precision="fp16", ops=bad)
     with pytest.raises(BertfuseError, match="fp16"):
-        bertfuse.optimize(tiny_onnx["raw"], kernels="bertfuse")
+        bertfuse.optimize(tiny_onnx["raw"], ops="bertfuse")
 
 
 def test_convert_fp8_reports_its_accuracy_against_tf(ckpt_erf, convert_cached):
@@ -179,14 +179,14 @@ def test_fp8_needs_bertfuse_kernels(ckpt_erf, tmp_path, capsys):
     out = tmp_path / "m.onnx"
     assert main(["convert", ckpt_erf.path, "-o", str(out), "--precision", "fp16", "--fp8"]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "--fp8 needs --kernels bertfuse" in err, err
+    assert len(err.splitlines()) == 1 and "--fp8 needs --ops bertfuse" in err, err
     assert not out.exists()
     with pytest.raises(BertfuseError, match="fp8"):
-        bertfuse.convert(ckpt_erf.path, precision="fp16", kernels="bertfuse", fp8="yes")
+        bertfuse.convert(ckpt_erf.path, precision="fp16", ops="bertfuse", fp8="yes")
 
 
 def test_optimize_fp8_measures_against_the_model_as_given(tiny_onnx):
-    model, report = bertfuse.optimize(tiny_onnx["raw"], precision="fp16", kernels="bertfuse",
+    model, report = bertfuse.optimize(tiny_onnx["raw"], precision="fp16", ops="bertfuse",
                                       fp8=True)
     assert _ops(model)[f"{BF}.DenseBiasGeluFp8"] == 2
     rows = [r for r in report.parity.outputs if r.name.startswith("fp8 vs fp32: ")]

@@ -87,7 +87,7 @@ def test_a_lowered_model_runs_as_written_and_ort_cannot_undo_it(fp16_model):
     for kernels in ("auto", "bertfuse"):
         model, choice = choose(lowered, kernels, "cuda", 64)
         assert model is lowered and choice.used == "bertfuse"
-    with pytest.raises(KernelChoiceError, match="--kernels ort"):
+    with pytest.raises(KernelChoiceError, match="--ops contrib"):
         choose(lowered, "ort", "cuda", 64)
     with pytest.raises(ConfigError, match="kernels='ort'"):  # through Session, before any ORT
         Session(lowered, device="cpu", kernels="ort")

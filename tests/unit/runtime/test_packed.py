@@ -82,14 +82,14 @@ def test_device_packed_staging_copies_the_padded_request(rng):
 
 
 def test_device_packed_model_is_taken_as_packed(ckpt_erf, convert_cached):
-    """`--packed --kernels bertfuse` models are packed models: refused on the CPU for that
+    """`--packed --ops bertfuse` models are packed models: refused on the CPU for that
     reason (CUDA only), never as 'not a packed model'."""
     from bertfuse.runtime.packed import PackedSession
 
-    conv = convert_cached(ckpt_erf, "--packed", "--kernels", "bertfuse", "--precision", "fp16")
+    conv = convert_cached(ckpt_erf, "--packed", "--ops", "bertfuse", "--precision", "fp16")
     assert conv.exit_code == 0, conv.report
     with pytest.raises(Exception, match="CUDA only"):
         PackedSession(conv.onnx_path, device="cpu")
     with pytest.raises(Exception, match="not a packed model"):
-        PackedSession(convert_cached(ckpt_erf, "--precision", "fp16", "--kernels",
+        PackedSession(convert_cached(ckpt_erf, "--precision", "fp16", "--ops",
                                      "bertfuse").onnx_path, device="cpu")

@@ -4,7 +4,7 @@
     op library: `bertfuse kernels build` -> cache (kernels/library.py) -> found by the
     runtime, which registers it on its sessions
 
-The rewrite is the one `--kernels bertfuse` makes (pipeline.lowering.to_bertfuse_kernels), applied
+The rewrite is the one `--ops bertfuse` makes (pipeline.lowering.to_bertfuse_kernels), applied
 to the same fused fp16 model the contrib rows run, so both forms see the same weights and
 inputs and are compared against the same ORT raw fp32 outputs. The library is looked up once,
 before any workload; where it or the rewrite is missing, the rows say why and the rest runs.
@@ -18,7 +18,7 @@ from collections import Counter
 import numpy as np
 from dataclasses import dataclass, field
 
-KERNELS_FORMS = ("ort", "both")  # bench --kernels: the contrib form alone, or both forms
+FORMS = ("contrib", "both")  # bench --forms: the contrib form alone, or both forms
 # The runtime rows of the bertfuse-kernels form: (label, model key, Session options). The
 # first is the runtime as shipped (mask variants as it picks them: key lengths for right
 # padding); the FP8 row has the same model with FP8 (e4m3) weights in its GEMMs; the last,
@@ -75,7 +75,7 @@ def kernels_model(fused16: str, workdir: str) -> tuple[str | None, str]:
 
 
 def fp8_model(fused16: str, kernels16: str, workdir: str) -> tuple[str | None, str]:
-    """The bertfuse-kernels model with FP8 weights, as `convert --kernels bertfuse --fp8`
+    """The bertfuse-kernels model with FP8 weights, as `convert --ops bertfuse --fp8`
     makes it (pipeline.fp8.fp8_form): activation scales calibrated on convert's parity inputs
     (its default batch, seq and seed), not on the benchmark's request. (path, note) or (None,
     why not)."""

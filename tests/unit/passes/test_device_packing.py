@@ -1,4 +1,4 @@
-"""The device-packed form on bertfuse kernels (passes/packing_kernels.py) and the NumPy references
+"""The device-packed form on bertfuse kernels (passes/device_packing.py) and the NumPy references
 of its ops (ops/bertfuse/packed_ops.py): PackTokens, PackedBertAttention, UnpackTokens.
 
 No GPU here: the packed model runs in onnx's ReferenceEvaluator with every custom node's
@@ -19,10 +19,10 @@ from bertfuse.ops.evaluator import evaluate
 from bertfuse.ops.packing_layout import choose_shape, pack_into, packed_shapes
 from bertfuse.passes.manager import run_passes
 from bertfuse.passes.plans import fusion_plan
-from bertfuse.passes.packing_kernels import PackingKernelsPass
+from bertfuse.passes.device_packing import PackingKernelsPass
 from support.builders.onnx_graphs import bert
 from support.passes_common import B, S, bert_feeds, fuse
-from unit.passes.test_bertfuse_kernels import contrib_fp16, kernels
+from unit.passes.test_bertfuse_encoder import contrib_fp16, kernels
 
 PACKED_OPS = ("PackTokens", "PackedBertAttention", "UnpackTokens")
 
@@ -198,9 +198,9 @@ def test_pass_misses_a_packed_model(padded_and_packed):
 
 
 def test_pass_on_a_converted_checkpoint(ckpt_erf, convert_cached, seed):
-    """The written --kernels bertfuse model of a real TF checkpoint (tf2onnx's graph, not the
+    """The written --ops bertfuse model of a real TF checkpoint (tf2onnx's graph, not the
     builder's) packs, and its packed form equals it at every kept position."""
-    conv = convert_cached(ckpt_erf, "--precision", "fp16", "--kernels", "bertfuse")
+    conv = convert_cached(ckpt_erf, "--precision", "fp16", "--ops", "bertfuse")
     assert conv.exit_code == 0, conv.report
     padded = onnx.load(conv.onnx_path)
     packed, report = fuse(padded, PackingKernelsPass())

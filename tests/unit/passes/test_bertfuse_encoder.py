@@ -1,4 +1,4 @@
-"""BertfuseKernels: the fused fp16 contrib encoder -> ai.bertfuse ops (passes/bertfuse_kernels.py).
+"""BertfuseKernels: the fused fp16 contrib encoder -> ai.bertfuse ops (passes/bertfuse_encoder.py).
 
 ORT's CPU EP cannot run ai.bertfuse ops, so the rewritten model runs in onnx's
 ReferenceEvaluator with the NumPy references (ops/evaluator.py), and so does the
@@ -15,7 +15,7 @@ from onnx import helper, numpy_helper
 
 from bertfuse.ops.bertfuse.bert_attention import MAX_HEAD_SIZE
 from bertfuse.ops.evaluator import evaluate
-from bertfuse.passes.bertfuse_kernels import BertfuseKernels
+from bertfuse.passes.bertfuse_encoder import BertfuseKernels
 from bertfuse.passes.manager import run_passes
 from bertfuse.passes.plans import fusion_plan
 from bertfuse.runtime.variants import attention_mask_variant

@@ -1,4 +1,4 @@
-"""The bertfuse-kernels forms in the padded-vs-packed part of `bertfuse bench` (`--kernels both`).
+"""The bertfuse-kernels forms in the padded-vs-packed part of `bertfuse bench` (`--forms both`).
 
     bertfuse16.onnx --bertfuse_kernels pass--> kernels16.onnx (padded, ai.bertfuse ops)
         --packing_kernels pass--> device-packed model (PackTokens / PackedBertAttention /
@@ -23,9 +23,9 @@ LABELS = {"kpadded": "padded, bertfuse kernels", "kpacked": "device-packed, bert
 
 def kernels_forms(kernels: Any, paths: dict[str, str]) -> tuple[dict[str, Any], str]:
     """({'kpadded': path, 'kpacked': model}, '') to time, or ({}, 'not run: why'); ({}, '')
-    for `--kernels ort` (kernels None: no kernels rows at all). `kernels` is the run's
-    bench.kernels.KernelsSetup; kernels16 is made once per model and kept in `paths`."""
-    from bertfuse.bench.kernels import kernels_model
+    for `--forms contrib` (kernels None: no kernels rows at all). `kernels` is the run's
+    bench.forms.KernelsSetup; kernels16 is made once per model and kept in `paths`."""
+    from bertfuse.bench.forms import kernels_model
     from bertfuse.passes.manager import run_passes
     from bertfuse.passes.plans import packing_plan
 

@@ -15,7 +15,7 @@ pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx_graphsurgeon")
 
 from bertfuse import cli  # noqa: E402
-from bertfuse.bench.kernels import AUTO_ROW, CONTRIB_DEFAULT, CONTRIB_RAW_ONLY, FIRST_ROW, KERNELS_ROWS, KernelsSetup, \
+from bertfuse.bench.forms import AUTO_ROW, CONTRIB_DEFAULT, CONTRIB_RAW_ONLY, FIRST_ROW, KERNELS_ROWS, KernelsSetup, \
     find_library, format_comparison, gelu_approximation_model, plan_rows, runtime_rows  # noqa: E402
 from bertfuse.bench.peers import ORT_PEER, TORCH_PEER  # noqa: E402
 from bertfuse.bench.models import prepare_models  # noqa: E402
@@ -176,10 +176,10 @@ def test_comparison_table_puts_the_two_forms_side_by_side():
 
 
 def test_bench_row_options(tmp_path, capsys):
-    for bad in (["--kernels", "cuda"], ["--ort-rows", "none"], ["--runtime-rows", "some"]):
+    for bad in (["--forms", "cuda"], ["--ort-rows", "none"], ["--runtime-rows", "some"]):
         assert cli.main(["bench", "--skeletons", str(tmp_path), *bad]) == 2
         assert bad[0] in capsys.readouterr().err
-    for opts in (["--kernels", "ort"], ["--kernels", "both", "--ort-rows", "reference",
+    for opts in (["--forms", "contrib"], ["--forms", "both", "--ort-rows", "reference",
                                         "--runtime-rows", "paired"]):
         # accepted; then the missing skeleton is the one line
         assert cli.main(["bench", "--skeletons", str(tmp_path), *opts,
@@ -201,9 +201,9 @@ def test_reference_only_preparation_skips_ort_own_models(tiny_onnx, tmp_path):
 
 
 def test_fp8_model_is_the_pipelines_fp8_form(tiny_onnx, tmp_path):
-    """bench's FP8 row runs what `convert --kernels bertfuse --fp8` writes: pipeline.fp8's
+    """bench's FP8 row runs what `convert --ops bertfuse --fp8` writes: pipeline.fp8's
     form, calibrated on convert's default parity inputs."""
-    from bertfuse.bench.kernels import fp8_model
+    from bertfuse.bench.forms import fp8_model
     from bertfuse.pipeline.fp8 import fp8_form
     from bertfuse.pipeline.lowering import model_feeds, to_bertfuse_kernels
     from bertfuse.pipeline.options import ConvertOptions

@@ -1,5 +1,5 @@
 """Packed form on bertfuse's kernels, packed on the device: the bertfuse-kernels encoder
-(passes/bertfuse_kernels.py) runs on the real tokens only, and the packing is part of the graph.
+(passes/bertfuse_encoder.py) runs on the real tokens only, and the packing is part of the graph.
 
     input_mask [B,S] ─► PackTokens(token_bucket [T]) ─► token_index, token_slot, cu [B+1]
     input_ids, segment_ids ─► EmbedLayerNorm ─► [B,S,H] ─► Reshape[B*S,H]
