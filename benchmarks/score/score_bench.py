@@ -179,7 +179,7 @@ def main() -> None:
         model = model_path(args, work)
         data = work / "input.parquet"
         t0 = time.perf_counter()
-        from bertfuse.runtime.requests import load_model, model_facts
+        from bertfuse.runtime.request_checks import load_model, model_facts
 
         vocab = model_facts(load_model(model)).vocab_size or 30522
         make_input(data, args.rows, args.seq, args.min_len, vocab, args.part_rows)

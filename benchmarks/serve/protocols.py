@@ -36,7 +36,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from bertfuse.io.inputs import lengths_request  # noqa: E402
-from bertfuse.runtime.requests import load_model, model_facts  # noqa: E402
+from bertfuse.runtime.request_checks import load_model, model_facts  # noqa: E402
 
 OUTPUT = "pooled_output"
 NAME = "bertfuse"

@@ -46,7 +46,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from bertfuse.io.inputs import lengths_request  # noqa: E402
 from bertfuse.runtime import Session, SessionPool  # noqa: E402
-from bertfuse.runtime.requests import load_model, model_facts  # noqa: E402
+from bertfuse.runtime.request_checks import load_model, model_facts  # noqa: E402
 from bertfuse.serve.ingress import quiet_port  # noqa: E402
 
 OUTPUT = "pooled_output"

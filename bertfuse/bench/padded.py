@@ -23,7 +23,7 @@ from bertfuse.bench.models import bound_session, memcpy_nodes, packed_form, prep
 from bertfuse.bench.peers import best_peer, setup_peers
 from bertfuse.bench.timing import compare, time_calls, time_interleaved
 from bertfuse.io.inputs import padded_request as request
-from bertfuse.runtime.requests import model_facts
+from bertfuse.runtime.request_checks import model_facts
 
 @dataclass
 class Result:
@@ -140,7 +140,7 @@ def _runtime_session(path: str, feeds: dict[str, np.ndarray], packed: bool = Fal
                      **kw) -> tuple[object, Callable]:
     """bertfuse's Session on one bucket of exactly the request's shape, warmed up, and its
     call (packed=True: every request goes to the packed form, in its token bucket)."""
-    from bertfuse.runtime.router import Session
+    from bertfuse.runtime.session import Session
 
     batch, seq = feeds["input_ids"].shape
     if packed:
@@ -184,7 +184,7 @@ def soak(model_path: str, requests: int = 10_000, seed: int = 3) -> dict:
     import threading
 
     from bertfuse.runtime.pool import SessionPool
-    from bertfuse.runtime.router import Session
+    from bertfuse.runtime.session import Session
 
     s = Session(model_path, max_batch=32, max_seq=128, batch_buckets=(1, 4, 8, 16, 32),
                 seq_buckets=(32, 64, 128), device="cuda", cuda_graph=True)

@@ -161,7 +161,7 @@ def export_triton(model_path: str, repo: str, name: str | None = None, max_batch
     (an absolute path, e.g. /models in a container; default REPO's own absolute path)."""
     from bertfuse.kernels.library import LIB_NAME
     from bertfuse.io.onnx_in import check_stranger
-    from bertfuse.runtime.requests import load_model
+    from bertfuse.runtime.request_checks import load_model
     from bertfuse.io.safety import swap_dir_in, temp_dir
     from bertfuse.io.write_errors import naming_the_path
 

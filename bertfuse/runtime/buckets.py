@@ -1,4 +1,4 @@
-"""One shape bucket of the padded session (session.py): its buffers and bindings, its CUDA
+"""One shape bucket of the padded session (padded.py): its buffers and bindings, its CUDA
 graphs, its mask variants checked.
 
     PaddedSession._bucket(b, s) ─► new_bucket(session, b, s):

@@ -1,7 +1,7 @@
 """Where the runtime meets the device: ORT's providers and run options, ORT sessions with the
 CUDA-graph fallback, host staging, uploads and fetches, the capture gate and thread claims.
 
-Nothing here knows about buckets, mask variants or packing; session.py and packed.py build
+Nothing here knows about buckets, mask variants or packing; padded.py and packed.py build
 on it. pinned.py below it talks to libcudart directly.
 """
 

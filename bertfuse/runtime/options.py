@@ -17,8 +17,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from bertfuse.runtime.kernels import check_kernels_option
-from bertfuse.runtime.requests import (DEFAULT_BATCH_BUCKETS, DEFAULT_SEQ_BUCKETS, ConfigError,
+from bertfuse.runtime.kernel_choice import check_kernels_option
+from bertfuse.runtime.request_checks import (DEFAULT_BATCH_BUCKETS, DEFAULT_SEQ_BUCKETS, ConfigError,
                                        check_int)
 
 
@@ -33,7 +33,7 @@ class SessionOptions:
     kernels: 'auto' (on CUDA, bertfuse's own ops where the library is here or builds, each
     layer covered and one batch on the device agrees with the contrib form; else the contrib
     form, with one line saying why), 'ort' (the model as written), 'bertfuse' (bertfuse's ops
-    or an error). See runtime/kernels.py.
+    or an error). See runtime/kernel_choice.py.
 
     intra_op_threads: the threads of each ONNX Runtime session's intra-op pool (None: ORT's
     default, one per physical core); what a CPU session computes with."""

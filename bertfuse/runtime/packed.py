@@ -39,7 +39,7 @@ from bertfuse.runtime.device import GATE, SessionMaker, claim_thread, fetch, rep
 from bertfuse.runtime.options import SessionOptions, session_options
 from bertfuse.runtime.pinned import new_stream
 from bertfuse.runtime.progress import check_progress, steps
-from bertfuse.runtime.requests import (ClosedError, RequestError, bucket_list, check_request,
+from bertfuse.runtime.request_checks import (ClosedError, RequestError, bucket_list, check_request,
                                        check_sizes, check_warmup, load_model, model_facts,
                                        select_outputs, smallest)
 

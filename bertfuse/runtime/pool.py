@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 from bertfuse.errors import BertfuseError
 from bertfuse.runtime.device import GATE
-from bertfuse.runtime.requests import check_int
+from bertfuse.runtime.request_checks import check_int
 
 
 class NestedCallError(BertfuseError, RuntimeError):

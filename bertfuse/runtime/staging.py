@@ -11,7 +11,7 @@
         -> run() returns copies of the mirrored rows, and fetches the rest
         -> else (no such graph) upload (cudaMemcpyAsync on the session's stream) -> the replay
 
-What it saves: the checked path (requests.check_request, variants.mask_mode, session._fill)
+What it saves: the checked path (request_checks.check_request, variants.mask_mode, padded._fill)
 is about ten NumPy passes over the request, 25-30 us of host time per request. Whatever the
 fast lane does not take (device arrays, other dtypes, a cold bucket, a value out of range)
 returns None and goes the checked way, so every error message is the checked path's own.
@@ -143,7 +143,7 @@ class FastStager:
             return None
         if fn is None:
             return None
-        from bertfuse.runtime.requests import upper_bound
+        from bertfuse.runtime.request_checks import upper_bound
 
         return cls(fn, session.facts.inputs,
                    [upper_bound(session.facts, n) for n in session.facts.inputs])
@@ -153,7 +153,7 @@ class FastStager:
         """The request through its warm bucket, or None for the checked path."""
         ids = given["input_ids"]
         if type(ids) is not np.ndarray or ids.ndim != 2 or ids.dtype not in _DTYPES \
-                or getattr(session, "packed", None) is not None:  # router.Session packs some
+                or getattr(session, "packed", None) is not None:  # session.Session packs some
             return None
         shape = ids.shape
         mask, segments = given["input_mask"], given["segment_ids"]

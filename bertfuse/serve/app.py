@@ -80,7 +80,7 @@ class BertfuseReplica:
 
     def __init__(self, spec: dict[str, Any]) -> None:
         from bertfuse.runtime import Session, SessionPool
-        from bertfuse.runtime.requests import declared_output_dims, load_model, model_facts
+        from bertfuse.runtime.request_checks import declared_output_dims, load_model, model_facts
 
         self.spec = spec
         sys.setswitchinterval(switch_interval_s())

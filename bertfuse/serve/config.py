@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 from bertfuse.checks import check_text
-from bertfuse.runtime.requests import (ConfigError, check_canonical, check_int, load_model,
+from bertfuse.runtime.request_checks import (ConfigError, check_canonical, check_int, load_model,
                                        model_facts)
 from bertfuse.serve.token import token_sha256
 
@@ -80,7 +80,7 @@ class ServeConfig:
     metrics_host: str = "127.0.0.1"
     token_file: str | None = None
     allow_readable_token_file: bool = False  # else a file others may read is refused
-    kernels: str = "auto"  # runtime.kernels: the replicas' choice of contrib or bertfuse ops
+    kernels: str = "auto"  # runtime.kernel_choice: the replicas' choice of contrib or bertfuse ops
     cpu_threads: int | None = None  # each replica's ORT intra-op threads (None: ORT's default)
     extra: dict = field(default_factory=dict)  # facts read from the model (filled by check)
 
@@ -122,7 +122,7 @@ def check_config(model: Any = None, **kwargs: Any) -> ServeConfig:
     switch_interval_s()  # its environment variable, read by every replica
     if cfg.device not in DEVICES:
         raise ConfigError(f"device must be one of {', '.join(DEVICES)}, not {cfg.device!r}")
-    from bertfuse.runtime.kernels import check_kernels_option
+    from bertfuse.runtime.kernel_choice import check_kernels_option
 
     check_kernels_option(cfg.kernels)
     if cfg.ingress not in INGRESSES:

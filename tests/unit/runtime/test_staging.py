@@ -18,7 +18,7 @@ import pytest
 
 from bertfuse.runtime import RequestError
 from bertfuse.runtime.graphs import GraphError
-from bertfuse.runtime.requests import upper_bound
+from bertfuse.runtime.request_checks import upper_bound
 from bertfuse.runtime.staging import FORMS, FastStager, stage_function
 from bertfuse.runtime.variants import mask_mode
 from support.paths import ROOT
@@ -171,7 +171,7 @@ def test_a_session_with_a_packed_model_keeps_its_routing(pair, monkeypatch):
     fast.run(**req)
     given = {k: req.get(k) for k in ("input_ids", "input_mask", "segment_ids")}
     assert fast._stager.serve(fast, given, list(OUTPUTS), True) is not None
-    monkeypatch.setattr(fast, "packed", object())  # router.Session decides what it packs
+    monkeypatch.setattr(fast, "packed", object())  # session.Session decides what it packs
     assert fast._stager.serve(fast, given, list(OUTPUTS), True) is None
 
 

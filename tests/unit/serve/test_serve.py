@@ -28,7 +28,7 @@ import ray  # the `ray` extra, in CI's default extras: never skipped
 from bertfuse.converter.example_vocab import example_vocab
 from bertfuse.io.schemas import first_error
 from bertfuse.runtime import Session
-from bertfuse.runtime.requests import ConfigError
+from bertfuse.runtime.request_checks import ConfigError
 from bertfuse.serve.ingress import quiet_port
 from bertfuse.serve.requests import decode, encode, encode_body
 from bertfuse.text import WordPiece
@@ -587,7 +587,7 @@ def test_switch_interval_variable_is_checked_before_ray(tiny, monkeypatch):
 
 
 def test_kernels_choice_is_checked_and_reaches_the_replicas(tiny):
-    """serve's replicas choose their kernels at load (runtime/kernels.py): auto by default,
+    """serve's replicas choose their kernels at load (runtime/kernel_choice.py): auto by default,
     ort or bertfuse when asked; anything else is refused before Ray starts."""
     from bertfuse.errors import BertfuseError
     from bertfuse.serve.config import check_config

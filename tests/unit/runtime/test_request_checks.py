@@ -1,4 +1,4 @@
-"""Request and argument checks (runtime/requests.py): refused before anything reaches ORT.
+"""Request and argument checks (runtime/request_checks.py): refused before anything reaches ORT.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 ort = pytest.importorskip("onnxruntime")
 
 from bertfuse.errors import BertfuseError  # noqa: E402
-from bertfuse.runtime.requests import ConfigError, RequestError, unmask_empty_rows  # noqa: E402
-from bertfuse.runtime.router import Session  # noqa: E402
+from bertfuse.runtime.request_checks import ConfigError, RequestError, unmask_empty_rows  # noqa: E402
+from bertfuse.runtime.session import Session  # noqa: E402
 from support.runtime_common import (BAD_REQUESTS, MAX_BATCH, MAX_SEQ, POSITIONS,  # noqa: E402
                             TYPE_VOCAB, _refuse_ort, _setitem, _valid, _with, new_session)
 
