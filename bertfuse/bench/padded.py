@@ -161,20 +161,20 @@ def _host_split(sess, feeds: dict[str, np.ndarray], iters: int) -> str:
     if sess.packed is not None:
         return "every request packed (token-bucket CUDA graph)"
     batch, seq = feeds["input_ids"].shape
-    bucket = sess._bucket(batch, seq)
-    mode = sess._session_for(feeds["input_mask"], bucket, batch, seq)
-    checked = sess._check(dict(feeds))
+    bucket = sess.bucket(batch, seq)
+    mode = sess.session_for(feeds["input_mask"], bucket, batch, seq)
+    checked = sess.check(dict(feeds))
 
     def prepare() -> None:  # the rest of what run() does before ORT: variant, staging, copy
-        sess._session_for(feeds["input_mask"], bucket, batch, seq)
-        sess._fill(bucket, checked, batch, seq)
+        sess.session_for(feeds["input_mask"], bucket, batch, seq)
+        bucket.fill(checked, batch, seq)
 
-    check, _ = time_calls(lambda: sess._check(dict(feeds)), iters)
+    check, _ = time_calls(lambda: sess.check(dict(feeds)), iters)
     prep, _ = time_calls(prepare, iters)
     replay, _ = time_calls(sess.replay_call(feeds["input_mask"]), iters)
     graph = "CUDA graph" if sess.cuda_graph else f"no graph: {sess.fallback_reason}"
     chosen = f"; {sess.kernels.line()}" if sess.kernels.asked == "auto" else ""
-    lane = "native fast lane" if getattr(sess, "_stager", None) is not None else "checked path"
+    lane = "native fast lane" if sess.fast_lane else "checked path"
     return (f"{graph}; attention mask path: {mode}; request via the {lane} (the checked path: "
             f"check {check:.0f} us + prep {prep:.0f} us) + ORT run {replay:.0f} us{chosen}")
 

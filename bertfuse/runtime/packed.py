@@ -34,7 +34,7 @@ from bertfuse.errors import BertfuseError
 from bertfuse.ops.packing_layout import (PACKED_INPUTS, PackedShape, capture_mask,
                                      choose_device_shape, choose_shape, device_shapes,
                                      pack_into, packed_shapes)
-from bertfuse.runtime.device import GATE, SessionMaker, claim_thread, fetch, replay, staging, \
+from bertfuse.runtime.device import GATE, SessionMaker, ThreadClaim, fetch, replay, staging, \
     upload
 from bertfuse.runtime.options import SessionOptions, session_options
 from bertfuse.runtime.pinned import new_stream
@@ -97,7 +97,7 @@ class PackedSession:
                                    opts.provider_options)
         self.session = self._maker.open(self._data)
         self._lock = threading.Lock()
-        self._owner: int | None = None  # the thread its CUDA graphs belong to (claim_thread)
+        self._claim = ThreadClaim()  # the thread its CUDA graphs belong to
         self._buckets: dict[PackedShape, _PackedBucket] = {}
         self._shapes: dict[tuple[int, int], list[PackedShape]] = {}
 
@@ -133,7 +133,7 @@ class PackedSession:
         shapes = None if buckets is None else check_warmup(buckets, self.max_batch, self.max_seq)
         with self._lock:
             self._require_open()
-            claim_thread(self)
+            self._claim.claim(self)
             every = [(b, s) for b in self.batch_buckets for s in self.seq_buckets]
             keys = every if shapes is None else shapes
             with steps(progress, len(keys), "capturing packed buckets") as step:
@@ -274,7 +274,7 @@ class PackedSession:
             tokens = int(np.count_nonzero(mask))
         with self._lock, GATE.running():
             self._require_open()
-            claim_thread(self)
+            self._claim.claim(self)
             shape = self.shape_for(batch, seq, tokens)
             bucket = self._bucket(shape)
             self._stage(bucket.views, arrays, shape)

@@ -3,7 +3,7 @@
     request [B, S] ─► validate ─► smallest bucket (b ≥ B, s ≥ S) ─► copy into its input buffers
                       (pad: mask 0) ─► replay the bucket's CUDA graph ─► outputs sliced [:B, :S]
 
-Each bucket (buckets.py) owns device buffers for every input and output, allocated once and
+Each bucket (buckets.Bucket) owns device buffers for every input and output, allocated once and
 bound once with IO binding; with `cuda_graph=True` each bucket's run is captured as its own CUDA
 graph and replayed: by bertfuse itself around ORT's run for a model on its op library
 (graphs.py: no ORT Run() call per request), else by ONNX Runtime (`gpu_graph_id`). After
@@ -16,27 +16,29 @@ model on top.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Sequence
+from types import MappingProxyType
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import numpy as np
 import onnx
 
 from bertfuse.io.inputs import shape_probe
-from bertfuse.runtime.buckets import Bucket, new_bucket
-from bertfuse.runtime.device import (GATE, SessionMaker, claim_thread, device_copy,
-                                     device_memory_used, fetch, probe_output_dims, replay,
-                                     upload)
+from bertfuse.runtime.buckets import Bucket, BucketSpec
+from bertfuse.runtime.device import (GATE, SessionMaker, ThreadClaim, device_memory_used,
+                                     probe_output_dims)
 from bertfuse.runtime.kernel_choice import choose, file_identity
 from bertfuse.runtime.options import SessionOptions, session_options
 from bertfuse.runtime.pinned import new_stream
 from bertfuse.runtime.progress import check_progress, steps
-from bertfuse.runtime.request_checks import (ClosedError, bucket_list, check_canonical, check_range,
-                                       check_ranges, check_request, check_sizes, check_warmup,
-                                       declared_output_dims, load_model, model_facts,
-                                       select_outputs, smallest, unmask_empty_rows,
-                                       upper_bound)
+from bertfuse.runtime.request_checks import (ClosedError, bucket_list, check_canonical,
+                                             check_ranges, check_request, check_sizes,
+                                             check_warmup, declared_output_dims, load_model,
+                                             model_facts, select_outputs, smallest,
+                                             unmask_empty_rows, upper_bound)
 from bertfuse.runtime.staging import FastStager
 from bertfuse.runtime.variants import VariantPolicy, attention_mask_variant, has_own_attention
+
+R = TypeVar("R")
 
 
 class PaddedSession:
@@ -53,9 +55,6 @@ class PaddedSession:
         self.options = opts = session_options(options, overrides)
         proto = load_model(model)
         self.facts = model_facts(proto)
-        # Per input, the first value out of range as uint32 (negatives wrap to >= 2**31).
-        self._upper = np.array([min(upper_bound(self.facts, n) or 2**31, 2**31)
-                                for n in self.facts.inputs], np.uint32)
         check_canonical(self.facts)
         self.max_batch, self.max_seq = check_sizes(self.facts, opts.max_batch, opts.max_seq,
                                                    opts.batch_buckets, opts.seq_buckets)
@@ -73,7 +72,7 @@ class PaddedSession:
                                     own_attention=has_own_attention(proto))
         self._lock = threading.Lock()
         self._buckets: dict[tuple[int, int], Bucket] = {}
-        self._owner: int | None = None  # the thread its CUDA graphs belong to (claim_thread)
+        self._claim = ThreadClaim()  # the thread its CUDA graphs belong to
         self.stream = new_stream() if self.device == "cuda" and opts.own_stream \
             and self.pinned else None
         self._maker = SessionMaker(ort, self.device, opts.cuda_graph, self.stream,
@@ -87,10 +86,17 @@ class PaddedSession:
                 if variant is not None:
                     self.sessions[mode] = self._maker.open(variant.SerializeToString())
         self.session = self.sessions["raw"]
-        self._stager = FastStager.for_session(self)
+        self._stager = FastStager.for_model(self.facts) \
+            if self.device == "cuda" and self.pad and self._maker.kernels else None
         with GATE.capturing():
-            self._output_dims = declared_output_dims(proto) or probe_output_dims(
+            output_dims = declared_output_dims(proto) or probe_output_dims(
                 self.session, self.facts, self._maker.run_options(-1))
+        # Per input, the first value out of range as uint32 (negatives wrap to >= 2**31).
+        upper = np.array([min(upper_bound(self.facts, n) or 2**31, 2**31)
+                          for n in self.facts.inputs], np.uint32)
+        self._spec = BucketSpec(ort, self.device, self.facts, output_dims, self._maker,
+                                self.pinned, self.stream, upper, self.validate,
+                                lane=self._stager is not None)
 
     @property
     def cuda_graph(self) -> bool:
@@ -105,8 +111,18 @@ class PaddedSession:
         """Why CUDA graphs are off although asked for ('' when they are on)."""
         return self._maker.fallback_reason
 
-    def _session_for(self, mask: Any, bucket: Bucket, batch: int, seq: int,
-                     form: str | None = None) -> str:
+    @property
+    def fast_lane(self) -> bool:
+        """Whether warm buckets take the native fast lane (staging.py)."""
+        return self._stager is not None
+
+    @property
+    def buckets(self) -> Mapping[tuple[int, int], Bucket]:
+        """The buckets made so far, by [batch, seq] (read-only)."""
+        return MappingProxyType(self._buckets)
+
+    def session_for(self, mask: Any, bucket: Bucket, batch: int, seq: int,
+                    form: str | None = None) -> str:
         """The session (mask variant) that serves this request in this bucket; `form`: the
         mask's mask_mode when the caller knows it."""
         if len(self.sessions) == 1:
@@ -133,7 +149,7 @@ class PaddedSession:
         shapes = None if buckets is None else check_warmup(buckets, self.max_batch, self.max_seq)
         with self._lock:
             self._require_open()
-            claim_thread(self)
+            self._claim.claim(self)
             if not self.pad:
                 keys = [(self.max_batch, self.max_seq)] if shapes is None else shapes
             elif shapes is None:
@@ -144,13 +160,14 @@ class PaddedSession:
             with steps(progress, len(keys), "warming up") as step:
                 for key in keys:
                     if self.pad:
-                        self._bucket(*key)
+                        self.bucket(*key)
                     else:
                         self.session.run(None, shape_probe(self.facts.inputs, *key))
                     step(key)
         return keys
 
-    def _bucket(self, batch: int, seq: int) -> Bucket:
+    def bucket(self, batch: int, seq: int) -> Bucket:
+        """The bucket [batch, seq] (a bucket size pair), made on first use."""
         key = (batch, seq)
         if key in self._buckets:
             return self._buckets[key]
@@ -160,7 +177,22 @@ class PaddedSession:
         return bucket
 
     def _new_bucket(self, batch: int, seq: int) -> Bucket:
-        return new_bucket(self, batch, seq)  # buckets.py: buffers, bindings, graphs, variants
+        bucket = Bucket.build(self._spec, self.sessions, batch, seq, graph_id=len(self._buckets))
+        self.graph_notes.update(bucket.graph_notes)
+        self.variant_notes.update(bucket.variant_notes)
+        return bucket
+
+    def on_warm_bucket(self, key: tuple[int, int], fn: Callable[..., R | None],
+                       *args: Any) -> R | None:
+        """fn(bucket, *args) under the session's lock and the capture gate, where the bucket
+        [key] is made; None where it is not (making it captures: the checked path does)."""
+        with self._lock, GATE.running():
+            self._require_open()
+            bucket = self._buckets.get(key)
+            if bucket is None:
+                return None
+            self._claim.claim(self)
+            return fn(bucket, *args)
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -181,7 +213,7 @@ class PaddedSession:
             out = self._stager.serve(self, given, names, to_host)
             if out is not None:
                 return out
-        return self._serve(self._check(given), names, to_host)
+        return self._serve(self.check(given), names, to_host)
 
     def _serve(self, arrays: dict[str, Any], names: list[str], to_host: bool) -> dict[str, Any]:
         """A checked request through its bucket (session.Session routes some elsewhere)."""
@@ -191,43 +223,16 @@ class PaddedSession:
         mask = arrays.get("input_mask")
         with self._lock, GATE.running():
             self._require_open()  # closed while this request waited for the lock
-            claim_thread(self)
+            self._claim.claim(self)
             key = self.bucket_for(batch, seq)
             if self.validate and key not in self._buckets:
                 # A new bucket runs ORT to capture it: refuse bad values before that.
                 check_ranges(arrays, self.facts, staged=True)
-            bucket = self._bucket(*key)
-            mode = self._session_for(mask, bucket, batch, seq)
-            self._fill(bucket, arrays, batch, seq)
-            return self._replay(bucket, mode, names, to_host, batch, seq)
-
-    def _replay(self, bucket: Bucket, mode: str, names: list[str], to_host: bool, batch: int,
-                seq: int) -> dict[str, Any]:
-        """The staged bucket through its variant's graph; the outputs as run() returns them."""
-        graph = bucket.graphs.get(mode)
-        if graph is not None:
-            graph.launch()
-        else:
-            replay(self.sessions[mode], bucket.bindings[mode], bucket.run_options[mode])
-        return self._outputs(bucket, names, to_host, batch, seq)
-
-    def _outputs(self, bucket: Bucket, names: list[str], to_host: bool, batch: int,
-                 seq: int) -> dict[str, Any]:
-        """The bucket's outputs after a run, as run() returns them."""
-        if not to_host:
-            return {"batch": batch, "seq": seq, **{n: bucket.outputs[n] for n in names}}
-        return {n: fetch(bucket.outputs[n], batch, seq, self._output_dims[n][1:2] == ("S",))
-                for n in names}
-
-    def _mirrored(self, bucket: Bucket, name: str, batch: int, seq: int) -> np.ndarray:
-        """An output the fast lane copied into its host mirror (or, where it has none, from
-        the device), as run() returns it: a new array of the request's rows (and positions)."""
-        has_seq = self._output_dims[name][1:2] == ("S",)
-        host = bucket.mirrors.get(name)
-        if host is None or batch > len(host):  # not copied there (staging.FastStager.mirrors)
-            return fetch(bucket.outputs[name], batch, seq, has_seq)
-        out = host[:batch].copy()
-        return out[:, :seq] if has_seq else out
+            bucket = self.bucket(*key)
+            bucket.fill(arrays, batch, seq)
+            mode = self.session_for(mask, bucket, batch, seq)
+            bucket.run(mode, self.sessions[mode])
+            return bucket.results(names, to_host, batch, seq)
 
     def _run_unpadded(self, arrays: dict[str, Any], names: list[str], to_host: bool,
                       batch: int, seq: int) -> dict[str, Any]:
@@ -255,40 +260,12 @@ class PaddedSession:
             feeds.update({"input_mask": mask.astype(np.int32)} if "input_mask" in feeds else {})
             return lambda: self.session.run(None, feeds)
         bucket = self._buckets[self.bucket_for(batch, seq)]
-        mode = self._session_for(mask, bucket, batch, seq)
-        if mode in bucket.graphs:
-            return bucket.graphs[mode].launch
-        session, binding, options = self.sessions[mode], bucket.bindings[mode], \
-            bucket.run_options[mode]
-        return lambda: replay(session, binding, options)
+        mode = self.session_for(mask, bucket, batch, seq)
+        return bucket.replay_call(mode, self.sessions[mode])
 
-    def _fill(self, bucket: Bucket, arrays: dict[str, Any], batch: int, seq: int) -> None:
-        host = bucket.host
-        host.fill(0)
-        device_inputs = []
-        for i, name in enumerate(self.facts.inputs):
-            src = arrays.get(name)
-            if src is None:
-                if name == "input_mask":
-                    host[i, :batch, :seq] = 1
-            elif isinstance(src, np.ndarray):
-                host[i, :batch, :seq] = src
-            else:
-                device_inputs.append((i, src))
-            if name == "input_mask":
-                host[i, batch:, 0] = 1  # bucket rows past the batch: one key, never zero
-        if self.validate:  # host inputs: one reduction over the staged buffer, all roles
-            over = host.reshape(len(self.facts.inputs), -1).view(np.uint32).max(axis=1) \
-                >= self._upper
-            if over.any():
-                name = self.facts.inputs[int(np.argmax(over))]
-                check_range(arrays[name], name, upper_bound(self.facts, name))
-        upload(bucket.packed, host, None if device_inputs else self.stream)
-        for i, src in device_inputs:  # device arrays: copied on the device, not via the host
-            device_copy(bucket.packed, i, src, batch, seq, self.facts.inputs[i] == "input_mask")
-
-    def _check(self, given: dict[str, Any]) -> dict[str, Any]:
-        # Padded, host values are range-checked once staged (_fill); unpadded, here.
+    def check(self, given: dict[str, Any]) -> dict[str, Any]:
+        """The request {role: array or None} checked as run() checks it (padded, host values
+        are range-checked once staged: Bucket.fill; unpadded, here)."""
         return check_request(given, self.facts, self.max_batch, self.max_seq, self.validate,
                              staged_ranges=self.pad)
 
@@ -307,8 +284,7 @@ class PaddedSession:
                 return
             self._closed = True
             for bucket in self._buckets.values():  # graphs before the memory they record
-                for graph in [*bucket.graphs.values(), *bucket.staged.values()]:
-                    graph.release()
+                bucket.release_graphs()
             held = [self._buckets, self.sessions]  # bindings and buffers first, then sessions
             self._buckets, self.sessions, self.session = {}, {}, None
         with GATE.capturing():
