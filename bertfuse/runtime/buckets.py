@@ -108,7 +108,7 @@ class Bucket:
             kinds = (False, True) if spec.pinned and spec.lane else (False,)
             for mode, sess in sessions.items():
                 for copies in kinds:
-                    graph, why = bucket._capture(mode, sess, copies)
+                    graph, why = cls._capture(bucket, mode, sess, copies)
                     if graph is not None:
                         (bucket.staged if copies else bucket.graphs)[mode] = graph
                         continue
@@ -116,7 +116,7 @@ class Bucket:
                     bucket.graph_notes[key] = why
                     LOG.warning("bertfuse: bucket %s runs without a CUDA graph: %s", key, why)
                     break
-        bucket._verify_variants(sessions)
+        cls._verify_variants(bucket, sessions)
         return bucket
 
     def _capture(self, mode: str, sess: Any, copies: bool = False
