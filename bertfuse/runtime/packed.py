@@ -39,9 +39,10 @@ from bertfuse.runtime.device import GATE, SessionMaker, ThreadClaim, fetch, repl
 from bertfuse.runtime.options import SessionOptions, session_options
 from bertfuse.runtime.pinned import new_stream
 from bertfuse.runtime.progress import check_progress, steps
-from bertfuse.runtime.request_checks import (ClosedError, RequestError, bucket_list, check_request,
-                                       check_sizes, check_warmup, load_model, model_facts,
-                                       select_outputs, smallest)
+from bertfuse.runtime.request_checks import (ClosedError, RequestError, bucket_list,
+                                             check_request, check_sizes, check_warmup,
+                                             model_facts, select_outputs, servable_model,
+                                             smallest)
 
 _capture_mask = capture_mask  # its old name here
 _ALIGN = 16  # int32 elements: every input starts 64-byte aligned in the shared buffer
@@ -72,7 +73,7 @@ class PackedSession:
         self._ort = ort
         self._closed = False
         opts = session_options(options, overrides)
-        proto = load_model(model)
+        proto = servable_model(model)
         self.facts = model_facts(proto)
         self.device_packed = is_device_packed(self.facts.inputs)
         if not self.device_packed and not set(PACKED_INPUTS) <= set(self.facts.inputs):

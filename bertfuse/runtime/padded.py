@@ -32,8 +32,8 @@ from bertfuse.runtime.pinned import new_stream
 from bertfuse.runtime.progress import check_progress, steps
 from bertfuse.runtime.request_checks import (ClosedError, bucket_list, check_canonical,
                                              check_ranges, check_request, check_sizes,
-                                             check_warmup, declared_output_dims, load_model,
-                                             model_facts, select_outputs, smallest,
+                                             check_warmup, declared_output_dims, model_facts,
+                                             select_outputs, servable_model, smallest,
                                              unmask_empty_rows, upper_bound)
 from bertfuse.runtime.staging import FastStager
 from bertfuse.runtime.variants import VariantPolicy, attention_mask_variant, has_own_attention
@@ -53,7 +53,7 @@ class PaddedSession:
         self._ort = ort
         self._closed = False
         self.options = opts = session_options(options, overrides)
-        proto = load_model(model)
+        proto = servable_model(model)
         self.facts = model_facts(proto)
         check_canonical(self.facts)
         self.max_batch, self.max_seq = check_sizes(self.facts, opts.max_batch, opts.max_seq,

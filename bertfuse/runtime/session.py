@@ -18,7 +18,8 @@ import onnx
 
 from bertfuse.runtime.options import SessionOptions, session_options
 from bertfuse.runtime.packed import PackedSession
-from bertfuse.runtime.request_checks import check_flag, check_ranges
+from bertfuse.checks import check_flag
+from bertfuse.runtime.request_checks import ConfigError, check_ranges
 from bertfuse.runtime.padded import PaddedSession
 
 
@@ -44,7 +45,7 @@ class Session(PaddedSession):
                progress: Any = None) -> list[tuple[int, int]]:
         """PaddedSession.warmup; with packed=True also the packed model's token buckets for
         them (8 graphs per bucket, so by default they are captured on first use instead)."""
-        check_flag("packed", packed)
+        check_flag("packed", packed, error=ConfigError)
         keys = super().warmup(buckets, progress)
         if packed and self.packed is not None:
             self.packed.warmup(keys, progress)

@@ -184,11 +184,11 @@ def build_job(model: Any, input: Any, output: Any, *, text_column: Any = None,
 def _model(model: str, wanted: list[str]):
     """The model's facts, the outputs written (default pooled_output where the model has it,
     else every per-row output) and their ranks."""
-    from bertfuse.runtime.request_checks import check_canonical, load_model, model_facts
+    from bertfuse.runtime.request_checks import check_canonical, model_facts, servable_model
 
     if os.path.exists(model) and not os.path.isfile(model):
         raise BertfuseError(f"{model}: not a regular file")
-    proto = load_model(model)  # ConfigError (a BertfuseError) names what is wrong
+    proto = servable_model(model)  # ConfigError (a BertfuseError) names what is wrong
     facts = model_facts(proto)
     check_canonical(facts)
     ranks = {o.name: len(o.type.tensor_type.shape.dim) for o in proto.graph.output}

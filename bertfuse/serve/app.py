@@ -80,11 +80,12 @@ class BertfuseReplica:
 
     def __init__(self, spec: dict[str, Any]) -> None:
         from bertfuse.runtime import Session, SessionPool
-        from bertfuse.runtime.request_checks import declared_output_dims, load_model, model_facts
+        from bertfuse.runtime.request_checks import (declared_output_dims, model_facts,
+                                                     servable_model)
 
         self.spec = spec
         sys.setswitchinterval(switch_interval_s())
-        proto = load_model(spec["model"])
+        proto = servable_model(spec["model"])
         self.facts = model_facts(proto)
         dims = declared_output_dims(proto) or {}
         self.outputs = list(spec["outputs"])

@@ -529,7 +529,7 @@ def test_cli_serve_until_sigterm_leaves_nothing(tiny, session, tmp_path, ingress
 def test_cli_bad_input_is_one_line(tmp_path, tiny, case):
     bad = tmp_path / "x.onnx"
     bad.write_bytes(b"not a model")
-    argv, words = {"bad model": ([str(bad)], "not an ONNX model"),
+    argv, words = {"bad model": ([str(bad)], "x.onnx: not a readable ONNX model"),
                    "no cluster there": ([tiny["model"], "--address", f"127.0.0.1:{free_port()}"],
                                         "cannot reach a Ray cluster"),
                    "bad address": ([tiny["model"], "--address", "head"], "HOST:PORT")}[case]
