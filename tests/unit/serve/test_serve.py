@@ -389,7 +389,7 @@ def test_deploy_checks_its_arguments_before_ray(tiny, tmp_path):
         with pytest.raises(Exception) as info:
             deploy(tiny["model"], **kwargs)
         assert words in str(info.value), (kwargs, info.value)
-    with pytest.raises(ConfigError, match="no model file"):
+    with pytest.raises(ConfigError, match="none.onnx: no such file"):
         deploy(str(tmp_path / "none.onnx"))
 
 
