@@ -167,7 +167,7 @@ def _host_split(sess, feeds: dict[str, np.ndarray], iters: int) -> str:
 
     def prepare() -> None:  # the rest of what run() does before ORT: variant, staging, copy
         sess.session_for(feeds["input_mask"], bucket, batch, seq)
-        bucket.fill(checked, batch, seq)
+        bucket.fill(checked, batch, seq, sess.validate)
 
     check, _ = time_calls(lambda: sess.check(dict(feeds)), iters)
     prep, _ = time_calls(prepare, iters)

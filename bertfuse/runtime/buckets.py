@@ -48,8 +48,6 @@ class BucketSpec:
     pinned: bool  # page-locked host staging
     stream: int | None  # the session's own CUDA stream
     upper: np.ndarray  # per input, the first value out of range as uint32
-    validate: bool
-    lane: bool  # a fast lane (staging.py): own graphs with the upload inside too
 
 
 @dataclass
@@ -73,9 +71,11 @@ class Bucket:
 
     @classmethod
     def build(cls, spec: BucketSpec, sessions: dict[str, Any], batch: int, seq: int,
-              graph_id: int) -> Bucket:
+              graph_id: int, *, validate: bool, lane: bool) -> Bucket:
         """The bucket [batch, seq] (called inside the capture gate) for `sessions` (mask
-        variant -> ORT session); `graph_id`: one per bucket, in each variant's session."""
+        variant -> ORT session); `graph_id`: one per bucket, in each variant's session;
+        `validate`: as fill's; `lane`: the session has a fast lane (staging.py), so its own
+        graphs are captured with the upload inside too."""
         ort = spec.ort
         dev = "cuda" if spec.device == "cuda" else "cpu"
         names = spec.facts.inputs
@@ -105,7 +105,7 @@ class Bucket:
         bucket = cls(spec, batch, seq, options, bindings, packed, outputs, host, host.ctypes.data)
         if spec.maker.own_graphs:
             # The run alone; for the fast lane (pinned staging), also with its copy inside.
-            kinds = (False, True) if spec.pinned and spec.lane else (False,)
+            kinds = (False, True) if spec.pinned and lane else (False,)
             for mode, sess in sessions.items():
                 for copies in kinds:
                     graph, why = cls._capture(bucket, mode, sess, copies)
@@ -116,7 +116,7 @@ class Bucket:
                     bucket.graph_notes[key] = why
                     LOG.warning("bertfuse: bucket %s runs without a CUDA graph: %s", key, why)
                     break
-        cls._verify_variants(bucket, sessions)
+        cls._verify_variants(bucket, sessions, validate)
         return bucket
 
     def _capture(self, mode: str, sess: Any, copies: bool = False
@@ -159,7 +159,7 @@ class Bucket:
                 return None, "the captured graph's outputs differ from a plain run's"
         return graph, ""
 
-    def _verify_variants(self, sessions: dict[str, Any]) -> None:
+    def _verify_variants(self, sessions: dict[str, Any], validate: bool) -> None:
         """Turns off, in this bucket, every mask variant that disagrees with the raw mask on a
         probe request (variants.check_variants); `variant_notes` keeps why."""
         spec = self.spec
@@ -169,7 +169,7 @@ class Bucket:
         b, q = self.batch, self.seq
 
         def run(mode: str, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-            self.fill(arrays, b, q)
+            self.fill(arrays, b, q, validate)
             sessions[mode].run_with_iobinding(self.bindings[mode], self.run_options[mode])
             return {n: v.numpy().astype(np.float64) for n, v in self.outputs.items()}
 
@@ -180,9 +180,9 @@ class Bucket:
 
     # -- a request --------------------------------------------------------------------------
 
-    def fill(self, arrays: dict[str, Any], batch: int, seq: int) -> None:
-        """A checked request into the bucket's inputs (padding: mask 0; host values range-
-        checked here, once staged), copied up to the device."""
+    def fill(self, arrays: dict[str, Any], batch: int, seq: int, validate: bool) -> None:
+        """A checked request into the bucket's inputs (padding: mask 0; with `validate`,
+        host values range-checked here, once staged), copied up to the device."""
         spec, host = self.spec, self.host
         inputs = spec.facts.inputs
         host.fill(0)
@@ -198,7 +198,7 @@ class Bucket:
                 device_inputs.append((i, src))
             if name == "input_mask":
                 host[i, batch:, 0] = 1  # bucket rows past the batch: one key, never zero
-        if spec.validate:  # host inputs: one reduction over the staged buffer, all roles
+        if validate:  # host inputs: one reduction over the staged buffer, all roles
             over = host.reshape(len(inputs), -1).view(np.uint32).max(axis=1) >= spec.upper
             if over.any():
                 name = inputs[int(np.argmax(over))]

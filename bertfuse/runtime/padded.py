@@ -95,8 +95,7 @@ class PaddedSession:
         upper = np.array([min(upper_bound(self.facts, n) or 2**31, 2**31)
                           for n in self.facts.inputs], np.uint32)
         self._spec = BucketSpec(ort, self.device, self.facts, output_dims, self._maker,
-                                self.pinned, self.stream, upper, self.validate,
-                                lane=self._stager is not None)
+                                self.pinned, self.stream, upper)
 
     @property
     def cuda_graph(self) -> bool:
@@ -177,7 +176,8 @@ class PaddedSession:
         return bucket
 
     def _new_bucket(self, batch: int, seq: int) -> Bucket:
-        bucket = Bucket.build(self._spec, self.sessions, batch, seq, graph_id=len(self._buckets))
+        bucket = Bucket.build(self._spec, self.sessions, batch, seq, len(self._buckets),
+                              validate=self.validate, lane=self._stager is not None)
         self.graph_notes.update(bucket.graph_notes)
         self.variant_notes.update(bucket.variant_notes)
         return bucket
@@ -229,7 +229,7 @@ class PaddedSession:
                 # A new bucket runs ORT to capture it: refuse bad values before that.
                 check_ranges(arrays, self.facts, staged=True)
             bucket = self.bucket(*key)
-            bucket.fill(arrays, batch, seq)
+            bucket.fill(arrays, batch, seq, self.validate)
             mode = self.session_for(mask, bucket, batch, seq)
             bucket.run(mode, self.sessions[mode])
             return bucket.results(names, to_host, batch, seq)

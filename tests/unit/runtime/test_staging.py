@@ -57,7 +57,7 @@ def _stage_both(session, stager, given):
     batch, seq = given["input_ids"].shape
     bucket = session.bucket(*session.bucket_for(batch, seq))
     checked = session.check(dict(given))
-    bucket.fill(checked, batch, seq)
+    bucket.fill(checked, batch, seq, session.validate)
     want = bucket.host.copy()
     mask = checked.get("input_mask")
     want_form = None if mask is None else mask_mode(mask)
