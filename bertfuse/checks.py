@@ -5,24 +5,34 @@ default, or the room's own subclass: `error=ConfigError`), in one message style.
 from __future__ import annotations
 
 import math
+import numbers
 import os
 from typing import Any, Sequence
+
+import numpy as np
 
 from bertfuse.errors import BertfuseError
 
 Error = type[BertfuseError]
 
 
-def check_int(name: str, value: Any, low: int, *, error: Error = BertfuseError) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise error(f"{name} must be an integer >= {low}, not {value!r}")
+def check_int(name: str, value: Any, low: int, high: int | None = None, why_high: str = "",
+              *, error: Error = BertfuseError) -> int:
+    """`value` as an int in low..high (`why_high` says where high comes from); bools and
+    floats are refused, NumPy integers taken."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise error(f"{name} must be an integer, not {value!r}")
+    value = int(value)
+    if value < low or (high is not None and value > high):
+        span = f"{low}..{high}{why_high}" if high is not None else f"at least {low}"
+        raise error(f"{name} must be {span}, not {value}")
     return value
 
 
 def check_flag(name: str, value: Any, *, error: Error = BertfuseError) -> bool:
-    if not isinstance(value, bool):
+    if not isinstance(value, (bool, np.bool_)):
         raise error(f"{name} must be True or False, not {value!r}")
-    return value
+    return bool(value)
 
 
 def check_text(name: str, value: Any, *, error: Error = BertfuseError) -> str:

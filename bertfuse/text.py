@@ -139,9 +139,9 @@ class ModelInfo:
 
 def model_info(model: str | os.PathLike) -> ModelInfo:
     """Reads the embedding table sizes and the bert_config metadata (no weights loaded)."""
-    from bertfuse.runtime.requests import load_model, model_facts
+    from bertfuse.runtime.request_checks import servable_model, model_facts
 
-    proto = load_model(os.fspath(model))
+    proto = servable_model(os.fspath(model))
     facts = model_facts(proto)
     meta = {p.key: p.value for p in proto.metadata_props}
     try:

@@ -44,7 +44,7 @@ def main() -> int:
     from bertfuse.io.inputs import random_inputs
     from bertfuse.io.ort import make_session
     from bertfuse.runtime import Session
-    from bertfuse.runtime.requests import model_facts
+    from bertfuse.runtime.request_checks import model_facts
 
     out_dir = os.environ.get("OUT", ".")
     rows, choices = [], {}

@@ -21,7 +21,7 @@ from bertfuse.bench.timing import kernel_profile, time_calls
 from bertfuse.bench.workloads import PADDED_WORKLOADS as WORKLOADS
 from bertfuse.io.inputs import padded_request as request
 from bertfuse.runtime import Session
-from bertfuse.runtime.requests import model_facts
+from bertfuse.runtime.request_checks import model_facts
 
 
 def main() -> None:

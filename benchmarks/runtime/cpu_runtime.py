@@ -22,7 +22,7 @@ import onnxruntime as ort
 from bertfuse.bench.timing import time_interleaved
 from bertfuse.io.inputs import padded_request
 from bertfuse.runtime import Session
-from bertfuse.runtime.requests import model_facts
+from bertfuse.runtime.request_checks import model_facts
 
 
 def plain(path: str):

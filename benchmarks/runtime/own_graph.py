@@ -98,7 +98,7 @@ def main() -> int:
         own.run(*req)  # the bucket is made on the checked path; the next call takes the lane
         got = own.run(*req)
         bucket = own._buckets[own.bucket_for(batch, seq)]
-        mode = own._session_for(f["input_mask"], bucket, batch, seq)
+        mode = own.session_for(f["input_mask"], bucket, batch, seq)
         if mode not in bucket.graphs:  # said, and the next workload tried
             print(json.dumps({"workload": f"{config} b{batch} s{seq}", "form": label,
                               "error": str(own.graph_notes)}), flush=True)

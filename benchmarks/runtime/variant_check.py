@@ -19,7 +19,7 @@ from bertfuse.bench.models import prepare_models
 from bertfuse.bench.timing import compare
 from bertfuse.io.inputs import lengths_request as request
 from bertfuse.runtime import Session
-from bertfuse.runtime.requests import model_facts
+from bertfuse.runtime.request_checks import model_facts
 
 
 def main() -> None:

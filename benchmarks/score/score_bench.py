@@ -179,9 +179,9 @@ def main() -> None:
         model = model_path(args, work)
         data = work / "input.parquet"
         t0 = time.perf_counter()
-        from bertfuse.runtime.requests import load_model, model_facts
+        from bertfuse.runtime.request_checks import model_facts, servable_model
 
-        vocab = model_facts(load_model(model)).vocab_size or 30522
+        vocab = model_facts(servable_model(model)).vocab_size or 30522
         make_input(data, args.rows, args.seq, args.min_len, vocab, args.part_rows)
         log(out, f"input: {args.rows} rows, lengths {args.min_len}..{args.seq}, "
                  f"{data.stat().st_size / 1e6:.0f} MB, written in {time.perf_counter() - t0:.1f} s")

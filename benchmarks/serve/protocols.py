@@ -36,7 +36,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from bertfuse.io.inputs import lengths_request  # noqa: E402
-from bertfuse.runtime.requests import load_model, model_facts  # noqa: E402
+from bertfuse.runtime.request_checks import model_facts, servable_model  # noqa: E402
 
 OUTPUT = "pooled_output"
 NAME = "bertfuse"
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from bertfuse.serve import deploy
 
-    facts = model_facts(load_model(args.model))
+    facts = model_facts(servable_model(args.model))
     lengths = np.random.default_rng(0).integers(8, args.seq + 1, args.batch)
     arrays = dict(zip(ROLES, lengths_request(lengths, args.seq, facts.vocab_size or 1000)))
     arrays = {r: a for r, a in arrays.items() if r in facts.inputs}

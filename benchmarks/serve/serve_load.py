@@ -46,7 +46,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from bertfuse.io.inputs import lengths_request  # noqa: E402
 from bertfuse.runtime import Session, SessionPool  # noqa: E402
-from bertfuse.runtime.requests import load_model, model_facts  # noqa: E402
+from bertfuse.runtime.request_checks import model_facts, servable_model  # noqa: E402
 from bertfuse.serve.ingress import quiet_port  # noqa: E402
 
 OUTPUT = "pooled_output"
@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     device = pick_device(args.device)
     with tempfile.TemporaryDirectory() as work:
         model = prepare(args, work)
-        facts = model_facts(load_model(model))
+        facts = model_facts(servable_model(model))
         rng = np.random.default_rng(7)
         lengths = rng.integers(min(8, args.seq), args.seq + 1, args.batch)
         req = lengths_request(lengths, args.seq, facts.vocab_size or 1000)

@@ -78,8 +78,8 @@ def run(paths_for: Callable[[str], dict[str, str]], iters: int,
     `--forms both` (the fp16 rows then time the bertfuse-kernels forms too, or say why
     not: packed_forms.py), None for `--forms contrib`."""
     from bertfuse.runtime.packed import PackedSession
-    from bertfuse.runtime.requests import model_facts
-    from bertfuse.runtime.router import Session
+    from bertfuse.runtime.request_checks import model_facts
+    from bertfuse.runtime.session import Session
 
     rows, sweep, load = [], [], []
     for name in workloads or list(WORKLOADS):

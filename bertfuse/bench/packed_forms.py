@@ -54,7 +54,7 @@ def kernels_forms(kernels: Any, paths: dict[str, str]) -> tuple[dict[str, Any], 
 def makers(forms: dict[str, Any], kw: dict) -> dict[str, Any]:
     """Session factories of the kernels forms, by row key (none when `forms` is empty)."""
     from bertfuse.runtime.packed import PackedSession
-    from bertfuse.runtime.router import Session
+    from bertfuse.runtime.session import Session
 
     if not forms:
         return {}

@@ -23,7 +23,7 @@ from bertfuse.bench.models import bound_session, memcpy_nodes, packed_form, prep
 from bertfuse.bench.peers import best_peer, setup_peers
 from bertfuse.bench.timing import compare, time_calls, time_interleaved
 from bertfuse.io.inputs import padded_request as request
-from bertfuse.runtime.requests import model_facts
+from bertfuse.runtime.request_checks import model_facts
 
 @dataclass
 class Result:
@@ -140,7 +140,7 @@ def _runtime_session(path: str, feeds: dict[str, np.ndarray], packed: bool = Fal
                      **kw) -> tuple[object, Callable]:
     """bertfuse's Session on one bucket of exactly the request's shape, warmed up, and its
     call (packed=True: every request goes to the packed form, in its token bucket)."""
-    from bertfuse.runtime.router import Session
+    from bertfuse.runtime.session import Session
 
     batch, seq = feeds["input_ids"].shape
     if packed:
@@ -161,20 +161,20 @@ def _host_split(sess, feeds: dict[str, np.ndarray], iters: int) -> str:
     if sess.packed is not None:
         return "every request packed (token-bucket CUDA graph)"
     batch, seq = feeds["input_ids"].shape
-    bucket = sess._bucket(batch, seq)
-    mode = sess._session_for(feeds["input_mask"], bucket, batch, seq)
-    checked = sess._check(dict(feeds))
+    bucket = sess.bucket(batch, seq)
+    mode = sess.session_for(feeds["input_mask"], bucket, batch, seq)
+    checked = sess.check(dict(feeds))
 
     def prepare() -> None:  # the rest of what run() does before ORT: variant, staging, copy
-        sess._session_for(feeds["input_mask"], bucket, batch, seq)
-        sess._fill(bucket, checked, batch, seq)
+        sess.session_for(feeds["input_mask"], bucket, batch, seq)
+        bucket.fill(checked, batch, seq, sess.validate)
 
-    check, _ = time_calls(lambda: sess._check(dict(feeds)), iters)
+    check, _ = time_calls(lambda: sess.check(dict(feeds)), iters)
     prep, _ = time_calls(prepare, iters)
     replay, _ = time_calls(sess.replay_call(feeds["input_mask"]), iters)
     graph = "CUDA graph" if sess.cuda_graph else f"no graph: {sess.fallback_reason}"
     chosen = f"; {sess.kernels.line()}" if sess.kernels.asked == "auto" else ""
-    lane = "native fast lane" if getattr(sess, "_stager", None) is not None else "checked path"
+    lane = "native fast lane" if sess.fast_lane else "checked path"
     return (f"{graph}; attention mask path: {mode}; request via the {lane} (the checked path: "
             f"check {check:.0f} us + prep {prep:.0f} us) + ORT run {replay:.0f} us{chosen}")
 
@@ -184,7 +184,7 @@ def soak(model_path: str, requests: int = 10_000, seed: int = 3) -> dict:
     import threading
 
     from bertfuse.runtime.pool import SessionPool
-    from bertfuse.runtime.router import Session
+    from bertfuse.runtime.session import Session
 
     s = Session(model_path, max_batch=32, max_seq=128, batch_buckets=(1, 4, 8, 16, 32),
                 seq_buckets=(32, 64, 128), device="cuda", cuda_graph=True)

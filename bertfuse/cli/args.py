@@ -81,8 +81,8 @@ def stage_lines(args: argparse.Namespace, command: str | None = None, spinner: b
 
 def add_kernels_arg(g: argparse._ActionsContainer, dest: str = "kernels") -> None:
     """--kernels auto|ort|bertfuse: which kernels a Session on this machine runs
-    (runtime/kernels.py), for the commands that open one (serve, score, verify)."""
-    from bertfuse.runtime.kernels import KERNELS
+    (runtime/kernel_choice.py), for the commands that open one (serve, score, verify)."""
+    from bertfuse.runtime.kernel_choice import KERNELS
 
     g.add_argument("--kernels", dest=dest, choices=KERNELS, default="auto",
                    help="auto (default): on CUDA, bertfuse's own ops where the op library is "

@@ -87,7 +87,7 @@ def print_report(report: RunReport, console: Console) -> None:
         inputs = f"inputs: {escape(p.inputs)}; " if p.inputs else ""
         console.print(f"[dim]{inputs}reference: {escape(p.reference or 'TensorFlow')}; "
                       f"tolerance {tol}[/dim]", highlight=False)
-        if p.kernels:  # verify: which kernels ran, and why (runtime/kernels.py KernelChoice)
+        if p.kernels:  # verify: which kernels ran, and why (runtime/kernel_choice.py KernelChoice)
             k = p.kernels
             console.print(f"device: {p.device}; kernels={k['asked']}: {k['used']} "
                           f"({escape(k['reason'])})", highlight=False, soft_wrap=True)

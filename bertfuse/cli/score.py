@@ -116,7 +116,7 @@ class Score(Command):
                       f"{'s' if s.actors != 1 else ''}{skipped}) -> "
                       f"{s.output}/scores", markup=False, highlight=False, soft_wrap=True)
         k = s.kernels or {}
-        if "used" in k:  # the first actor's KernelChoice (runtime/kernels.py), as its line()
+        if "used" in k:  # the first actor's KernelChoice (runtime/kernel_choice.py), as its line()
             console.print(f"kernels={k['asked']}: {k['used']} ({k['reason']})", markup=False,
                           highlight=False, soft_wrap=True)
         return 0

@@ -93,10 +93,10 @@ def _attach_weights(model: onnx.ModelProto, src: TFSource) -> None:
     graph.input.extend(keep)
     # Weight names read better without tf2onnx's ":0".
     renames = {i.name: i.name[:-2] for i in graph.initializer if i.name.endswith(":0")}
-    _rename(graph, renames)
+    rename_values(graph, renames)
 
 
-def _rename(graph: onnx.GraphProto, renames: dict[str, str]) -> None:
+def rename_values(graph: onnx.GraphProto, renames: dict[str, str]) -> None:
     if not renames:
         return
     for node in graph.node:
@@ -128,7 +128,7 @@ def _canonicalise_io(model: onnx.ModelProto, src: TFSource) -> None:
                                           name=f"{role}_cast"))
         else:
             renames[inp.name] = role
-    _rename(graph, renames)
+    rename_values(graph, renames)
     new_inputs = []
     order = {r: i for i, r in enumerate(ROLES)}
     # [batch, choices, seq] for multiple choice (the model flattens them itself)
@@ -149,7 +149,7 @@ def _canonicalise_io(model: onnx.ModelProto, src: TFSource) -> None:
 
     tf_to_out = {t: n for n, t in src.outputs.items()}
     out_renames = {o.name: tf_to_out[o.name] for o in graph.output if o.name in tf_to_out}
-    _rename(graph, out_renames)
+    rename_values(graph, out_renames)
     for out in graph.output:
         dims = out.type.tensor_type.shape.dim
         if out.name == "sequence_output" and len(dims) == 3:

@@ -73,7 +73,7 @@ def _renamed(model: onnx.ModelProto, by_name: dict[str, str],
              out_renames: dict[str, str]) -> onnx.ModelProto:
     """A copy with inputs renamed to their roles (a Cast feeds a non-int32 one from its
     int32 role) and outputs renamed; the model itself when nothing changes."""
-    from bertfuse.converter.export import _rename
+    from bertfuse.converter.export import rename_values
 
     inputs = [i for i in model.graph.input if i.name in by_name]
     casts = [i for i in inputs if i.type.tensor_type.elem_type != TensorProto.INT32]
@@ -85,8 +85,8 @@ def _renamed(model: onnx.ModelProto, by_name: dict[str, str],
     graph = copy.graph
     cast_names = {i.name for i in casts}
     # Inputs that need a cast keep their name inside the graph; a Cast feeds it from the role.
-    _rename(graph, {n: r for n, r in in_renames.items() if n not in cast_names})
-    _rename(graph, out_renames)
+    rename_values(graph, {n: r for n, r in in_renames.items() if n not in cast_names})
+    rename_values(graph, out_renames)
     new_inputs = []
     for inp in graph.input:
         if inp.name in cast_names:

@@ -161,7 +161,7 @@ def export_triton(model_path: str, repo: str, name: str | None = None, max_batch
     (an absolute path, e.g. /models in a container; default REPO's own absolute path)."""
     from bertfuse.kernels.library import LIB_NAME
     from bertfuse.io.onnx_in import check_stranger
-    from bertfuse.runtime.requests import load_model
+    from bertfuse.runtime.request_checks import servable_model
     from bertfuse.io.safety import swap_dir_in, temp_dir
     from bertfuse.io.write_errors import naming_the_path
 
@@ -180,7 +180,7 @@ def export_triton(model_path: str, repo: str, name: str | None = None, max_batch
         raise BertfuseError(f"--triton-repo-path {triton_repo!r} must be absolute: Triton opens "
                             "the op library at that path, not relative to the repository")
     src = Path(model_path)
-    model = load_model(str(src))  # weights stay where they are; a skeleton is refused
+    model = servable_model(str(src))  # weights stay where they are; a skeleton is refused
     name = name if name is not None else src.name.removesuffix(".onnx")
     _check_name(name)
     library = _op_library(src, op_library) if _check_servable(model, src, kind) else None

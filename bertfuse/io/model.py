@@ -84,22 +84,38 @@ def model_bytes(model: onnx.ModelProto) -> int:
         n.ByteSize() for n in model.graph.node)
 
 
-def load_model(path: str | Path, load_weights: bool = True) -> onnx.ModelProto:
-    path = Path(path)
+def load_model(model: str | os.PathLike | onnx.ModelProto, load_weights: bool = True, *,
+               error: type[BertfuseError] = BertfuseError) -> onnx.ModelProto:
+    """A ModelProto as given, or read from a path and checked as a stranger's file (limits,
+    external data inside its folder, the graph: io/onnx_in.py), its external weights loaded
+    when `load_weights`. A refusal is one `error` (the caller's BertfuseError subclass)."""
+    if isinstance(model, onnx.ModelProto):
+        return model
+    if not isinstance(model, (str, os.PathLike)):
+        raise error(f"model must be a path or an onnx.ModelProto, not {type(model).__name__}")
+    path = Path(model)
     if not path.exists():
-        raise BertfuseError(f"{path}: no such file")
+        raise error(f"{path}: no such file")
     if path.is_dir():
-        raise BertfuseError(f"{path}: is a directory, expected an .onnx file")
+        raise error(f"{path}: is a directory, expected an .onnx file")
+    if not path.is_file():  # a fifo would block (the CLI refuses these before: cli/__init__.py)
+        raise error(f"{path}: not a regular file (an ONNX model is read from one)")
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as exc:
-        raise BertfuseError(f"{path}: not a readable ONNX model ({type(exc).__name__})") from None
+        raise error(f"{path}: not a readable ONNX model ({type(exc).__name__})") from None
     # Protobuf parses some non-ONNX bytes (an empty file, say) into an empty message.
     if not model.opset_import or not model.graph.node:
-        raise BertfuseError(f"{path}: not an ONNX model (no graph or no opset)")
+        raise error(f"{path}: not an ONNX model (no graph or no opset)")
     from bertfuse.io.onnx_in import check_stranger
 
-    if check_stranger(model, path) and load_weights:  # limits, external data, the graph
+    try:  # limits, external data inside the model's folder, the graph
+        external = check_stranger(model, path)
+    except BertfuseError as exc:
+        if isinstance(exc, error):
+            raise
+        raise error(str(exc)) from None
+    if external and load_weights:
         from onnx.external_data_helper import load_external_data_for_model
 
         load_external_data_for_model(model, str(path.parent))

@@ -193,7 +193,7 @@ def gencode(archs: list[str]) -> list[str]:
     return flags
 
 
-def _nvcc_build(build: Path, include: Path, sm: int | None, nvcc: str, log: Path,
+def nvcc_build(build: Path, include: Path, sm: int | None, nvcc: str, log: Path,
                 archs: list[str] | None = None, portable: bool = False) -> Path:
     """The same library as CMakeLists.txt, for hosts without cmake. `archs` (CMake's notation,
     several at once, the sm_90a GEMMs left out) instead of `sm`; `portable`: the platform
@@ -307,7 +307,7 @@ def build(ort_include: str | Path | None = None, arch: int | None = None, force:
         if builder == "cmake":
             made = _cmake_build(tmp / "build", include, sm, nvcc, log)
         else:
-            made = _nvcc_build(tmp, include, sm, nvcc, log)
+            made = nvcc_build(tmp, include, sm, nvcc, log)
         if not made.is_file():
             raise KernelLibraryError(f"the build made no {LIB_NAME}; full log: {log}")
         with temp_file(target) as staged:

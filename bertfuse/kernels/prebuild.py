@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from bertfuse.kernels.build import (FETCH_SCRIPT, PORTABLE_RPATH, SOURCE_DIR, _nvcc_build,
+from bertfuse.kernels.build import (FETCH_SCRIPT, PORTABLE_RPATH, SOURCE_DIR, nvcc_build,
                                        header_api_version, header_dir, pip_cuda_root)
 from bertfuse.kernels.library import LIB_NAME, KernelLibraryError, library_info
 
@@ -163,7 +163,7 @@ def build_prebuilt(dest: Path, log: Path, say: Callable[[str], None] = print) ->
         f"({os.cpu_count()} cores; log {log})")
     start = time.perf_counter()
     with temp_dir(prefix="bertfuse-prebuild-") as tmp:
-        made = _nvcc_build(tmp, include, None, nvcc, log, archs=archs, portable=True)
+        made = nvcc_build(tmp, include, None, nvcc, log, archs=archs, portable=True)
         problems = manylinux_problems(made)
         if problems:
             raise KernelLibraryError(f"the built library does not fit {PLATFORM}: "

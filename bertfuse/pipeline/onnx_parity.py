@@ -36,7 +36,7 @@ def verify_against_onnx(fused: onnx.ModelProto, given: onnx.ModelProto, label: s
     failing where the given one runs is a failed optimize (OrtRunError, exit 1)."""
     from bertfuse.converter.roles import assign_roles
     from bertfuse.converter.source import ROLES
-    from bertfuse.runtime.requests import model_facts
+    from bertfuse.runtime.request_checks import model_facts
 
     tol = tolerance_for(precision, atol, rtol)
     try:

@@ -84,7 +84,7 @@ class ParityReport:
     source_kind: str = ""
     inputs: str = ""  # the user's inputs (data.py), "" for the random padded ones
     device: str = "cpu"  # where ONNX Runtime ran the model under test
-    kernels: dict | None = None  # verify: its KernelChoice (runtime/kernels.py), as JSON
+    kernels: dict | None = None  # verify: its KernelChoice (runtime/kernel_choice.py), as JSON
 
     def __post_init__(self) -> None:
         if self.tolerance is None:
@@ -261,7 +261,7 @@ def verify_against_saved(model: onnx.ModelProto, data: ParityData, precision: st
 
 def _table_rows(model: onnx.ModelProto) -> tuple[int | None, int, int | None, None]:
     """(vocab, type vocab, positions) from the embedding tables, where the model has them."""
-    from bertfuse.runtime.requests import model_facts
+    from bertfuse.runtime.request_checks import model_facts
 
     facts = model_facts(model)
     return facts.vocab_size, facts.type_vocab_size or 0, facts.max_positions, None

@@ -7,7 +7,7 @@
                                                      -> [bertfuse kernels]         --ops bertfuse
                                                      -> [packing]                  --packed
                                                      -> gate (--strict, parity) -> write
-    verify    load ONNX -> [kernels: runtime/kernels.choose on CUDA] -> load TF model
+    verify    load ONNX -> [kernels: runtime/kernel_choice.choose on CUDA] -> load TF model
                         -> match the interface -> verify vs TensorFlow (on --device)
 
 convert and optimize differ only in their front (where the raw graph and the fp32
@@ -239,7 +239,7 @@ def verify(model_path: str, src_path: str | None, opts: ConvertOptions,
     """The model against its TF source; src_path None: against --load-outputs, no TF.
 
     device: where ONNX Runtime runs the model ('auto': CUDA where this onnxruntime has its
-    EP). kernels: as a Session on that device would run it (runtime/kernels.py choose(): on
+    EP). kernels: as a Session on that device would run it (runtime/kernel_choice.py choose(): on
     CUDA, 'auto' and 'bertfuse' lower the covered layers to bertfuse's ops, so those are
     what is checked against TensorFlow); the parity report says which ran and why."""
     from bertfuse.io.model import load_model
@@ -271,7 +271,7 @@ def verify(model_path: str, src_path: str | None, opts: ConvertOptions,
 def verify_device(device: str, kernels: str = "auto") -> str:
     """'cpu' or 'cuda' for verify's --device, and --kernels checked against it: bad input
     (one line, exit 2) before any slow work."""
-    from bertfuse.runtime.kernels import check_kernels_option
+    from bertfuse.runtime.kernel_choice import check_kernels_option
 
     if device not in VERIFY_DEVICES:
         raise BertfuseError(f"device must be one of {', '.join(VERIFY_DEVICES)}, not {device!r}")
@@ -297,8 +297,8 @@ def _session_kernels(model: onnx.ModelProto, kernels: str, device: str, report: 
     """The model a Session on `device` would run, and its KernelChoice: choose() itself (on
     the CPU instant, the model as written; on CUDA a stage of its own: the op library, the
     lowering and its check on the device)."""
-    from bertfuse.runtime.kernels import choose
-    from bertfuse.runtime.requests import model_facts
+    from bertfuse.runtime.kernel_choice import choose
+    from bertfuse.runtime.request_checks import model_facts
 
     max_seq = model_facts(model).max_positions or 512
     if device != "cuda":

@@ -1,7 +1,7 @@
 """Where the runtime meets the device: ORT's providers and run options, ORT sessions with the
 CUDA-graph fallback, host staging, uploads and fetches, the capture gate and thread claims.
 
-Nothing here knows about buckets, mask variants or packing; session.py and packed.py build
+Nothing here knows about buckets, mask variants or packing; padded.py and packed.py build
 on it. pinned.py below it talks to libcudart directly.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Protocol
 
 import numpy as np
 
@@ -40,7 +40,6 @@ class CaptureGate:
         self._capturing = False
         self._waiting = 0  # captures waiting for the running count to fall to zero
         self._mine = threading.local()  # .state: this thread's _ThreadState
-        self._run = _Running(self)
 
     def state(self) -> "_ThreadState":
         """The calling thread's nesting and capture state (one thread-local lookup)."""
@@ -50,9 +49,33 @@ class CaptureGate:
             st = self._mine.state = _ThreadState()
             return st
 
-    def running(self) -> "_Running":
-        """A context manager (one object, no generator: it is on every request's path)."""
-        return self._run
+    def running(self) -> CaptureGate:
+        """A context manager: the gate itself (one object, no generator: it is on every
+        request's path). It counts the calling thread in (outermost call only) once no
+        capture is on, and out again; wakes waiting captures only when there are any."""
+        return self
+
+    def __enter__(self) -> None:
+        st = self.state()
+        if st.depth == 0:
+            if st.holds:
+                st.counted = False
+            else:
+                with self._lock:
+                    while self._capturing:
+                        self._cond.wait()
+                    self._running += 1
+                st.counted = True
+        st.depth += 1
+
+    def __exit__(self, *exc: object) -> None:
+        st = self._mine.state
+        st.depth -= 1
+        if st.depth == 0 and st.counted:
+            with self._lock:
+                self._running -= 1
+                if self._waiting:
+                    self._cond.notify_all()
 
     @contextlib.contextmanager
     def capturing(self) -> Iterator[None]:
@@ -93,60 +116,41 @@ class _ThreadState:
         self.depth, self.counted, self.holds = 0, False, False
 
 
-class _Running:
-    """CaptureGate.running(): counts the calling thread in (outermost call only) once no
-    capture is on, and out again; wakes waiting captures only when there are any."""
-
-    __slots__ = ("_gate",)
-
-    def __init__(self, gate: CaptureGate) -> None:
-        self._gate = gate
-
-    def __enter__(self) -> None:
-        g = self._gate
-        st = g.state()
-        if st.depth == 0:
-            if st.holds:
-                st.counted = False
-            else:
-                with g._lock:
-                    while g._capturing:
-                        g._cond.wait()
-                    g._running += 1
-                st.counted = True
-        st.depth += 1
-
-    def __exit__(self, *exc: object) -> None:
-        g = self._gate
-        st = g._mine.state
-        st.depth -= 1
-        if st.depth == 0 and st.counted:
-            with g._lock:
-                g._running -= 1
-                if g._waiting:
-                    g._cond.notify_all()
-
-
 # One gate for the process: a global-mode stream capture fails work from every thread, so
 # every bertfuse session (pooled or not) runs through it.
 GATE = CaptureGate()
 
 
-def claim_thread(session: Any) -> None:
-    """ONNX Runtime's CUDA EP keeps CUDA graphs per thread and rules out Run() from several
-    threads with graphs on: a second thread would capture every graph again, and its capture
-    can break another thread's run. So a session with graphs serves the first thread that
-    runs or warms it; SessionPool serves many threads with one replica per worker thread."""
-    if not session.cuda_graph:
-        return
-    me = threading.get_ident()
-    if session._owner is None:
-        session._owner = me
-    elif session._owner != me:
-        raise ThreadError(f"this {type(session).__name__} captured its CUDA graphs on another "
-                          "thread, and ONNX Runtime keeps graphs per thread: call it from that "
-                          "thread only, or serve several threads with bertfuse.runtime.pool."
-                          "SessionPool")
+class GraphSession(Protocol):
+    """What a thread claim reads of its session (padded.py, packed.py)."""
+
+    cuda_graph: bool
+
+
+class ThreadClaim:
+    """The thread a session's CUDA graphs belong to. ONNX Runtime's CUDA EP keeps CUDA graphs
+    per thread and rules out Run() from several threads with graphs on: a second thread would
+    capture every graph again, and its capture can break another thread's run. So a session
+    with graphs serves the first thread that runs or warms it; SessionPool serves many
+    threads with one replica per worker thread."""
+
+    __slots__ = ("owner",)
+
+    def __init__(self) -> None:
+        self.owner: int | None = None
+
+    def claim(self, session: GraphSession) -> None:
+        """Takes the calling thread for `session`, or raises ThreadError if another has it."""
+        if not session.cuda_graph:
+            return
+        me = threading.get_ident()
+        if self.owner is None:
+            self.owner = me
+        elif self.owner != me:
+            raise ThreadError(f"this {type(session).__name__} captured its CUDA graphs on "
+                              "another thread, and ONNX Runtime keeps graphs per thread: call "
+                              "it from that thread only, or serve several threads with "
+                              "bertfuse.runtime.pool.SessionPool")
 
 
 def cuda_options(ort: Any, cuda_graph: bool, stream: int | None,

@@ -17,9 +17,10 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from bertfuse.runtime.kernels import check_kernels_option
-from bertfuse.runtime.requests import (DEFAULT_BATCH_BUCKETS, DEFAULT_SEQ_BUCKETS, ConfigError,
-                                       check_int)
+from bertfuse.checks import check_int
+from bertfuse.runtime.kernel_choice import check_kernels_option
+from bertfuse.runtime.request_checks import (DEFAULT_BATCH_BUCKETS, DEFAULT_SEQ_BUCKETS,
+                                             ConfigError)
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,7 @@ class SessionOptions:
     kernels: 'auto' (on CUDA, bertfuse's own ops where the library is here or builds, each
     layer covered and one batch on the device agrees with the contrib form; else the contrib
     form, with one line saying why), 'ort' (the model as written), 'bertfuse' (bertfuse's ops
-    or an error). See runtime/kernels.py.
+    or an error). See runtime/kernel_choice.py.
 
     intra_op_threads: the threads of each ONNX Runtime session's intra-op pool (None: ORT's
     default, one per physical core); what a CPU session computes with."""
@@ -77,10 +78,10 @@ class SessionOptions:
                 or not math.isfinite(fill) or fill < 0:
             raise ConfigError("pack_below_fill must be a fraction of the batch's positions "
                               f"(0 packs nothing, above 1 everything), not {fill!r}")
-        check_int("token_steps", self.token_steps, 1)
+        check_int("token_steps", self.token_steps, 1, error=ConfigError)
         if self.intra_op_threads is not None:
-            check_int("intra_op_threads", self.intra_op_threads, 1, 1024)
-        check_int("variant_min_seq", self.variant_min_seq, 0)
+            check_int("intra_op_threads", self.intra_op_threads, 1, 1024, error=ConfigError)
+        check_int("variant_min_seq", self.variant_min_seq, 0, error=ConfigError)
         if self.pad_to_buckets is False and self.device == "cuda":
             raise ConfigError("pad_to_buckets=False serves the CPU only: CUDA graphs need the "
                               "buckets' fixed shapes")

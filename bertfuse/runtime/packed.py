@@ -34,14 +34,15 @@ from bertfuse.errors import BertfuseError
 from bertfuse.ops.packing_layout import (PACKED_INPUTS, PackedShape, capture_mask,
                                      choose_device_shape, choose_shape, device_shapes,
                                      pack_into, packed_shapes)
-from bertfuse.runtime.device import GATE, SessionMaker, claim_thread, fetch, replay, staging, \
+from bertfuse.runtime.device import GATE, SessionMaker, ThreadClaim, fetch, replay, staging, \
     upload
 from bertfuse.runtime.options import SessionOptions, session_options
 from bertfuse.runtime.pinned import new_stream
 from bertfuse.runtime.progress import check_progress, steps
-from bertfuse.runtime.requests import (ClosedError, RequestError, bucket_list, check_request,
-                                       check_sizes, check_warmup, load_model, model_facts,
-                                       select_outputs, smallest)
+from bertfuse.runtime.request_checks import (ClosedError, RequestError, bucket_list,
+                                             check_request, check_sizes, check_warmup,
+                                             model_facts, select_outputs, servable_model,
+                                             smallest)
 
 _capture_mask = capture_mask  # its old name here
 _ALIGN = 16  # int32 elements: every input starts 64-byte aligned in the shared buffer
@@ -72,7 +73,7 @@ class PackedSession:
         self._ort = ort
         self._closed = False
         opts = session_options(options, overrides)
-        proto = load_model(model)
+        proto = servable_model(model)
         self.facts = model_facts(proto)
         self.device_packed = is_device_packed(self.facts.inputs)
         if not self.device_packed and not set(PACKED_INPUTS) <= set(self.facts.inputs):
@@ -97,7 +98,7 @@ class PackedSession:
                                    opts.provider_options)
         self.session = self._maker.open(self._data)
         self._lock = threading.Lock()
-        self._owner: int | None = None  # the thread its CUDA graphs belong to (claim_thread)
+        self._claim = ThreadClaim()  # the thread its CUDA graphs belong to
         self._buckets: dict[PackedShape, _PackedBucket] = {}
         self._shapes: dict[tuple[int, int], list[PackedShape]] = {}
 
@@ -133,7 +134,7 @@ class PackedSession:
         shapes = None if buckets is None else check_warmup(buckets, self.max_batch, self.max_seq)
         with self._lock:
             self._require_open()
-            claim_thread(self)
+            self._claim.claim(self)
             every = [(b, s) for b in self.batch_buckets for s in self.seq_buckets]
             keys = every if shapes is None else shapes
             with steps(progress, len(keys), "capturing packed buckets") as step:
@@ -274,7 +275,7 @@ class PackedSession:
             tokens = int(np.count_nonzero(mask))
         with self._lock, GATE.running():
             self._require_open()
-            claim_thread(self)
+            self._claim.claim(self)
             shape = self.shape_for(batch, seq, tokens)
             bucket = self._bucket(shape)
             self._stage(bucket.views, arrays, shape)

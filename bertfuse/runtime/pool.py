@@ -25,9 +25,10 @@ import threading
 from concurrent.futures import Future
 from typing import Any, Callable
 
+from bertfuse.checks import check_int
 from bertfuse.errors import BertfuseError
 from bertfuse.runtime.device import GATE
-from bertfuse.runtime.requests import check_int
+from bertfuse.runtime.request_checks import ConfigError
 
 
 class NestedCallError(BertfuseError, RuntimeError):
@@ -46,7 +47,7 @@ class SessionPool:
 
     def __init__(self, make: Callable[[], Any], replicas: int = 2,
                  prepare: Callable[[Any], None] | None = None) -> None:
-        check_int("replicas", replicas, 1)
+        check_int("replicas", replicas, 1, error=ConfigError)
         self.replicas: list[Any] = [None] * replicas
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._closed = False

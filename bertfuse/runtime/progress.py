@@ -13,7 +13,7 @@ import sys
 import threading
 from typing import Any, Callable, Iterator
 
-from bertfuse.runtime.requests import ConfigError
+from bertfuse.runtime.request_checks import ConfigError
 
 Step = Callable[[tuple[int, int]], None]
 

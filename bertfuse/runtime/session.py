@@ -1,326 +1,83 @@
-"""The padded session: preallocated IO buffers per shape bucket, IO binding, CUDA graphs.
+"""The Session users build: the padded session, plus the packed form of the same model for
+requests that are mostly padding.
 
-    request [B, S] ─► validate ─► smallest bucket (b ≥ B, s ≥ S) ─► copy into its input buffers
-                      (pad: mask 0) ─► replay the bucket's CUDA graph ─► outputs sliced [:B, :S]
+    request ─► checked ─► fill (kept tokens / batch x seq) < pack_below_fill and every row
+                          keeps a token? ─► PackedSession (packed.py)
+                                         └► else the padded buckets (padded.py)
 
-Each bucket (buckets.py) owns device buffers for every input and output, allocated once and
-bound once with IO binding; with `cuda_graph=True` each bucket's run is captured as its own CUDA
-graph and replayed: by bertfuse itself around ORT's run for a model on its op library
-(graphs.py: no ORT Run() call per request), else by ONNX Runtime (`gpu_graph_id`). After
-`warmup()` a request allocates no device memory. On the CPU a request runs at its own shape
-through one ORT session (no buckets, no mask variants: what is fast there); `pad_to_buckets=True`
-runs the bucket machinery on the CPU EP too, so CI exercises it. router.Session adds the packed
-model on top.
+Measured (docs/journal/packed.md): packing pays below ~70% fill at 3 layers b20 s64 and below
+~85% at BERT-base b32 s128; full batches lose 9-11% packed.
 """
 
 from __future__ import annotations
 
-import threading
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import onnx
 
-from bertfuse.io.inputs import shape_probe
-from bertfuse.runtime.buckets import Bucket, new_bucket
-from bertfuse.runtime.device import (GATE, SessionMaker, claim_thread, device_copy,
-                                     device_memory_used, fetch, probe_output_dims, replay,
-                                     upload)
-from bertfuse.runtime.kernels import choose, file_identity
 from bertfuse.runtime.options import SessionOptions, session_options
-from bertfuse.runtime.pinned import new_stream
-from bertfuse.runtime.progress import check_progress, steps
-from bertfuse.runtime.requests import (ClosedError, bucket_list, check_canonical, check_range,
-                                       check_ranges, check_request, check_sizes, check_warmup,
-                                       declared_output_dims, load_model, model_facts,
-                                       select_outputs, smallest, unmask_empty_rows,
-                                       upper_bound)
-from bertfuse.runtime.staging import FastStager
-from bertfuse.runtime.variants import VariantPolicy, attention_mask_variant, has_own_attention
+from bertfuse.runtime.packed import PackedSession
+from bertfuse.checks import check_flag
+from bertfuse.runtime.request_checks import ConfigError, check_ranges
+from bertfuse.runtime.padded import PaddedSession
 
 
-class PaddedSession:
-    """`PaddedSession(model, SessionOptions(...))` or `PaddedSession(model, max_batch=8, ...)`,
-    then `.run(input_ids, input_mask, segment_ids)`."""
+class Session(PaddedSession):
+    """`Session(model, max_batch=32, max_seq=128, device="cuda").run(ids, mask, segments)`;
+    with `packed_model=` (CUDA only) low-fill requests go to the packed form."""
 
     def __init__(self, model: str | onnx.ModelProto, options: SessionOptions | None = None,
+                 *, packed_model: str | onnx.ModelProto | None = None,
                  **overrides: Any) -> None:
-        """Arguments are checked before any work: a ConfigError names the first bad one."""
-        import onnxruntime as ort
+        opts = session_options(options, overrides)
+        super().__init__(model, opts)
+        self.pack_below_fill = opts.pack_below_fill
+        self.packed: PackedSession | None = None
+        if packed_model is not None:
+            try:
+                self.packed = PackedSession(packed_model, opts)
+            except BaseException:
+                self.close()
+                raise
 
-        self._ort = ort
-        self._closed = False
-        self.options = opts = session_options(options, overrides)
-        proto = load_model(model)
-        self.facts = model_facts(proto)
-        # Per input, the first value out of range as uint32 (negatives wrap to >= 2**31).
-        self._upper = np.array([min(upper_bound(self.facts, n) or 2**31, 2**31)
-                                for n in self.facts.inputs], np.uint32)
-        check_canonical(self.facts)
-        self.max_batch, self.max_seq = check_sizes(self.facts, opts.max_batch, opts.max_seq,
-                                                   opts.batch_buckets, opts.seq_buckets)
-        # The kernels this machine runs (runtime/kernels.py): lowered here, not at convert.
-        proto, self.kernels = choose(proto, opts.kernels, opts.device, self.max_seq,
-                                     opts.provider_options, source=file_identity(model))
-        self.batch_buckets = bucket_list(opts.batch_buckets, self.max_batch)
-        self.seq_buckets = bucket_list(opts.seq_buckets, self.max_seq)
-        self.device, self.validate, self.pad = opts.device, opts.validate, opts.pad
-        self.pinned = opts.pinned and self.device == "cuda"  # page-locked host staging
-        self.right_padded, self.variant_min_seq = opts.right_padded, opts.variant_min_seq
-        self.variant_notes: dict[tuple[int, int, str], str] = {}
-        self.fp16 = any(i.data_type == onnx.TensorProto.FLOAT16 for i in proto.graph.initializer)
-        self.policy = VariantPolicy(opts.right_padded, opts.variant_min_seq, self.fp16,
-                                    own_attention=has_own_attention(proto))
-        self._lock = threading.Lock()
-        self._buckets: dict[tuple[int, int], Bucket] = {}
-        self._owner: int | None = None  # the thread its CUDA graphs belong to (claim_thread)
-        self.stream = new_stream() if self.device == "cuda" and opts.own_stream \
-            and self.pinned else None
-        self._maker = SessionMaker(ort, self.device, opts.cuda_graph, self.stream,
-                                   opts.provider_options, own_graphs=True,
-                                   intra_op_threads=opts.intra_op_threads)
-        self.graph_notes: dict[tuple[int, int, str], str] = {}  # buckets run uncaptured: why
-        self.sessions = {"raw": self._maker.open(proto.SerializeToString())}
-        if opts.variants and "input_mask" in self.facts.inputs:
-            for mode in self.policy.modes_used(self.seq_buckets):
-                variant = attention_mask_variant(proto, mode)
-                if variant is not None:
-                    self.sessions[mode] = self._maker.open(variant.SerializeToString())
-        self.session = self.sessions["raw"]
-        self._stager = FastStager.for_session(self)
-        with GATE.capturing():
-            self._output_dims = declared_output_dims(proto) or probe_output_dims(
-                self.session, self.facts, self._maker.run_options(-1))
-
-    @property
-    def cuda_graph(self) -> bool:
-        return self._maker.cuda_graph
-
-    @cuda_graph.setter
-    def cuda_graph(self, on: bool) -> None:
-        self._maker.cuda_graph = on
-
-    @property
-    def fallback_reason(self) -> str:
-        """Why CUDA graphs are off although asked for ('' when they are on)."""
-        return self._maker.fallback_reason
-
-    def _session_for(self, mask: Any, bucket: Bucket, batch: int, seq: int,
-                     form: str | None = None) -> str:
-        """The session (mask variant) that serves this request in this bucket; `form`: the
-        mask's mask_mode when the caller knows it."""
-        if len(self.sessions) == 1:
-            return "raw"
-        kind = self.policy.request_kind(mask, (bucket.batch, bucket.seq), (batch, seq), form)
-        mode = self.policy.mode_for(kind, bucket.seq)
-        return "raw" if mode not in self.sessions or mode in bucket.disabled else mode
-
-    # -- buckets ----------------------------------------------------------------------------
-
-    def bucket_for(self, batch: int, seq: int) -> tuple[int, int]:
-        """The [batch, seq] a request runs at: its bucket, or its own shape unpadded."""
-        if not self.pad:
-            return batch, seq
-        return smallest(self.batch_buckets, batch), smallest(self.seq_buckets, seq)
-
-    def warmup(self, buckets: Sequence[tuple[int, int]] | None = None,
+    def warmup(self, buckets: Sequence[tuple[int, int]] | None = None, packed: bool = False,
                progress: Any = None) -> list[tuple[int, int]]:
-        """Allocates, binds and captures every bucket (or those serving the given [batch,
-        seq] request shapes) up front; returns their [batch, seq]. Unpadded (the CPU), runs
-        one request of each given shape (default: the largest, [max_batch, max_seq]), which
-        grows ORT's memory arena once. `progress`: see runtime/progress.py."""
-        check_progress(progress)
-        shapes = None if buckets is None else check_warmup(buckets, self.max_batch, self.max_seq)
-        with self._lock:
-            self._require_open()
-            claim_thread(self)
-            if not self.pad:
-                keys = [(self.max_batch, self.max_seq)] if shapes is None else shapes
-            elif shapes is None:
-                keys = [(b, s) for b in self.batch_buckets for s in self.seq_buckets]
-            else:
-                keys = [self.bucket_for(b, s) for b, s in shapes]
-            keys = list(dict.fromkeys(keys))
-            with steps(progress, len(keys), "warming up") as step:
-                for key in keys:
-                    if self.pad:
-                        self._bucket(*key)
-                    else:
-                        self.session.run(None, shape_probe(self.facts.inputs, *key))
-                    step(key)
+        """PaddedSession.warmup; with packed=True also the packed model's token buckets for
+        them (8 graphs per bucket, so by default they are captured on first use instead)."""
+        check_flag("packed", packed, error=ConfigError)
+        keys = super().warmup(buckets, progress)
+        if packed and self.packed is not None:
+            self.packed.warmup(keys, progress)
         return keys
 
-    def _bucket(self, batch: int, seq: int) -> Bucket:
-        key = (batch, seq)
-        if key in self._buckets:
-            return self._buckets[key]
-        with GATE.capturing():
-            bucket = self._new_bucket(batch, seq)
-        self._buckets[key] = bucket
-        return bucket
-
-    def _new_bucket(self, batch: int, seq: int) -> Bucket:
-        return new_bucket(self, batch, seq)  # buckets.py: buffers, bindings, graphs, variants
-
-    # -- requests ---------------------------------------------------------------------------
-
-    def run(self, input_ids: Any, input_mask: Any = None, segment_ids: Any = None,
-            to_host: bool = True, outputs: Sequence[str] | None = None) -> dict[str, Any]:
-        """Runs one request; returns {output name: array} sliced to the request's shape.
-
-        Inputs are NumPy arrays (or anything np.asarray takes), or device arrays exposing
-        __dlpack__ (CuPy, torch), which are copied device-to-device. `outputs` names the
-        outputs to return (default all): a ranker that reads pooled_output alone does not
-        pay for copying sequence_output to the host. With to_host=False the outputs stay on
-        the device as ORT OrtValues of the bucket's shape (valid until the next call): slice
-        them yourself with the returned 'batch'/'seq'."""
-        self._require_open()
-        names = select_outputs(self.facts.outputs, outputs)
-        given = {"input_ids": input_ids, "input_mask": input_mask, "segment_ids": segment_ids}
-        if self._stager is not None:  # host arrays into a warm bucket: one native pass
-            out = self._stager.serve(self, given, names, to_host)
-            if out is not None:
-                return out
-        return self._serve(self._check(given), names, to_host)
-
     def _serve(self, arrays: dict[str, Any], names: list[str], to_host: bool) -> dict[str, Any]:
-        """A checked request through its bucket (router.Session routes some elsewhere)."""
-        batch, seq = arrays["input_ids"].shape
-        if not self.pad:
-            return self._run_unpadded(arrays, names, to_host, batch, seq)
-        mask = arrays.get("input_mask")
-        with self._lock, GATE.running():
-            self._require_open()  # closed while this request waited for the lock
-            claim_thread(self)
-            key = self.bucket_for(batch, seq)
-            if self.validate and key not in self._buckets:
-                # A new bucket runs ORT to capture it: refuse bad values before that.
-                check_ranges(arrays, self.facts, staged=True)
-            bucket = self._bucket(*key)
-            mode = self._session_for(mask, bucket, batch, seq)
-            self._fill(bucket, arrays, batch, seq)
-            return self._replay(bucket, mode, names, to_host, batch, seq)
-
-    def _replay(self, bucket: Bucket, mode: str, names: list[str], to_host: bool, batch: int,
-                seq: int) -> dict[str, Any]:
-        """The staged bucket through its variant's graph; the outputs as run() returns them."""
-        graph = bucket.graphs.get(mode)
-        if graph is not None:
-            graph.launch()
-        else:
-            replay(self.sessions[mode], bucket.bindings[mode], bucket.run_options[mode])
-        return self._outputs(bucket, names, to_host, batch, seq)
-
-    def _outputs(self, bucket: Bucket, names: list[str], to_host: bool, batch: int,
-                 seq: int) -> dict[str, Any]:
-        """The bucket's outputs after a run, as run() returns them."""
-        if not to_host:
-            return {"batch": batch, "seq": seq, **{n: bucket.outputs[n] for n in names}}
-        return {n: fetch(bucket.outputs[n], batch, seq, self._output_dims[n][1:2] == ("S",))
-                for n in names}
-
-    def _mirrored(self, bucket: Bucket, name: str, batch: int, seq: int) -> np.ndarray:
-        """An output the fast lane copied into its host mirror (or, where it has none, from
-        the device), as run() returns it: a new array of the request's rows (and positions)."""
-        has_seq = self._output_dims[name][1:2] == ("S",)
-        host = bucket.mirrors.get(name)
-        if host is None or batch > len(host):  # not copied there (staging.FastStager.mirrors)
-            return fetch(bucket.outputs[name], batch, seq, has_seq)
-        out = host[:batch].copy()
-        return out[:, :seq] if has_seq else out
-
-    def _run_unpadded(self, arrays: dict[str, Any], names: list[str], to_host: bool,
-                      batch: int, seq: int) -> dict[str, Any]:
-        """The request at its own shape, through the raw session (values already checked)."""
-        feeds = shape_probe(self.facts.inputs, batch, seq)  # mask ones, segments zeros
-        for name, value in arrays.items():
-            feeds[name] = np.asarray(value, np.int32)
-        with self._lock, GATE.running():
-            self._require_open()
-            got = self.session.run(names, feeds)
-        if to_host:
-            return dict(zip(names, got))
-        return {"batch": batch, "seq": seq, **{n: self._ort.OrtValue.ortvalue_from_numpy(v)
-                                               for n, v in zip(names, got)}}
-
-    def replay_call(self, mask: np.ndarray) -> Callable[[], None]:
-        """ORT's run alone (the graph replay) of the warm bucket and mask variant that a request
-        with this [batch, seq] mask is served by: benchmarks time it apart from preparing
-        the request."""
-        self._require_open()
-        mask = unmask_empty_rows(np.asarray(mask))  # as run() stages it
-        batch, seq = mask.shape
-        if not self.pad:
-            feeds = shape_probe(self.facts.inputs, batch, seq)
-            feeds.update({"input_mask": mask.astype(np.int32)} if "input_mask" in feeds else {})
-            return lambda: self.session.run(None, feeds)
-        bucket = self._buckets[self.bucket_for(batch, seq)]
-        mode = self._session_for(mask, bucket, batch, seq)
-        if mode in bucket.graphs:
-            return bucket.graphs[mode].launch
-        session, binding, options = self.sessions[mode], bucket.bindings[mode], \
-            bucket.run_options[mode]
-        return lambda: replay(session, binding, options)
-
-    def _fill(self, bucket: Bucket, arrays: dict[str, Any], batch: int, seq: int) -> None:
-        host = bucket.host
-        host.fill(0)
-        device_inputs = []
-        for i, name in enumerate(self.facts.inputs):
-            src = arrays.get(name)
-            if src is None:
-                if name == "input_mask":
-                    host[i, :batch, :seq] = 1
-            elif isinstance(src, np.ndarray):
-                host[i, :batch, :seq] = src
-            else:
-                device_inputs.append((i, src))
-            if name == "input_mask":
-                host[i, batch:, 0] = 1  # bucket rows past the batch: one key, never zero
-        if self.validate:  # host inputs: one reduction over the staged buffer, all roles
-            over = host.reshape(len(self.facts.inputs), -1).view(np.uint32).max(axis=1) \
-                >= self._upper
-            if over.any():
-                name = self.facts.inputs[int(np.argmax(over))]
-                check_range(arrays[name], name, upper_bound(self.facts, name))
-        upload(bucket.packed, host, None if device_inputs else self.stream)
-        for i, src in device_inputs:  # device arrays: copied on the device, not via the host
-            device_copy(bucket.packed, i, src, batch, seq, self.facts.inputs[i] == "input_mask")
-
-    def _check(self, given: dict[str, Any]) -> dict[str, Any]:
-        # Padded, host values are range-checked once staged (_fill); unpadded, here.
-        return check_request(given, self.facts, self.max_batch, self.max_seq, self.validate,
-                             staged_ranges=self.pad)
-
-    def _require_open(self) -> None:
-        if self._closed:
-            raise ClosedError(f"this {type(self).__name__} is closed")
+        if self.packed is not None:
+            tokens = tokens_to_pack(arrays.get("input_mask"), self.pack_below_fill)
+            if tokens is not None and all(isinstance(a, np.ndarray) for a in arrays.values()):
+                if self.validate:  # the packed path stages them otherwise: check them now
+                    check_ranges(arrays, self.facts, staged=True)
+                batch, seq = arrays["input_ids"].shape
+                out = self.packed.run_checked(arrays, to_host=to_host, outputs=names,
+                                              tokens=tokens)
+                return out if to_host else {"batch": batch, "seq": seq, **out}
+        return super()._serve(arrays, names, to_host)
 
     def close(self) -> None:
-        """Releases the ORT sessions, the buckets' buffers and bindings and their page-locked
-        staging; later calls raise ClosedError. Idempotent. Waits for a running request. The
-        memory is freed through the capture gate (a free during another thread's stream
-        capture would break it), and not under the session's lock: a pool job waiting for
-        that lock inside the gate would wait for us forever."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            for bucket in self._buckets.values():  # graphs before the memory they record
-                for graph in [*bucket.graphs.values(), *bucket.staged.values()]:
-                    graph.release()
-            held = [self._buckets, self.sessions]  # bindings and buffers first, then sessions
-            self._buckets, self.sessions, self.session = {}, {}, None
-        with GATE.capturing():
-            while held:
-                held.pop(0).clear()
+        """PaddedSession.close, and the packed session's."""
+        super().close()
+        if getattr(self, "packed", None) is not None:
+            self.packed.close()
 
-    def __enter__(self) -> "PaddedSession":
-        return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def device_memory_used(self) -> int | None:
-        """Bytes in use on the device (cudaMemGetInfo), or None off the GPU."""
-        return device_memory_used(self.device)
+def tokens_to_pack(mask: Any, below_fill: float) -> int | None:
+    """The request's kept-token count when it should be packed: its fill (kept tokens / all
+    positions) is under `below_fill` and every row keeps a token. None otherwise, and for
+    device-resident masks, which stay on the padded path. Full batches are turned away
+    after one count."""
+    if not isinstance(mask, np.ndarray):
+        return None
+    tokens = int(np.count_nonzero(mask))
+    if tokens >= below_fill * mask.size or not mask.any(axis=1).all():
+        return None
+    return tokens

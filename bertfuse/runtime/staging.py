@@ -11,7 +11,7 @@
         -> run() returns copies of the mirrored rows, and fetches the rest
         -> else (no such graph) upload (cudaMemcpyAsync on the session's stream) -> the replay
 
-What it saves: the checked path (requests.check_request, variants.mask_mode, session._fill)
+What it saves: the checked path (request_checks.check_request, variants.mask_mode, buckets.Bucket.fill)
 is about ten NumPy passes over the request, 25-30 us of host time per request. Whatever the
 fast lane does not take (device arrays, other dtypes, a cold bucket, a value out of range)
 returns None and goes the checked way, so every error message is the checked path's own.
@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import ctypes
 import logging
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 
-from bertfuse.runtime.device import GATE, claim_thread, upload
-from bertfuse.runtime.graphs import GraphError, cuda
+from bertfuse.runtime.device import upload
+from bertfuse.runtime.graphs import GraphError, OwnGraph, cuda
 from bertfuse.runtime.pinned import address, pinned_empty
+from bertfuse.runtime.request_checks import ModelFacts, upper_bound
 
 LOG = logging.getLogger("bertfuse.runtime")
 ROLES = ("input_ids", "input_mask", "segment_ids")
@@ -40,6 +41,44 @@ _DTYPES = frozenset(np.dtype(t) for t in (np.int32, np.int64))
 
 OUTPUTS = 4  # stage.cc's kLaneOutputs: outputs past these are fetched the ordinary way
 MIRROR_BYTES = 1 << 20  # the largest output copy that goes through a host mirror
+
+
+class StagedBucket(Protocol):
+    """What the fast lane reads and calls of a bucket (buckets.Bucket)."""
+
+    batch: int
+    seq: int
+    host: np.ndarray
+    host_ptr: int
+    packed: Any
+    outputs: dict[str, Any]
+    staged: dict[str, OwnGraph]
+    mirrors: dict[str, np.ndarray]
+    lane: Any
+
+    def run(self, mode: str, sess: Any) -> None: ...
+
+    def results(self, names: list[str], to_host: bool, batch: int,
+                seq: int) -> dict[str, Any]: ...
+
+    def mirrored(self, name: str, batch: int, seq: int) -> np.ndarray: ...
+
+
+class LaneSession(Protocol):
+    """What the fast lane reads and calls of its session (padded.PaddedSession)."""
+
+    max_batch: int
+    max_seq: int
+    validate: bool
+    stream: int | None
+    sessions: dict[str, Any]  # mask variant -> ORT session
+
+    def bucket_for(self, batch: int, seq: int) -> tuple[int, int]: ...
+
+    def session_for(self, mask: Any, bucket: Any, batch: int, seq: int,
+                    form: str | None = None) -> str: ...
+
+    def on_warm_bucket(self, key: tuple[int, int], fn: Any, *args: Any) -> Any: ...
 
 
 class Lane(ctypes.Structure):
@@ -78,7 +117,7 @@ class FastStager:
         self._absent = [r for r in ROLES if r not in inputs]
         self._keys: dict[tuple[int, int], tuple[int, int]] = {}  # request shape -> bucket
 
-    def lane(self, session: Any, bucket: Any, graphs: bool = True) -> Lane:
+    def lane(self, session: LaneSession, bucket: StagedBucket, graphs: bool = True) -> Lane:
         """The bucket's BfLane: the staging arguments, and per form (and whether a request
         fills the bucket) the own graph that serves it, copy inside, where captured."""
         lane = Lane(self._roles.ctypes.data, len(self._roles), self._upper.ctypes.data,
@@ -86,9 +125,9 @@ class FastStager:
         cu = cuda() if graphs and bucket.staged else None
         if cu is not None:
             for full, shape in enumerate([(0, 0), (bucket.batch, bucket.seq)]):
-                for f, form in enumerate(FORMS):  # the variant as _session_for picks it
-                    graph = bucket.staged.get(session._session_for(bucket.host, bucket, *shape,
-                                                                   form))
+                for f, form in enumerate(FORMS):  # the variant as session_for picks it
+                    graph = bucket.staged.get(session.session_for(bucket.host, bucket, *shape,
+                                                                  form))
                     lane.graphs[3 * full + f] = graph.handle if graph is not None else None
             lane.launch, lane.sync, lane.copy = cu.pointers
             lane.stream = session.stream
@@ -98,7 +137,7 @@ class FastStager:
                 lane.out_row_bytes[i] = int(np.prod(shape[1:])) * 4  # fp32, as fetch reads them
         return lane
 
-    def mirrors(self, bucket: Any, lane: Lane, names: list[str], batch: int) -> int:
+    def mirrors(self, bucket: StagedBucket, lane: Lane, names: list[str], batch: int) -> int:
         """The bits of `names` whose outputs the native call copies into their page-locked
         mirrors (each made on first use); 0 where the lane launches nothing. Only copies of up
         to MIRROR_BYTES go this way: past a few MB, the copy out of the mirror into the array
@@ -129,10 +168,10 @@ class FastStager:
         return host if host is not None else np.empty((0, *shape[1:]), np.float32)
 
     @classmethod
-    def for_session(cls, session: Any) -> "FastStager | None":
-        """A stager for a padded CUDA session whose model runs on the op library, else None."""
-        if session.device != "cuda" or not session.pad or not session._maker.kernels \
-                or not set(session.facts.inputs) <= set(ROLES):
+    def for_model(cls, facts: ModelFacts) -> FastStager | None:
+        """A stager for a padded CUDA session whose model runs on the op library (the
+        session asks only then), else None."""
+        if not set(facts.inputs) <= set(ROLES):
             return None
         try:
             from bertfuse.kernels.library import locate
@@ -143,17 +182,14 @@ class FastStager:
             return None
         if fn is None:
             return None
-        from bertfuse.runtime.requests import upper_bound
+        return cls(fn, facts.inputs, [upper_bound(facts, n) for n in facts.inputs])
 
-        return cls(fn, session.facts.inputs,
-                   [upper_bound(session.facts, n) for n in session.facts.inputs])
-
-    def serve(self, session: Any, given: dict[str, Any], names: list[str],
+    def serve(self, session: LaneSession, given: dict[str, Any], names: list[str],
               to_host: bool) -> dict[str, Any] | None:
         """The request through its warm bucket, or None for the checked path."""
         ids = given["input_ids"]
         if type(ids) is not np.ndarray or ids.ndim != 2 or ids.dtype not in _DTYPES \
-                or getattr(session, "packed", None) is not None:  # router.Session packs some
+                or getattr(session, "packed", None) is not None:  # session.Session packs some
             return None
         shape = ids.shape
         mask, segments = given["input_mask"], given["segment_ids"]
@@ -170,34 +206,37 @@ class FastStager:
             if not (1 <= batch <= session.max_batch and 1 <= seq <= session.max_seq):
                 return None
             key = self._keys[shape] = session.bucket_for(batch, seq)
-        batch, seq = shape
-        with session._lock, GATE.running():
-            session._require_open()
-            bucket = session._buckets.get(key)
-            if bucket is None:  # a new bucket captures: the checked path does it
-                return None
-            claim_thread(session)
-            if bucket.lane is None:
-                lane = self.lane(session, bucket)
-                bucket.lane = (lane, ctypes.addressof(lane))
-            lane, at = bucket.lane
-            want = self.mirrors(bucket, lane, names, batch) if to_host else 0
-            got = self._fn(address(ids), ids.itemsize,
-                           address(mask) if mask is not None else None,
-                           mask.itemsize if mask is not None else 0,
-                           address(segments) if segments is not None else None,
-                           segments.itemsize if segments is not None else 0,
-                           batch, seq, int(session.validate), at, want)
-            if got >= LAUNCHED:
-                if not want:
-                    return session._outputs(bucket, names, to_host, batch, seq)
-                return {n: session._mirrored(bucket, n, batch, seq) for n in names}
-            if got == -1:
-                return None
-            if got < 0:  # -2: a CUDA error in the launch, an output's copy or the wait
-                what = ("cudaGraphLaunch", "cudaStreamSynchronize after the graph",
-                        "cudaMemcpyAsync of an output")[lane.failed]
-                raise GraphError(f"{what}: CUDA error {lane.status}")
-            mode = session._session_for(mask, bucket, batch, seq, FORMS[got])
-            upload(bucket.packed, bucket.host, session.stream)
-            return session._replay(bucket, mode, names, to_host, batch, seq)
+        # Under the session's lock; None where the bucket is new (its capture: the checked path).
+        return session.on_warm_bucket(key, self._launch, session, given, names, to_host)
+
+    def _launch(self, bucket: StagedBucket, session: LaneSession, given: dict[str, Any],
+                names: list[str], to_host: bool) -> dict[str, Any] | None:
+        """The request staged natively into the warm bucket and run; None for the checked
+        path (a value the native pass refuses)."""
+        ids, mask, segments = given["input_ids"], given["input_mask"], given["segment_ids"]
+        batch, seq = ids.shape
+        if bucket.lane is None:
+            lane = self.lane(session, bucket)
+            bucket.lane = (lane, ctypes.addressof(lane))
+        lane, at = bucket.lane
+        want = self.mirrors(bucket, lane, names, batch) if to_host else 0
+        got = self._fn(address(ids), ids.itemsize,
+                       address(mask) if mask is not None else None,
+                       mask.itemsize if mask is not None else 0,
+                       address(segments) if segments is not None else None,
+                       segments.itemsize if segments is not None else 0,
+                       batch, seq, int(session.validate), at, want)
+        if got >= LAUNCHED:
+            if not want:
+                return bucket.results(names, to_host, batch, seq)
+            return {n: bucket.mirrored(n, batch, seq) for n in names}
+        if got == -1:
+            return None
+        if got < 0:  # -2: a CUDA error in the launch, an output's copy or the wait
+            what = ("cudaGraphLaunch", "cudaStreamSynchronize after the graph",
+                    "cudaMemcpyAsync of an output")[lane.failed]
+            raise GraphError(f"{what}: CUDA error {lane.status}")
+        mode = session.session_for(mask, bucket, batch, seq, FORMS[got])
+        upload(bucket.packed, bucket.host, session.stream)
+        bucket.run(mode, session.sessions[mode])
+        return bucket.results(names, to_host, batch, seq)

@@ -39,7 +39,7 @@ def score(model: Any, input: Any, output: Any, *, text_column: str | None = None
     bucket). `actors`: default one per GPU, else half the CPUs. `address`: join a Ray
     cluster ('auto'); default a local Ray, or the one this process already initialized.
     `part_rows`: rows per output file (whole Parquet row groups), the unit of restart.
-    `kernels`: each actor's Session's ('auto', 'ort', 'bertfuse': runtime/kernels.py); the
+    `kernels`: each actor's Session's ('auto', 'ort', 'bertfuse': runtime/kernel_choice.py); the
     summary's `kernels` says what the first actor chose. `stall_s`: the longest wait between
     two blocks of scored rows before the run on Ray is cancelled and the parts not yet
     written run again, as after a lost node (default None: 10x the longest such wait so far,

@@ -74,7 +74,7 @@ class ScoreSummary:
     first_result_s: float | None = None  # start until the first scored rows (start-up)
     steady_rows_per_s: float | None = None  # the rows after those, over the time after
     stages: dict[str, dict[str, float]] | None = None  # stages.py: seconds, us/row each
-    # The kernels asked for, and the first actor's KernelChoice (runtime/kernels.py) when
+    # The kernels asked for, and the first actor's KernelChoice (runtime/kernel_choice.py) when
     # one ran: {"asked", "used", "reason", ...}
     kernels: dict[str, Any] | None = None
     # Why each rerun of the parts left happened (a lost node, a stall), as its stderr line

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 from bertfuse.checks import check_int, check_path
 from bertfuse.errors import BertfuseError, require
-from bertfuse.runtime.kernels import check_kernels_option
+from bertfuse.runtime.kernel_choice import check_kernels_option
 from bertfuse.score.rows import InputSpec
 
 DEFAULT_PART_ROWS = 8192
@@ -58,7 +58,7 @@ class ScoreJob:
     max_retries: int = 3
     part_rows: int = DEFAULT_PART_ROWS
     fingerprint: dict = field(default_factory=dict)
-    kernels: str = "auto"  # the actors' Sessions' (runtime/kernels.py)
+    kernels: str = "auto"  # the actors' Sessions' (runtime/kernel_choice.py)
     # The longest wait for rows before a run is cancelled and rerun (watch.py); None: derived
     # from the job's own waits
     stall_s: float | None = None
@@ -184,11 +184,11 @@ def build_job(model: Any, input: Any, output: Any, *, text_column: Any = None,
 def _model(model: str, wanted: list[str]):
     """The model's facts, the outputs written (default pooled_output where the model has it,
     else every per-row output) and their ranks."""
-    from bertfuse.runtime.requests import check_canonical, load_model, model_facts
+    from bertfuse.runtime.request_checks import check_canonical, model_facts, servable_model
 
     if os.path.exists(model) and not os.path.isfile(model):
         raise BertfuseError(f"{model}: not a regular file")
-    proto = load_model(model)  # ConfigError (a BertfuseError) names what is wrong
+    proto = servable_model(model)  # ConfigError (a BertfuseError) names what is wrong
     facts = model_facts(proto)
     check_canonical(facts)
     ranks = {o.name: len(o.type.tensor_type.shape.dim) for o in proto.graph.output}

@@ -84,11 +84,12 @@ class BertfuseReplica:
             raise TypeError(f"BertfuseReplica takes a ReplicaConfig (bertfuse.serve."
                             f"replica_config), not {type(config).__name__}")
         from bertfuse.runtime import Session, SessionPool
-        from bertfuse.runtime.requests import declared_output_dims, load_model, model_facts
+        from bertfuse.runtime.request_checks import (declared_output_dims, model_facts,
+                                                     servable_model)
 
         self.config = config
         sys.setswitchinterval(switch_interval_s())
-        proto = load_model(config.model)
+        proto = servable_model(config.model)
         self.facts = model_facts(proto)
         dims = declared_output_dims(proto) or {}
         self.outputs = list(config.outputs)
@@ -166,7 +167,7 @@ class BertfuseReplica:
             if path == "/healthz":
                 return json_response(200, {"status": "ok"})
             if path == "/readyz":
-                return self._readyz()
+                return self.readyz()
             if path == "/stats":
                 return json_response(200, self.stats())
             raise HTTPError(404, f"no route {path}; routes: POST /v1/infer, GET /healthz, "
@@ -254,7 +255,7 @@ class BertfuseReplica:
                   if k.decode() != self.stats_key]
         return merge([self.infer_stats.snapshot(), *others])
 
-    def _readyz(self) -> Response:
+    def readyz(self) -> Response:
         if self.ready and not self.pool.closed:
             return json_response(200, {"ready": True, "device": self.config.device,
                                        "warm_buckets": len(self.warm)})

@@ -12,9 +12,9 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
-from bertfuse.checks import check_text
-from bertfuse.runtime.requests import (ConfigError, check_canonical, check_int, load_model,
-                                       model_facts)
+from bertfuse.checks import check_int, check_text
+from bertfuse.runtime.request_checks import (ConfigError, check_canonical, model_facts,
+                                             servable_model)
 from bertfuse.serve.token import token_sha256
 
 DEVICES = ("auto", "cuda", "cpu")
@@ -82,7 +82,7 @@ class ServeConfig:
     metrics_host: str = "127.0.0.1"
     token_file: str | None = None
     allow_readable_token_file: bool = False  # else a file others may read is refused
-    kernels: str = "auto"  # runtime.kernels: the replicas' choice of contrib or bertfuse ops
+    kernels: str = "auto"  # runtime.kernel_choice: the replicas' choice of contrib or bertfuse ops
     cpu_threads: int | None = None  # each replica's ORT intra-op threads (None: ORT's default)
     token_sha256: str | None = None  # filled by check_config (FILLED), not an argument
 
@@ -110,20 +110,20 @@ def check_config(model: Any = None, **kwargs: Any) -> ServeConfig:
         raise ConfigError(f"model must be the path of an .onnx file, not {model!r}")
     cfg = ServeConfig(model=os.path.abspath(os.fspath(model)), **kwargs)
     if cfg.replicas is not None:
-        check_int("replicas", cfg.replicas, 1)
-    check_int("max_batch", cfg.max_batch, 1, 4096)
+        check_int("replicas", cfg.replicas, 1, error=ConfigError)
+    check_int("max_batch", cfg.max_batch, 1, 4096, error=ConfigError)
     _check_number("max_wait_ms", cfg.max_wait_ms, 0, 10_000)
     _check_number("cpus_per_replica", cfg.cpus_per_replica, 0)
     if cfg.gpus_per_replica is not None \
             and _check_number("gpus_per_replica", cfg.gpus_per_replica, 0, 1) <= 0:
         raise ConfigError("gpus_per_replica must be above 0 (0.5: two replicas share a GPU)")
-    check_int("port", cfg.port, 1, 65535)
+    check_int("port", cfg.port, 1, 65535, error=ConfigError)
     if cfg.cpu_threads is not None:
-        check_int("cpu_threads", cfg.cpu_threads, 1, 1024)
+        check_int("cpu_threads", cfg.cpu_threads, 1, 1024, error=ConfigError)
     switch_interval_s()  # its environment variable, read by every replica
     if cfg.device not in DEVICES:
         raise ConfigError(f"device must be one of {', '.join(DEVICES)}, not {cfg.device!r}")
-    from bertfuse.runtime.kernels import check_kernels_option
+    from bertfuse.runtime.kernel_choice import check_kernels_option
 
     check_kernels_option(cfg.kernels)
     if cfg.ingress not in INGRESSES:
@@ -145,17 +145,17 @@ def check_config(model: Any = None, **kwargs: Any) -> ServeConfig:
         if not isinstance(buckets, Sequence) or not buckets:
             raise ConfigError(f"batch_buckets must be a list of row counts, not {buckets!r}")
         buckets = tuple(sorted({check_int("each of batch_buckets", b, 1, cfg.max_batch,
-                                          " (max_batch)") for b in buckets}))
+                                          " (max_batch)", error=ConfigError) for b in buckets}))
     for flag in ("warmup", "access_log", "allow_readable_token_file"):
         if not isinstance(getattr(cfg, flag), bool):
             raise ConfigError(f"{flag} must be True or False, not {getattr(cfg, flag)!r}")
-    facts = model_facts(load_model(cfg.model))
+    facts = model_facts(servable_model(cfg.model))
     check_canonical(facts)
     outputs = _check_outputs(cfg.outputs, facts.outputs)
     positions = facts.max_positions
     max_seq = cfg.max_seq if cfg.max_seq is not None else (positions or 512)
     max_seq = check_int("max_seq", max_seq, 1, positions,
-                        f" (the model's position table has {positions} rows)")
+                        f" (the model's position table has {positions} rows)", error=ConfigError)
     from bertfuse.io.sidecars import find_vocab  # a text-in model's vocab, beside it
 
     vocab = cfg.vocab if cfg.vocab is not None else find_vocab(cfg.model)

@@ -28,7 +28,7 @@ import numpy as np
 from starlette.requests import Request
 from starlette.responses import Response
 
-from bertfuse.runtime.requests import RequestError, check_request
+from bertfuse.runtime.request_checks import RequestError, check_request
 from bertfuse.serve.guard import HTTPError, check_depth, check_post, read_body
 from bertfuse.serve.replica_config import ReplicaConfig
 from bertfuse.serve.requests import Parsed, from_text, pick_outputs, request_message

@@ -76,7 +76,7 @@ async def _route(oip: OIP, request: Request, path: str, method: str) -> Response
     if parts == ["health", "live"]:
         return response(200, {"live": True})
     if parts == ["health", "ready"]:
-        return oip.r._readyz()
+        return oip.r.readyz()
     raise HTTPError(404, f"no route {path}; the v2 routes are /v2, /v2/health/live|ready, "
                          f"/v2/repository/index, /v2/models/{oip.name}[/versions/{VERSION}]"
                          "[/ready|/config|/stats|/infer]")
@@ -152,7 +152,7 @@ async def _models(oip: OIP, request: Request, parts: list[str], method: str) -> 
     if not rest:
         return response(200, oip.metadata)
     if rest == ["ready"]:
-        return oip.r._readyz()
+        return oip.r.readyz()
     if rest == ["config"]:
         if "error" in oip.config:
             raise HTTPError(500, f"no Triton model config: {oip.config['error']}")

@@ -3,7 +3,7 @@ and back. Everything here runs before a request joins a batch, so a bad request 
 alone (a 4xx and one message) and never fails the others' batch.
 
     body ─► JSON object ─► ids (input_ids/input_mask/segment_ids: lists, or base64 tensors)
-            or text (/text_pair, with a vocab) ─► runtime.requests.check_request ─► Parsed
+            or text (/text_pair, with a vocab) ─► runtime.request_checks.check_request ─► Parsed
     [Parsed, ...] ─► concatenated rows, padded to the longest (mask 0) ─► one run ─► split back
     outputs ─► encode_body: JSON bytes (base64 tensors assembled as bytes, no escaping pass)
 
@@ -27,7 +27,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from bertfuse.errors import BertfuseError
-from bertfuse.runtime.requests import ROLES, ModelFacts, RequestError, check_request
+from bertfuse.runtime.request_checks import ROLES, ModelFacts, RequestError, check_request
 from bertfuse.serve.guard import HTTPError, check_depth, check_text
 
 FIELDS = (*ROLES, "text", "text_pair", "outputs", "encoding")

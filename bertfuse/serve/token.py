@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import stat
 
-from bertfuse.runtime.requests import ConfigError
+from bertfuse.runtime.request_checks import ConfigError
 
 TOKEN_ENV = "BERTFUSE_TOKEN"
 MAX_TOKEN = 4096

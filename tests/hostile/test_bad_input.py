@@ -423,11 +423,11 @@ def tiny_onnx(bad, tmp_path_factory) -> Path:
 
 def _with_tf_names(src: Path, dst: Path, int64: bool) -> None:
     """The model as a user's own tf2onnx export names it: TF tensor names, maybe int64 ids."""
-    from bertfuse.converter.export import _rename
+    from bertfuse.converter.export import rename_values
 
     model = onnx.load(str(src))
     graph = model.graph
-    _rename(graph, {"input_ids": "input_word_ids:0", "input_mask": "input_mask:0",
+    rename_values(graph, {"input_ids": "input_word_ids:0", "input_mask": "input_mask:0",
                     "segment_ids": "input_type_ids:0", "sequence_output": "sequence_output:0"})
     if int64:
         for inp in graph.input:

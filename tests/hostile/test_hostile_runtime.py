@@ -16,7 +16,7 @@ import pytest
 
 from bertfuse.errors import BertfuseError
 from bertfuse.runtime.pool import NestedCallError, SessionPool
-from bertfuse.runtime.requests import ConfigError, RequestError
+from bertfuse.runtime.request_checks import ConfigError, RequestError
 from bertfuse.runtime import ClosedError, Session
 from support.hostile_cases import (BAD_FILES, CONSTRUCTORS, IDS, LIBRARY, MASK, POOL_REPLICAS,
                            REQUESTS, SEGS, WARMUPS)

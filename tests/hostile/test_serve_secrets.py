@@ -19,7 +19,7 @@ import pytest
 from bertfuse import cli
 from bertfuse.serve.config import check_config
 from bertfuse.serve.guard import token_digest
-from bertfuse.runtime.requests import ConfigError
+from bertfuse.runtime.request_checks import ConfigError
 
 pytest.importorskip("ray")
 

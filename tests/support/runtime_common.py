@@ -12,7 +12,7 @@ import pytest
 
 ort = pytest.importorskip("onnxruntime")
 
-from bertfuse.runtime.router import Session  # noqa: E402
+from bertfuse.runtime.session import Session  # noqa: E402
 
 
 VOCAB, TYPE_VOCAB, POSITIONS = 1000, 2, 128  # EXAMPLE_CONFIGS['tiny']

@@ -3,7 +3,7 @@
 // over the request writes the whole pinned staging buffer [n_inputs, bucket_batch, bucket_seq]
 // int32 and tells the mask's form; anything the checked path must see (a value out of range, a
 // dtype it does not take) returns -1 and nothing is decided here, so every error message stays
-// in one place (runtime/requests.py).
+// in one place (runtime/request_checks.py).
 //
 // Semantics, equal to the Python path (tests/unit/runtime/test_staging.py holds them to it):
 //   - values are read as int32 or int64 and cast to int32 (as NumPy's astype(int32));

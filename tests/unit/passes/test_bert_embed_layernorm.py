@@ -16,7 +16,7 @@ from bertfuse.ops.evaluator import evaluate
 from bertfuse.passes.bert_embed_layernorm import BertEmbedLayerNormFusion
 from bertfuse.passes.manager import run_passes
 from bertfuse.passes.plans import lowering_plan
-from bertfuse.runtime.requests import model_facts
+from bertfuse.runtime.request_checks import model_facts
 from support.passes_common import bert_feeds, fuse
 from unit.passes.test_bertfuse_encoder import assert_fp16_same, contrib_fp16
 

@@ -110,7 +110,7 @@ def test_optimize_packed_on_bertfuse_kernels_packs_on_the_device(tiny_onnx, tmp_
     assert {i.type.tensor_type.elem_type for i in packed.graph.input} == {onnx.TensorProto.INT32}
     assert [(o.name, o.type.tensor_type.elem_type) for o in packed.graph.output] == \
         [(o.name, o.type.tensor_type.elem_type) for o in padded.graph.output]
-    from bertfuse.runtime.requests import model_facts
+    from bertfuse.runtime.request_checks import model_facts
 
     assert set(model_facts(packed).inputs) == {"input_ids", "segment_ids", "input_mask",
                                                "token_bucket"}

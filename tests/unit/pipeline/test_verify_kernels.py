@@ -1,4 +1,4 @@
-"""`bertfuse verify --device --kernels` on the CPU (pipeline/stages.verify, runtime/kernels.py's
+"""`bertfuse verify --device --kernels` on the CPU (pipeline/stages.verify, runtime/kernel_choice.py's
 choose()): the report says which kernels ran and why, in text and JSON; `--kernels bertfuse`
 without CUDA, `--device cuda` without the CUDA EP and a bad value are each one line, exit 2,
 before TensorFlow loads. The CUDA path (bertfuse's ops against TF) needs a GPU: not here."""

@@ -8,7 +8,7 @@ import pytest
 
 ort = pytest.importorskip("onnxruntime")
 
-from bertfuse.runtime.router import Session  # noqa: E402
+from bertfuse.runtime.session import Session  # noqa: E402
 from support.runtime_common import new_session, plain_session  # noqa: E402
 
 

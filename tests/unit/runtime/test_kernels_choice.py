@@ -1,4 +1,4 @@
-"""The kernel choice at load (runtime/kernels.py): which form a session runs, and why.
+"""The kernel choice at load (runtime/kernel_choice.py): which form a session runs, and why.
 
 The device check itself runs on the GPU (benchmarks/kernels/auto_device.py); here, every
 decision that can be made without one: the CPU, fp32 models, a missing library, models
@@ -17,9 +17,9 @@ import pytest
 from bertfuse.passes.manager import run_passes
 from bertfuse.passes.plans import fusion_plan
 from bertfuse.runtime import Session, SessionOptions
-from bertfuse.runtime.kernels import (KernelChoiceError, check_feeds, choose, compare_outputs,
+from bertfuse.runtime.kernel_choice import (KernelChoiceError, check_feeds, choose, compare_outputs,
                                       has_bertfuse_ops, lower)
-from bertfuse.runtime.requests import ConfigError
+from bertfuse.runtime.request_checks import ConfigError
 from support.builders.onnx_graphs import bert
 
 LAYERS = 2
@@ -156,7 +156,7 @@ def test_auto_keeps_contrib_where_only_the_general_path_covers_the_head_size(rng
 @pytest.mark.parametrize("hidden, heads, want", [(64, 2, []), (128, 1, []), (52, 2, [26]),
                                                  (96, 2, [48])])
 def test_general_path_heads_reads_num_heads_and_the_qkv_weight(rng, hidden, heads, want):
-    from bertfuse.runtime.kernels import general_path_heads
+    from bertfuse.runtime.kernel_choice import general_path_heads
 
     assert general_path_heads(contrib(rng, hidden=hidden, heads=heads, inter=2 * hidden)) == want
 
@@ -167,7 +167,7 @@ def test_a_second_session_of_the_same_file_reuses_the_decision(rng, monkeypatch,
     another max_seq, or the file rewritten, decides anew; a missing library is not remembered
     (a build in the meantime changes it)."""
     from bertfuse.kernels import library
-    from bertfuse.runtime import kernels
+    from bertfuse.runtime import kernel_choice as kernels
 
     monkeypatch.setenv("BERTFUSE_KERNELS_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(library, "detect_sm", lambda: 90)

@@ -11,8 +11,8 @@ ort = pytest.importorskip("onnxruntime")
 
 from bertfuse.errors import BertfuseError  # noqa: E402
 from bertfuse.runtime.options import SessionOptions  # noqa: E402
-from bertfuse.runtime.requests import ConfigError  # noqa: E402
-from bertfuse.runtime.router import Session  # noqa: E402
+from bertfuse.runtime.request_checks import ConfigError  # noqa: E402
+from bertfuse.runtime.session import Session  # noqa: E402
 from support.runtime_common import POSITIONS, new_session  # noqa: E402
 
 

@@ -9,7 +9,7 @@ import pytest
 ort = pytest.importorskip("onnxruntime")
 
 from bertfuse.ops.packing_layout import choose_shape, pack_into, packed_shapes  # noqa: E402
-from bertfuse.runtime.requests import ConfigError  # noqa: E402
+from bertfuse.runtime.request_checks import ConfigError  # noqa: E402
 from support.runtime_common import POSITIONS  # noqa: E402
 from unit.passes.test_packing import _mask  # noqa: E402
 

@@ -14,8 +14,8 @@ ort = pytest.importorskip("onnxruntime")
 from bertfuse.errors import BertfuseError  # noqa: E402
 from bertfuse.runtime.device import GATE  # noqa: E402
 from bertfuse.runtime.pool import NestedCallError, SessionPool  # noqa: E402
-from bertfuse.runtime.requests import ClosedError, ConfigError, RequestError  # noqa: E402
-from bertfuse.runtime.router import Session  # noqa: E402
+from bertfuse.runtime.request_checks import ClosedError, ConfigError, RequestError  # noqa: E402
+from bertfuse.runtime.session import Session  # noqa: E402
 from support.runtime_common import (OUTPUTS, VOCAB, _assert_same, _run_threads,  # noqa: E402
                             _thread_requests, make_request, new_session)
 

@@ -7,8 +7,8 @@ import pytest
 
 ort = pytest.importorskip("onnxruntime")
 
-from bertfuse.runtime.requests import ClosedError, ConfigError  # noqa: E402
-from bertfuse.runtime.router import Session  # noqa: E402
+from bertfuse.runtime.request_checks import ClosedError, ConfigError  # noqa: E402
+from bertfuse.runtime.session import Session  # noqa: E402
 
 
 def test_warmup_progress(tiny_onnx, capsys):

@@ -18,7 +18,7 @@ import pytest
 
 from bertfuse.runtime import RequestError
 from bertfuse.runtime.graphs import GraphError
-from bertfuse.runtime.requests import upper_bound
+from bertfuse.runtime.request_checks import upper_bound
 from bertfuse.runtime.staging import FORMS, FastStager, stage_function
 from bertfuse.runtime.variants import mask_mode
 from support.paths import ROOT
@@ -55,9 +55,9 @@ def pair(tiny_onnx, stage_fn):
 def _stage_both(session, stager, given):
     """(host buffer, form) from the checked path and from the fast lane, same bucket."""
     batch, seq = given["input_ids"].shape
-    bucket = session._bucket(*session.bucket_for(batch, seq))
-    checked = session._check(dict(given))
-    session._fill(bucket, checked, batch, seq)
+    bucket = session.bucket(*session.bucket_for(batch, seq))
+    checked = session.check(dict(given))
+    bucket.fill(checked, batch, seq, session.validate)
     want = bucket.host.copy()
     mask = checked.get("input_mask")
     want_form = None if mask is None else mask_mode(mask)
@@ -115,7 +115,7 @@ def test_a_bad_value_goes_back_to_the_checked_path(pair, role, value):
     given = {k: v.astype(np.int64) for k, v in make_request(np.random.default_rng(1), 2, 8).items()}
     given[role][1, 3] = value
     fast.run(**make_request(np.random.default_rng(2), 2, 8))  # the bucket is warm
-    bucket = fast._bucket(*fast.bucket_for(2, 8))
+    bucket = fast.bucket(*fast.bucket_for(2, 8))
     lane = fast._stager.lane(fast, bucket)
     assert fast._stager._fn(*_args(given), 1, ctypes.addressof(lane), 0) == -1
     with pytest.raises(RequestError) as fast_err:
@@ -171,7 +171,7 @@ def test_a_session_with_a_packed_model_keeps_its_routing(pair, monkeypatch):
     fast.run(**req)
     given = {k: req.get(k) for k in ("input_ids", "input_mask", "segment_ids")}
     assert fast._stager.serve(fast, given, list(OUTPUTS), True) is not None
-    monkeypatch.setattr(fast, "packed", object())  # router.Session decides what it packs
+    monkeypatch.setattr(fast, "packed", object())  # session.Session decides what it packs
     assert fast._stager.serve(fast, given, list(OUTPUTS), True) is None
 
 
@@ -209,7 +209,7 @@ def _recording_lane(stager, session, bucket, launch_status=0, sync_status=0, cop
 def test_the_native_launch_picks_the_graph_of_the_form_and_shape(pair, batch, seq, rows):
     fast, _ = pair
     fast.run(**make_request(np.random.default_rng(2), batch, seq))  # the bucket is warm
-    bucket = fast._bucket(*fast.bucket_for(batch, seq))
+    bucket = fast.bucket(*fast.bucket_for(batch, seq))
     given = make_request(np.random.default_rng(3), batch, seq, kinds=(rows,))
     lane, calls, _keep = _recording_lane(fast._stager, fast, bucket)
     got = fast._stager._fn(*_args(given), 1, ctypes.addressof(lane), 0)
@@ -236,7 +236,7 @@ def test_a_failed_native_launch_raises_the_cuda_error(pair, monkeypatch, statuse
     fast, _ = pair
     req = make_request(np.random.default_rng(4), 4, 16)
     fast.run(**req)
-    bucket = fast._bucket(*fast.bucket_for(4, 16))
+    bucket = fast.bucket(*fast.bucket_for(4, 16))
     lane, calls, _keep = _recording_lane(fast._stager, fast, bucket, *statuses)
     bucket.lane = (lane, ctypes.addressof(lane))
     # Outputs 0 and 1 asked for with mirrors (a CPU session has none of its own to make).
@@ -248,7 +248,7 @@ def test_a_failed_native_launch_raises_the_cuda_error(pair, monkeypatch, statuse
     finally:
         bucket.lane = None  # the CPU session's own lane again (no graphs)
     np.testing.assert_array_equal(fast.run(**req)["pooled_output"],
-                                  fast._serve(fast._check(dict(req)), ["pooled_output"], True)
+                                  fast._serve(fast.check(dict(req)), ["pooled_output"], True)
                                   ["pooled_output"])
 
 
@@ -265,12 +265,12 @@ def test_outputs_come_back_through_the_mirrors(pair, outputs, short):
     fast, slow = pair
     req = make_request(np.random.default_rng(8), 3, 20)
     fast.run(**req)
-    bucket = fast._bucket(*fast.bucket_for(3, 20))
+    bucket = fast.bucket(*fast.bucket_for(3, 20))
     lane, calls, _keep = _recording_lane(fast._stager, fast, bucket)
     modes = {}
     for full, shape in enumerate([(0, 0), (bucket.batch, bucket.seq)]):
         for f, form in enumerate(FORMS):
-            modes[0x1000 + 3 * full + f] = fast._session_for(bucket.host, bucket, *shape, form)
+            modes[0x1000 + 3 * full + f] = fast.session_for(bucket.host, bucket, *shape, form)
 
     def run_graph(graph, stream):
         mode = modes[graph]
@@ -309,6 +309,6 @@ def test_outputs_come_back_through_the_mirrors(pair, outputs, short):
 
 def test_an_output_off_the_gpu_gets_no_mirror(pair):
     fast, _ = pair
-    value = next(iter(fast._bucket(*fast.bucket_for(3, 20)).outputs.values()))
+    value = next(iter(fast.bucket(*fast.bucket_for(3, 20)).outputs.values()))
     assert value.device_name() == "cpu"
     assert len(FastStager._mirror(value, 64)) == 0  # fetched, never mirrored

@@ -488,7 +488,7 @@ def test_bad_input_is_one_line_exit_2(tiny, corpus, ids_run, tmp_path, capsys):
         (["--model", tiny["model"], "--input", str(tmp_path / "bad.parquet"), "--output",
           str(tmp_path / "o"), "--ids-column", "ids"], "not a readable Parquet file"),
         (["--model", tiny["vocab"], "--input", corpus["path"], "--output", str(tmp_path / "o"),
-          "--ids-column", "ids"], "not an ONNX model"),
+          "--ids-column", "ids"], "not a readable ONNX model"),
         ([*base, "--output", str(tmp_path / "o"), "--ids-column", "ids", "--actors", "0"],
          "at least 1"),
         ([*base, "--output", str(tmp_path / "o"), "--ids-column", "ids", "--max-seq", "65"],

@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from bertfuse.errors import BertfuseError
-from bertfuse.runtime.requests import ModelFacts
+from bertfuse.runtime.request_checks import ModelFacts
 from bertfuse.serve.guard import (MAX_DEPTH, Access, HTTPError, check_access, check_depth,
                                   check_post, read_body, token_digest)
 from bertfuse.serve.haproxy_conf import CLIENT_CONNS, HEADER_TIMEOUT_S, SERVER_TIMEOUT_S, fix

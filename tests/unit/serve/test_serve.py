@@ -28,7 +28,7 @@ import ray  # the `ray` extra, in CI's default extras: never skipped
 from bertfuse.converter.example_vocab import example_vocab
 from bertfuse.io.schemas import first_error
 from bertfuse.runtime import Session
-from bertfuse.runtime.requests import ConfigError
+from bertfuse.runtime.request_checks import ConfigError
 from bertfuse.serve.ingress import quiet_port
 from bertfuse.serve.requests import decode, encode, encode_body
 from bertfuse.text import WordPiece
@@ -389,7 +389,7 @@ def test_deploy_checks_its_arguments_before_ray(tiny, tmp_path):
         with pytest.raises(Exception) as info:
             deploy(tiny["model"], **kwargs)
         assert words in str(info.value), (kwargs, info.value)
-    with pytest.raises(ConfigError, match="no model file"):
+    with pytest.raises(ConfigError, match="none.onnx: no such file"):
         deploy(str(tmp_path / "none.onnx"))
 
 
@@ -529,7 +529,7 @@ def test_cli_serve_until_sigterm_leaves_nothing(tiny, session, tmp_path, ingress
 def test_cli_bad_input_is_one_line(tmp_path, tiny, case):
     bad = tmp_path / "x.onnx"
     bad.write_bytes(b"not a model")
-    argv, words = {"bad model": ([str(bad)], "not an ONNX model"),
+    argv, words = {"bad model": ([str(bad)], "x.onnx: not a readable ONNX model"),
                    "no cluster there": ([tiny["model"], "--address", f"127.0.0.1:{free_port()}"],
                                         "cannot reach a Ray cluster"),
                    "bad address": ([tiny["model"], "--address", "head"], "HOST:PORT")}[case]
@@ -587,7 +587,7 @@ def test_switch_interval_variable_is_checked_before_ray(tiny, monkeypatch):
 
 
 def test_kernels_choice_is_checked_and_reaches_the_replicas(tiny):
-    """serve's replicas choose their kernels at load (runtime/kernels.py): auto by default,
+    """serve's replicas choose their kernels at load (runtime/kernel_choice.py): auto by default,
     ort or bertfuse when asked; anything else is refused before Ray starts."""
     from bertfuse.errors import BertfuseError
     from bertfuse.serve.config import check_config, resolve

@@ -27,10 +27,10 @@ from google.protobuf import json_format, text_format  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from bertfuse.io.triton_config import config_json, model_config  # noqa: E402
-from bertfuse.runtime.router import Session  # noqa: E402
+from bertfuse.runtime.session import Session  # noqa: E402
 from bertfuse.serve.config import check_config  # noqa: E402
 from bertfuse.serve.infer_stats import InferStats, merge, triton_stats  # noqa: E402
-from bertfuse.runtime.requests import ConfigError  # noqa: E402
+from bertfuse.runtime.request_checks import ConfigError  # noqa: E402
 from bertfuse.text import WordPiece  # noqa: E402
 from hostile.test_serve_network import TOKEN, Server, model  # noqa: E402
 from unit.export.test_triton import PB2  # noqa: E402

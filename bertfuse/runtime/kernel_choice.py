@@ -30,7 +30,7 @@ import onnx
 
 from bertfuse.errors import BertfuseError, CudaUnavailableError
 from bertfuse.ops.contract import BERTFUSE_DOMAIN, TOLERANCES
-from bertfuse.runtime.requests import ConfigError, model_facts
+from bertfuse.runtime.request_checks import ConfigError, model_facts
 
 KERNELS = ("auto", "ort", "bertfuse")
 LOG = logging.getLogger("bertfuse.runtime")

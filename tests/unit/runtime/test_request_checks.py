@@ -1,4 +1,4 @@
-"""Request and argument checks (runtime/requests.py): refused before anything reaches ORT.
+"""Request and argument checks (runtime/request_checks.py): refused before anything reaches ORT.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 ort = pytest.importorskip("onnxruntime")
 
 from bertfuse.errors import BertfuseError  # noqa: E402
-from bertfuse.runtime.requests import ConfigError, RequestError, unmask_empty_rows  # noqa: E402
-from bertfuse.runtime.router import Session  # noqa: E402
+from bertfuse.runtime.request_checks import ConfigError, RequestError, unmask_empty_rows  # noqa: E402
+from bertfuse.runtime.session import Session  # noqa: E402
 from support.runtime_common import (BAD_REQUESTS, MAX_BATCH, MAX_SEQ, POSITIONS,  # noqa: E402
                             TYPE_VOCAB, _refuse_ort, _setitem, _valid, _with, new_session)
 
@@ -101,7 +101,7 @@ def test_narrow_negative_ids_are_refused(cpu):
 
 
 def test_bad_model_argument_is_refused(tmp_path):
-    with pytest.raises(ConfigError, match="no model file at"):
+    with pytest.raises(ConfigError, match="missing.onnx: no such file"):
         Session(str(tmp_path / "missing.onnx"), device="cpu")
     with pytest.raises(ConfigError, match="model must be a path or an onnx.ModelProto"):
         Session(42, device="cpu")

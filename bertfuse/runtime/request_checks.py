@@ -9,7 +9,6 @@ sequence length. The bottom room of runtime/: it imports nothing else of it.
 from __future__ import annotations
 
 import bisect
-import numbers
 import os
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -18,7 +17,9 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from bertfuse.checks import check_int
 from bertfuse.errors import BertfuseError
+from bertfuse.io.model import load_model
 from bertfuse.ops.bertfuse.embed_layernorm import EMBEDDING_OPS
 
 
@@ -51,30 +52,15 @@ class ModelFacts:
 STRIPPED_KEY = "bertfuse_stripped"  # weights.META_KEY: a skeleton has no weights to serve
 
 
-def load_model(model: Any) -> onnx.ModelProto:
-    """A ModelProto as given, or read from a path (weights stay external where they are)."""
+def servable_model(model: Any) -> onnx.ModelProto:
+    """The model as the runtime serves it: a ModelProto as given, or read from a path by
+    io/model.load_model (weights stay external where they are; a refusal is a ConfigError);
+    a weight-stripped skeleton refused."""
     if isinstance(model, onnx.ModelProto):
         return model
-    if not isinstance(model, (str, os.PathLike)):
-        raise ConfigError(f"model must be a path or an onnx.ModelProto, not {type(model).__name__}")
-    path = os.fspath(model)
-    if not os.path.isfile(path):
-        raise ConfigError(f"no model file at {path}")
-    try:
-        proto = onnx.load(path, load_external_data=False)
-    except Exception as exc:  # protobuf's DecodeError, JSON parse errors, ...
-        why = (str(exc).splitlines() or [type(exc).__name__])[0][:100]
-        raise ConfigError(f"{path} is not an ONNX model ({why})") from None
-    if not proto.graph.node:  # an empty file parses as an empty model
-        raise ConfigError(f"{path} is not an ONNX model (no graph)")
-    from bertfuse.io.onnx_in import check_stranger
-
-    try:  # limits, external data inside the model's folder, the graph
-        check_stranger(proto, path)
-    except BertfuseError as exc:
-        raise ConfigError(str(exc)) from None
+    proto = load_model(model, load_weights=False, error=ConfigError)
     if any(p.key == STRIPPED_KEY for p in proto.metadata_props):
-        raise ConfigError(f"{path} is a weight-stripped skeleton: refill it first "
+        raise ConfigError(f"{os.fspath(model)} is a weight-stripped skeleton: refill it first "
                           "(bertfuse strip-weights MODEL -o OUT --fill SEED)")
     return proto
 
@@ -253,41 +239,22 @@ def select_outputs(available: Sequence[str], outputs: Sequence[str] | str | None
 # -- constructor and warm-up arguments ----------------------------------------------------
 
 
-def check_int(name: str, value: Any, lo: int, hi: int | None = None,
-              why_hi: str = "") -> int:
-    """`value` as an int in lo..hi, or a ConfigError (bools and floats are refused)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ConfigError(f"{name} must be an integer, not {value!r}")
-    value = int(value)
-    if value < lo or (hi is not None and value > hi):
-        span = f"{lo}..{hi}" if hi is not None else f"at least {lo}"
-        raise ConfigError(f"{name} must be {span}{why_hi if hi is not None else ''}, "
-                          f"not {value}")
-    return value
-
-
-def check_flag(name: str, value: Any) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise ConfigError(f"{name} must be True or False, not {value!r}")
-    return bool(value)
-
-
 def check_sizes(facts: ModelFacts, max_batch: Any, max_seq: Any, batch_buckets: Any,
                 seq_buckets: Any) -> tuple[int, int]:
     """(max_batch, max_seq), checked; max_seq None is the model's position table (or 512
     where the model does not show it). Bucket values must be positive integers; those past
     the limits are dropped (the defaults reach 512)."""
-    max_batch = check_int("max_batch", max_batch, 1)
+    max_batch = check_int("max_batch", max_batch, 1, error=ConfigError)
     positions = facts.max_positions
     if max_seq is None:
         max_seq = positions or 512
     why = f" (the model's position table has {positions} rows)" if positions else ""
-    max_seq = check_int("max_seq", max_seq, 1, positions, why)
+    max_seq = check_int("max_seq", max_seq, 1, positions, why, error=ConfigError)
     for name, values in (("batch_buckets", batch_buckets), ("seq_buckets", seq_buckets)):
         if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
             raise ConfigError(f"{name} must be a sequence of integers, not {values!r}")
         for v in values:
-            check_int(f"each of {name}", v, 1)
+            check_int(f"each of {name}", v, 1, error=ConfigError)
     return max_batch, max_seq
 
 
@@ -309,6 +276,6 @@ def check_warmup(buckets: Any, max_batch: int, max_seq: int) -> list[tuple[int, 
     for pair in buckets:
         if isinstance(pair, (str, bytes)) or not isinstance(pair, Sequence) or len(pair) != 2:
             raise ConfigError(f"each warmup bucket must be a (batch, seq) pair, not {pair!r}")
-        out.append((check_int("warmup batch", pair[0], 1, max_batch, " (max_batch)"),
-                    check_int("warmup seq", pair[1], 1, max_seq, " (max_seq)")))
+        out.append((check_int("warmup batch", pair[0], 1, max_batch, " (max_batch)", error=ConfigError),
+                    check_int("warmup seq", pair[1], 1, max_seq, " (max_seq)", error=ConfigError)))
     return out
