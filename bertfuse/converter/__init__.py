@@ -5,13 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from bertfuse.errors import BertfuseError
+from bertfuse.io.model import versioned_savedmodel
 
 KINDS = ("auto", "checkpoint", "savedmodel", "frozen", "keras")
 
 
 def detect_kind(path: str) -> str:
-    from bertfuse.io.model import versioned_savedmodel
-
     p = Path(path)
     if p.is_dir():
         if (p / "saved_model.pb").exists() or versioned_savedmodel(p) is not None:
@@ -55,7 +54,6 @@ def load_source(path: str, kind: str, signature: str, inputs: str | None = None,
         return load_frozen(path, outputs, override, trust)
     if kind == "savedmodel":
         from bertfuse.converter.savedmodel import load_savedmodel
-        from bertfuse.io.model import versioned_savedmodel
 
         # transformers' save_pretrained(..., saved_model=True) folder, TF Serving's base folder
         path = str(versioned_savedmodel(Path(path)) or path)

@@ -20,6 +20,7 @@ from onnx import numpy_helper
 
 from bertfuse.errors import BertfuseError
 from bertfuse.ops.bertfuse.embed_layernorm import EMBEDDING_OPS
+from bertfuse.io.onnx_in import check_stranger
 
 
 class RequestError(BertfuseError, ValueError):
@@ -67,7 +68,6 @@ def load_model(model: Any) -> onnx.ModelProto:
         raise ConfigError(f"{path} is not an ONNX model ({why})") from None
     if not proto.graph.node:  # an empty file parses as an empty model
         raise ConfigError(f"{path} is not an ONNX model (no graph)")
-    from bertfuse.io.onnx_in import check_stranger
 
     try:  # limits, external data inside the model's folder, the graph
         check_stranger(proto, path)

@@ -28,6 +28,8 @@ import numpy as np
 from bertfuse.runtime.device import GATE, claim_thread, upload
 from bertfuse.runtime.graphs import GraphError, cuda
 from bertfuse.runtime.pinned import address, pinned_empty
+from bertfuse.kernels.library import locate
+from bertfuse.runtime.requests import upper_bound
 
 LOG = logging.getLogger("bertfuse.runtime")
 ROLES = ("input_ids", "input_mask", "segment_ids")
@@ -135,15 +137,12 @@ class FastStager:
                 or not set(session.facts.inputs) <= set(ROLES):
             return None
         try:
-            from bertfuse.kernels.library import locate
-
             fn = stage_function(str(locate()))
         except Exception as exc:  # the library registered with ORT, yet not found here
             LOG.debug("bertfuse: no fast staging: %s", exc)
             return None
         if fn is None:
             return None
-        from bertfuse.runtime.requests import upper_bound
 
         return cls(fn, session.facts.inputs,
                    [upper_bound(session.facts, n) for n in session.facts.inputs])
