@@ -27,9 +27,6 @@ ALLOWED = {
     ("bertfuse/runtime/kernels.py", "bertfuse.passes"):
         "a Session on the CPU, or with kernels='ort', never lowers its model: the passes "
         "(onnx-graphsurgeon, every fusion) load when a CUDA session lowers one",
-    ("bertfuse/converter/__init__.py", "bertfuse.converter"):
-        "a package's __init__ runs on every import of one of its modules (the CLI's parser "
-        "imports converter.reference): each loader loads when load_source picks it",
 }
 
 
