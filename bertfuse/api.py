@@ -21,6 +21,7 @@ from bertfuse.pipeline.options import GROUPS, OPTIMIZE_OPTIONS, OPTIONS, Convert
 from bertfuse.pipeline.renamed import api_value
 from bertfuse.pipeline.report import RunReport
 from bertfuse.pipeline.stages import convert_model, optimize_model
+from bertfuse.io.quiet import let_through, native_logs_silenced
 
 Progress = Callable[[str], None]
 _D = ConvertOptions()  # the table's defaults, as the keywords' defaults
@@ -112,8 +113,6 @@ def optimize(model: str | os.PathLike | onnx.ModelProto,
 def _quiet(native_logs: bool) -> Iterator[Callable]:
     """TF's and ORT's C++ log lines off during the call (io/quiet.py) unless native_logs;
     yields the wrapper that lets a caller's progress callback print."""
-    from bertfuse.io.quiet import let_through, native_logs_silenced
-
     if not isinstance(native_logs, bool):
         raise BertfuseError(f"native_logs must be True or False, not {native_logs!r}")
     with native_logs_silenced(not native_logs):

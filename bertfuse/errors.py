@@ -1,5 +1,11 @@
 """Errors the CLI turns into one clear line and an exit code (never a traceback)."""
 
+import importlib.util
+import json
+from importlib import metadata
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
 
 class BertfuseError(Exception):
     """Bad input from the user: missing/corrupt files, mismatched config, unknown names."""
@@ -67,7 +73,6 @@ def pip_target(direct_url: dict | None, extra: str) -> str:
     if not url.startswith("file://"):  # a VCS or remote archive URL
         vcs = (direct_url or {}).get("vcs_info", {}).get("vcs")
         return f"'bertfuse[{extra}] @ {vcs + '+' if vcs and not url.startswith(vcs) else ''}{url}'"
-    from urllib.parse import unquote, urlparse
 
     path = unquote(urlparse(url).path)
     editable = bool((direct_url or {}).get("dir_info", {}).get("editable"))
@@ -75,10 +80,6 @@ def pip_target(direct_url: dict | None, extra: str) -> str:
 
 
 def _direct_url() -> dict | None:
-    import json
-    from importlib import metadata
-    from pathlib import Path
-
     recorded = None
     # Every bertfuse metadata on the path: a clone's own egg-info (no record) may come first.
     for dist in metadata.distributions(name="bertfuse"):
@@ -112,8 +113,6 @@ def require(*modules: str) -> None:
     """Raises MissingDependency (with the pip line) unless each module can be imported. Where
     the missing ones belong to several extras, the one line names them all and one pip line
     for all of them (`all-cpu`), so that a user installs once, not once per error."""
-    import importlib.util
-
     missing = []
     for name in modules:
         try:
@@ -136,8 +135,6 @@ def _install_all(extras: list[str]) -> str:
     """One pip line for several extras: `all-cpu` (or `all-gpu` on CUDA), which hold
     tensorflow-cpu; `all-gpu` where onnxruntime-gpu is here; beside the full tensorflow
     package, the extras themselves (either `all` would add tensorflow-cpu beside it)."""
-    from importlib import metadata
-
     def installed(dist: str) -> bool:
         try:
             return bool(metadata.version(dist))

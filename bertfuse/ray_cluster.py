@@ -23,10 +23,16 @@ import socket
 import threading
 from contextlib import contextmanager
 from typing import Iterator
+import select
+import shutil
+import subprocess
+import sys
+import time
 
 import psutil
 
 from bertfuse.errors import BertfuseError
+from bertfuse.optional import optional
 
 LOOPBACK = "127.0.0.1"
 # The logs folder of the Ray this process joined last (its session's `logs/`): where Ray's
@@ -88,7 +94,7 @@ def connect(address: str | None, logging_level: int | None = None,
     its single-machine mode (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, what it runs on macOS)
     keeps the loopback. A watchdog process stops that Ray's processes, and removes `leftovers`
     (folders), if this process dies without disconnect() (kill -9)."""
-    import ray
+    ray = optional("ray", why="Ray (ray extra)")
 
     global _watchdog
     kwargs: dict = {"log_to_driver": False}
@@ -117,7 +123,7 @@ def connect(address: str | None, logging_level: int | None = None,
 
 def disconnect() -> None:
     """ray.shutdown: stops a local Ray we started, or leaves a joined cluster."""
-    import ray
+    ray = optional("ray", why="Ray (ray extra)")
 
     try:
         ray.shutdown()
@@ -150,10 +156,10 @@ def _single_machine(on: bool) -> Iterator[None]:
     if not on:
         yield
         return
-    import importlib
 
     try:
-        constants = importlib.import_module("ray._private.ray_constants")
+        constants = optional("ray._private.ray_constants",
+                             why="Ray reads its single-machine flag at import (ray extra)")
     except ImportError:  # a Ray without it: the environment alone
         constants = None
     saved_env = os.environ.get(SINGLE_MACHINE_ENV)
@@ -190,9 +196,6 @@ class Watchdog:
     those still running (SIGTERM, then SIGKILL after KILL_AFTER_S) and removes `leftovers`."""
 
     def __init__(self, leftovers: tuple[str, ...] = ()) -> None:
-        import subprocess
-        import sys
-
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "bertfuse.ray_cluster", str(os.getpid()), *leftovers],
             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -261,10 +264,6 @@ def _running(proc: psutil.Process) -> bool:
 
 def _watch(owner: int, leftovers: list[str]) -> None:
     """The watchdog's loop (python -m bertfuse.ray_cluster OWNER [FOLDER...])."""
-    import select
-    import shutil
-    import time
-
     me, known = os.getpid(), {}
     while True:
         ready, _, _ = select.select([0], [], [], WATCH_S)
@@ -304,7 +303,7 @@ if __name__ == "__main__":
 def ray_for(address: str | None, logging_level: int | None = None) -> Iterator[bool]:
     """Ray for the block: the one this process already runs (used and left running; yields
     False), else connect(address) and ray.shutdown on every exit path (yields True)."""
-    import ray
+    ray = optional("ray", why="Ray (ray extra)")
 
     if ray.is_initialized():
         yield False

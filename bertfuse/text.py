@@ -23,6 +23,8 @@ import numpy as np
 
 from bertfuse.errors import BertfuseError, MissingDependency, install_hint
 from bertfuse.io import limits
+from bertfuse.optional import optional
+from bertfuse.runtime.request_checks import model_facts, servable_model
 
 # The tokens a BERT input is built from; [MASK] is only for pre-training, so not required.
 REQUIRED = ("[PAD]", "[UNK]", "[CLS]", "[SEP]")
@@ -139,8 +141,6 @@ class ModelInfo:
 
 def model_info(model: str | os.PathLike) -> ModelInfo:
     """Reads the embedding table sizes and the bert_config metadata (no weights loaded)."""
-    from bertfuse.runtime.request_checks import servable_model, model_facts
-
     proto = servable_model(os.fspath(model))
     facts = model_facts(proto)
     meta = {p.key: p.value for p in proto.metadata_props}
@@ -235,22 +235,22 @@ class WordPiece:
         the ASCII fast path: text cleaned, lower-cased and its punctuation spaced out in
         Python (_clean_ascii), split on whitespace alone, rows padded by __call__."""
         try:
-            from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
-        except ModuleNotFoundError:
+            tk = optional("tokenizers", why="WordPiece (text extra)")
+        except (ModuleNotFoundError, MissingDependency):
             raise MissingDependency("tokenizers is not installed: text input needs it; "
                                     + install_hint("text")) from None
         v = self.vocab
-        tok = Tokenizer(models.WordPiece(v, unk_token="[UNK]",
-                                         max_input_chars_per_word=_MAX_WORD))
+        tok = tk.Tokenizer(tk.models.WordPiece(v, unk_token="[UNK]",
+                                               max_input_chars_per_word=_MAX_WORD))
         if normalize:  # strip_accents=None follows lowercase, as Google's uncased models
-            tok.normalizer = normalizers.BertNormalizer(
+            tok.normalizer = tk.normalizers.BertNormalizer(
                 clean_text=True, handle_chinese_chars=True, strip_accents=None,
                 lowercase=self.lower_case)
-            tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+            tok.pre_tokenizer = tk.pre_tokenizers.BertPreTokenizer()
             tok.enable_padding(pad_id=v["[PAD]"], pad_token="[PAD]", pad_type_id=0)
         else:
-            tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-        tok.post_processor = processors.TemplateProcessing(
+            tok.pre_tokenizer = tk.pre_tokenizers.WhitespaceSplit()
+        tok.post_processor = tk.processors.TemplateProcessing(
             single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
             special_tokens=[("[CLS]", v["[CLS]"]), ("[SEP]", v["[SEP]"])])
         tok.enable_truncation(self.max_length, strategy="longest_first")

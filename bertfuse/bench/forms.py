@@ -16,7 +16,20 @@ import os
 from collections import Counter
 
 import numpy as np
+import onnx
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from bertfuse.bench.peers import PEER_ROWS, best_peer
+from bertfuse.kernels import library as lib
+from bertfuse.ops import BERTFUSE_DOMAIN
+from bertfuse.passes.cleanup import Cleanup
+from bertfuse.passes.fast_gelu import FastGeluApproximation
+from bertfuse.passes.manager import PipelineReport, run_passes
+from bertfuse.pipeline.fp8 import fp8_form
+from bertfuse.pipeline.fp8 import fp8_form
+from bertfuse.pipeline.lowering import kernels_misses, model_feeds, to_bertfuse_kernels
+from bertfuse.pipeline.options import ConvertOptions
 
 FORMS = ("contrib", "both")  # bench --forms: the contrib form alone, or both forms
 # The runtime rows of the bertfuse-kernels form: (label, model key, Session options). The
@@ -52,10 +65,6 @@ class KernelsSetup:
 def find_library(sm: int | None = None, root: str | None = None) -> KernelsSetup:
     """The cached library the runtime will register (library.locate), loaded once with ctypes
     to read its build info; else the one-line reason (no GPU, not built, cannot load)."""
-    from pathlib import Path
-
-    from bertfuse.kernels import library as lib
-
     try:
         path = lib.locate(sm=sm, root=Path(root) if root else None)
         return KernelsSetup(str(path), info=lib.library_info(path))
@@ -66,10 +75,6 @@ def find_library(sm: int | None = None, root: str | None = None) -> KernelsSetup
 def kernels_model(fused16: str, workdir: str) -> tuple[str | None, str]:
     """The fused fp16 model rewritten into ai.bertfuse ops, saved under workdir: (path, note
     with the op census and what stayed in contrib ops), or (None, why not)."""
-    import onnx
-
-    from bertfuse.pipeline.lowering import to_bertfuse_kernels
-
     return _rewrite(lambda report: to_bertfuse_kernels(onnx.load(fused16), report),
                     os.path.join(workdir, "kernels16.onnx"), "the bertfuse kernels pass")
 
@@ -79,17 +84,6 @@ def fp8_model(fused16: str, kernels16: str, workdir: str) -> tuple[str | None, s
     makes it (pipeline.fp8.fp8_form): activation scales calibrated on convert's parity inputs
     (its default batch, seq and seed), not on the benchmark's request. (path, note) or (None,
     why not)."""
-    import onnx
-
-    try:
-        from bertfuse.pipeline.fp8 import fp8_form
-    except ImportError as exc:
-        if exc.name == "bertfuse.pipeline.fp8":
-            return None, "this bertfuse has no FP8 option"
-        return None, f"the FP8 option cannot be imported ({exc})"
-    from bertfuse.pipeline.lowering import model_feeds
-    from bertfuse.pipeline.options import ConvertOptions
-
     def rewrite(report) -> onnx.ModelProto:
         contrib = onnx.load(fused16)
         opts = ConvertOptions()
@@ -104,13 +98,6 @@ def gelu_approximation_model(fused16: str, workdir: str) -> tuple[str | None, st
     """The fused fp16 model with `--gelu-approximation` (its exact GELUs as FastGelu, the pass
     fusion_plan adds), rewritten into ai.bertfuse ops: (path, note) or (None, why not; also
     where the model has no exact GELU, so the row would repeat the first)."""
-    import onnx
-
-    from bertfuse.passes.cleanup import Cleanup
-    from bertfuse.passes.fast_gelu import FastGeluApproximation
-    from bertfuse.passes.manager import run_passes
-    from bertfuse.pipeline.lowering import to_bertfuse_kernels
-
     def rewrite(report) -> onnx.ModelProto:
         contrib, approx = run_passes(onnx.load(fused16), [FastGeluApproximation(), Cleanup()])
         if not any(d.fused for d in approx.diagnostics if d.component == "fast_gelu"):
@@ -124,12 +111,6 @@ def gelu_approximation_model(fused16: str, workdir: str) -> tuple[str | None, st
 def _rewrite(make, path: str, what: str, counted=lambda op: True) -> tuple[str | None, str]:
     """Runs make(report) -> model and saves it at path: (path, 'ai.bertfuse: <census>[;
     misses]'), or (None, why) when it fails or converts nothing it counts."""
-    import onnx
-
-    from bertfuse.ops import BERTFUSE_DOMAIN
-    from bertfuse.pipeline.lowering import kernels_misses
-    from bertfuse.passes.manager import PipelineReport
-
     report = PipelineReport()
     try:
         model = make(report)
@@ -207,8 +188,6 @@ def format_comparison(results: list) -> str:
     GPU time (summed and busy) and kernel count (CUPTI), parity vs ORT raw fp32, and the ratios
     to the contrib form's runtime (GPU time and p50) and to the best peer's p50 (peers.py), the
     peers too."""
-    from bertfuse.bench.peers import PEER_ROWS, best_peer
-
     lines = ["| workload | variant | p50 (us) | p99 (us) | seq/s | GPU (us) | GPU busy (us) | "
              "kernels | GPU x contrib | p50 x contrib | p50 x best peer | max diff | mean diff |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]

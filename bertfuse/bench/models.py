@@ -10,19 +10,20 @@ import tempfile
 
 import numpy as np
 import onnx
+from onnx import TensorProto, helper
 
 from bertfuse.io.model import load_model
 from bertfuse.passes.manager import run_passes
 from bertfuse.passes.plans import fusion_plan, packing_plan
 from bertfuse.runtime.weights import fill_weights, is_stripped
+from bertfuse.io.ort import make_session
+from bertfuse.optional import optional
 
 
 def bound_session(path: str, feeds: dict[str, np.ndarray], graph: bool = False,
                   strict_gpu: bool = False, extra: dict | None = None):
     """A CUDA session with inputs on the device and outputs bound to device buffers."""
-    import onnxruntime as ort
-
-    from bertfuse.io.ort import make_session
+    ort = optional("onnxruntime", why="ONNX Runtime's fusions, the bench's rival")
 
     def open_bound(cuda_graph: bool):
         sess = make_session(path, device="cuda",
@@ -82,7 +83,8 @@ def prepare_models(skeleton: str, workdir: str, seed: int = 0, anchors: bool = T
 
 def _ort_models(raw: onnx.ModelProto, raw32: str, workdir: str) -> dict[str, str]:
     """ORT's own fp16 forms of the raw model: plain and through its transformer optimizer."""
-    from onnxruntime.transformers import float16, optimizer
+    float16, optimizer = optional("onnxruntime.transformers", "float16", "optimizer",
+                                  why="ONNX Runtime's fusions, the bench's rival")
 
     paths = {"raw16": os.path.join(workdir, "raw16.onnx")}
     r16 = float16.convert_float_to_float16(onnx.load(raw32), keep_io_types=True)
@@ -119,8 +121,6 @@ def _heads_hidden(raw: onnx.ModelProto) -> tuple[int, int]:
 
 def memcpy_nodes(path: str) -> int:
     """Memcpy nodes ORT inserts when it places the model on the CUDA EP."""
-    from bertfuse.io.ort import make_session
-
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "placed.onnx")
         make_session(path, device="cuda", optimized_model_path=out)
@@ -136,8 +136,7 @@ def packed_form(fused: onnx.ModelProto) -> onnx.ModelProto:
 
 def no_cuda() -> str | None:
     """Why ONNX Runtime's CUDA EP cannot run here, or None: a one-node model in memory."""
-    import onnxruntime as ort
-    from onnx import TensorProto, helper
+    ort = optional("onnxruntime", why="ONNX Runtime's fusions, the bench's rival")
 
     if "CUDAExecutionProvider" not in ort.get_available_providers():
         return f"onnxruntime {ort.__version__} has no CUDAExecutionProvider; install " \
@@ -148,7 +147,6 @@ def no_cuda() -> str | None:
     probe = helper.make_model(helper.make_graph([helper.make_node("Identity", ["x"], ["y"])],
                                                 "probe", io[:1], io[1:]),
                               opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-    from bertfuse.io.ort import make_session
 
     try:
         sess = make_session(probe, device="cuda", log_severity=4, register_kernels=False)

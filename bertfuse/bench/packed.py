@@ -19,6 +19,8 @@ import dataclasses
 import threading
 import time
 from typing import Any, Callable
+import argparse
+import tempfile
 
 import numpy as np
 import onnx
@@ -31,6 +33,11 @@ from bertfuse.bench.workloads import PACKED_WORKLOADS as WORKLOADS
 from bertfuse.bench.workloads import Lengths
 from bertfuse.io.inputs import lengths_request as request
 from bertfuse.ops.packing_layout import choose_shape
+from bertfuse.optional import optional
+from bertfuse.runtime.packed import PackedSession
+from bertfuse.runtime.pool import SessionPool
+from bertfuse.runtime.request_checks import model_facts
+from bertfuse.runtime.session import Session
 
 def _mixes(lengths: Lengths, rng: np.random.Generator, batch: int,
            seq: int) -> dict[str, np.ndarray]:
@@ -44,10 +51,7 @@ def uniform_case(argv: list[str] | None, description: str, iters: int) -> tuple:
     """For the GPU scripts in benchmarks/: parses --skeleton/--iters, builds the fp16 fused
     model from the skeleton, and draws one request of the uniform [8, 64] b20 s64 mix.
     Returns (args, fused model, (ids, mask, segs))."""
-    import argparse
-    import tempfile
-
-    import onnxruntime as ort
+    ort = optional("onnxruntime", why="ONNX Runtime's fusions, the bench's rival")
 
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--skeleton", required=True)
@@ -77,10 +81,6 @@ def run(paths_for: Callable[[str], dict[str, str]], iters: int,
     prepared model paths (bench.prepare_models). kernels: the run's KernelsSetup with
     `--forms both` (the fp16 rows then time the bertfuse-kernels forms too, or say why
     not: packed_forms.py), None for `--forms contrib`."""
-    from bertfuse.runtime.packed import PackedSession
-    from bertfuse.runtime.request_checks import model_facts
-    from bertfuse.runtime.session import Session
-
     rows, sweep, load = [], [], []
     for name in workloads or list(WORKLOADS):
         config, batch, seq, lengths_fn = WORKLOADS[name]
@@ -159,8 +159,6 @@ def under_load(makers: dict[str, Callable[[], Any]], draws: list[tuple], streams
     threads, each on its own replica, running the same draws; kinds alternate by round.
     Also the largest difference between a replica's outputs under load and one session's
     outputs for the same request (replicas must not disturb each other)."""
-    from bertfuse.runtime.pool import SessionPool
-
     pools = {}
     for kind, make in makers.items():
         warm = {"packed": True} if kind == "routed" else {}

@@ -17,6 +17,12 @@ from typing import Any
 
 import onnx
 
+from bertfuse.bench.forms import kernels_model
+from bertfuse.passes.manager import run_passes
+from bertfuse.passes.plans import packing_plan
+from bertfuse.runtime.packed import PackedSession
+from bertfuse.runtime.session import Session
+
 KINDS = ("kpadded", "kpacked")  # row keys: padded and device-packed, bertfuse kernels
 LABELS = {"kpadded": "padded, bertfuse kernels", "kpacked": "device-packed, bertfuse kernels"}
 
@@ -25,10 +31,6 @@ def kernels_forms(kernels: Any, paths: dict[str, str]) -> tuple[dict[str, Any], 
     """({'kpadded': path, 'kpacked': model}, '') to time, or ({}, 'not run: why'); ({}, '')
     for `--forms contrib` (kernels None: no kernels rows at all). `kernels` is the run's
     bench.forms.KernelsSetup; kernels16 is made once per model and kept in `paths`."""
-    from bertfuse.bench.forms import kernels_model
-    from bertfuse.passes.manager import run_passes
-    from bertfuse.passes.plans import packing_plan
-
     if kernels is None:
         return {}, ""
     if not kernels.library:
@@ -53,9 +55,6 @@ def kernels_forms(kernels: Any, paths: dict[str, str]) -> tuple[dict[str, Any], 
 
 def makers(forms: dict[str, Any], kw: dict) -> dict[str, Any]:
     """Session factories of the kernels forms, by row key (none when `forms` is empty)."""
-    from bertfuse.runtime.packed import PackedSession
-    from bertfuse.runtime.session import Session
-
     if not forms:
         return {}
     return {"kpadded": lambda: Session(forms["kpadded"], **kw),

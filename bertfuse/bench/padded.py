@@ -14,6 +14,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Callable
+import threading
 
 import numpy as np
 import onnx
@@ -24,6 +25,9 @@ from bertfuse.bench.peers import best_peer, setup_peers
 from bertfuse.bench.timing import compare, time_calls, time_interleaved
 from bertfuse.io.inputs import padded_request as request
 from bertfuse.runtime.request_checks import model_facts
+from bertfuse.optional import optional
+from bertfuse.runtime.pool import SessionPool
+from bertfuse.runtime.session import Session
 
 @dataclass
 class Result:
@@ -140,8 +144,6 @@ def _runtime_session(path: str, feeds: dict[str, np.ndarray], packed: bool = Fal
                      **kw) -> tuple[object, Callable]:
     """bertfuse's Session on one bucket of exactly the request's shape, warmed up, and its
     call (packed=True: every request goes to the packed form, in its token bucket)."""
-    from bertfuse.runtime.session import Session
-
     batch, seq = feeds["input_ids"].shape
     if packed:
         kw.update(packed_model=packed_form(onnx.load(path)), pack_below_fill=1.01)
@@ -181,11 +183,6 @@ def _host_split(sess, feeds: dict[str, np.ndarray], iters: int) -> str:
 
 def soak(model_path: str, requests: int = 10_000, seed: int = 3) -> dict:
     """Device memory in use across many mixed-shape requests, after warm-up; and threads."""
-    import threading
-
-    from bertfuse.runtime.pool import SessionPool
-    from bertfuse.runtime.session import Session
-
     s = Session(model_path, max_batch=32, max_seq=128, batch_buckets=(1, 4, 8, 16, 32),
                 seq_buckets=(32, 64, 128), device="cuda", cuda_graph=True)
     s.warmup()
@@ -229,7 +226,7 @@ def soak(model_path: str, requests: int = 10_000, seed: int = 3) -> dict:
 def _dlpack_check(s, feeds: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> object:
     """Device inputs (torch CUDA tensors, through DLPack) give the NumPy path's outputs."""
     try:
-        import torch
+        torch = optional("torch", why="the PyTorch peer, where installed")
     except ImportError:
         return "torch not installed"
     dev = {k: torch.from_numpy(v).cuda() for k, v in feeds.items()}

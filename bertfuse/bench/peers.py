@@ -18,8 +18,12 @@ from __future__ import annotations
 import json
 import os
 from typing import Callable
+import math
 
 import numpy as np
+
+from bertfuse.bench.models import bound_session
+from bertfuse.optional import optional
 
 ORT_PEER = "peer: ORT optimizer on a PyTorch export, fp16 + CUDA graph"
 TORCH_PEER = "peer: torch SDPA fp16 + CUDA graph"
@@ -35,8 +39,8 @@ def bert_config(raw_metadata: dict[str, str]) -> dict | None:
 
 def torch_bert(cfg: dict, attention: str):
     """transformers' BertModel of `cfg` (Google's bert_config keys), fp32, eval, seeded."""
-    import torch
-    import transformers
+    torch = optional("torch", why="the PyTorch peer, where installed")
+    transformers = optional("transformers", why="the PyTorch peer, where installed")
 
     act = {"gelu": "gelu", "gelu_new": "gelu_new", "relu": "relu"}.get(cfg.get("hidden_act",
                                                                             "gelu"), "gelu")
@@ -62,9 +66,7 @@ def encoder(model, classic: bool = False):
     [B, S, heads, d], permute, q @ k^T / sqrt(d) + mask, softmax), the same weights and math:
     the export form ORT's transformer optimizer fuses into Attention (its patterns predate
     transformers 5's attention interface, whose export it leaves unfused)."""
-    import math
-
-    import torch
+    torch = optional("torch", why="the PyTorch peer, where installed")
 
     heads, hidden = model.config.num_attention_heads, model.config.hidden_size
     size = hidden // heads
@@ -104,7 +106,7 @@ def encoder(model, classic: bool = False):
 def reference(enc, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The fp32 torch forward (CPU) of `enc` (encoder(...) of the config's seeded model), which
     both peers are checked against."""
-    import torch
+    torch = optional("torch", why="the PyTorch peer, where installed")
 
     with torch.no_grad():
         seq, pooled = enc(*_torch_inputs(feeds, "cpu"))
@@ -112,7 +114,7 @@ def reference(enc, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def _torch_inputs(feeds: dict[str, np.ndarray], device: str) -> tuple:
-    import torch
+    torch = optional("torch", why="the PyTorch peer, where installed")
 
     # int32 as bertfuse's rows get them (torch's embedding takes int32 indices)
     return tuple(torch.from_numpy(feeds[k].astype(np.int32)).to(device)
@@ -123,8 +125,9 @@ def export_ort_peer(enc, cfg: dict, feeds: dict[str, np.ndarray],
                     workdir: str) -> tuple[str, str]:
     """`enc` (the classic form) exported and through ORT's transformer optimizer, fp16:
     (path, fused-op note)."""
-    import torch
-    from onnxruntime.transformers import optimizer
+    torch = optional("torch", why="the PyTorch peer, where installed")
+    optimizer = optional("onnxruntime.transformers", "optimizer",
+                         why="ONNX Runtime's fusions, the bench's rival")
 
     raw = os.path.join(workdir, "peer_torch_export.onnx")
     axes = {0: "batch", 1: "seq"}
@@ -147,7 +150,7 @@ def export_ort_peer(enc, cfg: dict, feeds: dict[str, np.ndarray],
 def torch_graph_call(cfg: dict, feeds: dict[str, np.ndarray]) -> tuple[Callable, Callable]:
     """(call, outputs): one replay of a CUDA graph of the SDPA fp16 model on device inputs,
     synchronised; outputs() reads the graph's output buffers to the host."""
-    import torch
+    torch = optional("torch", why="the PyTorch peer, where installed")
 
     enc = encoder(torch_bert(cfg, "sdpa")).half().cuda()
     inputs = _torch_inputs(feeds, "cuda")
@@ -175,8 +178,8 @@ def torch_graph_call(cfg: dict, feeds: dict[str, np.ndarray]) -> tuple[Callable,
 def missing_peer_packages() -> str:
     """Why the peers cannot run here ('' when they can)."""
     try:
-        import torch
-        import transformers  # noqa: F401
+        torch = optional("torch", why="the PyTorch peer, where installed")
+        optional("transformers", why="the PyTorch peer, where installed")
     except ImportError as exc:
         return f"peers need torch and transformers ({exc.name} not installed)"
     if not torch.cuda.is_available():
@@ -197,7 +200,6 @@ def setup_peers(metadata: dict[str, str], feeds: dict[str, np.ndarray],
         why = "the skeleton carries no bert_config to build the peers from"
     if why:
         return {}, {}, {label: why for label in PEER_ROWS}
-    from bertfuse.bench.models import bound_session
 
     peers: dict[str, Peer] = {}
     failed: dict[str, str] = {}

@@ -9,6 +9,8 @@ from typing import Callable
 
 import numpy as np
 
+from bertfuse.optional import optional
+
 
 def time_calls(fn: Callable[[], object], iters: int, warmup: int = 30) -> tuple[float, float]:
     for _ in range(warmup):
@@ -71,8 +73,9 @@ def busy_us(intervals: list[tuple[float, float]]) -> float:
 def kernel_profile(fn: Callable[[], object], reps: int = 20) -> tuple[float, int, list, float]:
     """GPU kernel time per call via CUPTI (torch.profiler sees ORT's kernels too): the sum of
     the kernels' durations, their count, the top 15 by name, and the busy time (busy_us)."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
+    torch = optional("torch", why="the PyTorch peer, where installed")
+    ProfilerActivity, profile = optional("torch.profiler", "ProfilerActivity", "profile",
+                                         why="the PyTorch peer, where installed")
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):

@@ -15,8 +15,19 @@ import os
 import stat
 import sys
 
+from rich.markup import escape
+
 from bertfuse.errors import BertfuseError, UsageError, library_error_message, \
     missing_dependency_message
+from bertfuse.cli import outcome
+from bertfuse.cli.logs import native_logs_wanted, third_party_logs
+from bertfuse.cli.parser import build_parser
+from bertfuse.cli.render import make_console
+from bertfuse.converter.reference import prefer_onednn_off
+from bertfuse.io.quiet import native_stderr_silenced
+from bertfuse.io.safety import Terminated, handle_signals
+from bertfuse.ray_cluster import logs_dir
+from bertfuse.cli.renamed import print_renamed
 
 
 # Arguments that name files or directories a command reads (example's --config is a name).
@@ -48,17 +59,10 @@ def _plain_line(text: object) -> str:
 
 def _one_line(text: object) -> str:
     """A message as one line, safe for rich (user paths/names may hold [markup])."""
-    from rich.markup import escape
-
     return escape(_plain_line(text))
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bertfuse.cli import outcome
-    from bertfuse.cli.parser import build_parser
-    from bertfuse.cli.render import make_console
-    from bertfuse.converter.reference import prefer_onednn_off
-
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     prefer_onednn_off()  # the parity reference: see bertfuse/converter/reference.py
     outcome.reset()
@@ -74,29 +78,21 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     console = make_console(stderr=args.json)
     command = outcome.command_name(args)
-    from bertfuse.cli.renamed import print_renamed
 
     print_renamed(args, err)  # an old flag's spelling: one line on stderr, then the run
 
     def fail(kind: str, message: str, code: int, data: dict | None = None,
              label: str = "[red]bertfuse: error:[/red] ") -> int:
         """The one line on stderr; with --json the report (or its envelope) on stdout."""
-        from rich.markup import escape
-
         if args.command in ("serve", "score") and code != 0 and \
                 kind not in ("interrupted", "terminated") and \
                 "ray" in sys.modules:  # where Ray's own lines went (never the terminal)
-            from bertfuse.ray_cluster import logs_dir
 
             message += f" (Ray's logs: {logs_dir()})" if logs_dir() else ""
         err.print(label + escape(message), highlight=False, soft_wrap=True)
         if args.json:
             outcome.print_failure(command, kind, message, code, data)
         return code
-
-    from bertfuse.cli.logs import native_logs_wanted, third_party_logs
-    from bertfuse.io.quiet import native_stderr_silenced
-    from bertfuse.io.safety import Terminated, handle_signals
 
     try:  # TF/ORT's C++ logs go to fd 2 whatever the environment says: off unless --debug
         # SIGTERM/SIGHUP unwind like Ctrl-C: every temp goes

@@ -7,8 +7,13 @@ from __future__ import annotations
 import argparse
 import math
 from typing import Callable, Sequence
+from dataclasses import fields
 
 from bertfuse.errors import UsageError
+from bertfuse.cli.renamed import add_renamed
+from bertfuse.pipeline.options import ConvertOptions, OPTIONS, RENAMED
+from bertfuse.runtime.kernel_choice import KERNELS
+from bertfuse.runtime.progress import NORMAL, QUIET, StageLines, VERBOSE
 
 
 class Parser(argparse.ArgumentParser):
@@ -61,8 +66,6 @@ def add_output_args(p: argparse.ArgumentParser) -> None:
 
 def verbosity(args: argparse.Namespace) -> int:
     """runtime/progress.py's QUIET, NORMAL or VERBOSE from -q / -v / --json."""
-    from bertfuse.runtime.progress import NORMAL, QUIET, VERBOSE
-
     if getattr(args, "verbose", False):
         return VERBOSE
     return QUIET if getattr(args, "quiet", False) or getattr(args, "json", False) else NORMAL
@@ -71,8 +74,6 @@ def verbosity(args: argparse.Namespace) -> int:
 def stage_lines(args: argparse.Namespace, command: str | None = None, spinner: bool = True):
     """The command's progress on stderr (runtime/progress.py's StageLines). spinner=False:
     nothing on a terminal, where something else draws there (score: Ray Data's bars)."""
-    from bertfuse.runtime.progress import QUIET, StageLines
-
     lines = StageLines(command or args.command, verbosity(args))
     if lines.tty and not spinner:
         lines.verbosity = QUIET
@@ -82,8 +83,6 @@ def stage_lines(args: argparse.Namespace, command: str | None = None, spinner: b
 def add_kernels_arg(g: argparse._ActionsContainer, dest: str = "kernels") -> None:
     """--kernels auto|ort|bertfuse: which kernels a Session on this machine runs
     (runtime/kernel_choice.py), for the commands that open one (serve, score, verify)."""
-    from bertfuse.runtime.kernel_choice import KERNELS
-
     g.add_argument("--kernels", dest=dest, choices=KERNELS, default="auto",
                    help="auto (default): on CUDA, bertfuse's own ops where the op library is "
                         "here (or builds) and a check on the device agrees, else ONNX "
@@ -101,9 +100,6 @@ def add_write_target(p: argparse.ArgumentParser, what: str) -> None:
 def add_options(p: argparse.ArgumentParser, title: str, names: Sequence[str]) -> None:
     """One argparse group of convert options, from the table: `dest` is the option's name,
     so `options_from_args` reads them back by name."""
-    from bertfuse.cli.renamed import add_renamed
-    from bertfuse.pipeline.options import OPTIONS, RENAMED
-
     g = p.add_argument_group(title)
     for name in names:
         o = OPTIONS[name]
@@ -130,10 +126,6 @@ def add_options(p: argparse.ArgumentParser, title: str, names: Sequence[str]) ->
 def options_from_args(args: argparse.Namespace):
     """ConvertOptions from the parsed flags: the options a command does not offer keep the
     table's defaults."""
-    from dataclasses import fields
-
-    from bertfuse.pipeline.options import OPTIONS, ConvertOptions
-
     values = {f.name: getattr(args, f.name) for f in fields(ConvertOptions)
               if hasattr(args, f.name)}
     if values.get("outputs") is not None and OPTIONS["outputs"].cli_type == "list":

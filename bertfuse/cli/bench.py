@@ -17,6 +17,14 @@ from bertfuse.cli.command import Command
 from bertfuse.cli.renamed import add_renamed
 from bertfuse.errors import BertfuseError
 from bertfuse.pipeline.renamed import FORMS as FORMS_RENAMED
+from bertfuse.bench import packed as packed_bench
+from bertfuse.bench.forms import find_library, format_comparison
+from bertfuse.bench.models import no_cuda, prepare_models
+from bertfuse.bench.padded import Result, Rows, format_table, run_workload, soak
+from bertfuse.bench.timing import kernel_profile
+from bertfuse.cli.outcome import print_json
+from bertfuse.io.safety import temp_dir
+from bertfuse.optional import optional
 
 
 class Bench(Command):
@@ -86,12 +94,10 @@ class Bench(Command):
         if missing:
             raise BertfuseError(f"bench: no skeleton for {', '.join(missing)} in {args.skeletons} "
                                 "(expected <config>_raw.skel.onnx, made by bertfuse strip-weights)")
-        from bertfuse.bench.models import no_cuda
 
         no_gpu = no_cuda()
         if no_gpu:  # before any temp file: nothing is left behind
             raise BertfuseError(f"bench needs a CUDA GPU ({no_gpu})")
-        from bertfuse.io.safety import temp_dir
 
         os.makedirs(out_dir, exist_ok=True)  # one new folder under a writable parent, at most
         out = sys.stdout
@@ -100,8 +106,6 @@ class Bench(Command):
                 redirect_stdout(sys.stderr if args.json else null if args.quiet else out):
             payload = _bench(args, str(work))
         if args.json:
-            from bertfuse.cli.outcome import print_json
-
             print_json("bench", payload, indent=None)
         elif args.quiet:
             print(f"wrote {os.path.join(args.out, 'gpu_bench.json')}")
@@ -110,13 +114,7 @@ class Bench(Command):
 
 def _bench(args: argparse.Namespace, work: str) -> dict:
     """Runs the workloads; returns what gpu_bench.json holds."""
-    import onnxruntime as ort
-
-    from bertfuse.bench import packed as packed_bench
-    from bertfuse.bench.forms import find_library, format_comparison
-    from bertfuse.bench.models import prepare_models
-    from bertfuse.bench.padded import Result, Rows, format_table, run_workload, soak
-    from bertfuse.bench.timing import kernel_profile
+    ort = optional("onnxruntime", why="ONNX Runtime (cpu or gpu extra)")
 
     if hasattr(ort, "preload_dlls"):  # CUDA/cuDNN from pip's nvidia-* wheels (ORT >= 1.21)
         ort.preload_dlls()

@@ -14,11 +14,17 @@ from bertfuse.cli.args import (add_kernels_arg, add_options, add_write_target, i
 from bertfuse.cli.command import Command
 from bertfuse.cli.render import emit
 from bertfuse.errors import BertfuseError, FusionIncomplete, ParityError
+from bertfuse.cli.outcome import print_json
+from bertfuse.cli.render import print_quiet, print_report
+from bertfuse.io.model import load_model, save_model
+from bertfuse.io.safety import check_output, check_replaceable
+from bertfuse.pipeline import stages
+from bertfuse.pipeline.gate import parity_failure
+from bertfuse.pipeline.options import GROUPS, check_verify_size
+from bertfuse.runtime.weights import fill_weights, is_stripped, strip_weights
 
 
 def _add_source_options(p: argparse.ArgumentParser) -> None:
-    from bertfuse.pipeline.options import GROUPS
-
     add_options(p, "TF source", GROUPS["TF source"])
 
 
@@ -32,8 +38,6 @@ class Convert(Command):
                "--load-outputs reference.npz")
 
     def add_arguments(self, p: argparse.ArgumentParser) -> None:
-        from bertfuse.pipeline.options import GROUPS
-
         p.add_argument("source", help="checkpoint dir/prefix, SavedModel dir, .pb, or .keras")
         p.add_argument("-o", "--output", required=True, help="output .onnx")
         for title in ("TF source", "conversion", "fusion", "verification", "parity gate",
@@ -41,8 +45,6 @@ class Convert(Command):
             add_options(p, title, GROUPS[title])
 
     def run(self, args: argparse.Namespace, console) -> int:
-        from bertfuse.pipeline import stages
-
         opts = options_from_args(args)
         _check_verify_size(opts)  # the output path is checked by stages.convert, first thing
         return _run_with_report(args, console, lambda up: stages.convert(
@@ -57,8 +59,6 @@ class Optimize(Command):
                "      --inputs input_ids=input_word_ids,segment_ids=input_type_ids")
 
     def add_arguments(self, p: argparse.ArgumentParser) -> None:
-        from bertfuse.pipeline.options import GROUPS
-
         p.add_argument("model", help="raw ONNX exported by tf2onnx")
         add_write_target(p, "output .onnx")
         add_options(p, "fusion", GROUPS["fusion"])
@@ -73,8 +73,6 @@ class Optimize(Command):
                  "e.g. input_ids=input_word_ids,segment_ids=input_type_ids")
 
     def run(self, args: argparse.Namespace, console) -> int:
-        from bertfuse.pipeline import stages
-
         target = _target(args)
         opts = options_from_args(args)
         _check_verify_size(opts)
@@ -94,8 +92,6 @@ class Verify(Command):
                "# bertfuse's ops vs TF")
 
     def add_arguments(self, p: argparse.ArgumentParser) -> None:
-        from bertfuse.pipeline.options import GROUPS
-
         p.add_argument("model", help="ONNX model")
         p.add_argument("--against", help="the TF source (or --load-outputs: saved outputs)")
         add_options(p, "TF source", GROUPS["TF source"])
@@ -108,8 +104,6 @@ class Verify(Command):
         add_kernels_arg(g, dest="session_kernels")
 
     def run(self, args: argparse.Namespace, console) -> int:
-        from bertfuse.pipeline import stages
-
         opts = options_from_args(args)
         _check_verify_size(opts)
         return _run_with_report(args, console, lambda up: stages.verify(
@@ -130,9 +124,6 @@ class StripWeights(Command):
                        help="instead: refill a stripped model with seeded random weights")
 
     def run(self, args: argparse.Namespace, console) -> int:
-        from bertfuse.io.model import load_model, save_model
-        from bertfuse.runtime.weights import fill_weights, is_stripped, strip_weights
-
         target = _target(args)
         model = load_model(args.model)
         if args.fill is not None:
@@ -166,7 +157,6 @@ def _run_with_report(args, console, fn: Callable) -> int:
         progress.close(ok)
     if report.parity is not None and not report.parity.ok:
         # verify, or convert --force: the verdict goes on stderr, with the report
-        from bertfuse.pipeline.gate import parity_failure
 
         if not args.json:
             _show(args, console, report)
@@ -176,11 +166,7 @@ def _run_with_report(args, console, fn: Callable) -> int:
 
 
 def _show(args, console, report) -> None:
-    from bertfuse.cli.render import print_quiet, print_report
-
     if args.json:
-        from bertfuse.cli.outcome import print_json
-
         print_json(args.command, report.to_json())
     elif args.quiet:
         print_quiet(report, console)
@@ -190,8 +176,6 @@ def _show(args, console, report) -> None:
 
 def _target(args) -> str:
     """-o, or with --in-place the model itself (a symlink's target, never the link)."""
-    from bertfuse.io.safety import check_output, check_replaceable
-
     if not args.in_place:
         check_output(args.output, [args.model])
         return args.output
@@ -204,6 +188,4 @@ def _target(args) -> str:
 
 def _check_verify_size(opts) -> None:
     """Random verification inputs past this many tokens only exhaust memory."""
-    from bertfuse.pipeline.options import check_verify_size
-
     check_verify_size(opts.batch, opts.seq)

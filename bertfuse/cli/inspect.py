@@ -13,6 +13,16 @@ from bertfuse.cli.command import Command
 from bertfuse.cli.outcome import error_object, print_json
 from bertfuse.cli.render import emit
 from bertfuse.errors import BertfuseError
+from bertfuse.cli.args import options_from_args
+from bertfuse.inspect.diff import (diff_markdown, diff_summaries, diff_text, diff_verdict,
+                                   parse_fail_on)
+from bertfuse.inspect.diff_numeric import add_numeric, numeric_diff
+from bertfuse.inspect.draw import render, to_dot
+from bertfuse.inspect.summary import (dumps, load_light, load_summary, print_summary, summarize,
+                                      summary_markdown)
+from bertfuse.io.safety import check_output, write_text
+from bertfuse.pipeline.data import ParityData
+from bertfuse.pipeline.options import check_verify_size
 
 
 class Inspect(Command):
@@ -25,8 +35,6 @@ class Inspect(Command):
         p.add_argument("--markdown", action="store_true", help="print Markdown (for a PR comment)")
 
     def run(self, args: argparse.Namespace, console) -> int:
-        from bertfuse.inspect.summary import print_summary, summarize, summary_markdown
-
         summary = summarize(args.model)
         if args.json:
             print_json("inspect", summary)
@@ -47,9 +55,6 @@ class Summarize(Command):
         p.add_argument("-o", "--output", help="summary .json (default: stdout)")
 
     def run(self, args: argparse.Namespace, console) -> int:
-        from bertfuse.inspect.summary import dumps, summarize
-        from bertfuse.io.safety import check_output, write_text
-
         if args.output:
             check_output(args.output, [args.model], model=False)
         summary = summarize(args.model)
@@ -89,12 +94,6 @@ class Diff(Command):
         p.add_argument("--markdown", action="store_true", help="print Markdown (for a PR comment)")
 
     def run(self, args: argparse.Namespace, console) -> int:
-        from bertfuse.inspect.diff import (diff_markdown, diff_summaries, diff_text, diff_verdict,
-                                           parse_fail_on)
-        from bertfuse.inspect.diff_numeric import add_numeric, numeric_diff
-        from bertfuse.inspect.summary import load_summary
-        from bertfuse.pipeline.options import check_verify_size
-
         if args.numeric:
             check_verify_size(args.batch, args.seq)
         fail_on = parse_fail_on(args.fail_on)
@@ -126,9 +125,6 @@ class Diff(Command):
 def _numeric_data(args):
     """diff --numeric on the user's inputs (pipeline/data.py): (feeds by role or None, a list
     for both models' outputs, the ParityData or None)."""
-    from bertfuse.cli.args import options_from_args
-    from bertfuse.pipeline.data import ParityData
-
     data = ParityData.from_options(options_from_args(args))
     if data is None:
         return None, None, None
@@ -157,10 +153,6 @@ class Draw(Command):
         p.add_argument("-o", "--output", required=True, help="picture: .svg, .png, or .dot")
 
     def run(self, args: argparse.Namespace, console) -> int:
-        from bertfuse.inspect.draw import render, to_dot
-        from bertfuse.inspect.summary import load_light
-        from bertfuse.io.safety import check_output
-
         check_output(args.output, [args.model, args.before], model=False)
         model = load_light(args.model)
         before = load_light(args.before) if args.before else None

@@ -7,11 +7,18 @@ from __future__ import annotations
 
 import argparse
 from typing import Any, Callable
+from pathlib import Path
 
 from bertfuse.cli.args import add_output_args
 from bertfuse.cli.command import Command
 from bertfuse.cli.outcome import error_object, print_json
 from bertfuse.errors import install_hint
+from bertfuse.cli.args import stage_lines
+from bertfuse.kernels import check, library as lib
+from bertfuse.kernels.build import build
+from bertfuse.kernels.cases import MAX_ABS, MEAN_ABS
+from bertfuse.kernels.library import library_info
+from bertfuse.optional import optional
 
 
 def _arch(text: str) -> int:
@@ -80,11 +87,6 @@ def _say(args, console, progress: bool = True) -> Callable[[str], None]:
 
 
 def _build(args, console) -> int:
-    from bertfuse.kernels.build import build
-    from bertfuse.kernels.library import library_info
-
-    from bertfuse.cli.args import stage_lines
-
     with stage_lines(args, "kernels build") as progress:  # nvcc: minutes per SM
         progress("build the op library")
         path = build(args.ort_include, args.arch, args.force, builder=args.builder,
@@ -97,8 +99,6 @@ def _build(args, console) -> int:
 
 
 def _info(args, console) -> int:
-    from bertfuse.kernels import library as lib
-
     sm = args.arch if args.arch is not None else lib.detect_sm()
     ort_api = lib.installed_ort_api()
     built = [{"ort_api": a, "sm": s, "path": str(p)} for a, s, p in lib.built_libraries()]
@@ -133,13 +133,9 @@ def _info(args, console) -> int:
 
 
 def _check(args, console) -> int:
-    from pathlib import Path
-
-    from bertfuse.kernels import library as lib
-
     sm = lib.detect_sm()  # no GPU: one line, exit 2, before anything else
     try:
-        import onnxruntime as ort
+        ort = optional("onnxruntime", why="ONNX Runtime (cpu or gpu extra)")
     except ImportError:
         raise lib.KernelLibraryError(f"kernels check needs onnxruntime-gpu ({install_hint('gpu')})"
                                      ) from None
@@ -150,8 +146,6 @@ def _check(args, console) -> int:
                                      f"{ort.get_available_providers()}")
     path = Path(args.library) if args.library else lib.locate(sm=sm)
     info = lib.library_info(path)
-    from bertfuse.kernels import check
-    from bertfuse.kernels.cases import MAX_ABS, MEAN_ABS
 
     cases = check.all_cases(args.seed, args.op, args.fp8)
     say = _say(args, console)

@@ -16,6 +16,8 @@ import argparse
 import json
 from typing import Any
 
+from bertfuse.pipeline.report import SCHEMA_VERSION
+
 # Exception class name -> error kind, the most specific first (looked up along the MRO).
 _KINDS = {"UsageError": "usage", "ParityError": "parity", "FusionIncomplete": "strict",
           "MissingDependency": "missing_dependency", "CudaUnavailableError": "no_cuda",
@@ -44,8 +46,6 @@ def report(command: str, data: dict | None = None, error: dict | None = None) ->
     """The envelope around a command's data: schema_version, command, ok first.
     schema_version: one number for every command's report, the run report's (raised when a
     field changes meaning or goes away; new fields may appear without it)."""
-    from bertfuse.pipeline.report import SCHEMA_VERSION
-
     out: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "command": command,
                            "ok": error is None}
     out.update({k: v for k, v in (data or {}).items() if k not in ("schema_version", "ok")})

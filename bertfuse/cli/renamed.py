@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 from typing import Any, Sequence
 
+from rich.markup import escape
+
 from bertfuse.pipeline.renamed import Renamed
 
 NOTES = "_renamed"  # the namespace attribute holding the parse's deprecation lines
@@ -54,7 +56,5 @@ def add_renamed(g: argparse._ActionsContainer, renamed: Renamed, choices: Sequen
 
 def print_renamed(args: argparse.Namespace, err) -> None:
     """Each deprecation line of the parse, once, on stderr (`err`: the stderr console)."""
-    from rich.markup import escape
-
     for line in getattr(args, NOTES, []):
         err.print(f"bertfuse: deprecated: {escape(line)}", highlight=False, soft_wrap=True)

@@ -10,6 +10,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from bertfuse.cli.outcome import command_name, print_json
+from bertfuse.inspect.encoder_table import print_encoder_table
+
 if TYPE_CHECKING:
     from bertfuse.pipeline.report import RunReport
 
@@ -18,8 +21,6 @@ def emit(args, console: Console, data: dict, line: str, indent: int | None = Non
     else `line` as plain text (no Rich markup or highlighting: paths print as they are).
     Returns exit 0."""
     if args.json:
-        from bertfuse.cli.outcome import command_name, print_json
-
         print_json(command_name(args), data, indent=indent)
     else:
         console.print(line, markup=False, highlight=False, soft_wrap=True)
@@ -58,8 +59,6 @@ def print_report(report: RunReport, console: Console) -> None:
     if report.passes is not None:
         _print_passes(report, console)
         if report.passes.table is not None:
-            from bertfuse.inspect.encoder_table import print_encoder_table
-
             print_encoder_table(report.passes.table, console)
     if report.parity is not None:
         p = report.parity

@@ -7,15 +7,16 @@ import argparse
 import contextlib
 import os
 from typing import Any
+import math
 
 from bertfuse.cli.args import add_kernels_arg, int_at_least, stage_lines
 from bertfuse.cli.command import Command
+from bertfuse.cli.outcome import print_json
+from bertfuse.score import score
 
 
 def _seconds(text: str) -> float:
     """A finite number of seconds > 0."""
-    import math
-
     try:
         value = float(text)
     except ValueError:
@@ -81,8 +82,6 @@ class Score(Command):
                        help="rows per output file (whole row groups), the unit of restart")
 
     def run(self, args: argparse.Namespace, console: Any) -> int:
-        from bertfuse.score import score
-
         # plan, ray cluster, score: a line each on a pipe (a terminal has Ray Data's bars).
         # Ray prints the cluster's error messages (an actor killed after a stall: "(raylet)
         # Task ... submit failed"; a worker died) on the driver's stdout whatever log_to_driver
@@ -101,8 +100,6 @@ class Score(Command):
                       kernels=args.kernels, stall_s=args.stall_s, status=progress,
                       progress=not (args.quiet or args.json))  # -q, --json: no bars
         if args.json:
-            from bertfuse.cli.outcome import print_json
-
             print_json("score", s.to_json())
             return 0
         if args.quiet:  # the folder written, nothing else

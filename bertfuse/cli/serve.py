@@ -13,6 +13,10 @@ from typing import Any, Callable
 from bertfuse.cli.args import add_kernels_arg, int_at_least, stage_lines
 from bertfuse.cli.command import Command
 from bertfuse.errors import BertfuseError, require
+from bertfuse.cli.outcome import report
+from bertfuse.io.safety import Terminated
+from bertfuse.serve.api import DRAIN_S, deploy
+from bertfuse.serve.ingress import describe
 
 
 class Serve(Command):
@@ -106,10 +110,6 @@ class Serve(Command):
 def _serve(args: argparse.Namespace, out) -> int:
     # Every package serving needs, in one line where several are missing.
     require("ray", "onnxruntime", *(("tokenizers",) * bool(args.vocab)))
-    from bertfuse.cli.outcome import report
-    from bertfuse.io.safety import Terminated
-    from bertfuse.serve.api import DRAIN_S, deploy
-    from bertfuse.serve.ingress import describe
 
     def say(data: dict, text: str) -> None:  # --json: a report a line (cli/outcome.py)
         print(json.dumps(report("serve", data)) if args.json else text, file=out, flush=True)

@@ -9,6 +9,12 @@ from bertfuse.cli.args import int_at_least
 from bertfuse.cli.command import Command
 from bertfuse.cli.render import emit
 from bertfuse.errors import BertfuseError
+from bertfuse.cli.args import stage_lines
+from bertfuse.cli.outcome import print_json
+from bertfuse.converter.config import EXAMPLE_CONFIGS
+from bertfuse.converter.example import write_example
+from bertfuse.export.triton import export_triton
+from bertfuse.text import WordPiece
 
 
 class Example(Command):
@@ -17,8 +23,6 @@ class Example(Command):
     example = "  bertfuse example --config tiny -o out/tiny"
 
     def add_arguments(self, p: argparse.ArgumentParser) -> None:
-        from bertfuse.converter.config import EXAMPLE_CONFIGS
-
         p.add_argument("--config", default="tiny", help=" | ".join(EXAMPLE_CONFIGS))
         p.add_argument("-o", "--output", required=True, help="output directory")
         p.add_argument("--head", action="store_true",
@@ -27,9 +31,6 @@ class Example(Command):
         p.add_argument("--seed", type=int_at_least(0), default=0)
 
     def run(self, args: argparse.Namespace, console) -> int:
-        from bertfuse.cli.args import stage_lines
-        from bertfuse.converter.example import write_example
-
         # One stage (base: about 75 s on 2 cores): a bad option or -o fails inside it, and
         # then the one-line error is all that stderr shows.
         with stage_lines(args) as progress:
@@ -62,8 +63,6 @@ class Tokenize(Command):
                        help="truncate to this many tokens (default: the model's positions)")
 
     def run(self, args: argparse.Namespace, console) -> int:
-        from bertfuse.text import WordPiece
-
         for i, text in enumerate([*args.text, *(args.pair or [])]):
             try:  # Python decodes argv with surrogateescape: bytes that are not UTF-8
                 text.encode("utf-8")
@@ -78,8 +77,6 @@ class Tokenize(Command):
             raise BertfuseError(f"{len(args.text)} texts but {len(args.pair)} --pair")
         batch = tok(args.text, args.pair)
         if args.json:
-            from bertfuse.cli.outcome import print_json
-
             print_json("tokenize", {**{k: v.tolist() for k, v in batch.feeds().items()},
                                     "lower_case": tok.lower_case, "max_length": tok.max_length},
                        indent=None)
@@ -126,8 +123,6 @@ class ExportTriton(Command):
                             "the op library's path in config.pbtxt (default: REPO's own)")
 
     def run(self, args: argparse.Namespace, console) -> int:
-        from bertfuse.export.triton import export_triton
-
         out = export_triton(args.model, args.output, args.name, args.max_batch, args.instances,
                             args.kind, args.dynamic_batching_delay_us, args.force,
                             args.cuda_graphs, args.intra_op_threads, args.op_library,

@@ -5,13 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 
 from bertfuse.errors import BertfuseError
+from bertfuse.io.model import versioned_savedmodel
+from bertfuse.converter import untrusted
+from bertfuse.converter.checkpoint import load_checkpoint
+from bertfuse.converter.frozen import load_frozen
+from bertfuse.converter.roles import parse_override
+from bertfuse.converter.savedmodel import load_keras, load_savedmodel
 
 KINDS = ("auto", "checkpoint", "savedmodel", "frozen", "keras")
 
 
 def detect_kind(path: str) -> str:
-    from bertfuse.io.model import versioned_savedmodel
-
     p = Path(path)
     if p.is_dir():
         if (p / "saved_model.pb").exists() or versioned_savedmodel(p) is not None:
@@ -34,37 +38,26 @@ def load_source(path: str, kind: str, signature: str, inputs: str | None = None,
                 config: str | None = None, trust: bool = False):
     """Reads any supported TF BERT into a TFSource. Ops that reach outside the model are
     refused before TensorFlow runs any of it, unless `trust` (converter/untrusted.py)."""
-    from bertfuse.converter.roles import parse_override
-
     override = parse_override(inputs)
     if kind == "auto":
         kind = detect_kind(path)
     if not Path(path).exists() and kind != "checkpoint":
         raise BertfuseError(f"{path}: no such file or directory")
     if kind == "checkpoint":
-        from bertfuse.converter.checkpoint import load_checkpoint
-
         if override or outputs:
             raise BertfuseError("--inputs/--outputs do not apply to a checkpoint: bertfuse "
                                 "rebuilds its graph with input_ids, input_mask, segment_ids")
 
         return load_checkpoint(path, config)
     if kind == "frozen":
-        from bertfuse.converter.frozen import load_frozen
-
         return load_frozen(path, outputs, override, trust)
     if kind == "savedmodel":
-        from bertfuse.converter.savedmodel import load_savedmodel
-        from bertfuse.io.model import versioned_savedmodel
-
         # transformers' save_pretrained(..., saved_model=True) folder, TF Serving's base folder
         path = str(versioned_savedmodel(Path(path)) or path)
         notes = _untrusted(path, kind, trust)
         # Keras-exported SavedModels (model.export) are plain SavedModels with a signature.
         return _noted(load_savedmodel(path, signature, override, outputs), notes)
     if kind == "keras":
-        from bertfuse.converter.savedmodel import load_keras
-
         notes = _untrusted(path, kind, trust)
         return _noted(load_keras(path, override, outputs, trust), notes)
     raise BertfuseError(f"unknown --format {kind!r} (choose from {', '.join(KINDS)})")
@@ -73,8 +66,6 @@ def load_source(path: str, kind: str, signature: str, inputs: str | None = None,
 def _untrusted(path: str, kind: str, trust: bool) -> list[str]:
     """The refusal of ops that reach outside the model, or with `trust` the notes naming
     them."""
-    from bertfuse.converter import untrusted
-
     return untrusted.enforce(path, untrusted.scan(path, kind), trust)
 
 

@@ -25,6 +25,7 @@ from bertfuse.converter.config import BertConfig
 from bertfuse.converter.modeling import HeadSpec, build_bert_graph, expected_shapes
 from bertfuse.converter.source import TFSource
 from bertfuse.errors import BertfuseError
+from bertfuse.optional import optional
 
 _SLOT = re.compile(r"(/adam_[mv]|/Adam(_1)?|/Momentum|/ExponentialMovingAverage)$")
 _HEAD_DENSE = re.compile(r"^(?!bert/|cls/)(.+/dense(_\d+)?)/kernel$")
@@ -95,7 +96,7 @@ def _check_consistent(prefix: str, cfg: BertConfig, var_shapes: dict,
 
 
 def load_checkpoint(path: str, config_path: str | None = None) -> TFSource:
-    import tensorflow as tf
+    tf = optional("tensorflow", why="TensorFlow runs the source model (tf extra)")
 
     prefix = find_checkpoint(path)
     try:

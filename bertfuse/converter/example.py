@@ -15,6 +15,7 @@ from bertfuse.converter.example_vocab import example_vocab
 from bertfuse.converter.modeling import random_weights
 from bertfuse.errors import BertfuseError
 from bertfuse.io.safety import pause_point, swap_dir_in, temp_dir
+from bertfuse.optional import optional
 
 # Marks a directory as written by `bertfuse example`, which may then replace it as a whole.
 MARKER = ".bertfuse-example"
@@ -29,7 +30,7 @@ def write_example(config: str | BertConfig, out_dir: str, seed: int = 0, head: b
 
     OUT_DIR may exist only if it is empty or an earlier example (it holds MARKER and nothing
     but example files); then it is replaced as a whole. Any other directory is refused."""
-    import tensorflow as tf
+    tf = optional("tensorflow", why="TensorFlow runs the source model (tf extra)")
 
     if isinstance(config, str):
         if config not in EXAMPLE_CONFIGS:

@@ -19,6 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 from bertfuse._version import __version__
 from bertfuse.converter.source import ROLES, TFSource
 from bertfuse.errors import BertfuseError
+from bertfuse.converter.tf2onnx_fixes import from_graph_def
 
 SUPPORTED_OPSETS = (17, 18)
 # Ops tf2onnx emits when it cannot map a TF op: they load in no runtime.
@@ -40,7 +41,6 @@ def tf_to_onnx(src: TFSource, opset: int) -> onnx.ModelProto:
         raise BertfuseError(f"--opset {opset} is not supported by tf2onnx 1.17 "
                             f"(choose {' or '.join(map(str, SUPPORTED_OPSETS))})")
     _quiet_tf2onnx()
-    from bertfuse.converter.tf2onnx_fixes import from_graph_def
 
     weight_inputs = [f"{name}:0" for name in src.weights]
     try:

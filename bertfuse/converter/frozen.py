@@ -9,10 +9,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from google.protobuf import text_format
 
 from bertfuse.converter.roles import UnknownInput, assign_roles
 from bertfuse.converter.source import TFSource
 from bertfuse.errors import BertfuseError
+from bertfuse.converter import serving_cut, untrusted
+from bertfuse.converter.graph_roles import roles_from_graph
+from bertfuse.converter.output_meaning import alias_role, name_outputs
+from bertfuse.optional import optional
 
 # Constants at least this large are weights: they bypass tf2onnx (see export.py).
 WEIGHT_BYTES = 16 * 1024
@@ -20,7 +25,7 @@ WEIGHT_BYTES = 16 * 1024
 
 def externalize_weights(graph_def) -> dict[str, np.ndarray]:
     """Replaces large float Const nodes by Placeholders of the same name, shape and dtype."""
-    import tensorflow as tf
+    tf = optional("tensorflow", why="TensorFlow runs the source model (tf extra)")
 
     weights: dict[str, np.ndarray] = {}
     for node in graph_def.node:
@@ -46,8 +51,6 @@ def externalize_weights(graph_def) -> dict[str, np.ndarray]:
 def canonical_output_name(name: str, rank: int | None, used: set[str]) -> str:
     """An output role by alias (OUTPUT_ROLES; a `logits` of rank 3 is `token_logits`), else
     the model's own name (case kept)."""
-    from bertfuse.converter.output_meaning import alias_role
-
     return alias_role(name, rank, used) or name.split(":")[0]
 
 
@@ -71,7 +74,7 @@ def source_from_graph_def(graph_def, kind: str, path: str, inputs: dict[str, str
                           output_names: dict[str, str] | None = None,
                           output_ranks: dict[str, int | None] | None = None) -> TFSource:
     """Shared tail of frozen/SavedModel/Keras: roles, outputs, externalised weights."""
-    import tensorflow as tf
+    tf = optional("tensorflow", why="TensorFlow runs the source model (tf extra)")
 
     int_types = {tf.int32.as_datatype_enum, tf.int64.as_datatype_enum}
     phs = {n.name: n for n in _placeholders(graph_def)}
@@ -83,7 +86,6 @@ def source_from_graph_def(graph_def, kind: str, path: str, inputs: dict[str, str
         except UnknownInput:
             raise
         except BertfuseError:  # names do not tell: what each input feeds does
-            from bertfuse.converter.graph_roles import roles_from_graph
 
             roles = roles_from_graph(graph_def, {n: n for n in names}, role_override)
         inputs = {r: f"{n}:0" for r, n in roles.items()}
@@ -108,7 +110,6 @@ def source_from_graph_def(graph_def, kind: str, path: str, inputs: dict[str, str
     if not outputs:
         raise BertfuseError(f"{path}: no outputs found; name them with --outputs")
     _check_outputs(graph_def, outputs, path)
-    from bertfuse.converter.output_meaning import name_outputs
 
     if output_ranks is None:
         output_ranks = _static_ranks(graph_def, outputs)
@@ -135,7 +136,7 @@ def _check_outputs(graph_def, tensors: list[str], path: str) -> None:
 
 def _static_ranks(graph_def, tensors: list[str]) -> dict[str, int | None]:
     """Each tensor's rank as TF infers it (a frozen graph's outputs carry no signature)."""
-    import tensorflow as tf
+    tf = optional("tensorflow", why="TensorFlow runs the source model (tf extra)")
 
     graph = tf.Graph()
     try:
@@ -188,7 +189,7 @@ def _table_sizes(graph_def, weights: dict[str, np.ndarray]) -> tuple[int | None,
 
 def load_frozen(path: str, outputs: list[str] | None,
                 role_override: dict[str, str], trust: bool = False) -> TFSource:
-    import tensorflow as tf
+    tf = optional("tensorflow", why="TensorFlow runs the source model (tf extra)")
 
     if Path(path).is_dir():
         raise BertfuseError(f"{path}: is a directory, expected a frozen GraphDef (.pb) file")
@@ -196,7 +197,6 @@ def load_frozen(path: str, outputs: list[str] | None,
     graph_def = tf.compat.v1.GraphDef()
     try:
         if path.endswith(".pbtxt"):  # detect_kind maps .pbtxt here: text format
-            from google.protobuf import text_format
 
             text_format.Parse(data.decode("utf-8"), graph_def)
         else:
@@ -205,7 +205,6 @@ def load_frozen(path: str, outputs: list[str] | None,
         raise BertfuseError(f"{path}: not a TensorFlow GraphDef (protobuf parse failed)") from None
     if not graph_def.node:
         raise BertfuseError(f"{path}: empty or not a TensorFlow GraphDef")
-    from bertfuse.converter import serving_cut, untrusted
 
     # Ops that reach outside the model: refused before TF imports or runs the graph.
     notes = untrusted.enforce(path, untrusted.scan_graph(graph_def), trust)

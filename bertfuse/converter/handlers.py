@@ -14,11 +14,14 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import numpy as np
+from onnx import TensorProto, helper
+
+from bertfuse.optional import optional
+
 
 def _erfc(ctx: Any, node: Any, name: str, args: list) -> None:
-    import numpy as np
-    from onnx import TensorProto
-    from tf2onnx import utils
+    utils = optional("tf2onnx", "utils", why="tf2onnx exports the TF graph (tf extra)")
 
     dtype = ctx.get_dtype(node.output[0])
     np_dtype = np.float16 if dtype == TensorProto.FLOAT16 else np.float32
@@ -29,8 +32,7 @@ def _erfc(ctx: Any, node: Any, name: str, args: list) -> None:
 
 
 def _broadcast_args(ctx: Any, node: Any, name: str, args: list) -> None:
-    from onnx import TensorProto, helper
-    from tf2onnx import utils
+    utils = optional("tf2onnx", "utils", why="tf2onnx exports the TF graph (tf extra)")
 
     dtype = ctx.get_dtype(node.output[0])
     zero = helper.make_tensor("value", TensorProto.INT32, [1], [0])

@@ -15,6 +15,7 @@ from onnx import TensorProto, helper
 from bertfuse.converter.roles import assign_roles
 from bertfuse.converter.source import ROLES, TFSource
 from bertfuse.errors import BertfuseError
+from bertfuse.converter.export import rename_values
 
 
 def _base(name: str) -> str:
@@ -73,8 +74,6 @@ def _renamed(model: onnx.ModelProto, by_name: dict[str, str],
              out_renames: dict[str, str]) -> onnx.ModelProto:
     """A copy with inputs renamed to their roles (a Cast feeds a non-int32 one from its
     int32 role) and outputs renamed; the model itself when nothing changes."""
-    from bertfuse.converter.export import rename_values
-
     inputs = [i for i in model.graph.input if i.name in by_name]
     casts = [i for i in inputs if i.type.tensor_type.elem_type != TensorProto.INT32]
     in_renames = {n: r for n, r in by_name.items() if n != r}

@@ -27,6 +27,9 @@ from typing import Any
 
 import numpy as np
 
+from bertfuse.io.safety import scratch_dir
+from bertfuse.optional import optional
+
 ENV = "TF_ENABLE_ONEDNN_OPTS"
 
 
@@ -39,7 +42,8 @@ def prefer_onednn_off() -> None:
 def onednn_on() -> bool:
     """Whether the imported TF runs oneDNN's rewrites (TF caches the answer at import)."""
     try:
-        from tensorflow.python.util import _pywrap_util_port
+        _pywrap_util_port = optional("tensorflow.python.util", "_pywrap_util_port",
+                                     why="TensorFlow runs the source model (tf extra)")
 
         return bool(_pywrap_util_port.IsMklEnabled())
     except (ImportError, AttributeError):  # a TF without the probe: assume the worst
@@ -49,13 +53,13 @@ def onednn_on() -> bool:
 def in_process() -> bool:
     """True when this process can compute the reference itself (imports TF if needed)."""
     prefer_onednn_off()
-    import tensorflow  # noqa: F401  (the import fixes oneDNN's state)
+    optional("tensorflow", why="the import fixes oneDNN's state")
 
     return not onednn_on()
 
 
 def describe(where: str) -> str:
-    import tensorflow as tf
+    tf = optional("tensorflow", why="TensorFlow runs the source model (tf extra)")
 
     return f"TensorFlow {tf.__version__} CPU, oneDNN rewrites off, {where}"
 
@@ -80,7 +84,7 @@ def run_graph(graph_def, weights: dict[str, np.ndarray], inputs: dict[str, str],
 
 
 def new_session(graph_def):
-    import tensorflow as tf
+    tf = optional("tensorflow", why="TensorFlow runs the source model (tf extra)")
 
     graph = tf.Graph()
     with graph.as_default():
@@ -108,8 +112,6 @@ def run_in_subprocess(source, feed_sets: list[dict[str, np.ndarray]],
                       timeout: float | None = None) -> list[dict[str, np.ndarray]]:
     """The reference from a fresh Python with TF_ENABLE_ONEDNN_OPTS=0; the temp dir goes away
     on every exit path (the worker is killed first if we are interrupted)."""
-    from bertfuse.io.safety import scratch_dir
-
     with scratch_dir("bertfuse-reference-") as d:
         tmp = str(d)
         (d / "graph.pb").write_bytes(source.graph_def.SerializeToString())
@@ -139,7 +141,7 @@ def run_in_subprocess(source, feed_sets: list[dict[str, np.ndarray]],
 def _reraise(error: dict) -> None:
     """The worker's failure as this process would have raised it (TF's errors keep their
     class: running the user's model on bad inputs is their input, not our bug)."""
-    import tensorflow as tf
+    tf = optional("tensorflow", why="TensorFlow runs the source model (tf extra)")
 
     kind, message = error["type"], error["message"]
     if kind == "MemoryError":
@@ -151,7 +153,7 @@ def _reraise(error: dict) -> None:
 
 
 def _worker(directory: str) -> int:
-    import tensorflow as tf
+    tf = optional("tensorflow", why="TensorFlow runs the source model (tf extra)")
 
     if onednn_on():  # TF_ENABLE_ONEDNN_OPTS=0 did not take: refuse rather than mislead
         print(f"{ENV}=0 did not turn oneDNN off in the worker", file=sys.stderr)

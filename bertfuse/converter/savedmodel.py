@@ -8,16 +8,22 @@ from bertfuse.converter.frozen import canonical_output_name, source_from_graph_d
 from bertfuse.converter.roles import HUB_EXTRAS, UnknownInput, assign_roles
 from bertfuse.converter.source import OUTPUT_ROLES, TFSource
 from bertfuse.errors import BertfuseError
+from bertfuse.converter import serving_cut
+from bertfuse.converter.graph_roles import roles_from_graph
+from bertfuse.converter.text_front import TextFront, text_ops
+from bertfuse.converter.xla import freezable
+from bertfuse.optional import optional
 
 
 def _freeze(concrete) -> tuple[object, dict[str, str], dict[str, str], list[int | None]]:
     """Freezes a concrete function; returns (graph_def, {arg name: tensor}, {out key: tensor},
     the outputs' ranks)."""
-    from tensorflow.python.framework.convert_to_constants import (
-        convert_variables_to_constants_v2,
-    )
+    convert_variables_to_constants_v2 = optional("tensorflow.python.framework.convert_to_constants",
+                                                 "convert_variables_to_constants_v2",
+                                                 why="TensorFlow runs the source model (tf extra)")
 
-    from tensorflow.python.util import nest
+    nest = optional("tensorflow.python.util", "nest",
+                    why="TensorFlow runs the source model (tf extra)")
 
     frozen = convert_variables_to_constants_v2(concrete)
     graph_def = frozen.graph.as_graph_def()
@@ -61,16 +67,12 @@ def _freeze(concrete) -> tuple[object, dict[str, str], dict[str, str], list[int 
     return graph_def, structured, out_map, [t.shape.rank for t in frozen.outputs]
 
 
-
-
 def _role_outputs(out_map: dict[str, str]) -> dict[str, str]:
     """The signature's outputs less TF Hub's extras (`default`, `encoder_outputs_N`), which
     are kept only when --outputs names them; every other output is kept, under its role where
     it has one and its own name where not (converter/output_meaning.py)."""
     keep = {k: t for k, t in out_map.items() if not HUB_EXTRAS.fullmatch(k)}
     return keep or out_map
-
-
 
 
 def _roles(graph_def, structured: dict[str, str], override: dict[str, str]) -> dict[str, str]:
@@ -80,15 +82,11 @@ def _roles(graph_def, structured: dict[str, str], override: dict[str, str]) -> d
     except UnknownInput:
         raise
     except BertfuseError:
-        from bertfuse.converter.graph_roles import roles_from_graph
-
         return roles_from_graph(graph_def, structured, override)
 
 
 def _source_from_concrete(concrete, kind: str, path: str, role_override: dict[str, str],
                           outputs: list[str] | None, front=None) -> TFSource:
-    from bertfuse.converter import serving_cut
-
     graph_def, structured, out_map, ranks = _freeze(concrete)
     if front is not None:  # text in: the encoder from its tokenizer's ids (text_front.py)
         graph_def, structured = front.cut(graph_def, structured, list(out_map.values()))
@@ -116,8 +114,6 @@ def _source_from_concrete(concrete, kind: str, path: str, role_override: dict[st
 
 def load_savedmodel(path: str, signature: str, role_override: dict[str, str],
                     outputs: list[str] | None) -> TFSource:
-    from bertfuse.converter.xla import freezable
-
     notes: list[str] = []
     with freezable(path, notes) as load_path:  # XLA-compiled functions: unmarked to inline
         src = _load_signature(load_path, path, signature, role_override, outputs)
@@ -127,9 +123,7 @@ def load_savedmodel(path: str, signature: str, role_override: dict[str, str],
 
 def _load_signature(load_path: str, path: str, signature: str, role_override: dict[str, str],
                     outputs: list[str] | None) -> TFSource:
-    import tensorflow as tf
-
-    from bertfuse.converter.text_front import TextFront, text_ops
+    tf = optional("tensorflow", why="TensorFlow runs the source model (tf extra)")
 
     text = text_ops(path)  # tensorflow-text's ops registered, or one line saying how
     try:
@@ -158,7 +152,7 @@ def _keyed_call(loaded, sig):
     `model.save` (TF Hub's BERT encoders, `hub.KerasLayer` wrapped in a model) names its
     signature's outputs after their layers (`bert_encoder_1`, `keras_layer_1`, ...), and only
     its call keeps the dict's keys (`sequence_output`, `pooled_output`, ...). None otherwise."""
-    import tensorflow as tf
+    tf = optional("tensorflow", why="TensorFlow runs the source model (tf extra)")
 
     keys = list(sig.structured_outputs)
     if len(keys) < 2 or any(canonical_output_name(k, None, set()) in OUTPUT_ROLES
@@ -183,7 +177,7 @@ def _keyed_call(loaded, sig):
 
 
 def _call(loaded, alone: bool):
-    import tensorflow as tf
+    tf = optional("tensorflow", why="TensorFlow runs the source model (tf extra)")
 
     @tf.function
     def call(**kwargs):
@@ -195,10 +189,10 @@ def _call(loaded, alone: bool):
 def load_keras(path: str, role_override: dict[str, str], outputs: list[str] | None,
                trust: bool = False) -> TFSource:
     """A .keras file, loaded in Keras' safe mode unless `trust` (--trust-model)."""
-    import tensorflow as tf
+    tf = optional("tensorflow", why="TensorFlow runs the source model (tf extra)")
 
     try:
-        import keras
+        keras = optional("keras", why="Keras loads a .keras model (tf extra)")
 
         model = keras.saving.load_model(path, compile=False, safe_mode=not trust)
     except Exception as exc:

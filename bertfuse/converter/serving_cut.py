@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from bertfuse.errors import BertfuseError
+from bertfuse.optional import optional
 
 PARSE_OPS = ("ParseExample", "ParseExampleV2", "ParseSingleExample")
 DECODE_OPS = ("DecodeRaw",)
@@ -130,7 +131,7 @@ def _follow(feature: _Feature, nodes: dict, consumers: dict) -> _Feature:
     if len(readers) == 1 and readers[0][0].op == "ExpandDims" and readers[0][1] == 0:
         axis = nodes.get(_name(readers[0][0].input[1]))
         if axis is not None and axis.op == "Const":
-            import tensorflow as tf
+            tf = optional("tensorflow", why="TensorFlow runs the source model (tf extra)")
 
             if tf.make_ndarray(axis.attr["value"].tensor).reshape(-1).tolist() == [0]:
                 return _Feature(feature.key, f"{readers[0][0].name}:0", feature.dtype,
@@ -158,7 +159,7 @@ def _read_tensors(graph_def, outputs: list[str]) -> tuple[set[str], set[str]]:
 def _static(graph_def, tensor: str) -> tuple[int, list[int] | None]:
     """dtype enum and static shape (None: unknown rank) of a tensor, asked of TF with only
     the nodes it depends on imported."""
-    import tensorflow as tf
+    tf = optional("tensorflow", why="TensorFlow runs the source model (tf extra)")
 
     keep, _ = _read_tensors(graph_def, [tensor])
     part = type(graph_def)()
@@ -173,14 +174,14 @@ def _static(graph_def, tensor: str) -> tuple[int, list[int] | None]:
 
 
 def _numeric(dtype: int) -> bool:
-    import tensorflow as tf
+    tf = optional("tensorflow", why="TensorFlow runs the source model (tf extra)")
 
     d = tf.dtypes.as_dtype(dtype)
     return d.is_integer or d.is_floating or d.is_bool
 
 
 def _dtype_name(dtype: int) -> str:
-    import tensorflow as tf
+    tf = optional("tensorflow", why="TensorFlow runs the source model (tf extra)")
 
     return tf.dtypes.as_dtype(dtype).name
 
@@ -199,7 +200,7 @@ def int32_feed(graph_def, name: str, dims: list[int], dtype: int, taken: set[str
     """Adds an int32 Placeholder `name` of `dims` (-1: unknown) and, where the graph reads
     another dtype, a Cast to it (`cast_name`, else `name/cast`); returns the node the graph's
     readers take instead."""
-    import tensorflow as tf
+    tf = optional("tensorflow", why="TensorFlow runs the source model (tf extra)")
 
     int32 = tf.int32.as_datatype_enum
     ph = graph_def.node.add(name=name, op="Placeholder")

@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from bertfuse.converter import reference
+
 ROLES = ("input_ids", "input_mask", "segment_ids")
 # Output roles: canonical name -> (the source names it is recognised by, read per token). A
 # per-token output is [batch, seq, ...]: its padded positions are the padded tokens' own, so
@@ -87,8 +89,6 @@ class TFSource:
     def run_many(self, feed_sets: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
         """The TF reference for each feed set, with oneDNN's rewrites off: in this process when
         its TF has them off, else in a worker process (see converter/reference.py)."""
-        from bertfuse.converter import reference
-
         if reference.in_process():
             if self._session is None:
                 self._session = reference.new_session(self.graph_def)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bertfuse.errors import BertfuseError
+from bertfuse.optional import optional
 
 _WHOLE_LINE, _LINE_NUMBER = -2, -1  # tf.lookup.TextFileIndex
 
@@ -41,7 +42,8 @@ def table_asset(path: str, signature: str, capture: int | None) -> Path:
     """The vocab file that the `capture`-th captured input of `signature` (a lookup table) is
     initialised from; capture None (the model's own call, traced anew, not the signature):
     the SavedModel's one table initialised from a vocab file."""
-    from tensorflow.core.protobuf import saved_model_pb2
+    saved_model_pb2 = optional("tensorflow.core.protobuf", "saved_model_pb2",
+                               why="TensorFlow runs the source model (tf extra)")
 
     proto = saved_model_pb2.SavedModel()
     proto.ParseFromString(Path(path, "saved_model.pb").read_bytes())

@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bertfuse.errors import BertfuseError
+from bertfuse.converter.serving_cut import int32_feed
+from bertfuse.optional import optional
 
 # Ops that turn ragged or sparse token ids into the dense [batch, seq] tensors an encoder reads.
 DENSE_MAKERS = ("RaggedTensorToTensor", "SparseToDense")
@@ -63,7 +65,7 @@ def cut_at_dense_ids(graph_def, text_inputs: list[str], outputs: list[str], path
     """The graph from `text_inputs` (placeholder names) to `outputs` (tensors), cut at the
     dense integer tensors the tokenizer hands on. The new placeholders are named `names`
     (in the order the cut finds them) or cut_0, cut_1, ...; int32, the cut tensor's shape."""
-    import tensorflow as tf
+    tf = optional("tensorflow", why="TensorFlow runs the source model (tf extra)")
 
     nodes = {n.name: n for n in graph_def.node}
     readers: dict[str, set[str]] = {}
@@ -119,9 +121,7 @@ def _rewire(graph_def, graph, cuts: list[str], tokenizer: set[str], needed: set[
     the outputs. Control edges go only to nodes the outputs read outside the tokenizer: the
     tokenizer's asserts and the inlined call's input barrier (which waits on its lookup
     table) stay behind."""
-    import tensorflow as tf
-
-    from bertfuse.converter.serving_cut import int32_feed
+    tf = optional("tensorflow", why="TensorFlow runs the source model (tf extra)")
 
     out = tf.compat.v1.GraphDef()
     out.CopyFrom(graph_def)
@@ -157,7 +157,8 @@ def _rewire(graph_def, graph, cuts: list[str], tokenizer: set[str], needed: set[
                 kept.append(swap.get(_tensor(ref), ref))
         del node.input[:]
         node.input.extend(kept)
-    from tensorflow.python.util import deprecation
+    deprecation = optional("tensorflow.python.util", "deprecation",
+                           why="TensorFlow runs the source model (tf extra)")
 
     with deprecation.silence():  # a TF1 API, and the one that prunes a GraphDef
         pruned = tf.compat.v1.graph_util.extract_sub_graph(out, [_name(o) for o in outputs])
@@ -175,7 +176,7 @@ def _rewire(graph_def, graph, cuts: list[str], tokenizer: set[str], needed: set[
 def rename_nodes(graph_def, names: dict[str, str]):
     """A copy with nodes renamed (and every reference to them, `old/...` children included:
     the cut's casts)."""
-    import tensorflow as tf
+    tf = optional("tensorflow", why="TensorFlow runs the source model (tf extra)")
 
     taken = {n.name.split("/")[0] for n in graph_def.node} - set(names)
     names = {old: new for old, new in names.items() if new not in taken}  # else keep it

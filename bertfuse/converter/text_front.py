@@ -23,6 +23,9 @@ import numpy as np
 from bertfuse.errors import BertfuseError, MissingDependency
 from bertfuse.io.limits import MAX_VOCAB_BYTES, read_text
 from bertfuse.text import vocab_lines
+from bertfuse.converter.text_assets import table_asset
+from bertfuse.converter.text_cut import cut_at_dense_ids, rename_nodes
+from bertfuse.optional import optional
 
 # tensorflow-text's kernels (its newer ones are also registered as "TFText>Name"); any other
 # op the SavedModel uses that only registers once tensorflow_text is imported counts too.
@@ -52,8 +55,10 @@ def text_ops(path: str) -> list[str]:
     """The tensorflow-text ops the SavedModel's graph and functions use (read off
     saved_model.pb, before TensorFlow loads it); when there are any, tensorflow_text is
     imported to register them, or a one-line refusal says how to install it."""
-    from tensorflow.core.protobuf import saved_model_pb2
-    from tensorflow.python.framework import op_def_registry
+    saved_model_pb2 = optional("tensorflow.core.protobuf", "saved_model_pb2",
+                               why="TensorFlow runs the source model (tf extra)")
+    op_def_registry = optional("tensorflow.python.framework", "op_def_registry",
+                               why="TensorFlow runs the source model (tf extra)")
 
     proto, pb = saved_model_pb2.SavedModel(), Path(path, "saved_model.pb")
     try:
@@ -80,11 +85,11 @@ def text_ops(path: str) -> list[str]:
 
 
 def require_tf_text(path: str, ops: list[str]) -> None:
-    import tensorflow as tf
+    tf = optional("tensorflow", why="TensorFlow runs the source model (tf extra)")
 
     pin = ".".join(tf.__version__.split(".")[:2])
     try:
-        import tensorflow_text  # noqa: F401  (registers the ops)
+        optional("tensorflow_text", why="registers the ops")
         return
     except ImportError:
         why = "is not installed"
@@ -128,9 +133,8 @@ class TextFront:
             ) -> tuple[object, dict[str, str]]:
         """The frozen signature cut at the packed ids; {input name: tensor} of the cut graph
         (TF Hub's names, by what each input feeds in the encoder)."""
-        from tensorflow.core.framework import types_pb2
-
-        from bertfuse.converter.text_cut import cut_at_dense_ids, rename_nodes
+        types_pb2 = optional("tensorflow.core.framework", "types_pb2",
+                             why="TensorFlow runs the source model (tf extra)")
 
         phs = {n.name: n for n in graph_def.node if n.op == "Placeholder"}
         texts = [k for k, t in structured.items()
@@ -176,8 +180,6 @@ class TextFront:
     def _vocab_asset(self, graph_def) -> Path:
         """The vocab.txt the WordPiece lookup table is initialised from: the table captured by
         the signature, its initializer function, the asset that function captures."""
-        from bertfuse.converter.text_assets import table_asset
-
         wordpiece = [n.name for n in graph_def.node if n.op == _WORDPIECE]
         if not wordpiece:
             raise BertfuseError(
@@ -203,7 +205,7 @@ class TextFront:
 
     def packed(self, texts: list[str]) -> dict[str, np.ndarray]:
         """The SavedModel's own packed ids for `texts`, int32, by the cut inputs' names."""
-        import tensorflow as tf
+        tf = optional("tensorflow", why="TensorFlow runs the source model (tf extra)")
 
         full = self._full
 
@@ -219,7 +221,7 @@ class TextFront:
 
     def outputs(self, texts: list[str]) -> dict[str, np.ndarray]:
         """The SavedModel's own outputs for `texts`, by its signature's output keys."""
-        import tensorflow as tf
+        tf = optional("tensorflow", why="TensorFlow runs the source model (tf extra)")
 
         out = self.concrete(**{self._text_key: tf.constant(texts, tf.string)})
         return {str(k): np.asarray(v) for k, v in out.items()} if isinstance(out, dict) else {}

@@ -29,6 +29,9 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from bertfuse.converter.handlers import custom_op_handlers
+from bertfuse.optional import optional
+
 # TF ops whose output holds only values of their first input (repeated, reshaped, relabelled)
 _REPEATS_INPUT0 = ("BroadcastTo", "Identity", "Reshape", "ExpandDims", "Squeeze", "Tile",
                    "Cast", "StopGradient")
@@ -88,7 +91,8 @@ def _merge_moves_copied_dims(first: Any, second: Any) -> bool:
 def exact_reshape_merges() -> Iterator[None]:
     """While open, tf2onnx's back-to-back optimizer merges two Reshapes only when the result
     is the same tensor (see the module docstring); restored on exit."""
-    from tf2onnx.optimizer import back_to_back_optimizer as b2b
+    b2b = optional("tf2onnx.optimizer", "back_to_back_optimizer",
+                   why="tf2onnx exports the TF graph (tf extra)")
 
     key = ("Reshape",)
     original = b2b._func_map.get(key)
@@ -112,9 +116,7 @@ def exact_reshape_merges() -> Iterator[None]:
 def from_graph_def(graph_def: Any, input_names: list[str], output_names: list[str],
                    opset: int) -> Any:
     """tf2onnx.convert.from_graph_def with bertfuse's handlers and the two fixes above."""
-    import tf2onnx
-
-    from bertfuse.converter.handlers import custom_op_handlers
+    tf2onnx = optional("tf2onnx", why="tf2onnx exports the TF graph (tf extra)")
 
     with exact_reshape_merges():
         model, _ = tf2onnx.convert.from_graph_def(

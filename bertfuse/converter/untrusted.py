@@ -27,7 +27,10 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from google.protobuf import text_format
+
 from bertfuse.errors import BertfuseError
+from bertfuse.optional import optional
 
 _OUTSIDE: dict[str, str] = {}
 
@@ -253,7 +256,8 @@ def scan_graph(graph_def, saver_nodes: set[str] = frozenset(), objects=None,
 def scan_savedmodel(path: str | Path) -> list[Finding]:
     """The ops of a SavedModel that reach outside it (saved_model.pb read once); an asset
     named outside the model's folder is one too."""
-    from tensorflow.core.protobuf import saved_model_pb2
+    saved_model_pb2 = optional("tensorflow.core.protobuf", "saved_model_pb2",
+                               why="TensorFlow runs the source model (tf extra)")
 
     proto = saved_model_pb2.SavedModel()
     # What TensorFlow's loader reads: saved_model.pb, else saved_model.pbtxt (text format).
@@ -264,8 +268,6 @@ def scan_savedmodel(path: str | Path) -> list[Finding]:
                 return []
             proto.ParseFromString(pb.read_bytes())
         elif text.is_file():
-            from google.protobuf import text_format
-
             text_format.Parse(text.read_text(encoding="utf-8"), proto)
     except Exception:  # not ours to judge: the loader says what is wrong with it
         return []

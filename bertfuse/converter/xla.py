@@ -18,6 +18,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from bertfuse.io.safety import scratch_dir
+from bertfuse.optional import optional
+
 # Attributes that keep grappler from inlining a function (jit_compile=True sets both).
 MARKS = ("_XlaMustCompile", "_noinline")
 
@@ -56,9 +59,8 @@ def freezable(path: str, notes: list[str]) -> Iterator[str]:
     if b"_XlaMustCompile" not in data:
         yield path
         return
-    from tensorflow.core.protobuf import saved_model_pb2
-
-    from bertfuse.io.safety import scratch_dir
+    saved_model_pb2 = optional("tensorflow.core.protobuf", "saved_model_pb2",
+                               why="TensorFlow runs the source model (tf extra)")
 
     saved = saved_model_pb2.SavedModel()
     try:

@@ -35,6 +35,11 @@ import onnx
 from bertfuse.errors import BertfuseError
 from bertfuse.io.triton_config import INT32_MAX, Tensor, config_pbtxt, describe, model_config, \
     precision_of
+from bertfuse.io.onnx_in import check_stranger
+from bertfuse.io.safety import swap_dir_in, temp_dir
+from bertfuse.io.write_errors import naming_the_path
+from bertfuse.kernels.library import DOMAIN, KernelLibraryError, LIB_NAME, locate, uses_library
+from bertfuse.runtime.request_checks import servable_model
 
 CUDA_GRAPHS_REFUSED = (
     "--cuda-graphs: Triton's onnxruntime backend has no CUDA-graph option for the CUDA "
@@ -111,8 +116,6 @@ def _check_target(model_path: Path, data: list[str], repo: Path, target: Path,
 def _check_servable(model: onnx.ModelProto, src: Path, kind: str) -> bool:
     """Refuses what Triton's onnxruntime backend could not load or batch; returns whether the
     model needs bertfuse's op library."""
-    from bertfuse.kernels.library import DOMAIN, uses_library
-
     inits = {i.name for i in model.graph.initializer}
     inputs = [i for i in model.graph.input if i.name not in inits]
     if not inputs or not model.graph.output:
@@ -136,8 +139,6 @@ def _check_servable(model: onnx.ModelProto, src: Path, kind: str) -> bool:
 
 def _op_library(src: Path, path: str | None) -> Path:
     """The op library to copy: `path`, else the one built for this machine's GPU."""
-    from bertfuse.kernels.library import DOMAIN, KernelLibraryError, locate
-
     if path is not None:
         if not Path(path).is_file():
             raise BertfuseError(f"--op-library {path}: no such file")
@@ -159,12 +160,6 @@ def export_triton(model_path: str, repo: str, name: str | None = None, max_batch
     """Writes REPO/NAME/config.pbtxt and REPO/NAME/1/model.onnx (plus external data, and the
     op library for a model with ai.bertfuse ops). triton_repo: where Triton will see REPO
     (an absolute path, e.g. /models in a container; default REPO's own absolute path)."""
-    from bertfuse.kernels.library import LIB_NAME
-    from bertfuse.io.onnx_in import check_stranger
-    from bertfuse.runtime.request_checks import servable_model
-    from bertfuse.io.safety import swap_dir_in, temp_dir
-    from bertfuse.io.write_errors import naming_the_path
-
     if cuda_graphs:
         raise BertfuseError(CUDA_GRAPHS_REFUSED)
     if kind not in ("gpu", "cpu"):

@@ -6,17 +6,19 @@ either side, or max |diff| above --atol, fail closed). The structural diff is di
 from __future__ import annotations
 
 import math
+import json
 
 import numpy as np
 
 from bertfuse.errors import BertfuseError
 from bertfuse.inspect.diff import DiffResult, Finding
+from bertfuse.inspect.summary import load_light
+from bertfuse.io.inputs import random_inputs
+from bertfuse.io.ort import make_session
 
 
 def _feeds(sess, batch: int, seq: int, seed: int, vocab: int, type_vocab: int,
            base: dict | None = None) -> dict:
-    from bertfuse.io.inputs import random_inputs
-
     if base is None:
         base = random_inputs(batch, seq, vocab, type_vocab, seed=seed, pad_anywhere=True)
     feeds = {}
@@ -34,10 +36,6 @@ def _feeds(sess, batch: int, seq: int, seed: int, vocab: int, type_vocab: int,
 
 
 def _vocab(path: str) -> tuple[int, int]:
-    import json
-
-    from bertfuse.inspect.summary import load_light
-
     meta = {p.key: p.value for p in load_light(path).metadata_props}
     try:
         cfg = json.loads(meta.get("bert_config", "{}"))
@@ -50,8 +48,6 @@ def numeric_diff(path_a: str, path_b: str, batch: int, seq: int, seed: int,
                  base: dict | None = None, keep: list | None = None) -> list[dict]:
     """Both models on ORT CPU, the same random padded inputs (or `base`: the user's, by
     role); |diff| per common output. `keep` gets each model's outputs by name."""
-    from bertfuse.io.ort import make_session
-
     sessions = []
     for p in (path_a, path_b):
         try:  # no op library: an ai.bertfuse model fails here like any model ORT cannot load

@@ -16,6 +16,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
+from rich.table import Table
+
 from bertfuse.ops.bertfuse.embed_layernorm import EMBEDDING_OPS
 
 GELU_OPS = ("BiasGelu", "FastGelu", "Gelu", "GemmFastGelu", "DenseBiasGelu", "DenseBiasGeluFp8")
@@ -125,8 +127,6 @@ def _reason(d) -> str:
 
 def print_encoder_table(table: EncoderTable, console) -> None:
     """layer N: attention / skip-LN x2 / GELU, fused or not and why; embeddings first."""
-    from rich.table import Table
-
     t = Table(title="encoder fusion")
     t.add_column("layer")
     t.add_column("attention")

@@ -29,10 +29,15 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from rich.markup import escape
+from rich.table import Table
 
 from bertfuse.inspect.encoder_table import EncoderTable, encoder_table
 from bertfuse.errors import BertfuseError
 from bertfuse.io.limits import MAX_SUMMARY_BYTES, json_text
+from bertfuse.inspect.encoder_table import LayerStatus, print_encoder_table
+from bertfuse.io.onnx_in import check_stranger
+from bertfuse.io.schemas import first_error
 
 SUMMARY_FORMAT = "bertfuse-summary/1"
 
@@ -137,7 +142,6 @@ def load_light(path: str | Path) -> onnx.ModelProto:
                 buf.release()
     if not model.opset_import or not model.graph.node:
         raise BertfuseError(f"{path}: not an ONNX model (no graph or no opset)")
-    from bertfuse.io.onnx_in import check_stranger
 
     check_stranger(model, path)  # limits, external data inside the model's folder, the graph
     return model
@@ -249,7 +253,6 @@ def load_summary(path: str | Path) -> dict:
         if not isinstance(data, dict) or data.get("format") != SUMMARY_FORMAT:
             raise BertfuseError(f"{path}: not a bertfuse summary (expected \"format\": "
                                 f"\"{SUMMARY_FORMAT}\"; write one with bertfuse summarize)")
-        from bertfuse.io.schemas import first_error
 
         where = first_error(data, "summary.json")  # a hand-edited field of the wrong type
         if where is not None:
@@ -275,8 +278,6 @@ def _shape(shape) -> str:
 
 
 def _encoder_object(enc: dict) -> EncoderTable:
-    from bertfuse.inspect.encoder_table import LayerStatus
-
     layers = [LayerStatus(l["layer"], l["attention"], l["skip_layernorm"], l["gelu"],
                           dict(l.get("leftovers", {})), list(l.get("reasons", [])))
               for l in enc["layers"]]
@@ -284,11 +285,6 @@ def _encoder_object(enc: dict) -> EncoderTable:
 
 
 def print_summary(s: dict, console, path: str = "") -> None:
-    from rich.markup import escape
-    from rich.table import Table
-
-    from bertfuse.inspect.encoder_table import print_encoder_table
-
     opsets = ", ".join(f"{d} {v}" for d, v in sorted(s["opsets"].items()))
     console.print(f"[bold]{escape(path)}[/bold]  producer {escape(s['producer']['name'])} "
                   f"{escape(s['producer']['version'])}, IR {s['ir_version']}, opsets: {opsets}",

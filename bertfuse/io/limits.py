@@ -20,6 +20,7 @@ import os
 import stat
 from pathlib import Path
 from typing import Any, Iterator
+import json
 
 import numpy as np
 
@@ -151,8 +152,6 @@ def _utf8(data: bytes, what: str, label: str) -> str:
 def read_json(path: str | os.PathLike, limit: int, what: str, label: str | None = None,
               depth: int = MAX_JSON_DEPTH) -> Any:
     """A user's JSON file, bounded in size and depth; a parse error is one line."""
-    import json
-
     label = label or str(path)
     text = json_text(path, limit, what, label, depth)
     try:

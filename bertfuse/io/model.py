@@ -10,12 +10,16 @@ from pathlib import Path
 from typing import Iterator
 
 import onnx
+from onnx.external_data_helper import load_external_data_for_model
 
 from bertfuse.errors import BertfuseError
 from bertfuse.io.safety import (check_replaceable, held, mode_of, pause_point, replace_file,
                              scratch_dir, temp_dir, temp_file)
 from bertfuse.io.stale import scratch_folder
 from bertfuse.io.write_errors import naming_the_path
+from bertfuse.io.onnx_in import check_stranger
+from bertfuse.io.ort import make_session
+from bertfuse.kernels.library import uses_library
 
 # Protobuf cannot serialise a message over 2 GB; keep a margin.
 EXTERNAL_DATA_THRESHOLD = 1_800_000_000
@@ -107,7 +111,6 @@ def load_model(model: str | os.PathLike | onnx.ModelProto, load_weights: bool = 
     # Protobuf parses some non-ONNX bytes (an empty file, say) into an empty message.
     if not model.opset_import or not model.graph.node:
         raise error(f"{path}: not an ONNX model (no graph or no opset)")
-    from bertfuse.io.onnx_in import check_stranger
 
     try:  # limits, external data inside the model's folder, the graph
         external = check_stranger(model, path)
@@ -116,8 +119,6 @@ def load_model(model: str | os.PathLike | onnx.ModelProto, load_weights: bool = 
             raise
         raise error(str(exc)) from None
     if external and load_weights:
-        from onnx.external_data_helper import load_external_data_for_model
-
         load_external_data_for_model(model, str(path.parent))
     return model
 
@@ -158,8 +159,6 @@ def check_model(model: onnx.ModelProto, device: str = "cpu", load: bool = True) 
                                 f"{str(exc).splitlines()[0][:300]}") from None
         if not load:
             return
-        from bertfuse.io.ort import make_session
-        from bertfuse.kernels.library import uses_library
 
         # Asked of the proto in memory, not by scanning the file just written.
         kernels = uses_library(model)
@@ -187,7 +186,6 @@ def scratch_file(model: onnx.ModelProto, prefix: str = "bertfuse-") -> Iterator[
         if saved_external:
             # Saving with external data moved the weights out of `model`: take them back
             # now (the data file stays for the block).
-            from onnx.external_data_helper import load_external_data_for_model
 
             load_external_data_for_model(model, str(tmp))
         yield path

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Mapping, Union
 
 from bertfuse.errors import CudaUnavailableError
+from bertfuse.kernels.library import prepare
+from bertfuse.optional import optional
 
 if TYPE_CHECKING:
     import onnx
@@ -45,9 +47,7 @@ def make_session(model: Model, *, device: str = "cpu",
     optimized_model_path: where ORT writes the graph it placed and optimised.
     intra_op_threads: the session's intra-op thread pool size (None: ORT's default, one
     thread per physical core)."""
-    import onnxruntime as ort
-
-    from bertfuse.kernels.library import prepare
+    ort = optional("onnxruntime", why="ONNX Runtime (cpu or gpu extra)")
 
     if device not in DEVICES:
         raise ValueError(f"device must be one of {DEVICES}, not {device!r}")

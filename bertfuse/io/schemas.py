@@ -12,6 +12,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import best_match
+from referencing import Registry, Resource
+
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
 
 
@@ -26,8 +30,6 @@ def load_schema(name: str) -> dict:
 
 @lru_cache(maxsize=None)
 def _registry():
-    from referencing import Registry, Resource
-
     return Registry().with_resources(
         (n, Resource.from_contents(load_schema(n))) for n in schema_names())
 
@@ -35,8 +37,6 @@ def _registry():
 @lru_cache(maxsize=None)
 def validator(name: str):
     """A jsonschema validator for the schema `name` (its references resolved by name)."""
-    from jsonschema import Draft202012Validator
-
     schema = load_schema(name)
     Draft202012Validator.check_schema(schema)
     return Draft202012Validator(schema, registry=_registry())
@@ -44,8 +44,6 @@ def validator(name: str):
 
 def first_error(data: Any, name: str) -> str | None:
     """Where `data` first fails schema `name` ('encoder.layers[0].gelu: ...'), or None."""
-    from jsonschema.exceptions import best_match
-
     error = best_match(validator(name).iter_errors(data))
     if error is None:
         return None

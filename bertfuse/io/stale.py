@@ -37,6 +37,7 @@ import stat
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
+import tempfile
 
 from bertfuse.ray_cluster import process_start
 
@@ -82,8 +83,6 @@ def _dead(pid: int, start: str) -> bool:
 def sweep(folder: str | Path | None) -> list[Path]:
     """Removes the temporaries of gone bertfuse processes in `folder` (None: the system temp
     folder), once per folder and process; returns what it removed."""
-    import tempfile
-
     folder = Path(folder) if folder is not None else Path(tempfile.gettempdir())
     key = os.path.realpath(folder)
     if key in _SWEPT:

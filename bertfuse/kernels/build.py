@@ -26,6 +26,7 @@ from bertfuse.kernels.library import (LIB_NAME, KernelLibraryError, cache_key,
                                          detect_sm, library_info, library_path)
 from bertfuse.io.safety import replace_file, temp_dir, temp_file, write_text
 from bertfuse.errors import install_hint
+from bertfuse._version import __version__
 
 SOURCE_DIR = Path(__file__).resolve().parent
 FETCH_SCRIPT = SOURCE_DIR / "fetch_ort_headers.sh"
@@ -168,7 +169,6 @@ def _run(cmd: list[str], log: Path, cwd: Path | None = None) -> None:
 def _cmake_build(build: Path, include: Path, sm: int, nvcc: str, log: Path) -> Path:
     cmake = shutil.which("cmake") or "cmake"  # build() checked it is there
     gen = ["-G", "Ninja"] if shutil.which("ninja") else []
-    from bertfuse._version import __version__
 
     cfg = [cmake, "-S", str(SOURCE_DIR), "-B", str(build), *gen, "-DCMAKE_BUILD_TYPE=Release",
            f"-DBF_VERSION={__version__}",
@@ -199,8 +199,6 @@ def nvcc_build(build: Path, include: Path, sm: int | None, nvcc: str, log: Path,
     several at once, the sm_90a GEMMs left out) instead of `sm`; `portable`: the platform
     wheel's link (CUDA found through a RUNPATH relative to the library:
     docs/prebuilt-kernels.md) instead of this host's absolute paths."""
-    from bertfuse._version import __version__
-
     cuda = Path(nvcc).parent.parent
     csrc = SOURCE_DIR / "csrc"
     sources = sorted(p for p in csrc.iterdir() if p.suffix in (".cc", ".cu"))

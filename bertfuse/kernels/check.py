@@ -29,7 +29,7 @@ from bertfuse.kernels.library import DOMAIN, KernelLibraryError
 from bertfuse.ops.bertfuse import bert_attention, dense, pooler
 from bertfuse.ops.bertfuse import embed_layernorm as bert_embed
 from bertfuse.ops.bertfuse.dense_fp8 import E4M3_MAX, e4m3
-
+from bertfuse.optional import optional
 
 
 @dataclass
@@ -326,7 +326,7 @@ def run_case(ort: Any, lib: Path, case: Case, cuda_graph: bool = True) -> CaseRe
 
 def run_checks(lib: Path, cases: list[Case], cuda_graph: bool = True,
                say: Callable[[CaseResult], None] = lambda r: None) -> list[CaseResult]:
-    import onnxruntime as ort
+    ort = optional("onnxruntime", why="the op library runs in ONNX Runtime")
 
     results = []
     for case in cases:

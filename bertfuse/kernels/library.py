@@ -29,8 +29,11 @@ from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any
 
+import onnx
+
 from bertfuse.errors import BertfuseError
 from bertfuse.kernels.packaged import PACKAGED_DIR, packaged_choice
+from bertfuse.optional import optional
 
 DOMAIN = "ai.bertfuse"
 DOMAIN_VERSION = 1
@@ -146,7 +149,7 @@ def detect_sm() -> int:
 def installed_ort_api() -> int | None:
     """The highest C API version the installed onnxruntime offers (1.N -> N); None without it."""
     try:
-        import onnxruntime as ort
+        ort = optional("onnxruntime", why="the op library runs in ONNX Runtime")
     except ImportError:
         return None
     m = re.match(r"1\.(\d+)", getattr(ort, "__version__", ""))
@@ -214,7 +217,7 @@ def op_names(path: str | Path) -> list[str] | None:
     """The ops the library puts in the ai.bertfuse domain (it is registered once with a throwaway
     onnxruntime.SessionOptions, which works on a CPU build too); None where it predates
     bf_op_names."""
-    import onnxruntime as ort
+    ort = optional("onnxruntime", why="the op library runs in ONNX Runtime")
 
     register(ort.SessionOptions(), path)
     fn = getattr(ctypes.CDLL(str(path)), "bf_op_names", None)  # the handle ORT already opened
@@ -243,8 +246,6 @@ def register(session_options: Any, path: str | Path | None = None) -> Path:
 
 def uses_library(model: Any) -> bool:
     """Whether a model (ModelProto, serialized bytes or a path) has ai.bertfuse nodes."""
-    import onnx
-
     if isinstance(model, (bytes, bytearray)):
         if DOMAIN.encode() not in model:  # cheap: most models never mention the domain
             return False

@@ -30,6 +30,8 @@ from typing import Callable
 from bertfuse.kernels.build import (FETCH_SCRIPT, PORTABLE_RPATH, SOURCE_DIR, nvcc_build,
                                        header_api_version, header_dir, pip_cuda_root)
 from bertfuse.kernels.library import LIB_NAME, KernelLibraryError, library_info
+from bertfuse.io.safety import temp_dir
+from bertfuse.kernels.packaged import preload_cuda
 
 ARCHS = ["80-real", "86-real", "89-real", "90a-real", "90-virtual"]
 ARCHS_ENV = "BERTFUSE_KERNELS_ARCHS"
@@ -147,8 +149,6 @@ def manylinux_problems(path: Path) -> list[str]:
 def build_prebuilt(dest: Path, log: Path, say: Callable[[str], None] = print) -> Path:
     """Builds the platform wheel's library into dest/libbertfuse_ops.so (nothing else goes
     there; the objects and logs stay in a temporary folder, the build log in `log`)."""
-    from bertfuse.io.safety import temp_dir
-
     root = pip_cuda_root()
     if root is None:
         raise KernelLibraryError("pip's CUDA 13 toolchain (the `kernels` extra: nvidia-cuda-nvcc, "
@@ -174,7 +174,6 @@ def build_prebuilt(dest: Path, log: Path, say: Callable[[str], None] = print) ->
     say(f"built {dest / LIB_NAME} ({(dest / LIB_NAME).stat().st_size / 1e6:.1f} MB) in "
         f"{time.perf_counter() - start:.0f} s")
     try:  # pip's CUDA runtime of the build environment; the check above is what counts
-        from bertfuse.kernels.packaged import preload_cuda
 
         preload_cuda()
         say(f"bf_library_info: {library_info(dest / LIB_NAME)}")

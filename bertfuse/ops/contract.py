@@ -12,6 +12,7 @@ from typing import Any, Sequence
 import numpy as np
 import onnx
 from onnx import helper
+import onnx_graphsurgeon as gs
 
 MS_DOMAIN = "com.microsoft"
 ONNX_DOMAIN = ""  # ai.onnx
@@ -94,8 +95,6 @@ class OpContract:
         optional slot, trailing skipped slots are dropped. Every required slot must be filled,
         attributes must be known to the op (required ones given); ``None`` leaves one unset.
         A fusion that breaks the contract fails here, at build time, not in ORT at load time."""
-        import onnx_graphsurgeon as gs
-
         ins = self._slots(inputs, self.inputs, "input", gs)
         outs = self._slots(outputs, self.outputs, "output", gs)
         known = {a.name: a for a in self.attributes}

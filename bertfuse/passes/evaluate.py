@@ -14,6 +14,7 @@ computes the fused op's function. Two evaluators:
 from __future__ import annotations
 
 from typing import Iterable
+from math import erf
 
 import numpy as np
 import onnx
@@ -22,6 +23,7 @@ import onnx_graphsurgeon as gs
 from bertfuse.ops.bertfuse.embed_layernorm import EMBEDDING_OPS
 from bertfuse.ops.contract import MS_DOMAIN, MS_OPSET
 from bertfuse.passes.base import const_value, producer
+from bertfuse.io.ort import make_session
 
 ELEMENTWISE = {"Add", "Sub", "Mul", "Div", "Neg", "Sqrt", "Reciprocal", "Pow", "Erf", "Tanh",
                "ReduceMean", "GlobalAveragePool", "Cast", "Identity"}
@@ -130,8 +132,6 @@ def eval_elementwise(region: list[gs.Node], feeds: dict[int, np.ndarray]) -> dic
         elif op == "Pow":
             r = np.power(ins[0], ins[1])
         elif op == "Erf":
-            from math import erf
-
             r = np.vectorize(erf)(ins[0])
         elif op == "Tanh":
             r = np.tanh(ins[0])
@@ -211,8 +211,6 @@ def eval_with_ort(graph: gs.Graph, outputs: list[gs.Tensor],
                   cut: dict[str, gs.Tensor] | None = None) -> list[np.ndarray]:
     """Evaluates `outputs` from the graph inputs with ONNX Runtime (CPU, no optimisation).
     `cut` names inner tensors to feed directly (their producers are not evaluated)."""
-    from bertfuse.io.ort import make_session
-
     nodes, sources = ancestors(outputs, (cut or {}).values())
     missing = [s.name for s in sources if s.name not in feeds]
     if missing:

@@ -16,6 +16,7 @@ from bertfuse.ops.contract import MS_DOMAIN, MS_OPSET
 from bertfuse.inspect.encoder_table import EncoderTable, encoder_table
 from bertfuse.passes.base import Diagnostic, Pass, census
 from bertfuse.passes.plans import fusion_plan
+from bertfuse._version import __version__
 
 # gs logs every folded tensor at INFO.
 gs.logger.G_LOGGER.severity = gs.logger.G_LOGGER.ERROR
@@ -95,7 +96,6 @@ def run_passes(model: onnx.ModelProto, passes: Sequence[Pass] | None = None,
     out.ir_version = model.ir_version
     del out.metadata_props[:]
     out.metadata_props.extend(model.metadata_props)
-    from bertfuse._version import __version__
 
     out.producer_name, out.producer_version = "bertfuse", __version__
     _ensure_opsets(out, model)

@@ -32,6 +32,10 @@ from bertfuse.io.limits import (MAX_JSON_ARRAYS_BYTES, MAX_TEXT_FILE_BYTES, MAX_
                                 json_text, text_lines as bounded_lines)
 from bertfuse.io import polygraphy
 from bertfuse.io.npz import read_npz
+from bertfuse.converter.roles import HUB_EXTRAS, ROLE_CUES, ROLE_NAMES
+from bertfuse.io.safety import check_output, mode_of, replace_file, temp_file, write_text
+from bertfuse.io.write_errors import naming_the_path
+from bertfuse.text import WordPiece, read_vocab
 
 SUFFIXES = (".npz", ".json")
 IN, OUT, MODEL = "in/", "out/", "onnx/"  # fixture keys; the model's outputs when saved
@@ -96,9 +100,6 @@ def _json_array(flag: str, path: str, name: str, value: Any) -> np.ndarray:
 def write_arrays(path: str, arrays: Mapping[str, np.ndarray], inputs: bool = False) -> None:
     """.npz or .json by the suffix, written atomically (a temporary file, then renamed).
     inputs: a .json in Polygraphy's input format, which its `run --load-inputs` reads."""
-    from bertfuse.io.safety import mode_of, replace_file, temp_file, write_text
-    from bertfuse.io.write_errors import naming_the_path
-
     if _suffix("save", path) == ".json":
         body = polygraphy.encode_inputs(arrays) if inputs else \
             {k: np.asarray(v).tolist() for k, v in arrays.items()}
@@ -118,8 +119,6 @@ def text_feeds(path: str, vocab: str, max_length: int | None,
                model: str | None = None) -> dict[str, np.ndarray]:
     """One query a line (blank lines skipped), a pair as QUERY<TAB>PASSAGE, through the
     vocab's WordPiece; rows padded to the longest."""
-    from bertfuse.text import WordPiece
-
     split = text_lines(path)
     tok = WordPiece(vocab, max_length=max_length, model=model)
     batch = tok([s[0] for s in split], [s[1] for s in split] if len(split[0]) == 2 else None)
@@ -147,8 +146,6 @@ def text_lines(path: str) -> list[list[str]]:
 def role_of(key: str, names: Mapping[str, str]) -> str | None:
     """The role a file's array name stands for: a role, the source's own name (`names`:
     role -> name), or a name the converter recognises (exactly, then by a cue)."""
-    from bertfuse.converter.roles import ROLE_CUES, ROLE_NAMES
-
     if key in ROLE_NAMES:
         return key
     for role, name in names.items():
@@ -260,8 +257,6 @@ class ParityData:
             self._inputs = read_arrays("--load-inputs", self.load_inputs)
             input_feeds("--load-inputs", self.load_inputs, self._inputs, {}, early=True)
         if self.text_file:
-            from bertfuse.text import read_vocab
-
             text_lines(self.text_file)
             read_vocab(self.vocab)  # bounded and checked before the slow work, too
         if self.load_outputs:
@@ -284,8 +279,6 @@ class ParityData:
 
     def check_targets(self, inputs: list[str]) -> None:
         """The save paths: none of the run's inputs, in a directory that exists."""
-        from bertfuse.io.safety import check_output
-
         if self.save_inputs and self.save_inputs == self.save_outputs:
             raise BertfuseError(f"--save-inputs and --save-outputs are both {self.save_inputs}")
         dirs = [p for p in inputs if os.path.isdir(p)]
@@ -313,8 +306,6 @@ class ParityData:
         the model's); a name the model lacks is bad input, but for TF Hub's `default` and
         `encoder_outputs`, which conversion leaves out unless asked (saved from the
         signature, they are there)."""
-        from bertfuse.converter.roles import HUB_EXTRAS
-
         out = {}
         for name, array in self.outputs_by_name().items():
             canon = name if name in outputs else known.get(name, known.get(f"{name}:0"))

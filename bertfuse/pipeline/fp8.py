@@ -23,6 +23,12 @@ import numpy as np
 import onnx
 
 from bertfuse.ops.contract import FP8_IR_VERSION
+from bertfuse.ops.bertfuse.dense_fp8 import FP8_OF
+from bertfuse.ops.contract import BERTFUSE_DOMAIN
+from bertfuse.ops.evaluator import evaluate
+from bertfuse.passes.manager import run_passes
+from bertfuse.passes.plans import fp8_plan
+from bertfuse.pipeline.parity import Tolerance, compare_output, ort_session, run_onnx
 
 if TYPE_CHECKING:
     from bertfuse.passes.manager import PipelineReport
@@ -34,9 +40,6 @@ Fp32Reference = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 
 def dense_inputs(kernels_model: onnx.ModelProto) -> list[str]:
     """The X tensor of every fp16 bertfuse dense op (what FP8 quantises on the fly)."""
-    from bertfuse.ops.contract import BERTFUSE_DOMAIN
-    from bertfuse.ops.bertfuse.dense_fp8 import FP8_OF
-
     return sorted({n.input[0] for n in kernels_model.graph.node
                    if n.domain == BERTFUSE_DOMAIN and n.op_type in FP8_OF})
 
@@ -44,8 +47,6 @@ def dense_inputs(kernels_model: onnx.ModelProto) -> list[str]:
 def calibrate(contrib: onnx.ModelProto, names: list[str], feeds: dict[str, np.ndarray]
               ) -> dict[str, float]:
     """max |X| per tensor name, from one ORT CPU run of the contrib model on `feeds`."""
-    from bertfuse.pipeline.parity import ort_session, run_onnx
-
     probe = copy.deepcopy(contrib)
     present = {o.name for o in probe.graph.output}
     elem = {v.name: v.type.tensor_type.elem_type for v in probe.graph.value_info}
@@ -61,9 +62,6 @@ def to_fp8(kernels_model: onnx.ModelProto, amax: dict[str, float],
            report: PipelineReport | None = None) -> onnx.ModelProto:
     """The FP8 plan on the bertfuse-kernels model with the given activation maxima; its
     records join `report`."""
-    from bertfuse.passes.manager import run_passes
-    from bertfuse.passes.plans import fp8_plan
-
     model, freport = run_passes(kernels_model, fp8_plan(amax))
     model.ir_version = max(model.ir_version, FP8_IR_VERSION)
     if report is not None:
@@ -82,9 +80,6 @@ def fp8_form(contrib: onnx.ModelProto, kernels_model: onnx.ModelProto,
 def accuracy_rows(fp8_model: onnx.ModelProto, feeds: dict[str, np.ndarray],
                   fp32_reference: Fp32Reference) -> list[OutputParity]:
     """The FP8 model (NumPy references) against fp32 per output: stated, not gated."""
-    from bertfuse.ops.evaluator import evaluate
-    from bertfuse.pipeline.parity import Tolerance, compare_output
-
     got = evaluate(fp8_model, feeds)
     rows = []
     for name, ref in fp32_reference(feeds).items():

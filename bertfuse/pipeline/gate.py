@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Callable
 
 from bertfuse.errors import FusionIncomplete, ParityError
 from bertfuse.io.model import save_model
+from bertfuse.pipeline.mask import tf_moved_on_segments
 
 if TYPE_CHECKING:
     import onnx
@@ -37,8 +38,6 @@ def write_gated(model: onnx.ModelProto, out_path: str | None, report: RunReport,
 
 def parity_failure(parity: ParityReport) -> str:
     """The worst failing row, and a hint that fits it and the source kind."""
-    from bertfuse.pipeline.mask import tf_moved_on_segments
-
     failed = [o for o in parity.outputs if not o.ok]
     worst = max(failed, key=lambda o: (not math.isfinite(o.max_abs), o.nonfinite,
                                        o.max_abs if math.isfinite(o.max_abs) else 0.0,

@@ -24,6 +24,16 @@ import onnx
 
 from bertfuse.errors import FusionIncomplete, ParityError
 from bertfuse.ops.bertfuse.embed_layernorm import EMBEDDING_OPS
+from bertfuse.io.inputs import random_inputs
+from bertfuse.io.model import check_model
+from bertfuse.ops import BERTFUSE_DOMAIN
+from bertfuse.ops.bertfuse.dense_fp8 import CONTRACTS as FP8_CONTRACTS
+from bertfuse.ops.evaluator import evaluate
+from bertfuse.passes.manager import run_passes
+from bertfuse.passes.plans import lowering_plan
+from bertfuse.pipeline.fp8 import accuracy_rows, fp8_form
+from bertfuse.pipeline.gate import parity_failure
+from bertfuse.pipeline.parity import OutputParity, ParityReport, compare_output, tolerance_for
 
 if TYPE_CHECKING:
     from bertfuse.pipeline.fp8 import Fp32Reference
@@ -37,9 +47,6 @@ def to_bertfuse_kernels(contrib: onnx.ModelProto, report: PipelineReport | None 
                         ) -> onnx.ModelProto:
     """The contrib model with its encoder in ai.bertfuse ops; the plan's records join
     `report` (census, encoder table and diagnostics then describe the emitted model)."""
-    from bertfuse.passes.manager import run_passes
-    from bertfuse.passes.plans import lowering_plan
-
     model, kreport = run_passes(contrib, lowering_plan())
     if report is not None:
         report.join(kreport, model)
@@ -60,8 +67,6 @@ def model_feeds(model: onnx.ModelProto, batch: int, seq: int, seed: int | None
     """Random padded inputs for a BERT model's graph inputs, by role (mask, segment/type,
     else ids), in their dtypes; vocab, positions and token types read off the embedding
     tables of the embedding op (ids stay in range)."""
-    from bertfuse.io.inputs import random_inputs
-
     vocab, types, positions = 100, 2, seq
     inits = {t.name: list(t.dims) for t in model.graph.initializer}
     for n in model.graph.node:
@@ -89,9 +94,6 @@ def model_feeds(model: onnx.ModelProto, batch: int, seq: int, seed: int | None
 def compare_forms(contrib: onnx.ModelProto, kernels_model: onnx.ModelProto,
                   feeds: dict[str, np.ndarray], tolerance: Tolerance) -> list[OutputParity]:
     """Both forms in the ReferenceEvaluator on the same feeds; one row per output."""
-    from bertfuse.ops.evaluator import evaluate
-    from bertfuse.pipeline.parity import OutputParity, compare_output
-
     try:
         want, got = evaluate(contrib, feeds), evaluate(kernels_model, feeds)
     except Exception as exc:  # an op without a NumPy reference: the check cannot vouch
@@ -112,9 +114,6 @@ def emit(model: onnx.ModelProto, report, status: Callable[[str], None] | None,
     report); refuse_drift: raise ParityError on a failed comparison (optimize has no --force);
     strict: a contrib op left over is FusionIncomplete. fp8: FP8 weights calibrated on the
     parity inputs (fp8.py), measured against fp32_reference when given."""
-    from bertfuse.ops import BERTFUSE_DOMAIN
-    from bertfuse.io.model import check_model
-
     with report.stage("bertfuse kernels", status) as st:
         kmodel = to_bertfuse_kernels(model, report.passes)
         check_model(kmodel, load=False)  # onnx's checker; ORT's CPU EP has no bertfuse kernels
@@ -142,8 +141,6 @@ def _refuse_misses(report, strict: bool) -> None:
 def _check_forms(model: onnx.ModelProto, kmodel: onnx.ModelProto, report, status,
                  feeds: dict[str, np.ndarray], batch: int, seq: int, seed: int | None,
                  refuse_drift: bool) -> None:
-    from bertfuse.pipeline.parity import ParityReport, tolerance_for
-
     with report.stage("check bertfuse ops vs contrib form (NumPy references)", status) as st:
         tol = tolerance_for("fp16")
         rows = compare_forms(model, kmodel, feeds, tol)
@@ -155,18 +152,12 @@ def _check_forms(model: onnx.ModelProto, kmodel: onnx.ModelProto, report, status
         ok = all(r.ok for r in rows)
         st.detail = "ok" if ok else "DRIFT"
     if refuse_drift and not ok:
-        from bertfuse.pipeline.gate import parity_failure
-
         raise ParityError(f"not written: the bertfuse ops differ from the contrib form, "
                           f"{parity_failure(report.parity)}", report)
 
 
 def _fp8(model: onnx.ModelProto, kmodel: onnx.ModelProto, report, status,
          feeds: dict[str, np.ndarray], fp32_reference: Fp32Reference | None) -> onnx.ModelProto:
-    from bertfuse.ops.bertfuse.dense_fp8 import CONTRACTS as FP8_CONTRACTS
-    from bertfuse.pipeline.fp8 import accuracy_rows, fp8_form
-    from bertfuse.io.model import check_model
-
     with report.stage("fp8 weights (calibrated on the parity inputs)", status) as st:
         kmodel = fp8_form(model, kmodel, feeds, report.passes)
         check_model(kmodel, load=False)

@@ -24,6 +24,12 @@ from bertfuse.errors import BertfuseError
 from bertfuse.io.inputs import random_inputs
 from bertfuse.pipeline.parity import (CHOICES, OrtRunError, ParityReport, compare, ort_session,
                                       run_onnx, tolerance_for)
+from bertfuse.converter.handlers import custom_op_handlers
+from bertfuse.converter.roles import assign_roles
+from bertfuse.converter.source import ROLES
+from bertfuse.io.model import check_input_model, load_model
+from bertfuse.passes.erfc import erfc_nodes, rewrite_erfc
+from bertfuse.runtime.request_checks import model_facts
 
 _INTS = {"tensor(int64)": np.int64, "tensor(int32)": np.int32}
 
@@ -34,10 +40,6 @@ def verify_against_onnx(fused: onnx.ModelProto, given: onnx.ModelProto, label: s
     """`fused` against `given` (label: how the report and errors name it) on random padded
     inputs; the given model failing in ONNX Runtime is bad input (exit 2), the fused one
     failing where the given one runs is a failed optimize (OrtRunError, exit 1)."""
-    from bertfuse.converter.roles import assign_roles
-    from bertfuse.converter.source import ROLES
-    from bertfuse.runtime.request_checks import model_facts
-
     tol = tolerance_for(precision, atol, rtol)
     try:
         reference = ort_session(given)
@@ -96,9 +98,6 @@ def load_given(source, report, status) -> onnx.ModelProto:
     """optimize's `load ONNX` stage: the file read and checked as every user's .onnx is
     (a ModelProto is taken as is, left unchanged), tf2onnx's unmapped Erfc rewritten as
     1 - Erf first (passes/erfc.py), with a note in the report."""
-    from bertfuse.io.model import check_input_model, load_model
-    from bertfuse.passes.erfc import erfc_nodes, rewrite_erfc
-
     with report.stage("load ONNX", status) as st:
         from_file = not isinstance(source, onnx.ModelProto)
         raw = load_model(source) if from_file else source
@@ -122,8 +121,6 @@ def load_given(source, report, status) -> onnx.ModelProto:
 def _refuse_tf_ops(model: onnx.ModelProto, label: str) -> None:
     """A TF op tf2onnx left unmapped that `convert` maps in tf2onnx (converter/handlers.py):
     onnx's checker would only say 'No Op registered'; say what works instead."""
-    from bertfuse.converter.handlers import custom_op_handlers
-
     mapped = set(custom_op_handlers())
     left = next((n for n in model.graph.node if n.domain in ("", "ai.onnx")
                  and n.op_type in mapped), None)

@@ -20,6 +20,9 @@ from bertfuse.checks import (check_choice, check_flag, check_int, check_names, c
                              check_text, check_tolerance)
 from bertfuse.errors import BertfuseError
 from bertfuse.pipeline.renamed import OPTIONS as RENAMED
+from bertfuse.converter.reference import prefer_onednn_off
+from bertfuse.converter.roles import parse_override
+from bertfuse.pipeline.parity import tolerance_for
 
 PRECISIONS = ("fp32", "fp16")
 OPS = ("contrib", "bertfuse")  # the op form written: com.microsoft, or ai.bertfuse (lowering.py)
@@ -29,8 +32,6 @@ MAX_VERIFY_TOKENS = 1 << 16  # random verification inputs past this only exhaust
 def check_roles(name: str, value: Any) -> dict[str, str] | None:
     """The API's {role: name}, checked by the same rule as --inputs (unknown roles refused);
     {} means "every input by name"."""
-    from bertfuse.converter.roles import parse_override
-
     if value is None:
         return None
     if not isinstance(value, Mapping):
@@ -308,8 +309,6 @@ def check_seed(seed: int | None) -> int | None:
 
 def check_parity_options(opts: ConvertOptions) -> None:
     """The seed, the inputs' size and the tolerances, before any slow work."""
-    from bertfuse.pipeline.parity import tolerance_for
-
     check_seed(opts.seed)
     check_verify_size(opts.batch, opts.seq)
     tolerance_for(opts.precision, opts.atol, opts.rtol)
@@ -318,8 +317,6 @@ def check_parity_options(opts: ConvertOptions) -> None:
 def check_gate(opts: ConvertOptions) -> None:
     """Before the slow TF load: a NaN or negative tolerance or seed is bad input, and TF is
     asked to start with oneDNN's rewrites off (see converter/reference.py)."""
-    from bertfuse.converter.reference import prefer_onednn_off
-
     check_fusion(opts)
     check_parity_options(opts)
     if not opts.fuse:  # these act on the fused graph: without it they would silently do nothing

@@ -15,6 +15,12 @@ from bertfuse.io.inputs import random_inputs
 from bertfuse.errors import BertfuseError, ParityError
 from bertfuse.ops.contract import TOLERANCES
 from bertfuse.pipeline.mask import mask_rows, perturbed_feeds
+from bertfuse.converter.roles import assign_roles
+from bertfuse.converter.source import ROLES
+from bertfuse.io.model import EXTERNAL_DATA_THRESHOLD, model_bytes, scratch_file
+from bertfuse.io.ort import make_session
+from bertfuse.kernels.library import uses_library
+from bertfuse.runtime.request_checks import model_facts
 
 if TYPE_CHECKING:
     from bertfuse.pipeline.data import ParityData
@@ -112,10 +118,6 @@ class OrtRunError(ParityError):
 
 
 def ort_session(model: onnx.ModelProto | str, device: str = "cpu", optimize: bool = True):
-    from bertfuse.io.model import EXTERNAL_DATA_THRESHOLD, model_bytes, scratch_file
-    from bertfuse.io.ort import make_session
-    from bertfuse.kernels.library import uses_library
-
     # CUDA: TF32 off, so that an fp32 model is held to fp32's limits against TensorFlow
     cuda = {"use_tf32": "0"} if device == "cuda" else None
     # log 4: run errors come back as exceptions; don't also log them
@@ -228,9 +230,6 @@ def verify_against_saved(model: onnx.ModelProto, data: ParityData, precision: st
                          model_path: str | None = None, device: str = "cpu") -> ParityReport:
     """The model against outputs saved earlier (--load-outputs), on the inputs they came
     from, with no TensorFlow: e.g. on a serving host, against outputs saved where TF is."""
-    from bertfuse.converter.roles import assign_roles
-    from bertfuse.converter.source import ROLES
-
     tol = tolerance_for(precision, atol, rtol)
     meta = {p.key: p.value for p in model.metadata_props}
     try:
@@ -261,8 +260,6 @@ def verify_against_saved(model: onnx.ModelProto, data: ParityData, precision: st
 
 def _table_rows(model: onnx.ModelProto) -> tuple[int | None, int, int | None, None]:
     """(vocab, type vocab, positions) from the embedding tables, where the model has them."""
-    from bertfuse.runtime.request_checks import model_facts
-
     facts = model_facts(model)
     return facts.vocab_size, facts.type_vocab_size or 0, facts.max_positions, None
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 from bertfuse.io.safety import pause_point
 from bertfuse.io.stale import scratch_beside
+from bertfuse._version import __version__
 
 if TYPE_CHECKING:  # types only: this module loads neither onnx nor the passes
     from bertfuse.passes.manager import PipelineReport
@@ -26,8 +27,6 @@ SCHEMA_VERSION = 1
 def tool_versions() -> dict[str, str | None]:
     """The versions that made a report: installed packages (read from their metadata, so
     nothing is imported for it) and TensorFlow only where this process loaded it."""
-    from bertfuse._version import __version__
-
     def installed(*dists: str) -> str | None:
         for dist in dists:
             try:

@@ -35,6 +35,18 @@ from bertfuse.pipeline.data import ParityData
 from bertfuse.pipeline.parity import OrtRunError, verify_against_tf
 from bertfuse.pipeline.report import RunReport
 from bertfuse.pipeline import text_parity
+from bertfuse.converter import load_source
+from bertfuse.converter.export import SUPPORTED_OPSETS, tf_to_onnx
+from bertfuse.converter.interface import match_interface, role_inputs
+from bertfuse.converter.roles import parse_override
+from bertfuse.io.model import load_model
+from bertfuse.ops import BERTFUSE_DOMAIN
+from bertfuse.optional import optional
+from bertfuse.pipeline.lowering import emit
+from bertfuse.pipeline.onnx_parity import load_given, verify_stage
+from bertfuse.pipeline.parity import ort_session, run_onnx, verify_against_saved
+from bertfuse.runtime.kernel_choice import check_kernels_option, choose
+from bertfuse.runtime.request_checks import model_facts
 
 if TYPE_CHECKING:
     from bertfuse.pipeline.fp8 import Fp32Reference
@@ -51,8 +63,6 @@ def convert(src_path: str, out_path: str, opts: ConvertOptions,
 def convert_model(src_path: str, out_path: str | None, opts: ConvertOptions,
                   status: Status | None = None) -> tuple[onnx.ModelProto, RunReport]:
     """convert, returning the model too; out_path None: checked and gated, not written."""
-    from bertfuse.converter.export import SUPPORTED_OPSETS
-
     if opts.opset not in SUPPORTED_OPSETS:  # before the (slow) TF load
         raise BertfuseError(f"--opset {opts.opset}: bertfuse writes opset "
                             f"{' or '.join(map(str, SUPPORTED_OPSETS))} (its fusion passes and "
@@ -66,8 +76,6 @@ def convert_model(src_path: str, out_path: str | None, opts: ConvertOptions,
     if out_path is not None:
         files, dirs = convert_inputs(src_path, opts.config, opts.kind)
         check_output(out_path, [*files, *(data.read_files() if data else [])], dirs)
-    from bertfuse.converter import load_source
-    from bertfuse.converter.export import tf_to_onnx
 
     report = RunReport(output=out_path, command="convert", options=opts.to_json())
     with report.stage("load TF model", status) as st:
@@ -111,9 +119,6 @@ def optimize_model(source: str | onnx.ModelProto, out_path: str | None,
                    in_place: bool = False) -> tuple[onnx.ModelProto, RunReport]:
     """optimize, returning the model too; `source` a path or a ModelProto; out_path None:
     checked (and --strict gated), not written."""
-    from bertfuse.converter.roles import parse_override
-    from bertfuse.pipeline.onnx_parity import load_given, verify_stage
-
     opts = opts or ConvertOptions()
     check_fusion(opts)
     check_parity_options(opts)
@@ -126,7 +131,6 @@ def optimize_model(source: str | onnx.ModelProto, out_path: str | None,
                        options=opts.to_json(OPTIMIZE_OPTIONS))
     raw = load_given(source, report, status)
     if override is not None:  # before the passes, as convert does: they see the roles
-        from bertfuse.converter.interface import role_inputs
 
         with report.stage("rename inputs to roles", status):
             renamed = role_inputs(raw, override)
@@ -135,7 +139,6 @@ def optimize_model(source: str | onnx.ModelProto, out_path: str | None,
             raw = renamed
 
     def reference(feeds: dict) -> dict:  # fp32: the model as given
-        from bertfuse.pipeline.parity import ort_session, run_onnx
 
         return run_onnx(ort_session(raw), feeds)
 
@@ -185,7 +188,6 @@ def _lower(model: onnx.ModelProto, opts: ConvertOptions, report: RunReport,
     no TF reference and no --force, a drift is refused here."""
     if opts.ops != "bertfuse":
         return model
-    from bertfuse.pipeline.lowering import emit
 
     return emit(model, report, status, opts.batch, opts.seq, opts.seed,
                 check=opts.verify or not against_tf, refuse_drift=not against_tf,
@@ -204,8 +206,6 @@ def _pack(model: onnx.ModelProto, report: RunReport, status: Status | None) -> o
     """The verified padded model, turned into its packed form (checked by onnx's checker:
     PackedAttention/RestorePadding have CUDA kernels only, so ORT's CPU cannot load it). A
     model on bertfuse kernels (BertAttention) takes the device-packed form instead."""
-    from bertfuse.ops import BERTFUSE_DOMAIN
-
     on_kernels = any(n.op_type == "BertAttention" and n.domain == BERTFUSE_DOMAIN
                      for n in model.graph.node)
     with report.stage("packing (on the device)" if on_kernels else "packing", status) as st:
@@ -242,8 +242,6 @@ def verify(model_path: str, src_path: str | None, opts: ConvertOptions,
     EP). kernels: as a Session on that device would run it (runtime/kernel_choice.py choose(): on
     CUDA, 'auto' and 'bertfuse' lower the covered layers to bertfuse's ops, so those are
     what is checked against TensorFlow); the parity report says which ran and why."""
-    from bertfuse.io.model import load_model
-
     check_gate(opts)
     if opts.text_file and not opts.vocab:  # a text-in model's vocab, written beside it
         opts = replace(opts, vocab=find_vocab(model_path))
@@ -271,12 +269,10 @@ def verify(model_path: str, src_path: str | None, opts: ConvertOptions,
 def verify_device(device: str, kernels: str = "auto") -> str:
     """'cpu' or 'cuda' for verify's --device, and --kernels checked against it: bad input
     (one line, exit 2) before any slow work."""
-    from bertfuse.runtime.kernel_choice import check_kernels_option
-
     if device not in VERIFY_DEVICES:
         raise BertfuseError(f"device must be one of {', '.join(VERIFY_DEVICES)}, not {device!r}")
     check_kernels_option(kernels)
-    import onnxruntime as ort
+    ort = optional("onnxruntime", why="ONNX Runtime (cpu or gpu extra)")
 
     have = ort.get_available_providers()
     if device == "auto":
@@ -297,9 +293,6 @@ def _session_kernels(model: onnx.ModelProto, kernels: str, device: str, report: 
     """The model a Session on `device` would run, and its KernelChoice: choose() itself (on
     the CPU instant, the model as written; on CUDA a stage of its own: the op library, the
     lowering and its check on the device)."""
-    from bertfuse.runtime.kernel_choice import choose
-    from bertfuse.runtime.request_checks import model_facts
-
     max_seq = model_facts(model).max_positions or 512
     if device != "cuda":
         return choose(model, kernels, device, max_seq)
@@ -312,13 +305,7 @@ def _session_kernels(model: onnx.ModelProto, kernels: str, device: str, report: 
 def _verify(model: onnx.ModelProto, model_path: str, src_path: str | None,
             opts: ConvertOptions, status: Status | None, device: str,
             data: ParityData | None, report: RunReport) -> RunReport:
-    from bertfuse.converter import load_source
-    from bertfuse.converter.interface import match_interface
-    from bertfuse.converter.roles import parse_override
-
     if src_path is None:
-        from bertfuse.pipeline.parity import verify_against_saved
-
         with report.stage("verify vs saved outputs", status) as st:
             report.parity = verify_against_saved(model, data, _precision_of(model), opts.atol,
                                                  opts.rtol, model_path, device)

@@ -19,16 +19,18 @@ from __future__ import annotations
 import numpy as np
 
 from bertfuse.pipeline.parity import OutputParity, Tolerance, compare_output
+from bertfuse.converter import reference
+from bertfuse.converter.text_front import sample_texts, vocab_text
+from bertfuse.io.safety import check_output
+from bertfuse.io.sidecars import vocab_beside, write_vocab as write
+from bertfuse.pipeline.parity import ort_session, run_onnx
+from bertfuse.text import WordPiece
 
 N_TEXTS = 8
 
 
 def text_rows(model, source, tol: Tolerance, seed: int | None) -> list[OutputParity]:
     """The "on text" parity rows for a source cut off its tokenizer (source.text)."""
-    from bertfuse.converter import reference
-    from bertfuse.converter.text_front import sample_texts
-    from bertfuse.pipeline.parity import ort_session, run_onnx
-
     front = source.text
     texts = sample_texts(front.vocab_file, N_TEXTS, seed or 0)
     packed = front.packed(texts)
@@ -48,8 +50,6 @@ def text_rows(model, source, tol: Tolerance, seed: int | None) -> list[OutputPar
 
 def _token_row(front, texts: list[str], feeds: dict[str, np.ndarray]) -> OutputParity:
     """bertfuse.text on the vocab asset against the SavedModel's own packing."""
-    from bertfuse.text import WordPiece
-
     tok = WordPiece(front.vocab_file, lower_case=front.lower_case,
                     max_length=front.seq or None)
     batch = tok(texts, pad_to=front.seq).feeds()
@@ -66,18 +66,12 @@ def _token_row(front, texts: list[str], feeds: dict[str, np.ndarray]) -> OutputP
 
 def write_vocab(front, out_path: str) -> str:
     """The vocab asset's bytes beside the written model (MODEL.vocab.txt); its path."""
-    from bertfuse.converter.text_front import vocab_text
-    from bertfuse.io.sidecars import write_vocab as write
-
     return write(out_path, vocab_text(front.vocab_file))
 
 
 def begin(front, stage, out_path: str | None, inputs: tuple[list[str], list[str]]) -> dict:
     """At the load: the stage's detail, the vocab's target checked like the model's (none of
     the source's files), and the report's `text` entry."""
-    from bertfuse.io.safety import check_output
-    from bertfuse.io.sidecars import vocab_beside
-
     stage.detail += ", tokenizer cut off"
     if out_path is not None:
         check_output(str(vocab_beside(out_path)), *inputs, model=False)

@@ -17,6 +17,9 @@ from bertfuse.errors import BertfuseError, install_hint
 from bertfuse.io.ort import make_session
 from bertfuse.runtime import graphs
 from bertfuse.runtime.pinned import copy_to_device_async, copy_to_host, pinned_empty
+from bertfuse.io.inputs import shape_probe
+from bertfuse.kernels.library import uses_library
+from bertfuse.optional import optional
 
 
 class ThreadError(BertfuseError, RuntimeError):
@@ -170,8 +173,6 @@ def cuda_options(ort: Any, cuda_graph: bool, stream: int | None,
 
 def probe_output_dims(sess: Any, facts: Any, run_options: Any) -> dict[str, tuple]:
     """Output shapes as ('B', 'S', 768)-style templates, from one tiny CPU-side run."""
-    from bertfuse.io.inputs import shape_probe
-
     b, s = 2, 3
     binding = sess.io_binding()
     for name, value in shape_probe(facts.inputs, b, s).items():
@@ -231,7 +232,6 @@ class SessionMaker:
     def open(self, model: bytes | str):
         """An InferenceSession of `model` (serialized bytes or a path)."""
         if not self.kernels:  # asked once per maker, not again for every bucket's session
-            from bertfuse.kernels.library import uses_library
 
             self.kernels = uses_library(model)
         if self.own_graphs is None:  # one decision for all of this maker's sessions
@@ -305,7 +305,7 @@ def fetch(value: Any, batch: int, seq: int, has_seq: bool) -> np.ndarray:
 def device_copy(packed: Any, index: int, src: Any, batch: int, seq: int,
                 is_mask: bool) -> None:
     """packed[index, :batch, :seq] <- src (a DLPack device array), via CuPy."""
-    import cupy
+    cupy = optional("cupy", why="CuPy's pinned memory, where installed")
 
     shape = tuple(packed.shape())
     mem = cupy.cuda.UnownedMemory(packed.data_ptr(), int(np.prod(shape)) * 4, packed)
@@ -322,7 +322,7 @@ def device_memory_used(device: str) -> int | None:
     if device != "cuda":
         return None
     try:
-        import cupy
+        cupy = optional("cupy", why="CuPy's pinned memory, where installed")
 
         free, total = cupy.cuda.runtime.memGetInfo()
         return int(total - free)

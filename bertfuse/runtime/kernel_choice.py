@@ -31,6 +31,11 @@ import onnx
 from bertfuse.errors import BertfuseError, CudaUnavailableError
 from bertfuse.ops.contract import BERTFUSE_DOMAIN, TOLERANCES
 from bertfuse.runtime.request_checks import ConfigError, model_facts
+from bertfuse.io.inputs import random_inputs
+from bertfuse.io.ort import make_session
+from bertfuse.kernels.build import build as build_library
+from bertfuse.kernels.library import KernelLibraryError, locate
+from bertfuse.ops.bertfuse.bert_attention import TENSOR_CORE_HEAD_SIZES
 
 KERNELS = ("auto", "ort", "bertfuse")
 LOG = logging.getLogger("bertfuse.runtime")
@@ -202,8 +207,6 @@ def _choose(proto: onnx.ModelProto, kernels: str, device: str, max_seq: int,
 def ensure_library(build: bool = True, say: Callable[[str], None] | None = None) -> str:
     """The op library's path for this GPU: the platform wheel's where it runs here, else the
     cache's, else built now into the cache (first use) where `build`."""
-    from bertfuse.kernels.library import KernelLibraryError, locate
-
     try:
         path = str(locate())
         LOG.debug("bertfuse op library: %s", path)
@@ -211,7 +214,6 @@ def ensure_library(build: bool = True, say: Callable[[str], None] | None = None)
     except KernelLibraryError:
         if not build:
             raise
-    from bertfuse.kernels.build import build as build_library
 
     say = say or (lambda msg: LOG.warning("bertfuse op library: %s", msg))
     say("not built for this GPU yet: building it once into the cache (about a minute)")
@@ -237,8 +239,6 @@ def lower(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str], tuple[int
 
 def general_path_heads(proto: onnx.ModelProto) -> list[int]:
     """Head sizes of the model's contrib Attention layers that no tensor-core kernel covers."""
-    from bertfuse.ops.bertfuse.bert_attention import TENSOR_CORE_HEAD_SIZES
-
     shapes = {t.name: list(t.dims) for t in proto.graph.initializer}
     found = []
     for node in proto.graph.node:
@@ -256,8 +256,6 @@ def general_path_heads(proto: onnx.ModelProto) -> list[int]:
 def check_feeds(proto: onnx.ModelProto, batch: int, seq: int) -> dict[str, np.ndarray]:
     """A padded batch (padding at the end, in the middle and at the start of rows) for the
     canonical inputs, ids within the vocab read off the model."""
-    from bertfuse.io.inputs import random_inputs
-
     facts = model_facts(proto)
     seq = min(seq, facts.max_positions or seq)
     feeds = random_inputs(batch, seq, facts.vocab_size or 100, facts.type_vocab_size or 1,
@@ -269,8 +267,6 @@ def device_check(contrib: onnx.ModelProto, lowered: onnx.ModelProto, library: st
                  max_seq: int, provider_options: Any = None) -> tuple[float, float, str]:
     """Both forms on the GPU on one padded batch: (worst max |diff|, worst mean |diff|, why it
     fails or ''). Kept positions only: padded rows of [B, S, ...] outputs carry no meaning."""
-    from bertfuse.io.ort import make_session
-
     feeds = check_feeds(contrib, CHECK_BATCH, min(CHECK_SEQ, max_seq))
     options = dict(provider_options or {})
     want_sess = make_session(contrib.SerializeToString(), device="cuda", cuda_options=options,

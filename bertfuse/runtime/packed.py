@@ -43,6 +43,7 @@ from bertfuse.runtime.request_checks import (ClosedError, RequestError, bucket_l
                                              check_request, check_sizes, check_warmup,
                                              model_facts, select_outputs, servable_model,
                                              smallest)
+from bertfuse.optional import optional
 
 _capture_mask = capture_mask  # its old name here
 _ALIGN = 16  # int32 elements: every input starts 64-byte aligned in the shared buffer
@@ -68,7 +69,7 @@ class PackedSession:
                  **overrides: Any) -> None:
         """The options a padded Session takes; the packed path reads the sizes, buckets,
         token_steps, cuda_graph, provider_options, validate, pinned and own_stream."""
-        import onnxruntime as ort
+        ort = optional("onnxruntime", why="ONNX Runtime (cpu or gpu extra)")
 
         self._ort = ort
         self._closed = False

@@ -37,6 +37,7 @@ from bertfuse.runtime.request_checks import (ClosedError, bucket_list, check_can
                                              unmask_empty_rows, upper_bound)
 from bertfuse.runtime.staging import FastStager
 from bertfuse.runtime.variants import VariantPolicy, attention_mask_variant, has_own_attention
+from bertfuse.optional import optional
 
 R = TypeVar("R")
 
@@ -48,7 +49,7 @@ class PaddedSession:
     def __init__(self, model: str | onnx.ModelProto, options: SessionOptions | None = None,
                  **overrides: Any) -> None:
         """Arguments are checked before any work: a ConfigError names the first bad one."""
-        import onnxruntime as ort
+        ort = optional("onnxruntime", why="ONNX Runtime (cpu or gpu extra)")
 
         self._ort = ort
         self._closed = False

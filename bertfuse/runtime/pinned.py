@@ -16,6 +16,8 @@ from typing import Callable
 
 import numpy as np
 
+from bertfuse.optional import optional
+
 _LIBS = ("libcudart.so.13", "libcudart.so.12", "libcudart.so")
 _cudart: ctypes.CDLL | None = None
 _cudart_name = ""
@@ -29,7 +31,7 @@ def _preload_cuda() -> None:
     """onnxruntime-gpu's own CUDA libraries (the nvidia-* wheels) first, so libcudart is found by
     name below where it lives only there; the CUDA EP would load them anyway, later."""
     try:
-        import onnxruntime as ort
+        ort = optional("onnxruntime", why="ONNX Runtime (cpu or gpu extra)")
     except ImportError:
         return
     if hasattr(ort, "preload_dlls") and "CUDAExecutionProvider" in ort.get_available_providers():

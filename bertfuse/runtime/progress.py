@@ -12,8 +12,14 @@ import contextlib
 import sys
 import threading
 from typing import Any, Callable, Iterator
+import time
+
+from rich.console import Console
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
+                           TimeElapsedColumn)
 
 from bertfuse.runtime.request_checks import ConfigError
+from bertfuse.io.quiet import user_stderr
 
 Step = Callable[[tuple[int, int]], None]
 
@@ -40,8 +46,6 @@ def steps(progress: Any, total: int, what: str) -> Iterator[Step]:
     if not show:
         yield lambda shape: None
         return
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[shape]}"), console=Console(stderr=True),
@@ -74,11 +78,7 @@ class StageLines:
 
     def __init__(self, command: str, verbosity: int = NORMAL, stream: Any = None,
                  tty: bool | None = None) -> None:
-        import time
-
         if stream is None:
-            from bertfuse.io.quiet import user_stderr
-
             stream = user_stderr()
         self.command, self.verbosity, self.stream = command, verbosity, stream
         self.tty = _isatty(stream) if tty is None else tty
@@ -119,9 +119,6 @@ class StageLines:
 
     def _spin(self, message: str) -> None:
         if self._bar is None:
-            from rich.console import Console
-            from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
             self._bar = Progress(SpinnerColumn(), TextColumn("{task.description}"),
                                  TimeElapsedColumn(), transient=True,
                                  console=Console(file=self.stream))

@@ -29,6 +29,7 @@ from bertfuse.runtime.device import upload
 from bertfuse.runtime.graphs import GraphError, OwnGraph, cuda
 from bertfuse.runtime.pinned import address, pinned_empty
 from bertfuse.runtime.request_checks import ModelFacts, upper_bound
+from bertfuse.kernels.library import locate
 
 LOG = logging.getLogger("bertfuse.runtime")
 ROLES = ("input_ids", "input_mask", "segment_ids")
@@ -174,8 +175,6 @@ class FastStager:
         if not set(facts.inputs) <= set(ROLES):
             return None
         try:
-            from bertfuse.kernels.library import locate
-
             fn = stage_function(str(locate()))
         except Exception as exc:  # the library registered with ORT, yet not found here
             LOG.debug("bertfuse: no fast staging: %s", exc)

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable
 
+from bertfuse.errors import BertfuseError
+
 if TYPE_CHECKING:
     from bertfuse.score.job import ScoreSummary
 
@@ -48,12 +50,10 @@ def score(model: Any, input: Any, output: Any, *, text_column: str | None = None
     bars. `status`: called with each stage's name as it starts ('plan', 'ray cluster',
     'score'; the CLI's progress lines).
     Bad arguments or input raise BertfuseError before Ray starts."""
-    from bertfuse.score.job import run_job
-    from bertfuse.score.spec import build_job
+    from bertfuse.score.job import run_job  # lazy: loads pyarrow at import
+    from bertfuse.score.spec import build_job  # lazy: loads pyarrow at import
 
     if not isinstance(progress, bool):
-        from bertfuse.errors import BertfuseError
-
         raise BertfuseError(f"progress must be True or False, not {progress!r}")
     if status is not None:
         status("plan")

@@ -20,13 +20,17 @@ import sys
 import threading
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Callable
+import json
 
 import numpy as np
-import pyarrow as pa
 
 from bertfuse.score.output import PART, REJECT, ROW
 from bertfuse.score.rows import InputSpec, Prepared, RowPreparer
 from bertfuse.score.stages import Stages, actor_columns
+from bertfuse.optional import optional
+from bertfuse.runtime import Session, SessionPool
+
+pa = optional("pyarrow", why="Parquet (ray extra)")
 
 CRASH_ENV = "BERTFUSE_TEST_SCORE_CRASH"  # tests: FLAGFILE:N, see Scorer._maybe_crash
 HANG_ENV = "BERTFUSE_TEST_SCORE_HANG"  # tests: FLAGFILE:N, the same but the call never returns
@@ -61,7 +65,7 @@ def _read_rows(path: str, groups: range, offset: int, rows: int, columns: list[s
                ) -> pa.Table:
     """Rows offset..offset+rows of these row groups: whole groups read at once, a slice of a
     large group streamed up to its end."""
-    import pyarrow.parquet as pq
+    pq = optional("pyarrow.parquet", why="Parquet (ray extra)")
 
     f = pq.ParquetFile(path)
     if offset == 0 and sum(f.metadata.row_group(g).num_rows for g in groups) == rows:
@@ -177,10 +181,6 @@ class Scorer:
                  ranks: dict[str, int], max_batch: int, device: str,
                  crash: str | None = None, kernels: str = "auto",
                  hang: str | None = None) -> None:
-        import json
-
-        from bertfuse.runtime import Session, SessionPool
-
         self.kernels: str | None = None  # the Session's KernelChoice as JSON, set by make()
 
         def make() -> Session:

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from bertfuse.optional import optional
+
 
 def part_damage(scores: Path, rejects: Path, rows: int) -> str | None:
     """Why the complete part (`scores`, and `rejects` where it exists) is not whole, or None:
     a footer that cannot be read, or a row count other than the part's `rows`."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    pa = optional("pyarrow", why="Parquet (ray extra)")
+    pq = optional("pyarrow.parquet", why="Parquet (ray extra)")
 
     found = 0
     for path in (scores, rejects):

@@ -25,6 +25,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterator
+import json
+import warnings
 
 import numpy as np
 
@@ -37,6 +39,7 @@ from bertfuse.score.output import PART, OutputDir, part_name
 from bertfuse.score.spec import ScoreJob
 from bertfuse.score.stages import Stages, Timing
 from bertfuse.score.watch import StallClock, Stalled, note, watched
+from bertfuse.optional import optional
 
 # A Ray Data batch is this many session batches: fewer, larger calls. On two H200s (shenma-3l
 # fp16, 1M rows) 4,096-row calls kept each GPU's session 98% busy: 2 actors 1.98x one, where
@@ -154,7 +157,7 @@ NODE_DEATH_S = 60.0
 def _node_lost(ray: Any, nodes: set[str], exc: BaseException) -> bool:
     """Whether one of `nodes` (alive when the attempt began) died: at once, or, for an error
     that says an actor or node cannot be reached, within NODE_DEATH_S."""
-    from ray import exceptions as rex
+    rex = optional("ray", "exceptions", why="Ray Data (ray extra)")
 
     kinds = tuple(getattr(rex, n) for n in ("ActorUnavailableError", "NodeDiedError",
                                             "LocalRayletDiedError") if hasattr(rex, n))
@@ -172,10 +175,8 @@ def _node_lost(ray: Any, nodes: set[str], exc: BaseException) -> bool:
 
 
 def _cluster_errors() -> tuple[type, ...]:
-    from ray.data.exceptions import UserCodeException
-    from ray.exceptions import RayError
-
-    return RayError, UserCodeException
+    return (optional("ray.exceptions", "RayError", why="Ray Data (ray extra)"),
+            optional("ray.data.exceptions", "UserCodeException", why="Ray Data (ray extra)"))
 
 
 def _failed(exc: BaseException, out: OutputDir, job: ScoreJob) -> BertfuseError:
@@ -212,8 +213,8 @@ def _finish(job: ScoreJob, out: OutputDir, done: set[int], todo: list, device: s
 def _ray(address: str | None, progress: bool) -> Iterator[Any]:
     """Ray as the caller has it (already initialized: used and left running), else a local
     instance of our own (or the cluster at `address`), shut down on every exit path."""
-    import ray
-    from ray.data import DataContext
+    ray = optional("ray", why="Ray Data (ray extra)")
+    DataContext = optional("ray.data", "DataContext", why="Ray Data (ray extra)")
 
     ctx = DataContext.get_current()
     shown, ctx.enable_progress_bars = ctx.enable_progress_bars, progress
@@ -241,10 +242,9 @@ def _placement(job: ScoreJob, ray: Any) -> tuple[str, int]:
 
 
 def _dataset(job: ScoreJob, todo: list, device: str, actors: int) -> Any:
-    import warnings
-
-    import ray
-    from ray.data import ActorPoolStrategy, TaskPoolStrategy
+    ray = optional("ray", why="Ray Data (ray extra)")
+    ActorPoolStrategy, TaskPoolStrategy = optional("ray.data", "ActorPoolStrategy",
+                                                   "TaskPoolStrategy", why="Ray Data (ray extra)")
 
     items = [{"part": p.index, "file": p.file, "group_start": p.groups[0],
               "group_stop": p.groups[1], "offset": p.offset, "rows": p.rows,
@@ -298,7 +298,7 @@ def gather(blocks: Iterator[Any], out: OutputDir, job: ScoreJob, timing: Timing,
 
 def _gather(blocks: Iterator[Any], out: OutputDir, job: ScoreJob, timing: Timing,
             stages: Stages, kernels: dict[str, Any]) -> None:
-    import pyarrow as pa
+    pa = optional("pyarrow", why="Parquet (ray extra)")
 
     pending: dict[int, list] = defaultdict(list)
     have: dict[int, int] = defaultdict(int)
@@ -338,9 +338,7 @@ def _gather(blocks: Iterator[Any], out: OutputDir, job: ScoreJob, timing: Timing
 def _kernels_of(block: Any) -> dict[str, Any]:
     """The KernelChoice an actor put in its blocks (actor.KERNELS), {} where this piece of a
     block lacks it."""
-    import json
-
-    import pyarrow.compute as pc
+    pc = optional("pyarrow.compute", why="Parquet (ray extra)")
 
     if KERNELS not in block.column_names:
         return {}

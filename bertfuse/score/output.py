@@ -24,12 +24,14 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
+import fcntl
 
 import numpy as np
 
 from bertfuse.errors import BertfuseError
 from bertfuse.io.safety import replace_file, temp_file, write_text
 from bertfuse.score.damage import part_damage
+from bertfuse.optional import optional
 
 MANIFEST = "_bertfuse_score.json"
 LOCK = "_bertfuse_score.lock"
@@ -77,8 +79,6 @@ class OutputDir:
         """OUT created if absent, and held (flock on OUT/_bertfuse_score.lock) while the job
         runs: a second job writing to the same OUT at once is refused, not interleaved. A
         killed job's lock goes with its process."""
-        import fcntl
-
         manifest = self.root / MANIFEST
         if self.root.exists() and not manifest.is_file() and \
                 any(p.name != LOCK for p in self.root.iterdir()):
@@ -153,8 +153,8 @@ class OutputDir:
         """Writes one complete part from its pieces (Arrow tables): (rows scored, rows
         rejected). Its rows are checked to be exactly the part's rows, once each (a bug
         otherwise: never a silent loss). `stages` (stages.Stages) gets the time it took."""
-        import pyarrow as pa
-        import pyarrow.compute as pc
+        pa = optional("pyarrow", why="Parquet (ray extra)")
+        pc = optional("pyarrow.compute", why="Parquet (ray extra)")
 
         t0 = time.perf_counter()
         part = self.job.parts[index]
@@ -189,7 +189,7 @@ class OutputDir:
 
     def counts(self) -> tuple[int, int]:
         """(rows scored, rows rejected) over every part file in OUT (the footers only)."""
-        import pyarrow.parquet as pq
+        pq = optional("pyarrow.parquet", why="Parquet (ray extra)")
 
         def rows(d: Path) -> int:
             return sum(pq.ParquetFile(p).metadata.num_rows for p in d.glob("part-*.parquet"))
@@ -210,7 +210,7 @@ def write_options(table: Any, plain: list[str] = ()) -> dict[str, Any]:
 
 def _leaf(field: Any) -> str:
     """The Parquet column path of a (nested) list field's values: `name.list.element...`."""
-    import pyarrow as pa
+    pa = optional("pyarrow", why="Parquet (ray extra)")
 
     path, t = field.name, field.type
     while pa.types.is_list(t) or pa.types.is_large_list(t):
@@ -221,7 +221,7 @@ def _leaf(field: Any) -> str:
 def _float16_values(column: Any) -> bool:
     """Whether a list<float> column's values (its first chunk: the encoding is a choice, not a
     result) are float16 ones, i.e. float32 with the 13 low mantissa bits clear."""
-    import pyarrow as pa
+    pa = optional("pyarrow", why="Parquet (ray extra)")
 
     chunk = next((c for c in column.chunks if len(c)), None)
     if chunk is None or not (pa.types.is_list(chunk.type) or pa.types.is_large_list(chunk.type)):
@@ -235,7 +235,7 @@ def _float16_values(column: Any) -> bool:
 
 def _write(path: Path, table: Any, plain: list[str] = ()) -> None:
     """A Parquet file by temp and rename."""
-    import pyarrow.parquet as pq
+    pq = optional("pyarrow.parquet", why="Parquet (ray extra)")
 
     with writing(path), temp_file(path) as tmp:
         pq.write_table(table, tmp, **write_options(table, plain))

@@ -18,8 +18,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
+
+from bertfuse.optional import optional
+from bertfuse.text import WordPiece
+
+pa = optional("pyarrow", why="Parquet (ray extra)")
+pc = optional("pyarrow.compute", why="Parquet (ray extra)")
 
 
 @dataclass(frozen=True)
@@ -150,8 +154,6 @@ def _tokenizer(vocab: str, lower_case: bool | None, max_seq: int, truncate: bool
     vocab (Google's layout), and max_seq is usually exactly that: one token more is then
     asked of a tokenizer over a private copy of the vocab, with the casing the real one
     decided (from that config). It only counts: no row longer than max_seq is scored."""
-    from bertfuse.text import WordPiece
-
     tok = WordPiece(vocab, lower_case=lower_case, max_length=max_seq)
     if truncate:
         return tok

@@ -20,6 +20,10 @@ from bertfuse.checks import check_int, check_path
 from bertfuse.errors import BertfuseError, require
 from bertfuse.runtime.kernel_choice import check_kernels_option
 from bertfuse.score.rows import InputSpec
+from bertfuse.io.sidecars import find_vocab
+from bertfuse.optional import optional
+from bertfuse.runtime.request_checks import check_canonical, model_facts, servable_model
+from bertfuse.text import WordPiece
 
 DEFAULT_PART_ROWS = 8192
 DEFAULT_BATCH = 32
@@ -132,7 +136,6 @@ def build_job(model: Any, input: Any, output: Any, *, text_column: Any = None,
     if ids_column and (text_pair_column or vocab):
         raise BertfuseError("a text pair column and a vocab go with a text column, not ids")
     if text_column and vocab is None:  # a text-in model's vocab, written beside it
-        from bertfuse.io.sidecars import find_vocab
 
         vocab = find_vocab(model)
     if text_column and vocab is None:
@@ -184,8 +187,6 @@ def build_job(model: Any, input: Any, output: Any, *, text_column: Any = None,
 def _model(model: str, wanted: list[str]):
     """The model's facts, the outputs written (default pooled_output where the model has it,
     else every per-row output) and their ranks."""
-    from bertfuse.runtime.request_checks import check_canonical, model_facts, servable_model
-
     if os.path.exists(model) and not os.path.isfile(model):
         raise BertfuseError(f"{model}: not a regular file")
     proto = servable_model(model)  # ConfigError (a BertfuseError) names what is wrong
@@ -211,8 +212,6 @@ def _model(model: str, wanted: list[str]):
 def _vocab(vocab: str, model: str, lower_case: bool | None, max_seq: int):
     """The vocab checked against the model (WordPiece raises one line), and the lower-casing
     it resolves to, so every actor tokenizes alike."""
-    from bertfuse.text import WordPiece
-
     tok = WordPiece(vocab, lower_case=lower_case, max_length=max_seq, model=model)
     return tok.lower_case, _stamp(vocab)
 
@@ -236,7 +235,7 @@ def input_files(input: str) -> list[str]:
 
 
 def _metadata(path: str):
-    import pyarrow.parquet as pq
+    pq = optional("pyarrow.parquet", why="Parquet (ray extra)")
 
     try:
         return pq.ParquetFile(path)
@@ -251,7 +250,7 @@ def _file_rows(files: list[str]) -> list[tuple[str, int]]:
 
 def _check_columns(files: list[str], spec: InputSpec, keys: list[str], outputs: list[str]) -> None:
     """Every file has the columns, of types that can be scored."""
-    import pyarrow as pa
+    pa = optional("pyarrow", why="Parquet (ray extra)")
 
     kinds = {spec.text_column: "text", spec.text_pair_column: "text", spec.ids_column: "ids",
              spec.mask_column: "ids", spec.segment_column: "ids"}

@@ -25,8 +25,11 @@ from contextlib import contextmanager
 from typing import Iterator
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
+
+from bertfuse.optional import optional
+
+pa = optional("pyarrow", why="Parquet (ray extra)")
+pc = optional("pyarrow.compute", why="Parquet (ray extra)")
 
 ACTOR = ("prepare", "model", "convert")
 PREFIX = "_bf_t_"

@@ -19,6 +19,8 @@ import threading
 import time
 from typing import Any, Callable, Iterator
 
+from bertfuse.io.quiet import user_stderr
+
 # The limits: a wait for the next block longer than STALL_FACTOR x the longest wait seen so
 # far between two blocks of this job, and never shorter than STALL_FLOOR_S (or the user's
 # stall_s instead); a run's first block (its actors starting: the model loaded, warmed) gets
@@ -185,8 +187,6 @@ def watched(ds: Any, clock: StallClock, open_blocks: Callable[[], Iterator[Any]]
 
 def note(line: str) -> None:
     """One line on the user's stderr (io/quiet.py), whatever the progress lines' verbosity."""
-    from bertfuse.io.quiet import user_stderr
-
     try:
         stream = user_stderr()
         stream.write(f"bertfuse score: {line}\n")

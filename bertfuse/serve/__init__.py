@@ -28,6 +28,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from bertfuse.serve.api import deploy as _deploy
+from bertfuse.serve.config import ServeConfig
+
 if TYPE_CHECKING:
     from bertfuse.serve.api import Served
     from bertfuse.serve.config import ServeConfig
@@ -35,16 +38,12 @@ if TYPE_CHECKING:
 
 def __getattr__(name: str) -> Any:  # PEP 562: the CLI's parser imports this package
     if name == "ServeConfig":
-        from bertfuse.serve.config import ServeConfig
-
         return ServeConfig
     raise AttributeError(name)
 
 
 def deploy(model: Any = None, **kwargs: Any) -> "Served":
     """bertfuse.serve.api.deploy (see there); imports Ray on call."""
-    from bertfuse.serve.api import deploy as _deploy
-
     return _deploy(model, **kwargs)
 
 

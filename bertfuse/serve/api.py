@@ -13,6 +13,8 @@ import socket
 import urllib.request
 from dataclasses import dataclass
 from typing import Any
+import signal
+import time
 
 from bertfuse.errors import BertfuseError
 from bertfuse.ray_cluster import connect, disconnect, first_line, signal_handlers_kept
@@ -25,6 +27,7 @@ from bertfuse.serve.ingress import (auto_ingress, haproxy_pids, ingress_environm
                                     replica_urls)
 from bertfuse.serve.routes import wait_routed
 from bertfuse.serve.token import restore, withhold
+from bertfuse.optional import optional
 
 # SIGTERM's grace: requests in flight are answered within this (a request takes ms; a full
 # queue of max_batch-row calls on a 2-core CPU, well under a second), then Serve stops.
@@ -55,7 +58,7 @@ class Served:
 
     def metrics_urls(self) -> list[str]:
         """Each Ray node's Prometheus endpoint (Ray's and Serve's metrics, and bertfuse_*)."""
-        import ray
+        ray = optional("ray", why="Ray Serve (ray extra)")
 
         return [f"http://{_url_host(n['NodeManagerAddress'])}:{n['MetricsExportPort']}/metrics"
                 for n in ray.nodes() if n.get("Alive") and n.get("MetricsExportPort")]
@@ -71,7 +74,7 @@ class Served:
         if self.closed:
             return
         self.closed = True
-        from ray import serve
+        serve = optional("ray", "serve", why="Ray Serve (ray extra)")
 
         try:
             if drain_s > 0 and self.deployed:
@@ -95,10 +98,7 @@ class Served:
         those queued, which its close would reset (quiesce.py). Else the application is
         deleted: Serve stops routing to its replicas and each one ends once its requests
         are answered (graceful_shutdown_timeout_s, DRAIN_S)."""
-        import signal
-        import time
-
-        from ray import serve
+        serve = optional("ray", "serve", why="Ray Serve (ray extra)")
 
         if self.config.ingress == "haproxy" and self.scratch:
             held = quiesce.hold(self.scratch, self.config.port)
@@ -156,8 +156,10 @@ def port_free(host: str, port: int) -> None:
 
 
 def _serve_running() -> bool:
-    from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
-    import ray
+    SERVE_CONTROLLER_NAME, SERVE_NAMESPACE = optional("ray.serve._private.constants",
+                                                      "SERVE_CONTROLLER_NAME", "SERVE_NAMESPACE",
+                                                      why="Ray Serve (ray extra)")
+    ray = optional("ray", why="Ray Serve (ray extra)")
 
     try:
         ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
@@ -170,7 +172,7 @@ def _placement(cfg: ServeConfig) -> tuple[str, int, dict[str, float]]:
     """(device, replicas, each replica's Ray resources): gpus_per_replica of a GPU each where
     the cluster has GPUs (device 'auto' or 'cuda'), as many as its GPUs and CPUs hold unless
     replicas says; else CPU replicas."""
-    import ray
+    ray = optional("ray", why="Ray Serve (ray extra)")
 
     resources = ray.cluster_resources()
     gpus = int(resources.get("GPU", 0))
@@ -217,11 +219,11 @@ def deploy(model: Any = None, **kwargs: Any) -> Served:
 
 
 def _deploy(cfg: ServeConfig, say: Any, withheld: dict[str, str]) -> Served:
-    import ray
-    from ray import serve
-    from ray.exceptions import RayError
+    ray = optional("ray", why="Ray Serve (ray extra)")
+    serve = optional("ray", "serve", why="Ray Serve (ray extra)")
+    RayError = optional("ray.exceptions", "RayError", why="Ray Serve (ray extra)")
 
-    from bertfuse.serve.app import BertfuseReplica
+    from bertfuse.serve.app import BertfuseReplica  # lazy: loads ray, starlette at import
 
     ingress, why = auto_ingress(cfg.address, ray.is_initialized()) if cfg.ingress == "auto" \
         else (cfg.ingress, None)
@@ -304,7 +306,7 @@ def _logging(cfg: ServeConfig) -> dict[str, Any]:
 
 def _running_http(cfg: ServeConfig) -> tuple[str, int]:
     """Where an already-running Serve listens (its own http_options, not ours)."""
-    from ray import serve
+    serve = optional("ray", "serve", why="Ray Serve (ray extra)")
 
     try:
         opts = serve.context._get_global_client().http_config

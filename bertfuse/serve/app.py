@@ -29,10 +29,6 @@ from collections import deque
 from typing import Any
 
 import numpy as np
-from ray import serve
-from ray.serve.metrics import Counter, Histogram
-from starlette.requests import Request
-from starlette.responses import Response
 
 from bertfuse.serve.config import switch_interval_s
 from bertfuse.serve.guard import Access, check_access, check_post, is_loopback, read_body
@@ -42,6 +38,16 @@ from bertfuse.serve.oip_routes import route as v2_route
 from bertfuse.serve.replica_config import ReplicaConfig
 from bertfuse.serve.requests import HTTPError, Limits, Parsed, body_limit, combine, \
     encode_body, parse_body, split
+from bertfuse.optional import optional
+from bertfuse.runtime import Session, SessionPool
+from bertfuse.runtime.request_checks import declared_output_dims, model_facts, servable_model
+from bertfuse.text import WordPiece
+
+serve = optional("ray", "serve", why="Ray Serve (ray extra)")
+Counter, Histogram = optional("ray.serve.metrics", "Counter", "Histogram",
+                              why="Ray Serve (ray extra)")
+Request = optional("starlette.requests", "Request", why="Ray Serve's HTTP types (ray extra)")
+Response = optional("starlette.responses", "Response", why="Ray Serve's HTTP types (ray extra)")
 
 BATCH_ROWS_BOUNDARIES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 TIMES_KEPT = 1000
@@ -83,9 +89,6 @@ class BertfuseReplica:
         if not isinstance(config, ReplicaConfig):
             raise TypeError(f"BertfuseReplica takes a ReplicaConfig (bertfuse.serve."
                             f"replica_config), not {type(config).__name__}")
-        from bertfuse.runtime import Session, SessionPool
-        from bertfuse.runtime.request_checks import (declared_output_dims, model_facts,
-                                                     servable_model)
 
         self.config = config
         sys.setswitchinterval(switch_interval_s())
@@ -99,8 +102,6 @@ class BertfuseReplica:
         self.access = Access(config.token_sha256, is_loopback(config.host))
         self.tokenizer = None
         if config.vocab:
-            from bertfuse.text import WordPiece
-
             self.tokenizer = WordPiece(config.vocab, lower_case=config.lower_case,
                                        max_length=config.max_seq, model=config.model)
         self.warm: list[tuple[int, int]] = []
@@ -241,14 +242,17 @@ class BertfuseReplica:
                                                                     self.publish)
 
     def publish(self) -> None:
-        from ray.experimental.internal_kv import _internal_kv_put
+        _internal_kv_put = optional("ray.experimental.internal_kv", "_internal_kv_put",
+                                    why="Ray Serve (ray extra)")
 
         self.publish_at = None
         _internal_kv_put(self.stats_key, json.dumps(self.infer_stats.snapshot()))
 
     def all_stats(self) -> dict[str, Any]:
         """Every replica's statistics of this deployment summed (this one's as of now)."""
-        from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_list
+        _internal_kv_get, _internal_kv_list = optional("ray.experimental.internal_kv",
+                                                       "_internal_kv_get", "_internal_kv_list",
+                                                       why="Ray Serve (ray extra)")
 
         prefix = self.stats_key.rsplit("/", 1)[0] + "/"
         others = [json.loads(_internal_kv_get(k)) for k in _internal_kv_list(prefix)

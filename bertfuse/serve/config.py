@@ -16,6 +16,9 @@ from bertfuse.checks import check_int, check_text
 from bertfuse.runtime.request_checks import (ConfigError, check_canonical, model_facts,
                                              servable_model)
 from bertfuse.serve.token import token_sha256
+from bertfuse.io.sidecars import find_vocab
+from bertfuse.runtime.kernel_choice import check_kernels_option
+from bertfuse.text import WordPiece
 
 DEVICES = ("auto", "cuda", "cpu")
 INGRESSES = ("auto", "proxy", "direct", "haproxy")  # bertfuse/serve/ingress.py says what each is
@@ -123,7 +126,6 @@ def check_config(model: Any = None, **kwargs: Any) -> ServeConfig:
     switch_interval_s()  # its environment variable, read by every replica
     if cfg.device not in DEVICES:
         raise ConfigError(f"device must be one of {', '.join(DEVICES)}, not {cfg.device!r}")
-    from bertfuse.runtime.kernel_choice import check_kernels_option
 
     check_kernels_option(cfg.kernels)
     if cfg.ingress not in INGRESSES:
@@ -156,13 +158,10 @@ def check_config(model: Any = None, **kwargs: Any) -> ServeConfig:
     max_seq = cfg.max_seq if cfg.max_seq is not None else (positions or 512)
     max_seq = check_int("max_seq", max_seq, 1, positions,
                         f" (the model's position table has {positions} rows)", error=ConfigError)
-    from bertfuse.io.sidecars import find_vocab  # a text-in model's vocab, beside it
 
     vocab = cfg.vocab if cfg.vocab is not None else find_vocab(cfg.model)
     vocab = os.path.abspath(vocab) if vocab is not None else None
     if vocab is not None:
-        from bertfuse.text import WordPiece  # reads and checks it now: one line if bad
-
         WordPiece(vocab, lower_case=cfg.lower_case, max_length=max_seq, model=cfg.model)
     return ServeConfig(**{**asdict(cfg), "max_seq": max_seq, "outputs": outputs,
                           "batch_buckets": buckets,

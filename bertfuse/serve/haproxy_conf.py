@@ -28,6 +28,8 @@ import os
 import signal
 import sys
 
+from bertfuse.serve.guard import REALM, UNAUTHORIZED
+
 # The headers of a request must arrive within this: one byte a second per connection
 # (slowloris) holds a connection 10 s, not the hour of Serve's `timeout client`.
 HEADER_TIMEOUT_S = 10
@@ -85,7 +87,6 @@ def _routes_guard(token_sha256: str | None) -> list[str]:
     Authorization is `Bearer TOKEN` (scheme in any case, nothing after the token)."""
     if not token_sha256:
         return []
-    from bertfuse.serve.guard import REALM, UNAUTHORIZED
 
     int(token_sha256, 16)  # hex digits only: nothing of it can end the config's word
 

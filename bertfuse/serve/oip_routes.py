@@ -30,13 +30,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from starlette.requests import Request
-from starlette.responses import Response
-
 from bertfuse._version import __version__
 from bertfuse.serve.guard import HTTPError, read_body
 from bertfuse.serve.infer_stats import triton_stats
 from bertfuse.serve.oip import OIP, VERSION, response
+from bertfuse.optional import optional
+
+Request = optional("starlette.requests", "Request", why="Ray Serve's HTTP types (ray extra)")
+Response = optional("starlette.responses", "Response", why="Ray Serve's HTTP types (ray extra)")
 
 EXTENSIONS = ["binary_tensor_data", "model_repository", "model_configuration", "statistics"]
 # Triton's own words when model control is off (tools match them), then why. Triton's status

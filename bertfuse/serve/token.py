@@ -19,6 +19,7 @@ import os
 import stat
 
 from bertfuse.runtime.request_checks import ConfigError
+from bertfuse.serve.guard import token_digest
 
 TOKEN_ENV = "BERTFUSE_TOKEN"
 MAX_TOKEN = 4096
@@ -29,8 +30,6 @@ ALLOW_FLAG = "--allow-readable-token-file"
 
 def token_sha256(path: str | None, allow_readable: bool = False) -> str | None:
     """The digest of the bearer token in `path` (or BERTFUSE_TOKEN), None for no token."""
-    from bertfuse.serve.guard import token_digest
-
     if path is None:
         token = os.environ.get(TOKEN_ENV)
         if token is None:

@@ -323,12 +323,12 @@ def test_debug_lets_the_exception_through(bad, out_dir):
 
 
 def test_internal_error_is_one_line_exit_3(bad, out_dir, capsys, monkeypatch):
-    import bertfuse.converter
+    import bertfuse.pipeline.stages  # where convert's stages find load_source
 
     def boom(*a, **k):
         raise RuntimeError("something broke\nsecond line")
 
-    monkeypatch.setattr(bertfuse.converter, "load_source", boom)
+    monkeypatch.setattr(bertfuse.pipeline.stages, "load_source", boom)
     line = _expect_failure(capsys, ["convert", bad["tiny"], "-o", out_dir / "m.onnx"], code=3)
     assert "internal error" in line and "--debug" in line
     with pytest.raises(RuntimeError, match="something broke"):

@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Literal
 
 import numpy as np
+import ml_dtypes
 
 from bertfuse.ops.bertfuse import dense
 from bertfuse.ops.contract import BERTFUSE_DOMAIN, AttrSpec, OpContract, TensorSpec
@@ -70,8 +71,6 @@ Fp8Op = Literal["DenseBiasFp8", "DenseBiasGeluFp8", "DenseBiasSkipLayerNormFp8"]
 
 def e4m3_dtype() -> np.dtype:
     """NumPy's float8 e4m3 type (ml_dtypes, which onnx itself uses for FLOAT8E4M3FN)."""
-    import ml_dtypes
-
     return np.dtype(ml_dtypes.float8_e4m3fn)
 
 

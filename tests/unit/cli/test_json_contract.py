@@ -219,12 +219,12 @@ def test_a_missing_optional_package_is_a_report(work, tmp_path):
 def test_a_bug_is_exit_3_with_a_report(work, monkeypatch):
     """A bug of ours (here: summarize raising what it never should) still leaves CI a
     report: kind internal, exit 3."""
-    from bertfuse.inspect import summary
+    import bertfuse.cli.inspect  # where the inspect command finds summarize
 
     def broken(model):
         raise KeyError("a bug")
 
-    monkeypatch.setattr(summary, "summarize", broken)
+    monkeypatch.setattr(bertfuse.cli.inspect, "summarize", broken)
     code, stdout, err = _run(["inspect", work["fused"], "--json"])
     report = _report(code, stdout, err, "inspect.json")
     assert code == 3 and report["error"]["kind"] == "internal"

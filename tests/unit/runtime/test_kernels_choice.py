@@ -145,9 +145,9 @@ def test_auto_keeps_contrib_where_only_the_general_path_covers_the_head_size(rng
     """Head size 26 (TinyBERT) runs on bertfuse's general path only, measured slower than ORT's
     kernels: auto keeps the contrib form and says so, before it looks for the library."""
     tiny = contrib(rng, hidden=52, heads=2, inter=104)
-    from bertfuse.kernels import library
+    from bertfuse.runtime import kernel_choice  # where choose() finds locate
 
-    monkeypatch.setattr(library, "locate", lambda: pytest.fail("auto looked for the library"))
+    monkeypatch.setattr(kernel_choice, "locate", lambda: pytest.fail("auto looked for the library"))
     model, choice = choose(tiny, "auto", "cuda", 64)
     assert model is tiny and choice.used == "ort" and "head size 26" in choice.reason
     assert "general attention path" in choice.reason

@@ -540,12 +540,12 @@ def test_the_actor_session_keeps_one_thread_whatever_thread_calls(tiny, corpus, 
     """Ray Data builds the Scorer on the actor's thread and calls it from an executor's (or,
     with max_concurrency, from several): the Session is still built, run and closed on one
     thread of the actor's own, and each caller gets its own rows' outputs."""
-    import bertfuse.runtime
+    import bertfuse.score.actor  # where the Scorer finds Session
     from bertfuse.score.actor import Scorer
     from bertfuse.score.output import PART, ROW
     from bertfuse.score.spec import build_job
 
-    monkeypatch.setattr(bertfuse.runtime, "Session", ThreadRecordingSession)
+    monkeypatch.setattr(bertfuse.score.actor, "Session", ThreadRecordingSession)
     monkeypatch.setattr(ThreadRecordingSession, "threads", [])
     job = build_job(tiny["model"], corpus["path"], tmp_path / "out", ids_column="ids",
                     segment_column="segs", key_columns=["doc_id"], batch_size=16)
