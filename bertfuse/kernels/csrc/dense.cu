@@ -313,7 +313,7 @@ Status bf_dense_forward(DenseGemm& gemm, cudaStream_t stream, WorkspaceSource* w
       return RunSplitLn(gemm, stream, a, splits, parts);
   }
   Steps s;
-  BF_RETURN_IF_ERROR(PlanRunnableSteps(gemm, ws, a, &s));
+  BF_RETURN_IF_ERROR(PlanSteps(gemm, a, &s));
   // fp16 with the production variant: bertfuse's sm_90a GEMM, with bias and erf GELU in its
   // epilogue, where it beats cuBLASLt at this shape (tanh GELU stays on cuBLASLt's epilogue).
   if (!a.fp8 && a.variant == DenseVariant::kProduction && !(a.kind == DenseKind::kBiasGelu && a.approximate) &&
@@ -360,6 +360,10 @@ Status bf_dense_forward(DenseGemm& gemm, cudaStream_t stream, WorkspaceSource* w
       return gemm.RunFp8Quantized(stream, ws, a.xq, static_cast<const uint8_t*>(a.w), a.w_scale, a.x_scale, a.bias,
                                   a.yq, a.yq_dscale, M, N, K, s.epi, a.fast_accum);
     }
+  }
+  // cuBLASLt's GEMM, its combination of epilogue and residual asked for first.
+  BF_RETURN_IF_ERROR(PlanRunnableSteps(gemm, ws, a, &s));
+  if (a.fp8) {
     BF_RETURN_IF_ERROR(gemm.RunFp8(stream, ws, a.xq, static_cast<const uint8_t*>(a.w), a.w_scale, a.x_scale,
                                    EpilogueBias(a, s), s.C, a.y, M, N, K, s.epi, a.fast_accum));
   } else {
