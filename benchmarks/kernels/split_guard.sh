@@ -26,9 +26,10 @@
 # Environment: PYTHON (default python3; onnxruntime-gpu importable, e.g. PYTHONPATH), OUT
 # (default ./out/split-guard; at most 7 files: verdicts.txt (the host, then one line a step),
 # build.log, check-before.json, check-after.json, check.err, compare.log, compare.json), WORK
-# (default /tmp/bertfuse-split-guard: the libraries, models and saved outputs), BUILDER (auto|cmake|nvcc, default auto), ROUNDS (6),
-# ITERS (100 per round), WORKLOADS (default "shenma-3l b20 s64|base b1 s128"). The builds
-# follow $BERTFUSE_CUTLASS_DIR as `bertfuse kernels build` does (both alike).
+# (default /tmp/bertfuse-split-guard: the libraries, models and saved outputs), BUILDER
+# (auto|cmake|nvcc, default auto), ROUNDS (6), ITERS (100 per round), WORKLOADS (default
+# "shenma-3l b20 s64|base b1 s128"). The builds follow $BERTFUSE_CUTLASS_DIR as `bertfuse kernels
+# build` does (both alike).
 # Exit 0 when every step passed: every check case, every output bit-identical, every p50 within
 # 3% of before.
 set -uo pipefail
