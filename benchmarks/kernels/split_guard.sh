@@ -27,7 +27,7 @@
 # (default ./out/split-guard; at most 7 files: verdicts.txt (the host, then one line a step),
 # build.log, check-before.json, check-after.json, check.err, compare.log, compare.json), WORK
 # (default /tmp/bertfuse-split-guard: the libraries, models and saved outputs), BUILDER
-# (auto|cmake|nvcc, default auto), ROUNDS (6), ITERS (100 per round), WORKLOADS (default
+# (auto|cmake|nvcc, default auto), ARCH (the SM to build for; default the GPU's), ROUNDS (6), ITERS (100 per round), WORKLOADS (default
 # "shenma-3l b20 s64|base b1 s128"). The builds follow $BERTFUSE_CUTLASS_DIR as `bertfuse kernels
 # build` does (both alike).
 # Exit 0 when every step passed: every check case, every output bit-identical, every p50 within
@@ -76,10 +76,10 @@ t0=$SECONDS
 # build (both at once) and models (beside them)
 if want build; then
     "$PY" "$GUARD" build --src "$BEFORE" --root "$WORK/lib-before" --ort-include "$ORT_INC" \
-        --builder "$BUILDER" > "$WORK/build-before.log" 2>&1 &
+        --builder "$BUILDER" ${ARCH:+--arch "$ARCH"} > "$WORK/build-before.log" 2>&1 &
     pb=$!
     "$PY" "$GUARD" build --src "$REPO/bertfuse/kernels" --root "$WORK/lib-after" --ort-include "$ORT_INC" \
-        --builder "$BUILDER" > "$WORK/build-after.log" 2>&1 &
+        --builder "$BUILDER" ${ARCH:+--arch "$ARCH"} > "$WORK/build-after.log" 2>&1 &
     pa=$!
     IFS='|' read -r -a wl <<< "$WORKLOADS"
     "$PY" "$GUARD" models --work "$WORK/models" ${SKELETONS:+--skeletons "$SKELETONS"} \
