@@ -41,7 +41,8 @@ def build(tmp: str) -> str:
     so = os.path.join(tmp, "libbf_dense_check.so")
     cmd = [nvcc, "-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC,-fvisibility=hidden",
            f"-arch=sm_{major}{minor}", "-I", os.path.join(root, "include"), "-o", so,
-           os.path.join(CSRC, "dense.cu"), os.path.join(CSRC, "layernorm.cu"),
+           *(os.path.join(CSRC, f) for f in ("dense.cu", "gemm_tuner.cu", "bias_act.cu", "config.cc",
+                                             "check_dense.cu", "layernorm.cu")),
            os.path.join(CSRC, "gemm_sm90.cu"),  # the table only: the sm_90a GEMMs need --lib
            "-L", libdir, f"-l{lt}", "-Xlinker", f"-rpath,{libdir}"]
     print("building:", " ".join(cmd), flush=True)

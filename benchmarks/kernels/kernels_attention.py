@@ -34,8 +34,10 @@ except ImportError:  # run from a checkout without bertfuse installed
 
 CSRC = ROOT / "bertfuse" / "kernels" / "csrc"
 SOURCES = [CSRC / "attention.cu", CSRC / "attention_tiled.cu", CSRC / "attention_general.cu",  # the op's paths
-           # the e4m3 quantize pass the op falls back to (and what it links: cuBLASLt)
-           CSRC / "dense.cu", CSRC / "layernorm.cu", CSRC / "gemm_sm90.cu"]
+           # the check entry points (and the packing kernels they also wrap), the e4m3 quantize
+           # pass the op falls back to, and the switches (config.cc)
+           CSRC / "check_attention.cu", CSRC / "packed_attention.cu", CSRC / "pack.cu",
+           CSRC / "bias_act.cu", CSRC / "config.cc"]
 MASK_FILTER = -10000.0
 GATE_MAX, GATE_MEAN = 4e-2, 2e-3
 

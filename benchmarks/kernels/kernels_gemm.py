@@ -2,8 +2,8 @@
 
     python3 benchmarks/kernels/kernels_gemm.py [--lib libbertfuse_ops.so] [--out DIR] [--no-fp8]
 
-Without --lib, builds the dense kernels alone (csrc/dense.cu + layernorm.cu, no ORT headers
-needed) with nvcc for the local GPU into a temp dir. Runs every dense op through its ctypes
+Without --lib, builds the dense kernels alone (csrc/dense.cu and what it uses, no ORT headers:
+gemm_harness.py) with nvcc for the local GPU into a temp dir. Runs every dense op through its ctypes
 check entry point on the shenma (M = 1280) and base (M = 128, 4096) GEMM shapes, compares with
 a float64 reference (fp16 gate: max <= 4e-2, mean <= 2e-3; FP8 is gated against the float64
 product of its own dequantized inputs and its error against the true product is reported),
@@ -31,7 +31,7 @@ GEMMS = [("qkv", 768, 2304, BIAS, 0), ("ffn_up erf", 768, 3072, GELU, 0),
          ("ffn_up tanh", 768, 3072, GELU, 1), ("ffn_down+sln", 3072, 768, SLN, 0),
          ("attn_out+sln", 768, 768, SLN, 0)]
 WORKLOADS = [("shenma b20 s64", 1280), ("base b1 s128", 128), ("base b32 s128", 4096)]
-# Production path first (0), then the alternatives bf_dense_forward measures (see dense.h:
+# Production path first (0), then the alternatives bf_dense_forward measures (DenseVariant, dense.h:
 # GELU erf 1 = plain GEMM + bias+GELU kernel, 2 = erff; SkipLayerNorm 1 = bias epilogue, 2 = skip
 # as C); the tanh GELU has one path. Programmatic dependent launch is on unless BERTFUSE_PDL=0.
 VARIANTS = {BIAS: [0], GELU: [0, 1, 2], SLN: [0, 1, 2]}

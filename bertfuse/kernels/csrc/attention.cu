@@ -18,7 +18,7 @@
 #include <cuda_fp8.h>
 
 #include "attention_general.h"
-#include "dense.h"
+#include "bias_act.h"
 #include "attention_tiled.h"
 
 #include <atomic>
@@ -92,19 +92,7 @@ __device__ __forceinline__ void scores(const __half* Qw, const __half* Ks, const
 template <int KT>
 __device__ __forceinline__ void pv(const float (&acc)[2 * KT][4], const __half* Vs, int lane, float (&o)[kD / 8][4]) {
 #pragma unroll
-  for (int kk = 0; kk < KT; ++kk) {
-    // The C layout of score tiles 2kk, 2kk+1 is the A layout of keys 16kk .. 16kk+15.
-    const uint32_t pa[4] = {pack_half2(acc[2 * kk][0], acc[2 * kk][1]), pack_half2(acc[2 * kk][2], acc[2 * kk][3]),
-                            pack_half2(acc[2 * kk + 1][0], acc[2 * kk + 1][1]),
-                            pack_half2(acc[2 * kk + 1][2], acc[2 * kk + 1][3])};
-#pragma unroll
-    for (int np = 0; np < kD / 16; ++np) {
-      uint32_t vb[4];  // B fragments (both key halves) of d-tiles 2np and 2np+1
-      ldsm_x4_trans(vb, Vs + (kk * 16 + (lane & 15)) * kLd + np * 16 + (lane >> 4) * 8);
-      mma16816(o[2 * np], pa, vb[0], vb[1]);
-      mma16816(o[2 * np + 1], pa, vb[2], vb[3]);
-    }
-  }
+  for (int kk = 0; kk < KT; ++kk) pv_step<kD, kLd>(acc, kk, Vs, lane, o);
 }
 
 // The warp's O times inv0 / inv1 (rows g / g + 8), staged in the warp's own Q rows (no other warp
@@ -478,47 +466,3 @@ cudaError_t bf_attention_f16(cudaStream_t stream, const __half* qkv, const int32
 }
 
 }  // namespace bertfuse
-
-extern "C" int bf_check_attention_config(uintptr_t qkv, uintptr_t mask, int mask_rank, int B, int S, int num_heads,
-                                         int head_size, float scale, uintptr_t out, uintptr_t stream, int warps,
-                                         int passes) {
-  // The tensor-core kernel alone, in a chosen configuration (warps 1..4 per CTA, passes 1..2 per
-  // warp; 0 = the heuristic's): -1 where it does not cover the shape.
-  if (bertfuse::attention_fast_unsupported(B, S, num_heads, head_size, mask_rank) != nullptr) return -1;
-  return static_cast<int>(bertfuse::bf_attention_f16_warps(
-      reinterpret_cast<cudaStream_t>(stream), reinterpret_cast<const __half*>(qkv),
-      reinterpret_cast<const int32_t*>(mask), mask_rank, B, S, num_heads, head_size, scale,
-      reinterpret_cast<__half*>(out), warps, passes));
-}
-
-extern "C" int bf_check_attention_split(uintptr_t qkv, uintptr_t mask, int mask_rank, int B, int S, int num_heads,
-                                        int head_size, float scale, uintptr_t out, uintptr_t stream, int tiles) {
-  // The keys-split kernel alone, `tiles` 16-query tiles per CTA (1..4; 0: as many as S fills, up
-  // to 4): -1 where it does not cover the shape.
-  if (bertfuse::attention_fast_unsupported(B, S, num_heads, head_size, mask_rank) != nullptr || S <= 16) return -1;
-  return static_cast<int>(bertfuse::bf_attention_f16_split(
-      reinterpret_cast<cudaStream_t>(stream), reinterpret_cast<const __half*>(qkv),
-      reinterpret_cast<const int32_t*>(mask), mask_rank, B, S, num_heads, head_size, scale,
-      reinterpret_cast<__half*>(out), tiles, nullptr, 1.0f));
-}
-
-extern "C" int bf_check_attention_warps(uintptr_t qkv, uintptr_t mask, int mask_rank, int B, int S, int num_heads,
-                                        int head_size, float scale, uintptr_t out, uintptr_t stream, int warps) {
-  // As bf_check_attention_config with one pass per warp (warps 0: the heuristic's, passes too).
-  return bf_check_attention_config(qkv, mask, mask_rank, B, S, num_heads, head_size, scale, out, stream, warps,
-                                   warps == 0 ? 0 : 1);
-}
-
-extern "C" int bf_check_attention(uintptr_t qkv, uintptr_t mask, int mask_rank, int B, int S, int num_heads,
-                                  int head_size, float scale, uintptr_t out, uintptr_t stream) {
-  // What the op runs: the tensor-core kernel or the general path.
-  if (bertfuse::attention_unsupported(B, S, num_heads, head_size, mask_rank) != nullptr) return -1;
-  return static_cast<int>(bertfuse::bf_attention_f16(
-      reinterpret_cast<cudaStream_t>(stream), reinterpret_cast<const __half*>(qkv),
-      reinterpret_cast<const int32_t*>(mask), mask_rank, B, S, num_heads, head_size, scale,
-      reinterpret_cast<__half*>(out)));
-}
-
-extern "C" const char* bf_attention_unsupported(int B, int S, int num_heads, int head_size, int mask_rank) {
-  return bertfuse::attention_unsupported(B, S, num_heads, head_size, mask_rank);
-}

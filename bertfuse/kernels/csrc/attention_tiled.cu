@@ -188,20 +188,7 @@ __global__ void __launch_bounds__(kWarps * 32)
         o[dt][3] *= c1;
       }
 #pragma unroll
-      for (int kk = 0; kk < kKB / 16; ++kk) {
-        // The C layout of score tiles 2kk, 2kk+1 is the A layout of keys 16kk .. 16kk+15.
-        const uint32_t pa[4] = {pack_half2(acc[2 * kk][0], acc[2 * kk][1]),
-                                pack_half2(acc[2 * kk][2], acc[2 * kk][3]),
-                                pack_half2(acc[2 * kk + 1][0], acc[2 * kk + 1][1]),
-                                pack_half2(acc[2 * kk + 1][2], acc[2 * kk + 1][3])};
-#pragma unroll
-        for (int np = 0; np < D / 16; ++np) {
-          uint32_t vb[4];
-          ldsm_x4_trans(vb, Vb + (kk * 16 + (lane & 15)) * LD + np * 16 + (lane >> 4) * 8);
-          mma16816(o[2 * np], pa, vb[0], vb[1]);
-          mma16816(o[2 * np + 1], pa, vb[2], vb[3]);
-        }
-      }
+      for (int kk = 0; kk < kKB / 16; ++kk) pv_step<D, LD>(acc, kk, Vb, lane, o);
     }
     __syncthreads();  // every warp is done with this buffer before the next prefetch reuses it
   }
@@ -293,15 +280,3 @@ cudaError_t bf_packed_attention_tiled_f16(cudaStream_t stream, const __half* qkv
 }
 
 }  // namespace bertfuse
-
-extern "C" __attribute__((visibility("default"))) int bf_check_attention_tiled(
-    uintptr_t qkv, uintptr_t mask, int mask_rank, int B, int S, int num_heads, int head_size, float scale,
-    uintptr_t out, uintptr_t stream) {
-  // The tiled kernel alone (the device check compares it with the reference and the op's choice):
-  // -1 where it does not cover the shape.
-  if (bertfuse::attention_tiled_unsupported(B, S, num_heads, head_size, mask_rank) != nullptr) return -1;
-  return static_cast<int>(bertfuse::bf_attention_tiled_f16(
-      reinterpret_cast<cudaStream_t>(stream), reinterpret_cast<const __half*>(qkv),
-      reinterpret_cast<const int32_t*>(mask), mask_rank, B, S, num_heads, head_size, scale,
-      reinterpret_cast<__half*>(out)));
-}

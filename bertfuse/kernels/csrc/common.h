@@ -28,6 +28,8 @@
 #include <utility>
 #include <vector>
 
+#include "status.h"
+
 // Symbols are hidden by default (-fvisibility=hidden); only entry points carry BF_EXPORT.
 #define BF_EXPORT __attribute__((visibility("default")))
 
@@ -46,6 +48,12 @@ inline OrtStatusPtr Error(const char* op, const std::string& what, OrtErrorCode 
 
 inline OrtStatusPtr InvalidArgument(const char* op, const std::string& what) {
     return Error(op, what, ORT_INVALID_ARGUMENT);
+}
+
+// The op boundary's form of a bf::Status (status.h): nullptr when ok, else an ORT_EP_FAIL status
+// with its message.
+inline OrtStatusPtr ToOrt(const char* op, const Status& st) {
+    return st.ok() ? nullptr : Error(op, st.message(), ORT_EP_FAIL);
 }
 
 inline OrtStatusPtr CudaError(const char* op, cudaError_t err, const char* expr, const char* file, int line) {

@@ -247,8 +247,7 @@ class DenseKernel {
       a.x_scale = x_scale_;
       a.fast_accum = fast_accum_;
     }
-    const char* err = bertfuse::bf_dense_forward(*gemm_, stream, &scratch, a);
-    if (err) return bf::Error(kOp, err, ORT_EP_FAIL);
+    BF_ORT_OK(bf::ToOrt(kOp, bertfuse::bf_dense_forward(*gemm_, stream, &scratch, a)));
     return nullptr;
   }
 

@@ -3,7 +3,6 @@
 #include "gemm_sm90.h"
 
 #include <cstdint>
-#include <string>
 
 namespace bertfuse {
 namespace sm90 {
@@ -12,14 +11,14 @@ namespace {
 struct Config {
   const char* name;
   size_t (*workspace)(const Problem&);
-  const char* (*run)(const Problem&, cudaStream_t, void*, size_t);
+  bf::Status (*run)(const Problem&, cudaStream_t, void*, size_t);
 };
 }  // namespace
 
 #ifdef BF_HAVE_SM90_GEMM
 #define BF_DECLARE(NAME)                     \
   size_t NAME##_workspace(const Problem& p); \
-  const char* NAME##_run(const Problem& p, cudaStream_t s, void* ws, size_t n);
+  bf::Status NAME##_run(const Problem& p, cudaStream_t s, void* ws, size_t n);
 BF_DECLARE(pingpong_64x128)
 BF_DECLARE(pingpong_64x128_c2)
 BF_DECLARE(pingpong_128x128)
@@ -65,7 +64,6 @@ bool Available() { return false; }
 #endif
 
 namespace {
-thread_local std::string g_error;
 bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 }  // namespace
 
@@ -85,15 +83,10 @@ size_t WorkspaceBytes(int cfg, const Problem& p) {
   return kConfigs[cfg].workspace(p);
 }
 
-const char* Run(int cfg, const Problem& p, cudaStream_t stream, void* workspace, size_t ws_bytes) {
-  if (!Available() || cfg < 0 || cfg >= kNumConfigs) {
-    g_error = "sm90 GEMM: not in this build or not on this device";
-    return g_error.c_str();
-  }
-  if (!Eligible(p)) {
-    g_error = "sm90 GEMM: shape or alignment not covered";
-    return g_error.c_str();
-  }
+bf::Status Run(int cfg, const Problem& p, cudaStream_t stream, void* workspace, size_t ws_bytes) {
+  if (!Available() || cfg < 0 || cfg >= kNumConfigs)
+    return bf::Status::Unsupported("sm90 GEMM: not in this build or not on this device");
+  if (!Eligible(p)) return bf::Status::Unsupported("sm90 GEMM: shape or alignment not covered");
   return kConfigs[cfg].run(p, stream, workspace, ws_bytes);
 }
 

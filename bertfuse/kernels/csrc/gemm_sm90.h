@@ -14,6 +14,8 @@
 
 #include <cstddef>
 
+#include "status.h"
+
 namespace bertfuse {
 namespace sm90 {
 
@@ -44,8 +46,8 @@ bool Eligible(const Problem& p);
 // Device workspace `cfg` needs for `p` (stream-K's partial tiles), in bytes.
 size_t WorkspaceBytes(int cfg, const Problem& p);
 
-// Enqueues the GEMM on `stream`. nullptr on success, else a message (thread-local storage).
-const char* Run(int cfg, const Problem& p, cudaStream_t stream, void* workspace, size_t ws_bytes);
+// Enqueues the GEMM on `stream`.
+bf::Status Run(int cfg, const Problem& p, cudaStream_t stream, void* workspace, size_t ws_bytes);
 
 }  // namespace sm90
 }  // namespace bertfuse

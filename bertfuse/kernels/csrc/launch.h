@@ -2,7 +2,7 @@
 // programmatic dependent launch (PDL): the kernel may start while the kernel before it is
 // finishing, fetch its weights, and wait for that kernel's output at griddepcontrol.wait (CUDA
 // graphs keep the programmatic edge). Measured on the H200: 0.4-0.8 us less per LayerNorm or
-// GELU pass. On by default; BERTFUSE_PDL=0 (or the check entry point bf_check_set_pdl) turns it
+// GELU pass. On by default; BERTFUSE_PDL=0 (config.h) (or the check entry point bf_check_set_pdl) turns it
 // off, and each launch asks for it only where its weights are not written just before it.
 #pragma once
 
@@ -10,15 +10,13 @@
 
 #include <atomic>
 #include <cstddef>
-#include <cstdlib>
+
+#include "config.h"
 
 namespace bertfuse {
 
 inline std::atomic<int>& PdlFlag() {
-  static std::atomic<int> flag{[] {
-    const char* s = std::getenv("BERTFUSE_PDL");
-    return s && s[0] == '0' ? 0 : 1;
-  }()};
+  static std::atomic<int> flag{Config().pdl};
   return flag;
 }
 
@@ -74,11 +72,7 @@ int resident_ctas_of(std::atomic<int> (&cache)[kMaxDevices], void (*kernel)(KArg
 // not all be resident at once (layernorm.cu), 1 never, 2 wherever the row fits; the forced forms
 // are for comparisons (benchmarks/kernels/ln_probe.py, benchmarks/runtime/pdl_ab.py).
 inline std::atomic<int>& LnCapFlag() {
-  static std::atomic<int> flag{[] {
-    const char* s = std::getenv("BERTFUSE_LN_CAP");
-    const int v = s ? std::atoi(s) : 0;
-    return v >= 0 && v <= 2 ? v : 0;
-  }()};
+  static std::atomic<int> flag{Config().ln_cap};
   return flag;
 }
 

@@ -147,29 +147,3 @@ cudaError_t bf_unpack_tokens(cudaStream_t stream, const void* packed, int T, con
 }
 
 }  // namespace bertfuse
-
-extern "C" int bf_check_pack_tokens(uintptr_t mask, int B, int S, int T, uintptr_t token_index, uintptr_t token_slot,
-                                    uintptr_t cu_seqlens, uintptr_t stream) {
-  if (bertfuse::pack_tokens_unsupported(B, S, T) != nullptr) return -1;
-  return static_cast<int>(bertfuse::bf_pack_tokens(
-      reinterpret_cast<cudaStream_t>(stream), reinterpret_cast<const int32_t*>(mask), B, S, T,
-      reinterpret_cast<int32_t*>(token_index), reinterpret_cast<int32_t*>(token_slot),
-      reinterpret_cast<int32_t*>(cu_seqlens)));
-}
-
-extern "C" int bf_check_unpack_tokens(uintptr_t packed, int T, uintptr_t token_slot, int B, int S, long long row_bytes,
-                                      uintptr_t out, uintptr_t stream) {
-  if (bertfuse::unpack_tokens_unsupported(T, B, S, row_bytes) != nullptr) return -1;
-  return static_cast<int>(bertfuse::bf_unpack_tokens(reinterpret_cast<cudaStream_t>(stream),
-                                                     reinterpret_cast<const void*>(packed), T,
-                                                     reinterpret_cast<const int32_t*>(token_slot), B, S, row_bytes,
-                                                     reinterpret_cast<void*>(out)));
-}
-
-extern "C" const char* bf_pack_tokens_unsupported(int B, int S, int T) {
-  return bertfuse::pack_tokens_unsupported(B, S, T);
-}
-
-extern "C" const char* bf_unpack_tokens_unsupported(int T, int B, int S, long long row_bytes) {
-  return bertfuse::unpack_tokens_unsupported(T, B, S, row_bytes);
-}

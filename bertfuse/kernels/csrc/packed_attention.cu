@@ -140,19 +140,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
   for (int dt = 0; dt < kD / 8; ++dt) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
 #pragma unroll
   for (int kk = 0; kk < KT; ++kk) {
-    if (kk * 16 < len) {  // warp-uniform: probabilities past the end are exactly 0
-      // The C layout of score tiles 2kk, 2kk+1 is the A layout of keys 16kk .. 16kk+15.
-      const uint32_t pa[4] = {pack_half2(acc[2 * kk][0], acc[2 * kk][1]), pack_half2(acc[2 * kk][2], acc[2 * kk][3]),
-                              pack_half2(acc[2 * kk + 1][0], acc[2 * kk + 1][1]),
-                              pack_half2(acc[2 * kk + 1][2], acc[2 * kk + 1][3])};
-#pragma unroll
-      for (int np = 0; np < kD / 16; ++np) {
-        uint32_t vb[4];  // B fragments (both key halves) of d-tiles 2np and 2np+1
-        ldsm_x4_trans(vb, Vs + (kk * 16 + (lane & 15)) * kLd + np * 16 + (lane >> 4) * 8);
-        mma16816(o[2 * np], pa, vb[0], vb[1]);
-        mma16816(o[2 * np + 1], pa, vb[2], vb[3]);
-      }
-    }
+    if (kk * 16 < len) pv_step<kD, kLd>(acc, kk, Vs, lane, o);  // warp-uniform: P past the end is exactly 0
   }
 
   // Stage the normalised tile in this warp's own Q rows (only it read them), then 16-byte stores.
@@ -252,16 +240,3 @@ cudaError_t bf_packed_attention_f16(cudaStream_t stream, const __half* qkv, cons
 }
 
 }  // namespace bertfuse
-
-extern "C" int bf_check_packed_attention(uintptr_t qkv, uintptr_t cu_seqlens, int T, int R, int S_max, int num_heads,
-                                         int head_size, float scale, uintptr_t out, uintptr_t stream, int warps) {
-  if (bertfuse::packed_attention_unsupported(T, R, S_max, num_heads, head_size) != nullptr) return -1;
-  return static_cast<int>(bertfuse::bf_packed_attention_f16(
-      reinterpret_cast<cudaStream_t>(stream), reinterpret_cast<const __half*>(qkv),
-      reinterpret_cast<const int32_t*>(cu_seqlens), T, R, S_max, num_heads, head_size, scale,
-      reinterpret_cast<__half*>(out), warps));
-}
-
-extern "C" const char* bf_packed_attention_unsupported(int T, int R, int S_max, int num_heads, int head_size) {
-  return bertfuse::packed_attention_unsupported(T, R, S_max, num_heads, head_size);
-}

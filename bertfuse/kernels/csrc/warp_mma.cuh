@@ -1,6 +1,7 @@
 // Warp-level tensor-core primitives (sm_80+) for the attention and pooler kernels: cp.async
-// copies, ldmatrix loads, the m16n8k16 fp16 mma with fp32 accumulation, ex2 and quad reductions.
-// Device-only, header-only; shared by attention.cu, packed_attention.cu and pooler.cu.
+// copies, ldmatrix loads, the m16n8k16 fp16 mma with fp32 accumulation, ex2 and quad reductions,
+// and the attention kernels' P·V step. Device-only, header-only; shared by attention.cu,
+// attention_tiled.cu, packed_attention.cu and pooler.cu.
 #pragma once
 
 #include <cstdint>
@@ -90,6 +91,25 @@ __device__ __forceinline__ void exp2_rows(float (&acc)[NT][4], float mx0, float 
   }
   *sum0 = quad_sum(s0);
   *sum1 = quad_sum(s1);
+}
+
+// O += P V over the 16-key step kk, for a warp's 16 query rows: P is score tiles 2kk and 2kk + 1 of
+// the accumulators (the unnormalised probabilities), V the 16 key rows at Vs + kk * 16 rows of LD
+// halves each, D head dims (O: D / 8 tiles of the mma C layout).
+template <int D, int LD, int NT>
+__device__ __forceinline__ void pv_step(const float (&acc)[NT][4], int kk, const __half* Vs, int lane,
+                                        float (&o)[D / 8][4]) {
+  // The C layout of score tiles 2kk, 2kk+1 is the A layout of keys 16kk .. 16kk+15.
+  const uint32_t pa[4] = {pack_half2(acc[2 * kk][0], acc[2 * kk][1]), pack_half2(acc[2 * kk][2], acc[2 * kk][3]),
+                          pack_half2(acc[2 * kk + 1][0], acc[2 * kk + 1][1]),
+                          pack_half2(acc[2 * kk + 1][2], acc[2 * kk + 1][3])};
+#pragma unroll
+  for (int np = 0; np < D / 16; ++np) {
+    uint32_t vb[4];  // B fragments (both key halves) of d-tiles 2np and 2np+1
+    ldsm_x4_trans(vb, Vs + (kk * 16 + (lane & 15)) * LD + np * 16 + (lane >> 4) * 8);
+    mma16816(o[2 * np], pa, vb[0], vb[1]);
+    mma16816(o[2 * np + 1], pa, vb[2], vb[3]);
+  }
 }
 
 }  // namespace

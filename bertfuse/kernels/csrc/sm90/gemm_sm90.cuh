@@ -19,11 +19,8 @@
 namespace bertfuse {
 namespace sm90 {
 
-thread_local inline std::string g_sm90_error;
-
-inline const char* Sm90Fail(const char* what, cutlass::Status st) {
-  g_sm90_error = std::string("sm90 GEMM ") + what + ": " + cutlassGetStatusString(st);
-  return g_sm90_error.c_str();
+inline bf::Status Sm90Fail(const char* what, cutlass::Status st, bf::Code code = bf::Code::kCuda) {
+  return bf::Status(code, std::string("sm90 GEMM ") + what + ": " + cutlassGetStatusString(st));
 }
 
 int SmCount();  // gemm_sm90.cu: the current device's SM count, queried once
@@ -110,20 +107,17 @@ struct Sm90Gemm {
 
   static size_t Workspace(const Problem& p) { return Gemm::get_workspace_size(Args(p)); }
 
-  static const char* Run(const Problem& p, cudaStream_t stream, void* ws, size_t ws_bytes) {
+  static bf::Status Run(const Problem& p, cudaStream_t stream, void* ws, size_t ws_bytes) {
     Gemm gemm;
     const auto args = Args(p);
     cutlass::Status st = gemm.can_implement(args);
-    if (st != cutlass::Status::kSuccess) return Sm90Fail("cannot run this shape", st);
-    if (Gemm::get_workspace_size(args) > ws_bytes) {
-      g_sm90_error = "sm90 GEMM: workspace too small";
-      return g_sm90_error.c_str();
-    }
+    if (st != cutlass::Status::kSuccess) return Sm90Fail("cannot run this shape", st, bf::Code::kUnsupported);
+    if (Gemm::get_workspace_size(args) > ws_bytes) return bf::Status::Error("sm90 GEMM: workspace too small");
     st = gemm.initialize(args, ws, stream);
     if (st != cutlass::Status::kSuccess) return Sm90Fail("initialize", st);
     st = gemm.run(stream);
     if (st != cutlass::Status::kSuccess) return Sm90Fail("launch", st);
-    return nullptr;
+    return bf::Status::Ok();
   }
 };
 
@@ -138,7 +132,7 @@ struct Sm90Config {
     return p.act == Act::kGeluErf ? G<GeluErfAS>::Workspace(p)
                                   : G<cutlass::epilogue::thread::Identity>::Workspace(p);
   }
-  static const char* Run(const Problem& p, cudaStream_t s, void* ws, size_t ws_bytes) {
+  static bf::Status Run(const Problem& p, cudaStream_t s, void* ws, size_t ws_bytes) {
     return p.act == Act::kGeluErf ? G<GeluErfAS>::Run(p, s, ws, ws_bytes)
                                   : G<cutlass::epilogue::thread::Identity>::Run(p, s, ws, ws_bytes);
   }
@@ -147,7 +141,7 @@ struct Sm90Config {
 // The entry each configuration's .cu file defines.
 #define BF_SM90_CONFIG(NAME, ...)                                                         \
   size_t NAME##_workspace(const Problem& p) { return Sm90Config<__VA_ARGS__>::Workspace(p); } \
-  const char* NAME##_run(const Problem& p, cudaStream_t s, void* ws, size_t n) {          \
+  bf::Status NAME##_run(const Problem& p, cudaStream_t s, void* ws, size_t n) {           \
     return Sm90Config<__VA_ARGS__>::Run(p, s, ws, n);                                     \
   }
 
