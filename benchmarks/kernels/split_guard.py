@@ -8,7 +8,7 @@
 build: the op library from another copy of bertfuse/kernels (its own csrc/), with this checkout's
 builder (kernels/build.py, the same flags for both copies), into the cache folder ROOT (as
 $BERTFUSE_KERNELS_DIR lays it out). models: the bench's workloads as the bench makes them
-(bench.models.prepare_models, bench.kernels' rewrites: the ai.bertfuse fp16 model, its FP8 and
+(bench.models.prepare_models, bench.forms' rewrites: the ai.bertfuse fp16 model, its FP8 and
 --gelu-approximation forms; the packed path runs the fp16 one), from --skeletons or from
 tests/support/builders' BERT of the workload's size (seeded weights). compare: one worker
 process per library (two libraries with the same op names never share a process: each takes its
@@ -104,7 +104,7 @@ def _skeleton(config: str, skeletons: str | None, work: Path) -> str:
 
 def models(work: str, skeletons: str | None, workloads: list[str]) -> Path:
     """Every case's model, as the bench makes them; writes and returns work/models.json."""
-    from bertfuse.bench.kernels import fp8_model, gelu_approximation_model, kernels_model
+    from bertfuse.bench.forms import fp8_model, gelu_approximation_model, kernels_model
     from bertfuse.bench.models import prepare_models
     from bertfuse.bench.workloads import PADDED_WORKLOADS
 
@@ -169,7 +169,7 @@ def _worker(conn, root: str, setting: dict, cases: list[dict], out_dir: str) -> 
         os.environ.update(setting)
         os.environ["BERTFUSE_KERNELS_DIR"] = root
         os.environ["BERTFUSE_PACKAGED_KERNELS"] = "0"
-        from bertfuse.bench.padded import _runtime_session
+        from bertfuse.bench.padded import runtime_session
         from bertfuse.io.inputs import padded_request
         from bertfuse.kernels import library
 
@@ -178,13 +178,13 @@ def _worker(conn, root: str, setting: dict, cases: list[dict], out_dir: str) -> 
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         import onnx
 
-        from bertfuse.runtime.requests import model_facts
+        from bertfuse.runtime.request_checks import model_facts
 
         for case in cases:
             facts = model_facts(onnx.load(case["model"], load_external_data=False))
             feeds = padded_request(case["batch"], case["seq"], facts.vocab_size or 1000)
             _, kw = FORMS[case["form"]]
-            sess, call = _runtime_session(case["model"], feeds, **kw)
+            sess, call = runtime_session(case["model"], feeds, **kw)
             outs = {k: np.array(v, copy=True) for k, v in call(to_host=True).items()}
             np.savez(Path(out_dir) / (case["case"].replace(" ", "_") + ".npz"), **outs)
             again = call(to_host=True)  # the same library twice: a control for the comparison

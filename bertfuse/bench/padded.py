@@ -105,7 +105,7 @@ def run_workload(name: str, skeleton: str, batch: int, seq: int, iters: int, wor
     built = {}
     for label, key, kw in runtime:
         try:
-            built[label] = _runtime_session(paths[key], feeds, **kw)
+            built[label] = runtime_session(paths[key], feeds, **kw)
         except Exception as exc:
             results.append(Result(name, label, note=f"failed: {str(exc).splitlines()[0][:200]}"))
     peers, peer_ref, peer_failed = (setup_peers(_metadata(paths["raw32"]), feeds, work)
@@ -140,7 +140,7 @@ def _metadata(path: str) -> dict[str, str]:
     return {p.key: p.value for p in onnx.load(path, load_external_data=False).metadata_props}
 
 
-def _runtime_session(path: str, feeds: dict[str, np.ndarray], packed: bool = False,
+def runtime_session(path: str, feeds: dict[str, np.ndarray], packed: bool = False,
                      **kw) -> tuple[object, Callable]:
     """bertfuse's Session on one bucket of exactly the request's shape, warmed up, and its
     call (packed=True: every request goes to the packed form, in its token bucket)."""
