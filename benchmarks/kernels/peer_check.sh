@@ -41,19 +41,10 @@ BUDGET="${BUDGET:-470}"
 PACKED="${PACKED:-uniform [8,64] b20 s64}"
 STREAMS="${STREAMS:-4}"
 PY="${PYTHON:-python3}"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's bertfuse
-export BERTFUSE_KERNELS_DIR="${BERTFUSE_KERNELS_DIR:-/tmp/bertfuse-kernels}"
-export PATH="$PATH:/usr/local/cuda/bin"
 export PYTHONUNBUFFERED=1
-mkdir -p "$OUT/shenma" "$OUT/packed" "$WORK/skel"
-start=$(date +%s)
-left() { echo $(( start + BUDGET - $(date +%s) )); }
-cap() {  # cap SECONDS RESERVE: SECONDS, or what is left after RESERVE if that is less (>= 0)
-    local l=$(( $(left) - $2 ))
-    l=$(( l < $1 ? l : $1 ))
-    echo $(( l > 0 ? l : 0 ))
-}
 [ -f tests/support/builders/onnx_graphs.py ] || { echo "run from the repo root"; exit 2; }
+mkdir -p "$OUT/shenma" "$OUT/packed" "$WORK/skel"
+source benchmarks/kernels/budget.sh  # PYTHONPATH, PATH, left, cap
 
 {
     date -u
