@@ -40,17 +40,8 @@ BUDGET="${BUDGET:-580}"  # the device allows 600 s a command
 PACKED="${PACKED:-uniform [8,64] b20 s64}"
 STREAMS="${STREAMS:-4}"
 PY="${PYTHON:-python3}"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's bertfuse
-export BERTFUSE_KERNELS_DIR="${BERTFUSE_KERNELS_DIR:-/tmp/bertfuse-kernels}"
-export PATH="$PATH:/usr/local/cuda/bin"
 mkdir -p "$OUT/kernels" "$OUT/shenma" "$OUT/base" "$OUT/packed"
-start=$(date +%s)
-left() { echo $(( start + BUDGET - $(date +%s) )); }
-cap() {  # cap SECONDS RESERVE: SECONDS, or what is left after RESERVE if that is less (>= 0)
-    local l=$(( $(left) - $2 ))
-    l=$(( l < $1 ? l : $1 ))
-    echo $(( l > 0 ? l : 0 ))
-}
+source benchmarks/kernels/budget.sh  # PYTHONPATH, PATH, left, cap
 
 for f in "$SKEL/shenma-3l_raw.skel.onnx" "$SKEL/base_raw.skel.onnx"; do
     [ -f "$f" ] || { echo "missing skeleton $f (set SKEL; see the header)"; exit 2; }

@@ -53,10 +53,19 @@ def kernels_forms(kernels: Any, paths: dict[str, str]) -> tuple[dict[str, Any], 
     return {"kpadded": paths["kernels16"], "kpacked": packed}, ""
 
 
+def form_options(kw: dict) -> dict:
+    """The session options of the kernels forms: the contrib rows' `kw` (which hold their form
+    with kernels='ort'), with kernels='bertfuse': both forms are written with ai.bertfuse ops,
+    which the runtime refuses to open under 'ort' and runs as written under 'bertfuse'."""
+    return {**kw, "kernels": "bertfuse"}
+
+
 def makers(forms: dict[str, Any], kw: dict) -> dict[str, Any]:
-    """Session factories of the kernels forms, by row key (none when `forms` is empty)."""
+    """Session factories of the kernels forms, by row key (none when `forms` is empty); `kw`
+    as the contrib rows get them (form_options)."""
     if not forms:
         return {}
+    kw = form_options(kw)
     return {"kpadded": lambda: Session(forms["kpadded"], **kw),
             "kpacked": lambda: PackedSession(forms["kpacked"], **kw)}
 

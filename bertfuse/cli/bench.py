@@ -22,6 +22,7 @@ from bertfuse.bench.forms import find_library, format_comparison
 from bertfuse.bench.models import no_cuda, prepare_models
 from bertfuse.bench.padded import Result, Rows, format_table, run_workload, soak
 from bertfuse.bench.timing import kernel_profile
+from bertfuse.bench.peers import best_peers
 from bertfuse.cli.outcome import print_json
 from bertfuse.io.safety import temp_dir
 from bertfuse.optional import optional
@@ -61,9 +62,10 @@ class Bench(Command):
                             "has too (the runtime as shipped, raw mask only)")
         g.add_argument("--peers", choices=("on", "off"), default="on",
                        help="on (default): also time the peers in the same run, ORT's "
-                            "transformer optimizer on a PyTorch export of the same config and "
-                            "torch SDPA, both fp16 with CUDA graphs (need torch and "
-                            "transformers; else those rows say why)")
+                            "transformer optimizer on a PyTorch export of the same config, "
+                            "torch SDPA and torch.compile (max-autotune), all fp16 with CUDA "
+                            "graphs (need torch and transformers, triton for torch.compile; "
+                            "else those rows say why)")
         k = p.add_argument_group("forms")
         add_renamed(k, FORMS_RENAMED, FORMS, dest="forms", default="both",
                     help="contrib: the fused model on ONNX Runtime's contrib ops only; both "
@@ -132,7 +134,8 @@ def _bench(args: argparse.Namespace, work: str) -> dict:
     profiles: list = []
 
     def payload() -> dict:
-        return {"results": [r.__dict__ for r in results], **extra,
+        return {"results": [r.__dict__ for r in results], "best_peer": best_peers(results),
+                **extra,
                 "onnxruntime": ort.__version__, "date": time.strftime("%Y-%m-%d")}
 
     def save() -> None:  # after every workload: a run cut short still leaves its results

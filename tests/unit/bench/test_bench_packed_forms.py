@@ -97,3 +97,23 @@ def test_a_session_that_cannot_open_is_a_failed_note_not_the_runs_end(tiny_onnx,
     made, sessions, note = packed_forms.open_sessions(forms, {"device": "cpu"}, "")
     assert made == {} and sessions == {} and note.startswith("failed: ")
     assert packed_forms.open_sessions({}, {}, "not run: x") == ({}, {}, "not run: x")
+
+
+def test_the_kernels_forms_open_with_their_own_kernels_option(tiny_onnx, tmp_path):
+    """The bench's session options hold the contrib rows on kernels='ort', which the runtime
+    refuses for a model written with ai.bertfuse ops (before it needs a GPU): the kernels
+    forms must not get them as they are, or every device-packed row fails on that refusal."""
+    from bertfuse.runtime.kernel_choice import choose
+
+    fused = tmp_path / "bertfuse16.onnx"
+    shutil.copy(tiny_onnx["fp16"], fused)
+    forms, _ = packed_forms.kernels_forms(KernelsSetup(library="/some/lib.so"),
+                                            {"bertfuse16": str(fused)})
+    kw = dict(max_batch=2, max_seq=16, batch_buckets=(2,), seq_buckets=(16,), device="cuda",
+              provider_options={}, kernels="ort")  # as bench/packed.py run() makes them
+    _, _, note = packed_forms.open_sessions(forms, kw, "")
+    assert note.startswith("failed: ") and "kernels=" not in note, note  # no CUDA here
+    opts = packed_forms.form_options(kw)
+    assert kw["kernels"] == "ort" and {**opts, "kernels": "ort"} == kw
+    _, choice = choose(onnx.load(forms["kpadded"]), opts["kernels"], opts["device"], 16)
+    assert (choice.used, choice.reason) == ("bertfuse", "written with bertfuse's ops")
