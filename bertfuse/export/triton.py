@@ -38,7 +38,8 @@ from bertfuse.io.triton_config import INT32_MAX, Tensor, config_pbtxt, describe,
 from bertfuse.io.onnx_in import check_stranger
 from bertfuse.io.safety import swap_dir_in, temp_dir
 from bertfuse.io.write_errors import naming_the_path
-from bertfuse.kernels.library import DOMAIN, KernelLibraryError, LIB_NAME, locate, uses_library
+from bertfuse.kernels.library import DOMAIN, KernelLibraryError, LIB_NAME, locate
+from bertfuse.kernels.model_ops import uses_library
 from bertfuse.runtime.request_checks import servable_model
 
 CUDA_GRAPHS_REFUSED = (

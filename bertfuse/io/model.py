@@ -19,7 +19,7 @@ from bertfuse.io.stale import scratch_folder
 from bertfuse.io.write_errors import naming_the_path
 from bertfuse.io.onnx_in import check_stranger
 from bertfuse.io.ort import make_session
-from bertfuse.kernels.library import uses_library
+from bertfuse.kernels.model_ops import uses_library
 
 # Protobuf cannot serialise a message over 2 GB; keep a margin.
 EXTERNAL_DATA_THRESHOLD = 1_800_000_000

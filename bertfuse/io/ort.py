@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Mapping, Union
 
 from bertfuse.errors import CudaUnavailableError
-from bertfuse.kernels.library import prepare
+from bertfuse.kernels.model_ops import prepare
 from bertfuse.optional import optional
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ from bertfuse.converter.roles import assign_roles
 from bertfuse.converter.source import ROLES
 from bertfuse.io.model import EXTERNAL_DATA_THRESHOLD, model_bytes, scratch_file
 from bertfuse.io.ort import make_session
-from bertfuse.kernels.library import uses_library
+from bertfuse.kernels.model_ops import uses_library
 from bertfuse.runtime.request_checks import model_facts
 
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ from bertfuse.io.ort import make_session
 from bertfuse.runtime import graphs
 from bertfuse.runtime.pinned import copy_to_device_async, copy_to_host, pinned_empty
 from bertfuse.io.inputs import shape_probe
-from bertfuse.kernels.library import uses_library
+from bertfuse.kernels.model_ops import uses_library
 from bertfuse.optional import optional
 
 

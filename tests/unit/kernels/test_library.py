@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,7 @@ from onnx import TensorProto, helper
 from bertfuse.cli import main
 from bertfuse.ops.bertfuse import dense
 from bertfuse.kernels import library as lib
+from bertfuse.kernels import model_ops
 from bertfuse.kernels.build import find_ort_include, header_api_version
 from bertfuse.errors import BertfuseError
 from bertfuse.cli.kernels import _arch
@@ -150,20 +152,20 @@ def test_uses_library_on_every_model_form(tmp_path):
     ours = _dense_model()
     path = tmp_path / "m.onnx"
     onnx.save(ours, str(path))
-    assert lib.uses_library(ours) and lib.uses_library(ours.SerializeToString()) and lib.uses_library(str(path))
-    assert not lib.uses_library(plain) and not lib.uses_library(plain.SerializeToString())
+    assert model_ops.uses_library(ours) and model_ops.uses_library(ours.SerializeToString()) and model_ops.uses_library(str(path))
+    assert not model_ops.uses_library(plain) and not model_ops.uses_library(plain.SerializeToString())
     # Inside an If's branch.
     cond = helper.make_node("If", ["c"], ["y"], then_branch=ours.graph, else_branch=plain.graph)
     nested = helper.make_model(helper.make_graph([cond], "n", [], []))
-    assert lib.uses_library(nested)
+    assert model_ops.uses_library(nested)
 
 
 def test_prepare_refuses_cpu_and_skips_other_models():
     ort = pytest.importorskip("onnxruntime")
     with pytest.raises(lib.KernelLibraryError, match="only on a CUDA GPU.*--ops contrib"):
-        lib.prepare(ort.SessionOptions(), _dense_model(), "cpu")
+        model_ops.prepare(ort.SessionOptions(), _dense_model(), "cpu")
     plain = onnx.ModelProto()
-    assert lib.prepare(ort.SessionOptions(), plain, "cpu") is False
+    assert model_ops.prepare(ort.SessionOptions(), plain, "cpu") is False
 
 
 def test_runtime_session_refuses_ai_bertfuse_model_on_cpu(tmp_path):
@@ -421,9 +423,9 @@ def test_file_scan_finds_the_domain_across_chunk_edges(tmp_path):
     needle = lib.DOMAIN.encode()
     for cut in range(1, len(needle)):
         p.write_bytes(b"x" * (64 - cut) + needle + b"y" * 10)
-        assert lib._file_mentions(p, needle, chunk=64)
+        assert model_ops.file_mentions(p, needle, chunk=64)
     p.write_bytes(b"x" * 200)
-    assert not lib._file_mentions(p, needle, chunk=64)
+    assert not model_ops.file_mentions(p, needle, chunk=64)
 
 
 def test_the_sm90_gemms_are_built_only_when_asked(monkeypatch, tmp_path):
@@ -449,3 +451,20 @@ def test_the_sm90_gemms_are_built_only_when_asked(monkeypatch, tmp_path):
             find_cutlass()
     else:
         assert (find_cutlass() / "include" / "cutlass" / "cutlass.h").is_file()
+
+
+def test_the_wheel_builds_chain_imports_without_onnx_or_numpy():
+    """setup.py imports kernels/prebuild.py (and through it build.py and library.py) in pip's
+    build environment, which holds setuptools and wheel only: none of them may import onnx,
+    numpy or onnxruntime at its top."""
+    blocker = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('onnx', 'numpy', 'onnxruntime'):\n"
+        "            raise ImportError('the build environment has no ' + name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import bertfuse.kernels.prebuild\n")
+    proc = subprocess.run([sys.executable, "-c", blocker], capture_output=True, text=True,
+                          timeout=120, cwd=Path(lib.__file__).parents[2])
+    assert proc.returncode == 0, proc.stderr[-2000:]
