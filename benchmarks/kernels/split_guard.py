@@ -49,7 +49,7 @@ FORMS = {  # case form: (model key, Session options)
     "fp16": ("kernels16", {}),
     "fp8": ("kernels_fp8", {}),
     "gelu-approx": ("kernels16_gelu", {}),
-    "packed": ("kernels16", {"packed": True}),
+    "packed": ("kernels16", {"packed": True}),  # + its device-packed form (models' packed_model)
 }
 SETTINGS = {
     "pinned": {"BERTFUSE_GEMM_TIMING": "0", "BERTFUSE_SPLIT_LN": "4", "BERTFUSE_GEMM": "cublas"},
@@ -107,6 +107,9 @@ def models(work: str, skeletons: str | None, workloads: list[str]) -> Path:
     from bertfuse.bench.forms import fp8_model, gelu_approximation_model, kernels_model
     from bertfuse.bench.models import prepare_models
     from bertfuse.bench.workloads import PADDED_WORKLOADS
+    from bertfuse.passes.manager import run_passes
+    from bertfuse.passes.plans import packing_plan
+    import onnx
 
     out = Path(work)
     out.mkdir(parents=True, exist_ok=True)
@@ -126,11 +129,15 @@ def models(work: str, skeletons: str | None, workloads: list[str]) -> Path:
                 print(f"{config}: kernels_fp8: {note}", flush=True)
                 made["kernels16_gelu"], note = gelu_approximation_model(paths["bertfuse16"], str(folder))
                 print(f"{config}: kernels16_gelu: {note}", flush=True)
+                packed, _ = run_passes(onnx.load(made["kernels16"]), packing_plan(on_kernels=True))
+                made["kernels16_packed"] = str(folder / "kernels16_packed.onnx")
+                onnx.save(packed, made["kernels16_packed"])
             by_config[config] = {k: v for k, v in made.items() if v}
         for form, (key, _) in FORMS.items():
             if key in by_config[config]:
                 cases.append({"case": f"{name} {form}", "workload": name, "form": form,
-                              "model": by_config[config][key], "batch": batch, "seq": seq})
+                              "model": by_config[config][key], "batch": batch, "seq": seq,
+                              "packed_model": by_config[config].get("kernels16_packed")})
             else:
                 print(f"{name} {form}: no model ({key} not made)", flush=True)
     listing = out / "models.json"
@@ -183,7 +190,9 @@ def _worker(conn, root: str, setting: dict, cases: list[dict], out_dir: str) -> 
         for case in cases:
             facts = model_facts(onnx.load(case["model"], load_external_data=False))
             feeds = padded_request(case["batch"], case["seq"], facts.vocab_size or 1000)
-            _, kw = FORMS[case["form"]]
+            kw = dict(FORMS[case["form"]][1])
+            if kw.pop("packed", False):  # every request to the device-packed form
+                kw.update(packed_model=case["packed_model"], pack_below_fill=1.01)
             sess, call = runtime_session(case["model"], feeds, **kw)
             outs = {k: np.array(v, copy=True) for k, v in call(to_host=True).items()}
             np.savez(Path(out_dir) / (case["case"].replace(" ", "_") + ".npz"), **outs)
