@@ -149,8 +149,9 @@ def models(work: str, skeletons: str | None, workloads: list[str]) -> Path:
 
 
 def _mapped_libraries() -> list[str]:
-    with open("/proc/self/maps") as fh:
-        return sorted({line.split()[-1] for line in fh if line.rstrip().endswith("libbertfuse_ops.so")})
+    import psutil
+
+    return sorted({m.path for m in psutil.Process().memory_maps() if m.path.endswith("libbertfuse_ops.so")})
 
 
 def _choices(path: str) -> dict:
