@@ -90,6 +90,8 @@ def print_report(report: RunReport, console: Console) -> None:
             k = p.kernels
             console.print(f"device: {p.device}; kernels={k['asked']}: {k['used']} "
                           f"({escape(k['reason'])})", highlight=False, soft_wrap=True)
+    if report.fp8 and report.fp8["outputs"]:
+        _print_fp8(report.fp8, console)
     if report.written:
         console.print(f"wrote [bold]{escape(str(report.output))}[/bold]")  # a path: literal
     if report.text:  # a text-in source (pipeline/text_parity.py describe)
@@ -100,6 +102,29 @@ def print_report(report: RunReport, console: Console) -> None:
         console.print(f"text in: the tokenizer ({escape(t['tokenizer'])}, lower_case "
                       f"{t['lower_case']}) is cut off; the model takes its packed ids{row}; "
                       f"{vocab}", highlight=False, soft_wrap=True)
+
+
+def _print_fp8(fp8: dict, console: Console) -> None:
+    """FP8 against fp32 in user terms, and the gate (pipeline/fp8_gate.py)."""
+    gate = fp8["gate"]
+    table = Table(title=f"FP8 vs fp32 in user terms ({escape(fp8['inputs'])} inputs; gate: min "
+                        f"cosine {gate['min_cosine']:g}, argmax agreement "
+                        f"{gate['min_argmax']:.1%})")
+    for col in ("output", "kind", "rows", "cosine min", "cosine mean", "argmax agree",
+                "top-k agree"):
+        table.add_column(col, justify="left" if col in ("output", "kind") else "right")
+
+    def num(x, pct: bool = False) -> str:
+        return "-" if x is None else f"{x:.2%}" if pct else f"{x:.6f}"
+
+    for t in fp8["outputs"]:
+        topk = "-" if t["topk_agreement"] is None else f"{t['topk_agreement']:.0%} (k {t['k']})"
+        table.add_row(escape(t["name"]), t["kind"], str(t["count"]), num(t["cosine_min"]),
+                      num(t["cosine_mean"]), num(t["argmax_agreement"], True), topk)
+    console.print(table)
+    verdict = "[green]within the FP8 gate[/green]" if fp8["ok"] else \
+        f"[red]below the FP8 gate[/red]: {escape(fp8['failure'])}"
+    console.print(verdict, highlight=False, soft_wrap=True)
 
 
 def print_quiet(report: RunReport, console: Console) -> None:

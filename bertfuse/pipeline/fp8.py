@@ -28,6 +28,7 @@ from bertfuse.ops.contract import BERTFUSE_DOMAIN
 from bertfuse.ops.evaluator import evaluate
 from bertfuse.passes.manager import run_passes
 from bertfuse.passes.plans import fp8_plan
+from bertfuse.pipeline.fp8_gate import UserTerms, measure
 from bertfuse.pipeline.parity import Tolerance, compare_output, ort_session, run_onnx
 
 if TYPE_CHECKING:
@@ -78,17 +79,21 @@ def fp8_form(contrib: onnx.ModelProto, kernels_model: onnx.ModelProto,
 
 
 def accuracy_rows(fp8_model: onnx.ModelProto, feeds: dict[str, np.ndarray],
-                  fp32_reference: Fp32Reference) -> list[OutputParity]:
-    """The FP8 model (NumPy references) against fp32 per output: stated, not gated."""
+                  fp32_reference: Fp32Reference
+                  ) -> tuple[list[OutputParity], list[UserTerms]]:
+    """The FP8 model (NumPy references) against fp32 per output: max and mean |diff| rows
+    (stated, not held to the fp16 limits), and the user terms the FP8 gate holds
+    (fp8_gate.py)."""
     got = evaluate(fp8_model, feeds)
+    want = fp32_reference(feeds)
     rows = []
-    for name, ref in fp32_reference(feeds).items():
+    for name, ref in want.items():
         row = compare_output(ROW_PREFIX + name, ref, got.get(name), Tolerance(math.inf))
         if not row.note:
             row.note = (f"FP8: measured, not held to the fp16 limits; cosine "
                         f"{cosine(ref, got[name]):.6f}")
         rows.append(row)
-    return rows
+    return rows, measure(want, got, feeds.get("input_mask"))
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:

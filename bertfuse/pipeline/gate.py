@@ -29,6 +29,9 @@ def write_gated(model: onnx.ModelProto, out_path: str | None, report: RunReport,
     if report.parity is not None and not report.parity.ok and not force:
         raise ParityError(f"{what}: parity check failed, {parity_failure(report.parity)} "
                           f"({force_hint})", report)
+    if report.fp8 and report.fp8.get("failure") and not force:
+        raise ParityError(f"{what}: FP8 accuracy below its gate, {report.fp8['failure']} "
+                          f"({force_hint})", report)
     if out_path is None:
         return
     with report.stage("write", status):

@@ -32,6 +32,7 @@ from bertfuse.ops.evaluator import evaluate
 from bertfuse.passes.manager import run_passes
 from bertfuse.passes.plans import lowering_plan
 from bertfuse.pipeline.fp8 import accuracy_rows, fp8_form
+from bertfuse.pipeline.fp8_gate import Fp8Gate
 from bertfuse.pipeline.gate import parity_failure
 from bertfuse.pipeline.parity import OutputParity, ParityReport, compare_output, tolerance_for
 
@@ -107,13 +108,14 @@ def compare_forms(contrib: onnx.ModelProto, kernels_model: onnx.ModelProto,
 
 def emit(model: onnx.ModelProto, report, status: Callable[[str], None] | None,
          batch: int, seq: int, seed: int | None, check: bool, refuse_drift: bool,
-         strict: bool = False, fp8: bool = False, fp32_reference: Fp32Reference | None = None
-         ) -> onnx.ModelProto:
+         strict: bool = False, fp8: bool = False, fp32_reference: Fp32Reference | None = None,
+         fp8_gate: Fp8Gate | None = None) -> onnx.ModelProto:
     """The bertfuse form of a checked contrib model, as pipeline stages on `report` (a
     pipeline.RunReport). check: compare it with the contrib form (rows join the parity
     report); refuse_drift: raise ParityError on a failed comparison (optimize has no --force);
     strict: a contrib op left over is FusionIncomplete. fp8: FP8 weights calibrated on the
-    parity inputs (fp8.py), measured against fp32_reference when given."""
+    parity inputs (fp8.py), measured against fp32_reference when given, in user terms held
+    to fp8_gate (report.fp8; pipeline/gate.py refuses a miss unless forced)."""
     with report.stage("bertfuse kernels", status) as st:
         kmodel = to_bertfuse_kernels(model, report.passes)
         check_model(kmodel, load=False)  # onnx's checker; ORT's CPU EP has no bertfuse kernels
@@ -127,7 +129,10 @@ def emit(model: onnx.ModelProto, report, status: Callable[[str], None] | None,
     if check:
         _check_forms(model, kmodel, report, status, feeds, batch, seq, seed, refuse_drift)
     if fp8:
-        kmodel = _fp8(model, kmodel, report, status, feeds, fp32_reference)
+        if report.parity is not None and report.parity.feeds is not None:
+            feeds = report.parity.feeds  # the compared inputs: the user's own where given
+        kmodel = _fp8(model, kmodel, report, status, feeds, fp32_reference,
+                      fp8_gate or Fp8Gate())
         _refuse_misses(report, strict)
     return kmodel
 
@@ -157,7 +162,8 @@ def _check_forms(model: onnx.ModelProto, kmodel: onnx.ModelProto, report, status
 
 
 def _fp8(model: onnx.ModelProto, kmodel: onnx.ModelProto, report, status,
-         feeds: dict[str, np.ndarray], fp32_reference: Fp32Reference | None) -> onnx.ModelProto:
+         feeds: dict[str, np.ndarray], fp32_reference: Fp32Reference | None,
+         gate: Fp8Gate) -> onnx.ModelProto:
     with report.stage("fp8 weights (calibrated on the parity inputs)", status) as st:
         kmodel = fp8_form(model, kmodel, feeds, report.passes)
         check_model(kmodel, load=False)
@@ -165,9 +171,15 @@ def _fp8(model: onnx.ModelProto, kmodel: onnx.ModelProto, report, status,
         st.detail = f"{sum(n.op_type in FP8_CONTRACTS for n in kmodel.graph.node)} FP8 dense ops"
     if fp32_reference is not None and report.parity is not None:
         with report.stage("fp8 accuracy vs fp32 (NumPy references)", status) as st:
-            rows = accuracy_rows(kmodel, feeds, fp32_reference)
+            rows, terms = accuracy_rows(kmodel, feeds, fp32_reference)
             report.parity.outputs.extend(rows)
-            st.detail = ", ".join(f"{r.name[len('fp8 vs fp32: '):]} max {r.max_abs:.3g} "
-                                  f"mean {r.mean_abs:.3g} {r.note.rpartition('; ')[2]}"
-                                  for r in rows)
+            failure = gate.failure(terms)
+            report.fp8 = {"gate": gate.to_json(), "ok": not failure, "failure": failure,
+                          "inputs": report.parity.inputs or "random",
+                          "outputs": [t.to_json() for t in terms]}
+            st.detail = "; ".join(t.summary() for t in terms) + \
+                (f"; BELOW THE FP8 GATE: {failure}" if failure else "; within the FP8 gate")
+    elif report.parity is not None:
+        report.fp8 = {"gate": gate.to_json(), "ok": None, "failure": "",
+                      "inputs": "not measured (--no-verify)", "outputs": []}
     return kmodel

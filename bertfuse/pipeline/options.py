@@ -24,7 +24,9 @@ from bertfuse.converter.reference import prefer_onednn_off
 from bertfuse.converter.roles import parse_override
 from bertfuse.pipeline.parity import tolerance_for
 
-PRECISIONS = ("fp32", "fp16")
+PRECISIONS = ("fp32", "fp16")  # what the encoder computes in (parity's tolerance tables)
+# --precision's choices: fp8 is fp16 with FP8 weights on bertfuse's ops (ConvertOptions)
+PRECISION_CHOICES = (*PRECISIONS, "fp8")
 OPS = ("contrib", "bertfuse")  # the op form written: com.microsoft, or ai.bertfuse (lowering.py)
 MAX_VERIFY_TOKENS = 1 << 16  # random verification inputs past this only exhaust memory
 
@@ -89,10 +91,17 @@ def _int(name: str, value: Any) -> int:
 
 
 def _precision(name: str, value: Any) -> str:
-    if not isinstance(value, str):
-        raise BertfuseError(f"{name} must be {' or '.join(PRECISIONS)}, not {value!r}")
-    check_precision(value)
+    if not isinstance(value, str) or value not in PRECISION_CHOICES:
+        raise BertfuseError(f"{name} must be {', '.join(PRECISION_CHOICES)}, not {value!r}")
     return value
+
+
+def _fraction(name: str, value: Any) -> float:
+    """A gate's limit: a number in (0, 1] (a NaN limit would pass every NaN)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            not 0 < value <= 1:
+        raise BertfuseError(f"{name} must be a number in (0, 1], not {value!r}")
+    return float(value)
 
 
 def _seed(name: str, value: Any) -> int | None:
@@ -125,8 +134,10 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
                          "canonical I/O)", check_flag, cli_type="flag",
            cli_help="write the raw tf2onnx graph (canonical I/O, no fusion passes)"),
     # fusion
-    Option("precision", "fp32", "fp16: half-precision weights and activations, fp32 I/O",
-           _precision, choices=PRECISIONS),
+    Option("precision", "fp32", "fp16: half-precision weights and activations, fp32 I/O; fp8: "
+           "fp16 with FP8 (e4m3) weights for the encoder's GEMMs on bertfuse's own ops (implies "
+           "--ops bertfuse), attention and LayerNorm in fp16, held to the FP8 gate "
+           "(--fp8-min-cosine, --fp8-min-argmax)", _precision, choices=PRECISION_CHOICES),
     Option("packed", False, "packed form: encoder on real tokens only (PackedAttention; CUDA "
                             "only)", check_flag, cli_type="flag"),
     Option("strict", False, "fail (exit 1, nothing written) if any layer is left unfused",
@@ -158,7 +169,15 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
                            "ONNX Runtime)", check_flag, cli_type="flag",
            cli_help="skip the parity comparison (convert: with TensorFlow; optimize: with the "
                     "model as given)"),
-    Option("force", False, "write even if parity fails", check_flag, cli_type="flag"),
+    Option("force", False, "write even if parity (or the FP8 gate) fails", check_flag,
+           cli_type="flag"),
+    Option("fp8_min_cosine", 0.999, "FP8 gate: the least cosine between fp32's and FP8's "
+                                    "L2-normalised vectors (pooled, embeddings, per token), "
+                                    "per row (default 0.999)", _fraction, cli_type="tolerance",
+           metavar="C"),
+    Option("fp8_min_argmax", 0.995, "FP8 gate: the least share of rows (tokens) whose logits' "
+                                    "argmax FP8 keeps (default 0.995)", _fraction,
+           cli_type="tolerance", metavar="F"),
     # parity data (pipeline/data.py): the user's own inputs and saved outputs
     Option("load_inputs", None, "compare on these inputs instead of random ones: .npz or "
                                 ".json (also Polygraphy's run --save-inputs), arrays named "
@@ -189,7 +208,7 @@ GROUPS = {
     "conversion": ("opset", "fuse"),
     "fusion": ("precision", "packed", "strict", "ops", "fp8", "gelu_approximation"),
     "verification": ("batch", "seq", "seed", "atol", "rtol"),
-    "parity gate": ("verify", "force"),
+    "parity gate": ("verify", "force", "fp8_min_cosine", "fp8_min_argmax"),
     "parity data": ("load_inputs", "text_file", "vocab", "save_inputs", "save_outputs",
                     "load_outputs"),
     "writing": ("external_data",),
@@ -230,6 +249,8 @@ class ConvertOptions:
     rtol: float | None = _default("rtol")  # None: 0
     verify: bool = _default("verify")
     force: bool = _default("force")
+    fp8_min_cosine: float = _default("fp8_min_cosine")
+    fp8_min_argmax: float = _default("fp8_min_argmax")
     load_inputs: str | None = _default("load_inputs")
     text_file: str | None = _default("text_file")
     vocab: str | None = _default("vocab")
@@ -237,6 +258,13 @@ class ConvertOptions:
     save_outputs: str | None = _default("save_outputs")
     load_outputs: str | None = _default("load_outputs")
     external_data: bool = _default("external_data")
+
+    def __post_init__(self) -> None:
+        """--precision fp8 is the fp16 encoder on bertfuse's ops with FP8 weights: it sets the
+        fields the stages read (precision fp16, ops bertfuse, fp8), as `--precision fp16
+        --ops bertfuse --fp8` would; the report's options show those."""
+        if self.precision == "fp8":
+            self.precision, self.ops, self.fp8 = "fp16", "bertfuse", True
 
     @classmethod
     def from_keywords(cls, names: Sequence[str], values: Mapping[str, Any]) -> ConvertOptions:
@@ -299,6 +327,8 @@ def check_fusion(opts: ConvertOptions) -> None:
     check_ops(opts.ops, opts.precision, opts.packed, opts.fp8)
     check_gelu_approximation(opts.gelu_approximation, opts.precision)
     check_inputs_text(opts.inputs)
+    for name in ("fp8_min_cosine", "fp8_min_argmax"):  # the CLI's reach here unchecked
+        _fraction(OPTIONS[name].cli_flag, getattr(opts, name))
 
 
 def check_seed(seed: int | None) -> int | None:

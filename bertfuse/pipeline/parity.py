@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -91,6 +91,8 @@ class ParityReport:
     inputs: str = ""  # the user's inputs (data.py), "" for the random padded ones
     device: str = "cpu"  # where ONNX Runtime ran the model under test
     kernels: dict | None = None  # verify: its KernelChoice (runtime/kernel_choice.py), as JSON
+    # the compared inputs by role (not in the JSON): what --fp8 calibrates and measures on
+    feeds: dict | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.tolerance is None:
@@ -221,8 +223,10 @@ def verify_against_tf(model: onnx.ModelProto | str, source, precision: str, batc
                     mask_rows(feeds["input_mask"], references, candidates, tol)]
     if data is not None:
         data.save(feeds, expected, candidates["base"])
-    return ParityReport(precision, batch, seq, results, tol, seed, backend, source.kind, inputs,
-                        device)
+    report = ParityReport(precision, batch, seq, results, tol, seed, backend, source.kind,
+                          inputs, device)
+    report.feeds = feeds
+    return report
 
 
 def verify_against_saved(model: onnx.ModelProto, data: ParityData, precision: str,

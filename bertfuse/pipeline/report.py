@@ -62,6 +62,7 @@ class RunReport:
     command: str = ""  # convert | optimize | verify
     options: dict = field(default_factory=dict)  # the options the run used (options.OPTIONS)
     text: dict | None = None  # a text-in source: its tokenizer cut off (text_parity.describe)
+    fp8: dict | None = None  # FP8's accuracy in user terms and its gate (lowering.py, fp8_gate.py)
 
     @contextmanager
     def stage(self, name: str, status: Callable[[str], None] | None = None) -> Iterator[Stage]:
@@ -94,4 +95,5 @@ class RunReport:
             "passes": self.passes.to_json() if self.passes else None,
             "parity": self.parity.to_json() if self.parity else None,
             **({"text": self.text} if self.text else {}),
+            **({"fp8": self.fp8} if self.fp8 else {}),
         }

@@ -43,6 +43,7 @@ from bertfuse.io.model import load_model
 from bertfuse.ops import BERTFUSE_DOMAIN
 from bertfuse.optional import optional
 from bertfuse.pipeline.lowering import emit
+from bertfuse.pipeline.fp8_gate import Fp8Gate
 from bertfuse.pipeline.onnx_parity import load_given, verify_stage
 from bertfuse.pipeline.parity import ort_session, run_onnx, verify_against_saved
 from bertfuse.runtime.kernel_choice import check_kernels_option, choose
@@ -191,7 +192,8 @@ def _lower(model: onnx.ModelProto, opts: ConvertOptions, report: RunReport,
 
     return emit(model, report, status, opts.batch, opts.seq, opts.seed,
                 check=opts.verify or not against_tf, refuse_drift=not against_tf,
-                strict=opts.strict, fp8=opts.fp8, fp32_reference=reference)
+                strict=opts.strict, fp8=opts.fp8, fp32_reference=reference,
+                fp8_gate=Fp8Gate(opts.fp8_min_cosine, opts.fp8_min_argmax))
 
 
 def _pack_and_write(model: onnx.ModelProto, out_path: str | None, opts: ConvertOptions,
