@@ -105,13 +105,14 @@ def print_report(report: RunReport, console: Console) -> None:
 
 
 def _print_fp8(fp8: dict, console: Console) -> None:
-    """FP8 against fp32 in user terms, and the gate (pipeline/fp8_gate.py)."""
+    """FP8 against fp32 in user terms, and the gate (pipeline/fp8_gate.py); a per-token
+    output's cosine is its mean-pooled rows'."""
     gate = fp8["gate"]
     table = Table(title=f"FP8 vs fp32 in user terms ({escape(fp8['inputs'])} inputs; gate: min "
                         f"cosine {gate['min_cosine']:g}, argmax agreement "
                         f"{gate['min_argmax']:.1%})")
-    for col in ("output", "kind", "rows", "cosine min", "cosine mean", "argmax agree",
-                "top-k agree"):
+    for col in ("output", "kind", "rows", "cosine min", "cosine mean", "per token min",
+                "argmax agree", "top-k agree"):
         table.add_column(col, justify="left" if col in ("output", "kind") else "right")
 
     def num(x, pct: bool = False) -> str:
@@ -120,7 +121,8 @@ def _print_fp8(fp8: dict, console: Console) -> None:
     for t in fp8["outputs"]:
         topk = "-" if t["topk_agreement"] is None else f"{t['topk_agreement']:.0%} (k {t['k']})"
         table.add_row(escape(t["name"]), t["kind"], str(t["count"]), num(t["cosine_min"]),
-                      num(t["cosine_mean"]), num(t["argmax_agreement"], True), topk)
+                      num(t["cosine_mean"]), num(t["token_cosine_min"]),
+                      num(t["argmax_agreement"], True), topk)
     console.print(table)
     verdict = "[green]within the FP8 gate[/green]" if fp8["ok"] else \
         f"[red]below the FP8 gate[/red]: {escape(fp8['failure'])}"

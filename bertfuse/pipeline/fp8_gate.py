@@ -5,13 +5,18 @@ The FP8 model's outputs (NumPy references, fp8.py) against the fp32 reference's 
 inputs, per output, by what the output's values mean (its shape and name, not an exporter's
 spelling):
 
-    [B, H] vectors (pooled, embeddings)    ─► cosine per row: min, mean      gated: min cosine
-    [B, S, H] per-token vectors            ─► cosine per valid token        gated: min cosine
-    logits: a name or role with "logits",  ─► argmax agreement per row       gated: agreement
-      [B, C] or [B, S, C] (valid tokens)       (per valid token for [B, S, C])
-    [B] or [B, 1] scores                   ─► top-k agreement of the batch ranked by score
-    every [B, ...] output                  ─► top-k agreement of each row's nearest rows by
-                                              cosine, the batch as the candidate set
+    [B, H] vectors (pooled, embeddings)   ─► cosine per row: min, mean       gated: min cosine
+    [B, S, H] per-token vectors           ─► cosine per row of the mean over   gated: min cosine
+                                             its valid tokens (mean pooling's
+                                             sentence embedding): min, mean;
+                                             per valid token: min, mean        stated
+    logits: a name with "logits",         ─► argmax agreement per row          gated: agreement
+      [B, C] or [B, S, C]                    (per valid token for [B, S, C])
+    [B] or [B, 1] scores                  ─► top-k agreement of the batch      stated
+                                             ranked by score
+    vectors, per-token vectors (pooled)   ─► top-k agreement of each row's     stated
+                                             nearest rows, the batch as the
+                                             candidate set
 
 Cosine is taken between L2-normalised rows, so it is what a retrieval index compares; a
 zero-norm row on both sides counts as 1.0, on one side as 0.0. Top-k agreement is
@@ -45,6 +50,8 @@ class UserTerms:
     argmax_agreement: float | None = None
     topk_agreement: float | None = None
     k: int = 0
+    token_cosine_min: float | None = None  # per-token vectors: per valid token (stated)
+    token_cosine_mean: float | None = None
     nonfinite: int = 0  # NaN/Inf values in the FP8 output: always a failure
 
     def to_json(self) -> dict:
@@ -55,12 +62,18 @@ class UserTerms:
                 "cosine_min": num(self.cosine_min), "cosine_mean": num(self.cosine_mean),
                 "argmax_agreement": num(self.argmax_agreement),
                 "topk_agreement": num(self.topk_agreement), "k": self.k,
+                "token_cosine_min": num(self.token_cosine_min),
+                "token_cosine_mean": num(self.token_cosine_mean),
                 "nonfinite": self.nonfinite}
 
     def summary(self) -> str:
         parts = []
         if self.cosine_min is not None:
-            parts.append(f"cosine min {self.cosine_min:.6f} mean {self.cosine_mean:.6f}")
+            what = "mean-pooled cosine" if self.token_cosine_min is not None else "cosine"
+            parts.append(f"{what} min {self.cosine_min:.6f} mean {self.cosine_mean:.6f}")
+        if self.token_cosine_min is not None:
+            parts.append(f"per token min {self.token_cosine_min:.6f} mean "
+                         f"{self.token_cosine_mean:.6f}")
         if self.argmax_agreement is not None:
             parts.append(f"argmax agreement {self.argmax_agreement:.2%}")
         if self.topk_agreement is not None:
@@ -83,7 +96,7 @@ class Fp8Gate:
             if t.nonfinite:
                 return f"{t.name} has {t.nonfinite} NaN/Inf values"
             if t.cosine_min is not None and not t.cosine_min >= self.min_cosine:
-                return (f"{t.name} min cosine {t.cosine_min:.6f} < {self.min_cosine:.7g} "
+                return (f"{t.name} min {'mean-pooled ' if t.token_cosine_min is not None else ''}cosine {t.cosine_min:.6f} < {self.min_cosine:.7g} "
                         f"(--fp8-min-cosine)")
             if t.argmax_agreement is not None and not t.argmax_agreement >= self.min_argmax:
                 return (f"{t.name} argmax agreement {t.argmax_agreement:.2%} < "
@@ -120,6 +133,7 @@ def _one(name: str, a: np.ndarray, b: np.ndarray, mask: np.ndarray | None,
         return UserTerms(name, "scores", len(scores_a), k=k,
                          topk_agreement=_topk(scores_a[None], scores_b[None], k))
     token = a.ndim == 3
+    keep = None
     if token:  # [B, S, H]: the valid tokens' vectors
         keep = np.ones(a.shape[:2], bool) if mask is None or mask.shape != a.shape[:2] \
             else np.asarray(mask) != 0
@@ -133,13 +147,26 @@ def _one(name: str, a: np.ndarray, b: np.ndarray, mask: np.ndarray | None,
     if is_logits:
         agree = (rows_a.argmax(-1) == rows_b.argmax(-1)) & np.isfinite(rows_b).all(-1)
         terms.argmax_agreement = float(np.mean(agree))
+    elif token:
+        cos = _row_cosine(rows_a, rows_b)
+        terms.token_cosine_min, terms.token_cosine_mean = float(cos.min()), float(cos.mean())
+        cos = _row_cosine(_mean_pooled(a, keep), _mean_pooled(b, keep))
+        terms.cosine_min, terms.cosine_mean = float(cos.min()), float(cos.mean())
     else:
         cos = _row_cosine(rows_a, rows_b)
         terms.cosine_min, terms.cosine_mean = float(cos.min()), float(cos.mean())
-    if not token and len(rows_a) > 1:  # the batch as candidates: each row's nearest rows
-        terms.k = _k(len(rows_a))
-        terms.topk_agreement = _topk(_similarity(rows_a), _similarity(rows_b), terms.k)
+    if not is_logits and len(a) > 1:  # the batch as candidates: each row's nearest rows
+        ra, rb = (_mean_pooled(a, keep), _mean_pooled(b, keep)) if token else (rows_a, rows_b)
+        terms.k = _k(len(ra))
+        terms.topk_agreement = _topk(_similarity(ra), _similarity(rb), terms.k)
     return terms
+
+
+def _mean_pooled(x: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """[B, H]: each row's mean over its valid tokens (zeros for a row with none)."""
+    weight = keep.astype(np.float64)[..., None]
+    count = np.maximum(weight.sum(axis=1), 1.0)
+    return (x * weight).sum(axis=1) / count
 
 
 def _row_cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:

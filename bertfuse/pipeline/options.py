@@ -171,9 +171,9 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
                     "model as given)"),
     Option("force", False, "write even if parity (or the FP8 gate) fails", check_flag,
            cli_type="flag"),
-    Option("fp8_min_cosine", 0.999, "FP8 gate: the least cosine between fp32's and FP8's "
-                                    "L2-normalised vectors (pooled, embeddings, per token), "
-                                    "per row (default 0.999)", _fraction, cli_type="tolerance",
+    Option("fp8_min_cosine", 0.999, "FP8 gate: the least cosine, per row, between fp32's "
+                                    "and FP8's L2-normalised vectors (pooled; a per-token "
+                                    "output mean-pooled over its valid tokens) (default 0.999)", _fraction, cli_type="tolerance",
            metavar="C"),
     Option("fp8_min_argmax", 0.995, "FP8 gate: the least share of rows (tokens) whose logits' "
                                     "argmax FP8 keeps (default 0.995)", _fraction,

@@ -40,10 +40,15 @@ def test_token_vectors_count_the_valid_tokens_only(rng):
     got[0, 4] = -want[0, 4]  # a padded token turned around: not counted
     (terms,) = measure({"sequence_output": want}, {"sequence_output": got}, mask)
     assert terms.kind == "token vectors" and terms.count == 5
-    assert np.isclose(terms.cosine_min, 1.0)
+    assert np.isclose(terms.cosine_min, 1.0) and np.isclose(terms.token_cosine_min, 1.0)
     got[1, 1] = -want[1, 1]  # a valid one: cosine -1
     (terms,) = measure({"sequence_output": want}, {"sequence_output": got}, mask)
-    assert np.isclose(terms.cosine_min, -1.0) and np.isclose(terms.cosine_mean, 0.6)
+    assert np.isclose(terms.token_cosine_min, -1.0) and np.isclose(terms.token_cosine_mean, 0.6)
+    # the gated cosine is the mean-pooled sentence embedding's: row 1 is (t0 - t1) / 2 now
+    pooled_a, pooled_b = want[1, :2].mean(0), (want[1, 0] - want[1, 1]) / 2
+    cos = pooled_a @ pooled_b / np.linalg.norm(pooled_a) / np.linalg.norm(pooled_b)
+    assert np.isclose(terms.cosine_min, min(cos, 1.0)) and np.isclose(terms.cosine_mean, (1 + cos) / 2)
+    assert "mean-pooled cosine" in Fp8Gate(min_cosine=0.9999).failure([terms]) or cos >= 0.9999
 
 
 def test_logits_are_held_to_argmax_agreement(rng):
@@ -102,7 +107,7 @@ def test_precision_fp8_is_refused_below_its_gate_and_forced(ckpt_erf, convert_ca
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and not out.exists()
     assert len(err) == 1 and "FP8 accuracy below its gate" in err[0], err
-    assert "min cosine 0.99" in err[0] and "< 0.9999999" in err[0] and "--force" in err[0]
+    assert "cosine 0.99" in err[0] and "< 0.9999999" in err[0] and "--force" in err[0]
 
     conv = convert_cached(ckpt_erf, *strict, "--force")
     assert conv.exit_code == 0 and conv.report["written"], conv.report
@@ -121,6 +126,11 @@ def test_precision_fp8_is_refused_below_its_gate_and_forced(ckpt_erf, convert_ca
     assert np.isclose(rows["pooled_output"]["cosine_min"], pooled.min(), atol=1e-6)
     assert np.isclose(rows["pooled_output"]["cosine_mean"], pooled.mean(), atol=1e-6)
     assert rows["sequence_output"]["count"] == int(feeds["input_mask"].sum())
+    keep = feeds["input_mask"].astype(np.float64)[..., None]
+    mean = [np.sum(x.astype(np.float64) * keep, 1) / keep.sum(1) for x in
+            (want["sequence_output"], got["sequence_output"])]
+    sentence = np.sum(_unit_rows(mean[0]) * _unit_rows(mean[1]), axis=-1)
+    assert np.isclose(rows["sequence_output"]["cosine_min"], sentence.min(), atol=1e-6)
 
 
 def test_default_gate_holds_the_converters_fp8_model(ckpt_erf, convert_cached):
