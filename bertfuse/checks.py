@@ -75,3 +75,10 @@ def check_names(name: str, value: Any, *, error: Error = BertfuseError) -> list[
     return list(value)
 
 
+
+
+def check_fraction(name: str, value: Any, *, error: Error = BertfuseError) -> float:
+    """A number in (0, 1], e.g. a gate's limit (a NaN limit would pass every NaN)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise error(f"{name} must be a number in (0, 1], not {value!r}")
+    return float(value)

@@ -27,7 +27,6 @@ from bertfuse.passes.cleanup import Cleanup
 from bertfuse.passes.fast_gelu import FastGeluApproximation
 from bertfuse.passes.manager import PipelineReport, run_passes
 from bertfuse.pipeline.fp8 import fp8_form
-from bertfuse.pipeline.fp8 import fp8_form
 from bertfuse.pipeline.lowering import kernels_misses, model_feeds, to_bertfuse_kernels
 from bertfuse.pipeline.options import ConvertOptions
 

@@ -108,7 +108,8 @@ def _print_fp8(fp8: dict, console: Console) -> None:
     """FP8 against fp32 in user terms, and the gate (pipeline/fp8_gate.py); a per-token
     output's cosine is its mean-pooled rows'."""
     gate = fp8["gate"]
-    table = Table(title=f"FP8 vs fp32 in user terms ({escape(fp8['inputs'])} inputs; gate: min "
+    table = Table(title=f"FP8 ({', '.join(fp8['gemms'])} GEMMs in e4m3) vs fp32 in user terms "
+                        f"({escape(fp8['inputs'])} inputs; gate: min "
                         f"cosine {gate['min_cosine']:g}, argmax agreement "
                         f"{gate['min_argmax']:.1%})")
     for col in ("output", "kind", "rows", "cosine min", "cosine mean", "per token min",

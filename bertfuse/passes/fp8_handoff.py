@@ -47,6 +47,11 @@ Y_OPTIONAL = frozenset(op for op, c in {**DENSE_CONTRACTS, **FP8_CONTRACTS,
 class Fp8Handoff(CandidatePass):
     name = "fp8_handoff"
 
+    def __init__(self, from_fp16_dense: bool = True) -> None:
+        # False (FP8 at some places only): an fp16 dense op writes no Yq; its FP8 reader
+        # quantises the fp16 Y itself, as the first QKV does the embedding's
+        self.producers = PRODUCERS if from_fp16_dense else PRODUCERS - frozenset(DENSE_CONTRACTS)
+
     def candidates(self, graph: gs.Graph) -> list[gs.Node]:
         return [n for n in graph.nodes if n.domain == BERTFUSE_DOMAIN and n.op in FP8_CONTRACTS]
 
@@ -64,7 +69,7 @@ class Fp8Handoff(CandidatePass):
         p = producer(x)
         if p is None:
             fail(f"the input {x.name} of {node.name} is a graph input or constant, not a dense op's Y")
-        expect(p.domain == BERTFUSE_DOMAIN and p.op in PRODUCERS,
+        expect(p.domain == BERTFUSE_DOMAIN and p.op in self.producers,
                f"the input of {node.name} comes from {p.op} {p.name}, which writes no e4m3 copy "
                f"(quantised in {node.name})")
         expect(p.outputs[0] is x, f"{node.name} reads {p.name}'s output {x.name}, not its Y")

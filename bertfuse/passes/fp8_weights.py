@@ -15,9 +15,13 @@ output itself (passes/fp8_handoff.py) instead of an fp16 tensor and a pass. The 
 by at most about 5e-4, against e4m3's relative step of 1/16; the accuracy report against fp32
 includes it.
 
-Candidates: every DenseBias, DenseBiasGelu and DenseBiasSkipLayerNorm; each ends converted or
-missed (weight not a constant, K not a multiple of 16, no calibration for its input, an
-all-zero weight or activation), in its encoder layer.
+Candidates: every DenseBias, DenseBiasGelu and DenseBiasSkipLayerNorm, or those of the places
+asked (`places`, by their place in the layer: PLACES); each ends converted or missed (weight
+not a constant, K not a multiple of 16, no calibration for its input, an all-zero weight or
+activation), in its encoder layer.
+
+    qkv   DenseBias ─► BertAttention           up    DenseBiasGelu
+    out   BertAttention ─► DenseBiasSkipLN     down  DenseBiasGelu ─► DenseBiasSkipLN
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import onnx_graphsurgeon as gs
 from bertfuse.ops.contract import BERTFUSE_DOMAIN
 from bertfuse.ops.bertfuse.dense_fp8 import CONTRACTS as FP8_CONTRACTS
 from bertfuse.ops.bertfuse.dense_fp8 import FP8_OF, quantize_weight, x_scale_for
-from bertfuse.passes.base import CandidatePass, Layers, const, const_value, detach
+from bertfuse.passes.base import CandidatePass, Layers, const, const_value, detach, producer
 from bertfuse.passes.match import expect, fail
 
 K_MULTIPLE = 16  # cuBLASLt's FP8 GEMMs need K % 16 == 0
@@ -38,6 +42,25 @@ K_MULTIPLE = 16  # cuBLASLt's FP8 GEMMs need K % 16 == 0
 # operands is the error, not the accumulation.
 FAST_ACCUM = 1
 GELU_APPROXIMATE = 1  # the tanh GELU, cuBLASLt's epilogue (see above)
+
+
+PLACES = ("qkv", "out", "up", "down")  # a dense op's place in an encoder layer
+
+
+def dense_place(node: gs.Node) -> str | None:
+    """The dense op's place in its layer (PLACES), by the ops around it; None: none of them
+    (a dense op outside the encoder's pattern)."""
+    op = node.op.removesuffix("Fp8")
+    if op == "DenseBias":
+        readers = node.outputs[0].outputs
+        return "qkv" if len(readers) == 1 and readers[0].op == "BertAttention" else None
+    if op == "DenseBiasGelu":
+        return "up"
+    if op == "DenseBiasSkipLayerNorm":
+        before = producer(node.inputs[0])
+        made_by = before.op.removesuffix("Fp8") if before is not None else None
+        return {"BertAttention": "out", "DenseBiasGelu": "down"}.get(made_by)
+    return None
 
 
 def dense_layer(layers: Layers, node: gs.Node) -> int | None:
@@ -53,11 +76,13 @@ def dense_layer(layers: Layers, node: gs.Node) -> int | None:
 class Fp8Weights(CandidatePass):
     name = "fp8_weights"
 
-    def __init__(self, x_amax: dict[str, float]) -> None:
+    def __init__(self, x_amax: dict[str, float], places: tuple[str, ...] | None = None) -> None:
         self.x_amax = dict(x_amax)
+        self.places = places  # None: every dense op
 
     def candidates(self, graph: gs.Graph) -> list[gs.Node]:
-        return [n for n in graph.nodes if n.domain == BERTFUSE_DOMAIN and n.op in FP8_OF]
+        return [n for n in graph.nodes if n.domain == BERTFUSE_DOMAIN and n.op in FP8_OF
+                and (self.places is None or dense_place(n) in self.places)]
 
     def layer(self, layers: Layers, node: gs.Node) -> int | None:
         return dense_layer(layers, node)

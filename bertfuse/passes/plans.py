@@ -63,10 +63,12 @@ def lowering_plan() -> list[Pass]:
             Cleanup()]
 
 
-def fp8_plan(x_amax: dict[str, float]) -> list[Pass]:
-    """The bertfuse dense ops' weights in FP8; x_amax: max |X| per dense input (calibrated).
-    Then each FP8 op's input in e4m3 from the op before (a dense op or the attention)."""
-    return [Fp8Weights(x_amax), Fp8Handoff(), Cleanup()]
+def fp8_plan(x_amax: dict[str, float], places: tuple[str, ...] | None = None) -> list[Pass]:
+    """The bertfuse dense ops' weights in FP8 (at `places` only, passes/fp8_weights.PLACES;
+    None: all); x_amax: max |X| per dense input (calibrated). Then each FP8 op's input in
+    e4m3 from the op before (a dense op or the attention; at some places only, from an FP8
+    op or the attention)."""
+    return [Fp8Weights(x_amax, places), Fp8Handoff(from_fp16_dense=places is None), Cleanup()]
 
 
 def packing_plan(on_kernels: bool) -> list[Pass]:

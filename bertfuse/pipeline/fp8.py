@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import onnx
+import onnx_graphsurgeon as gs
 
 from bertfuse.ops.contract import FP8_IR_VERSION
 from bertfuse.ops.bertfuse.dense_fp8 import FP8_OF
@@ -28,7 +29,8 @@ from bertfuse.ops.contract import BERTFUSE_DOMAIN
 from bertfuse.ops.evaluator import evaluate
 from bertfuse.passes.manager import run_passes
 from bertfuse.passes.plans import fp8_plan
-from bertfuse.pipeline.fp8_gate import UserTerms, measure
+from bertfuse.passes.fp8_weights import PLACES, dense_place
+from bertfuse.pipeline.fp8_gate import Fp8Gate, UserTerms, measure
 from bertfuse.pipeline.parity import Tolerance, compare_output, ort_session, run_onnx
 
 if TYPE_CHECKING:
@@ -60,10 +62,11 @@ def calibrate(contrib: onnx.ModelProto, names: list[str], feeds: dict[str, np.nd
 
 
 def to_fp8(kernels_model: onnx.ModelProto, amax: dict[str, float],
-           report: PipelineReport | None = None) -> onnx.ModelProto:
-    """The FP8 plan on the bertfuse-kernels model with the given activation maxima; its
-    records join `report`."""
-    model, freport = run_passes(kernels_model, fp8_plan(amax))
+           report: PipelineReport | None = None, places: tuple[str, ...] | None = None
+           ) -> onnx.ModelProto:
+    """The FP8 plan on the bertfuse-kernels model with the given activation maxima, at
+    `places` (None: every dense op); its records join `report`."""
+    model, freport = run_passes(kernels_model, fp8_plan(amax, places))
     model.ir_version = max(model.ir_version, FP8_IR_VERSION)
     if report is not None:
         report.join(freport, model)
@@ -71,11 +74,13 @@ def to_fp8(kernels_model: onnx.ModelProto, amax: dict[str, float],
 
 
 def fp8_form(contrib: onnx.ModelProto, kernels_model: onnx.ModelProto,
-             feeds: dict[str, np.ndarray], report: PipelineReport | None = None
-             ) -> onnx.ModelProto:
-    """The `--fp8` form: the bertfuse-kernels model of `contrib` with FP8 weights, activation
-    scales calibrated by running `contrib` on `feeds` (the parity inputs)."""
-    return to_fp8(kernels_model, calibrate(contrib, dense_inputs(kernels_model), feeds), report)
+             feeds: dict[str, np.ndarray], report: PipelineReport | None = None,
+             places: tuple[str, ...] | None = None) -> onnx.ModelProto:
+    """The `--fp8` form: the bertfuse-kernels model of `contrib` with FP8 weights (at
+    `places`; None: all), activation scales calibrated by running `contrib` on `feeds` (the
+    parity inputs)."""
+    amax = calibrate(contrib, dense_inputs(kernels_model), feeds)
+    return to_fp8(kernels_model, amax, report, places)
 
 
 def accuracy_rows(fp8_model: onnx.ModelProto, feeds: dict[str, np.ndarray],
@@ -102,3 +107,64 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
     x, y = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
     norm = float(np.linalg.norm(x) * np.linalg.norm(y))
     return float(x @ y / norm) if norm > 0 else float("nan")
+
+
+def choose_places(kernels_model: onnx.ModelProto, amax: dict[str, float],
+                  feeds: dict[str, np.ndarray], want: dict[str, np.ndarray], gate: Fp8Gate
+                  ) -> tuple[tuple[str, ...], list[dict]]:
+    """`--fp8-gemms auto`: the places (PLACES) whose GEMMs go to e4m3 within the gate, and
+    each trial made (`places`, `failure`, `margin`). Every place first; else each place alone,
+    then those within the gate alone added while it holds, the most GEMM work first (the
+    weights' K x N; the least error alone between equals). None within it alone: every place
+    (the gate then refuses the model unless forced)."""
+    mask = feeds.get("input_mask")
+    tried: list[dict] = []
+    margins: dict[tuple[str, ...], float] = {}
+
+    def trial(places: tuple[str, ...]) -> bool:
+        model = to_fp8(kernels_model, amax, None, places)
+        if not any(n.op_type in FP8_OF.values() for n in model.graph.node):
+            return False  # no dense op at these places
+        got = evaluate(model, feeds)
+        terms = measure(want, got, mask)
+        failure, margin = gate.failure(terms), _margin(terms, gate)
+        margins[places] = margin
+        tried.append({"places": list(places), "failure": failure,  # strict JSON: no -inf
+                      "margin": round(margin, 7) if math.isfinite(margin) else None})
+        return not failure
+
+    if trial(PLACES):
+        return PLACES, tried
+    alone = {p: (trial((p,)), margins.get((p,), -math.inf)) for p in PLACES}
+    work = place_weights(kernels_model)  # the most GEMM work in e4m3 first
+    order = sorted((p for p in PLACES if alone[p][0]), key=lambda p: (-work[p], -alone[p][1]))
+    if not order:
+        return PLACES, tried
+    chosen = (order[0],)
+    for place in order[1:]:
+        more = tuple(p for p in PLACES if p in (*chosen, place))  # in the layer's order
+        if trial(more):
+            chosen = more
+    return tuple(p for p in PLACES if p in chosen), tried
+
+
+def place_weights(kernels_model: onnx.ModelProto) -> dict[str, int]:
+    """Per place, the K x N of its dense ops' weights (what an FP8 GEMM there speeds up)."""
+    from_graph = gs.import_onnx(kernels_model)
+    work = dict.fromkeys(PLACES, 0)
+    for node in from_graph.nodes:
+        place = dense_place(node) if node.domain == BERTFUSE_DOMAIN else None
+        if place in work and isinstance(node.inputs[1], gs.Constant):
+            work[place] += int(np.prod(node.inputs[1].values.shape))
+    return work
+
+
+def _margin(terms: list[UserTerms], gate: Fp8Gate) -> float:
+    """How far the worst gated measure is above its limit (negative: below; -inf: NaN)."""
+    gaps = [t.cosine_min - gate.min_cosine for t in terms if t.cosine_min is not None]
+    gaps += [t.argmax_agreement - gate.min_argmax for t in terms
+             if t.argmax_agreement is not None]
+    gaps = [g if math.isfinite(g) else -math.inf for g in gaps]
+    if any(t.nonfinite for t in terms):
+        gaps.append(-math.inf)
+    return min(gaps, default=0.0)

@@ -33,6 +33,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bertfuse.checks import check_fraction
+from bertfuse.errors import BertfuseError
+from bertfuse.passes.fp8_weights import PLACES
+
 MIN_COSINE = 0.999
 MIN_ARGMAX = 0.995
 TOP_K = 10
@@ -198,3 +202,22 @@ def _topk(a: np.ndarray, b: np.ndarray, k: int) -> float:
     ta = np.argsort(-a, axis=-1, kind="stable")[:, :k]
     tb = np.argsort(-b, axis=-1, kind="stable")[:, :k]
     return float(np.mean([len(set(x) & set(y)) / k for x, y in zip(ta, tb)]))
+
+
+def check_fp8_gemms(name: str, value: object) -> str:
+    """--fp8-gemms: all, auto, or a comma list of PLACES (each once), as given."""
+    places = value.split(",") if isinstance(value, str) else None
+    if value in ("all", "auto") or (places and all(p in PLACES for p in places)
+                                     and len(set(places)) == len(places)):
+        return value
+    raise BertfuseError(f"{name} must be all, auto or some of {','.join(PLACES)} "
+                        f"(comma-separated), not {value!r}")
+
+
+def check_fp8_options(fp8: bool, gemms: str, min_cosine: float, min_argmax: float) -> None:
+    """The FP8 options as the CLI passes them (the API's are checked one by one first)."""
+    check_fraction("--fp8-min-cosine", min_cosine)
+    check_fraction("--fp8-min-argmax", min_argmax)
+    check_fp8_gemms("--fp8-gemms", gemms)
+    if gemms != "all" and not fp8:
+        raise BertfuseError("--fp8-gemms needs FP8 weights (--precision fp8)")

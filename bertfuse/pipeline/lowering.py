@@ -31,7 +31,8 @@ from bertfuse.ops.bertfuse.dense_fp8 import CONTRACTS as FP8_CONTRACTS
 from bertfuse.ops.evaluator import evaluate
 from bertfuse.passes.manager import run_passes
 from bertfuse.passes.plans import lowering_plan
-from bertfuse.pipeline.fp8 import accuracy_rows, fp8_form
+from bertfuse.passes.fp8_weights import PLACES
+from bertfuse.pipeline.fp8 import accuracy_rows, calibrate, choose_places, dense_inputs, to_fp8
 from bertfuse.pipeline.fp8_gate import Fp8Gate
 from bertfuse.pipeline.gate import parity_failure
 from bertfuse.pipeline.parity import OutputParity, ParityReport, compare_output, tolerance_for
@@ -109,13 +110,14 @@ def compare_forms(contrib: onnx.ModelProto, kernels_model: onnx.ModelProto,
 def emit(model: onnx.ModelProto, report, status: Callable[[str], None] | None,
          batch: int, seq: int, seed: int | None, check: bool, refuse_drift: bool,
          strict: bool = False, fp8: bool = False, fp32_reference: Fp32Reference | None = None,
-         fp8_gate: Fp8Gate | None = None) -> onnx.ModelProto:
+         fp8_gate: Fp8Gate | None = None, fp8_gemms: str = "all") -> onnx.ModelProto:
     """The bertfuse form of a checked contrib model, as pipeline stages on `report` (a
     pipeline.RunReport). check: compare it with the contrib form (rows join the parity
     report); refuse_drift: raise ParityError on a failed comparison (optimize has no --force);
     strict: a contrib op left over is FusionIncomplete. fp8: FP8 weights calibrated on the
-    parity inputs (fp8.py), measured against fp32_reference when given, in user terms held
-    to fp8_gate (report.fp8; pipeline/gate.py refuses a miss unless forced)."""
+    parity inputs (fp8.py) at the GEMMs fp8_gemms names, measured against fp32_reference
+    when given, in user terms held to fp8_gate (report.fp8; pipeline/gate.py refuses a miss
+    unless forced)."""
     with report.stage("bertfuse kernels", status) as st:
         kmodel = to_bertfuse_kernels(model, report.passes)
         check_model(kmodel, load=False)  # onnx's checker; ORT's CPU EP has no bertfuse kernels
@@ -132,7 +134,7 @@ def emit(model: onnx.ModelProto, report, status: Callable[[str], None] | None,
         if report.parity is not None and report.parity.feeds is not None:
             feeds = report.parity.feeds  # the compared inputs: the user's own where given
         kmodel = _fp8(model, kmodel, report, status, feeds, fp32_reference,
-                      fp8_gate or Fp8Gate())
+                      fp8_gate or Fp8Gate(), fp8_gemms)
         _refuse_misses(report, strict)
     return kmodel
 
@@ -163,23 +165,36 @@ def _check_forms(model: onnx.ModelProto, kmodel: onnx.ModelProto, report, status
 
 def _fp8(model: onnx.ModelProto, kmodel: onnx.ModelProto, report, status,
          feeds: dict[str, np.ndarray], fp32_reference: Fp32Reference | None,
-         gate: Fp8Gate) -> onnx.ModelProto:
+         gate: Fp8Gate, gemms: str = "all") -> onnx.ModelProto:
+    """The FP8 form at the places `gemms` names (all, auto: chosen against the gate, or a
+    comma list), then its accuracy in user terms (report.fp8)."""
+    tried: list[dict] = []
+    if fp32_reference is not None:  # TF (convert) runs once: every measure reads these
+        want = fp32_reference(feeds)
+        fp32_reference = lambda _feeds: want  # noqa: E731
     with report.stage("fp8 weights (calibrated on the parity inputs)", status) as st:
-        kmodel = fp8_form(model, kmodel, feeds, report.passes)
+        amax = calibrate(model, dense_inputs(kmodel), feeds)
+        places = PLACES if gemms in ("all", "auto") else \
+            tuple(p for p in PLACES if p in gemms.split(","))
+        if gemms == "auto" and fp32_reference is not None:
+            places, tried = choose_places(kmodel, amax, feeds, want, gate)
+        kmodel = to_fp8(kmodel, amax, report.passes, None if places == PLACES else places)
         check_model(kmodel, load=False)
         st.nodes = len(kmodel.graph.node)
-        st.detail = f"{sum(n.op_type in FP8_CONTRACTS for n in kmodel.graph.node)} FP8 dense ops"
+        st.detail = f"{sum(n.op_type in FP8_CONTRACTS for n in kmodel.graph.node)} FP8 dense " \
+                    f"ops ({', '.join(places)}{'; auto' if tried else ''})"
+    fp8 = {"gate": gate.to_json(), "gemms": list(places), "tried": tried}
     if fp32_reference is not None and report.parity is not None:
         with report.stage("fp8 accuracy vs fp32 (NumPy references)", status) as st:
             rows, terms = accuracy_rows(kmodel, feeds, fp32_reference)
             report.parity.outputs.extend(rows)
             failure = gate.failure(terms)
-            report.fp8 = {"gate": gate.to_json(), "ok": not failure, "failure": failure,
+            report.fp8 = {**fp8, "ok": not failure, "failure": failure,
                           "inputs": report.parity.inputs or "random",
                           "outputs": [t.to_json() for t in terms]}
             st.detail = "; ".join(t.summary() for t in terms) + \
                 (f"; BELOW THE FP8 GATE: {failure}" if failure else "; within the FP8 gate")
     elif report.parity is not None:
-        report.fp8 = {"gate": gate.to_json(), "ok": None, "failure": "",
+        report.fp8 = {**fp8, "ok": None, "failure": "",
                       "inputs": "not measured (--no-verify)", "outputs": []}
     return kmodel

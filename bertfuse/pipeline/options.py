@@ -16,12 +16,13 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Mapping, Sequence
 
 from bertfuse.converter import KINDS
-from bertfuse.checks import (check_choice, check_flag, check_int, check_names, check_path,
-                             check_text, check_tolerance)
+from bertfuse.checks import (check_choice, check_flag, check_fraction, check_int, check_names,
+                             check_path, check_text, check_tolerance)
 from bertfuse.errors import BertfuseError
 from bertfuse.pipeline.renamed import OPTIONS as RENAMED
 from bertfuse.converter.reference import prefer_onednn_off
 from bertfuse.converter.roles import parse_override
+from bertfuse.pipeline.fp8_gate import check_fp8_gemms, check_fp8_options
 from bertfuse.pipeline.parity import tolerance_for
 
 PRECISIONS = ("fp32", "fp16")  # what the encoder computes in (parity's tolerance tables)
@@ -96,14 +97,6 @@ def _precision(name: str, value: Any) -> str:
     return value
 
 
-def _fraction(name: str, value: Any) -> float:
-    """A gate's limit: a number in (0, 1] (a NaN limit would pass every NaN)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-            not 0 < value <= 1:
-        raise BertfuseError(f"{name} must be a number in (0, 1], not {value!r}")
-    return float(value)
-
-
 def _seed(name: str, value: Any) -> int | None:
     return None if value is None else _int(name, value)
 
@@ -148,6 +141,10 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     Option("fp8", False, "with --ops bertfuse: FP8 (e4m3) weights for the encoder GEMMs, "
                          "scales calibrated on the parity inputs; accuracy vs fp32 is reported, "
                          "not held to the fp16 limits", check_flag, cli_type="flag"),
+    Option("fp8_gemms", "all", "with FP8: which GEMMs of each layer take e4m3 weights and "
+                               "inputs: all (default); auto: as many as keep the FP8 gate, "
+                               "measured place by place; or some of qkv,out,up,down",
+           check_fp8_gemms, metavar="all|auto|PLACES"),
     Option("gelu_approximation", False, "with --precision fp16: compute exact (erf) GELUs in "
                                         "their tanh form (FastGelu, at most 4.7e-4 apart per "
                                         "value), which bertfuse's kernels fuse into the FFN-up "
@@ -173,10 +170,10 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
            cli_type="flag"),
     Option("fp8_min_cosine", 0.999, "FP8 gate: the least cosine, per row, between fp32's "
                                     "and FP8's L2-normalised vectors (pooled; a per-token "
-                                    "output mean-pooled over its valid tokens) (default 0.999)", _fraction, cli_type="tolerance",
-           metavar="C"),
+                                    "output mean-pooled over its valid tokens) (default 0.999)",
+           check_fraction, cli_type="tolerance", metavar="C"),
     Option("fp8_min_argmax", 0.995, "FP8 gate: the least share of rows (tokens) whose logits' "
-                                    "argmax FP8 keeps (default 0.995)", _fraction,
+                                    "argmax FP8 keeps (default 0.995)", check_fraction,
            cli_type="tolerance", metavar="F"),
     # parity data (pipeline/data.py): the user's own inputs and saved outputs
     Option("load_inputs", None, "compare on these inputs instead of random ones: .npz or "
@@ -206,7 +203,8 @@ _LOWS = {o.keyword: o.low for o in OPTIONS.values() if o.low is not None}  # by 
 GROUPS = {
     "TF source": ("kind", "signature", "config", "inputs", "outputs", "trust_model"),
     "conversion": ("opset", "fuse"),
-    "fusion": ("precision", "packed", "strict", "ops", "fp8", "gelu_approximation"),
+    "fusion": ("precision", "packed", "strict", "ops", "fp8", "fp8_gemms",
+               "gelu_approximation"),
     "verification": ("batch", "seq", "seed", "atol", "rtol"),
     "parity gate": ("verify", "force", "fp8_min_cosine", "fp8_min_argmax"),
     "parity data": ("load_inputs", "text_file", "vocab", "save_inputs", "save_outputs",
@@ -241,6 +239,7 @@ class ConvertOptions:
     strict: bool = _default("strict")
     ops: str = _default("ops")
     fp8: bool = _default("fp8")
+    fp8_gemms: str = _default("fp8_gemms")
     gelu_approximation: bool = _default("gelu_approximation")
     batch: int = _default("batch")
     seq: int = _default("seq")
@@ -327,8 +326,7 @@ def check_fusion(opts: ConvertOptions) -> None:
     check_ops(opts.ops, opts.precision, opts.packed, opts.fp8)
     check_gelu_approximation(opts.gelu_approximation, opts.precision)
     check_inputs_text(opts.inputs)
-    for name in ("fp8_min_cosine", "fp8_min_argmax"):  # the CLI's reach here unchecked
-        _fraction(OPTIONS[name].cli_flag, getattr(opts, name))
+    check_fp8_options(opts.fp8, opts.fp8_gemms, opts.fp8_min_cosine, opts.fp8_min_argmax)
 
 
 def check_seed(seed: int | None) -> int | None:

@@ -193,7 +193,8 @@ def _lower(model: onnx.ModelProto, opts: ConvertOptions, report: RunReport,
     return emit(model, report, status, opts.batch, opts.seq, opts.seed,
                 check=opts.verify or not against_tf, refuse_drift=not against_tf,
                 strict=opts.strict, fp8=opts.fp8, fp32_reference=reference,
-                fp8_gate=Fp8Gate(opts.fp8_min_cosine, opts.fp8_min_argmax))
+                fp8_gate=Fp8Gate(opts.fp8_min_cosine, opts.fp8_min_argmax),
+                fp8_gemms=opts.fp8_gemms)
 
 
 def _pack_and_write(model: onnx.ModelProto, out_path: str | None, opts: ConvertOptions,

@@ -142,3 +142,71 @@ def test_default_gate_holds_the_converters_fp8_model(ckpt_erf, convert_cached):
     assert conv.report["fp8"]["ok"] and conv.report["fp8"]["outputs"] == old.report["fp8"]["outputs"]
     assert all(t["cosine_min"] >= 0.999 for t in conv.report["fp8"]["outputs"])
     assert onnx.load(conv.onnx_path).graph == onnx.load(old.onnx_path).graph
+
+
+FP8_OPS = ("DenseBiasFp8", "DenseBiasGeluFp8", "DenseBiasSkipLayerNormFp8")
+
+
+def _fp8_inputs_from(model: onnx.ModelProto) -> dict[str, str]:
+    """Each FP8 op reading an e4m3 X (a hand-off): the op type that wrote it."""
+    made_by = {o: n.op_type for n in model.graph.node for o in n.output}
+    e4m3 = {v.name for v in model.graph.value_info
+            if v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT8E4M3FN}
+    return {n.name: made_by.get(n.input[0], "graph input") for n in model.graph.node
+            if n.op_type in FP8_OPS and n.input[0] in e4m3}
+
+
+def test_fp8_gemms_names_the_places(tiny_onnx):
+    """--fp8-gemms up,down: FFN up and down in e4m3, QKV and attention-out in fp16; FFN down
+    reads FFN up's e4m3 output (an FP8 op's hand-off), nothing reads one an fp16 dense op
+    would have to write."""
+    model, report = bertfuse.optimize(tiny_onnx["raw"], precision="fp8", fp8_gemms="up,down",
+                                      fp8_min_cosine=0.5)
+    ops = [n.op_type for n in model.graph.node]
+    layers = ops.count("BertAttention")
+    assert ops.count("DenseBiasGeluFp8") == ops.count("DenseBiasSkipLayerNormFp8") == layers
+    assert ops.count("DenseBiasFp8") == 0 and ops.count("DenseBias") == layers
+    assert ops.count("DenseBiasSkipLayerNorm") == layers  # attention out
+    # down reads up's e4m3 output; up quantises attention-out's fp16 Y itself
+    assert set(_fp8_inputs_from(model).values()) == {"DenseBiasGeluFp8"}
+    assert report.fp8["gemms"] == ["up", "down"] and report.fp8["tried"] == []
+    only_out, _ = bertfuse.optimize(tiny_onnx["raw"], precision="fp8", fp8_gemms="out",
+                                    fp8_min_cosine=0.5)
+    assert set(_fp8_inputs_from(only_out).values()) == {"BertAttention"}  # its Yq hand-off
+    only_down, _ = bertfuse.optimize(tiny_onnx["raw"], precision="fp8", fp8_gemms="down",
+                                     fp8_min_cosine=0.5)
+    assert _fp8_inputs_from(only_down) == {}  # quantises the fp16 GELU op's Y itself
+    assert [n.op_type for n in only_down.graph.node].count("DenseBiasSkipLayerNormFp8") == layers
+
+
+def test_fp8_gemms_auto_keeps_e4m3_where_the_gate_allows(tiny_onnx):
+    """auto: every place first; below the gate, each place alone, then the places within it
+    alone added, the most GEMM work first, while the gate holds. The limit is put between
+    what every place gives and what the best place alone gives, as measured."""
+    _, probe = bertfuse.optimize(tiny_onnx["raw"], precision="fp8", fp8_gemms="auto",
+                                 fp8_min_cosine=0.9999999, force=True)
+    tried = {tuple(t["places"]): t["margin"] + 0.9999999 for t in probe.fp8["tried"]}
+    assert json.dumps(probe.fp8, allow_nan=False)
+    every, alone = tried[("qkv", "out", "up", "down")], {p: tried[(p,)] for p in
+                                                         ("qkv", "out", "up", "down")}
+    best = max(alone.values())
+    assert every < best, tried
+    limit = (every + best) / 2
+    model, report = bertfuse.optimize(tiny_onnx["raw"], precision="fp8", fp8_gemms="auto",
+                                      fp8_min_cosine=limit)
+    fp8 = report.fp8
+    assert fp8["ok"] and fp8["failure"] == "" and 0 < len(fp8["gemms"]) < 4
+    assert all(alone[p] >= limit for p in fp8["gemms"])  # each within the gate alone
+    assert fp8["tried"][0]["places"] == ["qkv", "out", "up", "down"] and fp8["tried"][0]["failure"]
+    assert min(t["cosine_min"] for t in fp8["outputs"]) >= limit  # the written model's own
+    assert any(n.op_type in FP8_OPS for n in model.graph.node)
+
+
+@pytest.mark.parametrize("args, says", [(("--precision", "fp8", "--fp8-gemms", "qkv,mlp"), "fp8-gemms"),
+                                        (("--precision", "fp8", "--fp8-gemms", "up,up"), "fp8-gemms"),
+                                        (("--precision", "fp16", "--fp8-gemms", "auto"), "needs FP8")])
+def test_fp8_gemms_refuses_what_it_cannot_do(ckpt_erf, tmp_path, capsys, args, says):
+    out = tmp_path / "m.onnx"
+    assert main(["convert", ckpt_erf.path, "-o", str(out), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and says in err and not out.exists(), err
