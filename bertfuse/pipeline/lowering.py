@@ -182,7 +182,9 @@ def _fp8(model: onnx.ModelProto, kmodel: onnx.ModelProto, report, status,
         check_model(kmodel, load=False)
         st.nodes = len(kmodel.graph.node)
         st.detail = f"{sum(n.op_type in FP8_CONTRACTS for n in kmodel.graph.node)} FP8 dense " \
-                    f"ops ({', '.join(places)}{'; auto' if tried else ''})"
+                    f"ops ({', '.join(places)}{'; auto' if tried else ''}) on bertfuse's own " \
+                    f"ops (ai.bertfuse: a CUDA GPU with the op library runs the model), the " \
+                    f"rest fp16"
     fp8 = {"gate": gate.to_json(), "gemms": list(places), "tried": tried}
     if fp32_reference is not None and report.parity is not None:
         with report.stage("fp8 accuracy vs fp32 (NumPy references)", status) as st:
