@@ -391,7 +391,7 @@ MAPPINGS = [
           ("missing-name", "input_ids=[red]nosuch", "[red]nosuch"),
           ("duplicate-role", "input_ids=input_ids,input_ids=input_mask", "input_ids"),
           ("empty", "", "--inputs")]],
-    C("map-precision-fp8", "optimize {raw} --precision fp8 -o {out}", 2, "--precision"),
+    C("map-precision-unknown", "optimize {raw} --precision fp4 -o {out}", 2, "--precision"),
     C("map-unknown-command", "frobnicate", 2, "frobnicate"),
     C("map-no-command", "", 2, None),
     C("map-unknown-option", "inspect {fused} --frob", 2, "--frob"),
