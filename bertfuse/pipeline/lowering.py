@@ -110,7 +110,7 @@ def compare_forms(contrib: onnx.ModelProto, kernels_model: onnx.ModelProto,
 def emit(model: onnx.ModelProto, report, status: Callable[[str], None] | None,
          batch: int, seq: int, seed: int | None, check: bool, refuse_drift: bool,
          strict: bool = False, fp8: bool = False, fp32_reference: Fp32Reference | None = None,
-         fp8_gate: Fp8Gate | None = None, fp8_gemms: str = "all") -> onnx.ModelProto:
+         fp8_gate: Fp8Gate | None = None, fp8_gemms: str | None = None) -> onnx.ModelProto:
     """The bertfuse form of a checked contrib model, as pipeline stages on `report` (a
     pipeline.RunReport). check: compare it with the contrib form (rows join the parity
     report); refuse_drift: raise ParityError on a failed comparison (optimize has no --force);
@@ -165,16 +165,16 @@ def _check_forms(model: onnx.ModelProto, kmodel: onnx.ModelProto, report, status
 
 def _fp8(model: onnx.ModelProto, kmodel: onnx.ModelProto, report, status,
          feeds: dict[str, np.ndarray], fp32_reference: Fp32Reference | None,
-         gate: Fp8Gate, gemms: str = "all") -> onnx.ModelProto:
-    """The FP8 form at the places `gemms` names (all, auto: chosen against the gate, or a
-    comma list), then its accuracy in user terms (report.fp8)."""
+         gate: Fp8Gate, gemms: str | None) -> onnx.ModelProto:
+    """The FP8 form at the places `gemms` names (all or None, auto: chosen against the gate,
+    or a comma list), then its accuracy in user terms (report.fp8)."""
     tried: list[dict] = []
     if fp32_reference is not None:  # TF (convert) runs once: every measure reads these
         want = fp32_reference(feeds)
         fp32_reference = lambda _feeds: want  # noqa: E731
     with report.stage("fp8 weights (calibrated on the parity inputs)", status) as st:
         amax = calibrate(model, dense_inputs(kmodel), feeds)
-        places = PLACES if gemms in ("all", "auto") else \
+        places = PLACES if gemms in (None, "all", "auto") else \
             tuple(p for p in PLACES if p in gemms.split(","))
         if gemms == "auto" and fp32_reference is not None:
             places, tried = choose_places(kmodel, amax, feeds, want, gate)

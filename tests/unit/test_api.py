@@ -86,8 +86,8 @@ def test_lazy_names_are_the_real_objects():
 
 
 @pytest.mark.parametrize("kwargs, needle", [
-    ({"precision": "int8"}, "fp32 or fp16"),
-    ({"precision": None}, "fp32 or fp16"),
+    ({"precision": "int8"}, "fp32, fp16, fp8"),
+    ({"precision": None}, "fp32, fp16, fp8"),
     ({"inputs": {"ids": "x"}}, "unknown role 'ids'"),
     ({"inputs": "input_ids=x"}, "dict of role -> input name"),
     ({"inputs": {"input_ids": ""}}, "input_ids must name a model input"),
@@ -118,7 +118,7 @@ def test_convert_refuses_a_source_that_is_no_path(source):
 
 
 def test_optimize_refuses_bad_arguments(raw_export, tmp_path):
-    with pytest.raises(BertfuseError, match="fp32 or fp16"):
+    with pytest.raises(BertfuseError, match="fp32, fp16, fp8"):
         bertfuse.optimize(raw_export["int32"], precision="int8")
     with pytest.raises(BertfuseError, match="unknown role 'token_ids'"):
         bertfuse.optimize(raw_export["int32"], inputs={"token_ids": "input_word_ids:0"})
