@@ -23,9 +23,8 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from bertfuse.ops.contract import FP8_IR_VERSION
+from bertfuse.ops.contract import BERTFUSE_DOMAIN, FP8_IR_VERSION
 from bertfuse.ops.bertfuse.dense_fp8 import FP8_OF
-from bertfuse.ops.contract import BERTFUSE_DOMAIN
 from bertfuse.ops.evaluator import evaluate
 from bertfuse.passes.manager import run_passes
 from bertfuse.passes.plans import fp8_plan
@@ -84,13 +83,11 @@ def fp8_form(contrib: onnx.ModelProto, kernels_model: onnx.ModelProto,
 
 
 def accuracy_rows(fp8_model: onnx.ModelProto, feeds: dict[str, np.ndarray],
-                  fp32_reference: Fp32Reference
-                  ) -> tuple[list[OutputParity], list[UserTerms]]:
-    """The FP8 model (NumPy references) against fp32 per output: max and mean |diff| rows
-    (stated, not held to the fp16 limits), and the user terms the FP8 gate holds
-    (fp8_gate.py)."""
+                  want: dict[str, np.ndarray]) -> tuple[list[OutputParity], list[UserTerms]]:
+    """The FP8 model (NumPy references) against the fp32 reference's outputs `want` on
+    `feeds`, per output: max and mean |diff| rows (stated, not held to the fp16 limits), and
+    the user terms the FP8 gate holds (fp8_gate.py)."""
     got = evaluate(fp8_model, feeds)
-    want = fp32_reference(feeds)
     rows = []
     for name, ref in want.items():
         row = compare_output(ROW_PREFIX + name, ref, got.get(name), Tolerance(math.inf))
@@ -127,7 +124,7 @@ def choose_places(kernels_model: onnx.ModelProto, amax: dict[str, float],
             return False  # no dense op at these places
         got = evaluate(model, feeds)
         terms = measure(want, got, mask)
-        failure, margin = gate.failure(terms), _margin(terms, gate)
+        failure, margin = gate.failure(terms), gate.margin(terms)
         margins[places] = margin
         tried.append({"places": list(places), "failure": failure,  # strict JSON: no -inf
                       "margin": round(margin, 7) if math.isfinite(margin) else None})
@@ -158,13 +155,3 @@ def place_weights(kernels_model: onnx.ModelProto) -> dict[str, int]:
             work[place] += int(np.prod(node.inputs[1].values.shape))
     return work
 
-
-def _margin(terms: list[UserTerms], gate: Fp8Gate) -> float:
-    """How far the worst gated measure is above its limit (negative: below; -inf: NaN)."""
-    gaps = [t.cosine_min - gate.min_cosine for t in terms if t.cosine_min is not None]
-    gaps += [t.argmax_agreement - gate.min_argmax for t in terms
-             if t.argmax_agreement is not None]
-    gaps = [g if math.isfinite(g) else -math.inf for g in gaps]
-    if any(t.nonfinite for t in terms):
-        gaps.append(-math.inf)
-    return min(gaps, default=0.0)

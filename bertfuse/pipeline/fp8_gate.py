@@ -100,22 +100,33 @@ class Fp8Gate:
             if t.nonfinite:
                 return f"{t.name} has {t.nonfinite} NaN/Inf values"
             if t.cosine_min is not None and not t.cosine_min >= self.min_cosine:
-                return (f"{t.name} min {'mean-pooled ' if t.token_cosine_min is not None else ''}cosine {t.cosine_min:.6f} < {self.min_cosine:.7g} "
-                        f"(--fp8-min-cosine)")
+                pooled = "mean-pooled " if t.token_cosine_min is not None else ""
+                return (f"{t.name} min {pooled}cosine {t.cosine_min:.6f} < "
+                        f"{self.min_cosine:.7g} (--fp8-min-cosine)")
             if t.argmax_agreement is not None and not t.argmax_agreement >= self.min_argmax:
                 return (f"{t.name} argmax agreement {t.argmax_agreement:.2%} < "
                         f"{self.min_argmax:.2%} (--fp8-min-argmax)")
         return ""
+
+    def margin(self, terms: list[UserTerms]) -> float:
+        """How far the worst gated measure is above its limit (negative: below; -inf: NaN)."""
+        gaps = [t.cosine_min - self.min_cosine for t in terms if t.cosine_min is not None]
+        gaps += [t.argmax_agreement - self.min_argmax for t in terms
+                 if t.argmax_agreement is not None]
+        gaps = [g if math.isfinite(g) else -math.inf for g in gaps]
+        if any(t.nonfinite for t in terms):
+            gaps.append(-math.inf)
+        return min(gaps, default=0.0)
 
     def to_json(self) -> dict:
         return {"min_cosine": self.min_cosine, "min_argmax": self.min_argmax}
 
 
 def measure(want: dict[str, np.ndarray], got: dict[str, np.ndarray],
-            mask: np.ndarray | None, logits: set[str] = frozenset()) -> list[UserTerms]:
+            mask: np.ndarray | None) -> list[UserTerms]:
     """Each output of `want` (fp32) against `got` (FP8), in user terms. `mask` [B, S]: the
-    valid tokens of per-token outputs; `logits`: names whose values are class scores (besides
-    those with "logits" in the name)."""
+    valid tokens of per-token outputs; an output with "logits" in its name holds class
+    scores."""
     out = []
     for name, ref in want.items():
         if name not in got:
@@ -123,7 +134,7 @@ def measure(want: dict[str, np.ndarray], got: dict[str, np.ndarray],
         a, b = np.asarray(ref, np.float64), np.asarray(got[name], np.float64)
         if a.shape != b.shape or a.ndim == 0:
             continue
-        terms = _one(name, a, b, mask, name in logits or "logits" in name.lower())
+        terms = _one(name, a, b, mask, "logits" in name.lower())
         terms.nonfinite = int(np.size(b) - np.count_nonzero(np.isfinite(b)))
         out.append(terms)
     return out

@@ -32,7 +32,8 @@ from bertfuse.ops.evaluator import evaluate
 from bertfuse.passes.manager import run_passes
 from bertfuse.passes.plans import lowering_plan
 from bertfuse.passes.fp8_weights import PLACES
-from bertfuse.pipeline.fp8 import accuracy_rows, calibrate, choose_places, dense_inputs, to_fp8
+from bertfuse.pipeline.fp8 import (accuracy_rows, calibrate, choose_places, dense_inputs,
+                                   to_fp8)
 from bertfuse.pipeline.fp8_gate import Fp8Gate
 from bertfuse.pipeline.gate import parity_failure
 from bertfuse.pipeline.parity import OutputParity, ParityReport, compare_output, tolerance_for
@@ -169,14 +170,13 @@ def _fp8(model: onnx.ModelProto, kmodel: onnx.ModelProto, report, status,
     """The FP8 form at the places `gemms` names (all or None, auto: chosen against the gate,
     or a comma list), then its accuracy in user terms (report.fp8)."""
     tried: list[dict] = []
-    if fp32_reference is not None:  # TF (convert) runs once: every measure reads these
-        want = fp32_reference(feeds)
-        fp32_reference = lambda _feeds: want  # noqa: E731
+    # the fp32 reference (TF for convert) runs once: every measure reads its outputs
+    want = fp32_reference(feeds) if fp32_reference is not None else None
     with report.stage("fp8 weights (calibrated on the parity inputs)", status) as st:
         amax = calibrate(model, dense_inputs(kmodel), feeds)
         places = PLACES if gemms in (None, "all", "auto") else \
             tuple(p for p in PLACES if p in gemms.split(","))
-        if gemms == "auto" and fp32_reference is not None:
+        if gemms == "auto" and want is not None:
             places, tried = choose_places(kmodel, amax, feeds, want, gate)
         kmodel = to_fp8(kmodel, amax, report.passes, None if places == PLACES else places)
         check_model(kmodel, load=False)
@@ -186,9 +186,9 @@ def _fp8(model: onnx.ModelProto, kmodel: onnx.ModelProto, report, status,
                     f"ops (ai.bertfuse: a CUDA GPU with the op library runs the model), the " \
                     f"rest fp16"
     fp8 = {"gate": gate.to_json(), "gemms": list(places), "tried": tried}
-    if fp32_reference is not None and report.parity is not None:
+    if want is not None and report.parity is not None:
         with report.stage("fp8 accuracy vs fp32 (NumPy references)", status) as st:
-            rows, terms = accuracy_rows(kmodel, feeds, fp32_reference)
+            rows, terms = accuracy_rows(kmodel, feeds, want)
             report.parity.outputs.extend(rows)
             failure = gate.failure(terms)
             report.fp8 = {**fp8, "ok": not failure, "failure": failure,
