@@ -34,6 +34,8 @@ import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import psutil
+
 from bertfuse.errors import BertfuseError
 
 ALL = "all"
@@ -249,9 +251,9 @@ def pin_to_gpu(plan: GpuPlan | None) -> tuple[int, ...]:
     cpus = plan.cpus_for(os.environ.get("CUDA_VISIBLE_DEVICES")) if plan else ()
     if not cpus or not hasattr(os, "sched_setaffinity"):
         return ()
-    for tid in os.listdir("/proc/self/task"):
+    for thread in psutil.Process().threads():  # the affinity of a Linux thread is its own
         try:
-            os.sched_setaffinity(int(tid), cpus)
+            os.sched_setaffinity(thread.id, cpus)
         except OSError:  # a thread that ended meanwhile
             continue
     return cpus

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 from types import SimpleNamespace
 
+import psutil
 import pytest
 
 from bertfuse.errors import BertfuseError
@@ -170,9 +171,9 @@ def test_pinning_sets_this_process_affinity(two_nodes, monkeypatch):
         assert pin_to_gpu(plan) == (mine[0],)
         assert os.sched_getaffinity(0) == {mine[0]}
     finally:
-        for tid in os.listdir("/proc/self/task"):
+        for thread in psutil.Process().threads():
             try:
-                os.sched_setaffinity(int(tid), mine)
+                os.sched_setaffinity(thread.id, mine)
             except OSError:
                 pass
     assert pin_to_gpu(None) == () and pin_to_gpu(make_plan(1, fake.gpus, 1, 1)) == ()
