@@ -83,7 +83,8 @@ def check_reachable(address: str) -> None:
 
 
 def connect(address: str | None, logging_level: int | None = None,
-            metrics_host: str = LOOPBACK, leftovers: tuple[str, ...] = ()) -> bool:
+            metrics_host: str = LOOPBACK, leftovers: tuple[str, ...] = (),
+            num_gpus: int | None = None) -> bool:
     """ray.init for this process: a local Ray of our own when `address` is None ("local":
     never someone's cluster found on this machine), else the cluster at `address`. Returns
     whether it started a local Ray. logging_level: Ray's driver logger (default Ray's).
@@ -93,13 +94,16 @@ def connect(address: str | None, logging_level: int | None = None,
     otherwise), and turns a loopback address given as _node_ip_address into the machine's;
     its single-machine mode (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, what it runs on macOS)
     keeps the loopback. A watchdog process stops that Ray's processes, and removes `leftovers`
-    (folders), if this process dies without disconnect() (kill -9)."""
+    (folders), if this process dies without disconnect() (kill -9). num_gpus: the local Ray
+    has this many GPUs, the first of those CUDA_VISIBLE_DEVICES lists (None: all it finds)."""
     ray = optional("ray", why="Ray (ray extra)")
 
     global _watchdog
     kwargs: dict = {"log_to_driver": False}
     if logging_level is not None:
         kwargs["logging_level"] = logging_level
+    if num_gpus is not None and address is None:
+        kwargs["num_gpus"] = num_gpus
     if address is not None:
         check_reachable(address)
     elif _watchdog is None:
@@ -300,7 +304,8 @@ if __name__ == "__main__":
 
 
 @contextmanager
-def ray_for(address: str | None, logging_level: int | None = None) -> Iterator[bool]:
+def ray_for(address: str | None, logging_level: int | None = None,
+            num_gpus: int | None = None) -> Iterator[bool]:
     """Ray for the block: the one this process already runs (used and left running; yields
     False), else connect(address) and ray.shutdown on every exit path (yields True)."""
     ray = optional("ray", why="Ray (ray extra)")
@@ -308,7 +313,7 @@ def ray_for(address: str | None, logging_level: int | None = None) -> Iterator[b
     if ray.is_initialized():
         yield False
         return
-    connect(address, logging_level)
+    connect(address, logging_level, num_gpus=num_gpus)
     try:
         yield True
     finally:

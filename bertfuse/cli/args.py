@@ -9,7 +9,8 @@ import math
 from typing import Callable, Sequence
 from dataclasses import fields
 
-from bertfuse.errors import UsageError
+from bertfuse.errors import BertfuseError, UsageError
+from bertfuse.gpu_plan import check_gpus
 from bertfuse.cli.renamed import add_renamed
 from bertfuse.pipeline.options import ConvertOptions, OPTIONS, RENAMED
 from bertfuse.runtime.kernel_choice import KERNELS
@@ -33,6 +34,15 @@ def int_at_least(low: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
         return value
     return parse
+
+
+def gpus(text: str) -> int | str:
+    """--gpus: a whole number of GPUs >= 1, or 'all'."""
+    try:
+        return check_gpus(text)
+    except BertfuseError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of GPUs (1 or more) or "
+                                         f"'all', got {text!r}") from None
 
 
 def tolerance(text: str) -> float:

@@ -9,7 +9,7 @@ import os
 from typing import Any
 import math
 
-from bertfuse.cli.args import add_kernels_arg, int_at_least, stage_lines
+from bertfuse.cli.args import add_kernels_arg, gpus, int_at_least, stage_lines
 from bertfuse.cli.command import Command
 from bertfuse.cli.outcome import print_json
 from bertfuse.score import score
@@ -63,6 +63,10 @@ class Score(Command):
         g = p.add_argument_group("execution")
         g.add_argument("--actors", type=int_at_least(1),
                        help="scoring actors (default: one per GPU, else half the CPUs)")
+        g.add_argument("--gpus", type=gpus, metavar="N|all",
+                       help="whole GPUs of this host, an actor on each: the first N that CUDA "
+                            "sees (all: every one); the local Ray only (no --address), not "
+                            "with --actors")
         g.add_argument("--batch-size", type=int_at_least(1), default=32,
                        help="rows per Session run (default 32, the largest batch bucket)")
         g.add_argument("--max-seq", type=int_at_least(1),
@@ -97,7 +101,8 @@ class Score(Command):
                       outputs=args.outputs, max_seq=args.max_seq, batch_size=args.batch_size,
                       actors=args.actors, device=args.device, address=args.address,
                       max_retries=args.max_retries, part_rows=args.part_rows,
-                      kernels=args.kernels, stall_s=args.stall_s, status=progress,
+                      kernels=args.kernels, stall_s=args.stall_s, gpus=args.gpus,
+                      status=progress,
                       progress=not (args.quiet or args.json))  # -q, --json: no bars
         if args.json:
             print_json("score", s.to_json())

@@ -10,12 +10,13 @@ import sys
 import time
 from typing import Any, Callable
 
-from bertfuse.cli.args import add_kernels_arg, int_at_least, stage_lines
+from bertfuse.cli.args import add_kernels_arg, gpus, int_at_least, stage_lines
 from bertfuse.cli.command import Command
 from bertfuse.errors import BertfuseError, require
 from bertfuse.cli.outcome import report
 from bertfuse.io.safety import Terminated
 from bertfuse.serve.api import DRAIN_S, deploy
+from bertfuse.serve.config import max_ongoing
 from bertfuse.serve.ingress import describe
 
 
@@ -54,6 +55,10 @@ class Serve(Command):
                        help="ONNX Runtime's intra-op threads in each replica (default: ORT's, "
                             "one per physical core; with several CPU replicas on one host, "
                             "replicas x N at most its cores)")
+        g.add_argument("--gpus", type=gpus, metavar="N|all",
+                       help="whole GPUs of this host: the first N that CUDA sees (all: every "
+                            "one), 1/--gpus-per-replica replicas on each, one GPU per replica; "
+                            "the local Ray only (no --address), not with --replicas")
         g.add_argument("--gpus-per-replica", type=float, metavar="F",
                        help="the share of a GPU each replica reserves (default 0.25, four "
                             "replicas per GPU, with the haproxy ingress; else 1)")
@@ -133,6 +138,12 @@ def _serve(args: argparse.Namespace, out) -> int:
         if served.device == "cuda":
             info["gpus_per_replica"] = served.config.gpus_per_replica
             share = f" ({served.config.gpus_per_replica:g} GPU each)"
+        if served.gpus is not None:  # --gpus: the plan, and each GPU's queue bound
+            info["gpus"] = {**served.gpus.to_json(), "queue_per_gpu": served.gpus.per_gpu
+                            * max_ongoing(served.config.max_batch)}
+            share += (f" on {served.gpus.count} GPU(s) "
+                      f"{','.join(g.id for g in served.gpus.gpus)}"
+                      f"{', pinned to their NUMA nodes' if served.gpus.pinned else ''}")
         why = f": auto, {served.ingress_why}" if served.ingress_why else ""
         say(info, f"serving {args.model} on {served.replicas} {served.device} replica(s){share} "
                   f"at {describe(served)}, and as model {name!r} at {info['v2_model']} (Open "
@@ -165,4 +176,5 @@ def _deploy(deploy: Callable[..., Any], args: argparse.Namespace,
         **{k: v for k, v in (("metrics_host", args.metrics_host),
                              ("token_file", args.token_file),
                              ("kernels", args.kernels),
-                             ("cpu_threads", args.cpu_threads)) if v is not None})
+                             ("cpu_threads", args.cpu_threads),
+                             ("gpus", args.gpus)) if v is not None})

@@ -7,7 +7,7 @@
 
 Rooms, importing only downwards: rows (rows -> model inputs, rejects) -> output (the output
 directory, commits, restart) -> spec (options, model, input, parts) -> actor (read task,
-scoring actor) -> job (Ray, the pipeline, the summary) -> command (the CLI). Importing this
+scoring actor) -> placement (the device, the actors) -> job (Ray, the pipeline, the summary) -> command (the CLI). Importing this
 package imports neither Ray nor ONNX Runtime.
 """
 
@@ -28,7 +28,7 @@ def score(model: Any, input: Any, output: Any, *, text_column: str | None = None
           max_seq: int | None = None, batch_size: int = 32, actors: int | None = None,
           device: str = "auto", address: str | None = None, max_retries: int = 3,
           part_rows: int = 8192, kernels: str = "auto", stall_s: float | None = None,
-          progress: bool = True,
+          gpus: int | str | None = None, progress: bool = True,
           status: Callable[[str], None] | None = None) -> "ScoreSummary":
     """Scores every row of `input` (a Parquet file or a directory of them) into `output`
     (a directory: scores/, rejects/, a manifest); returns a ScoreSummary.
@@ -46,7 +46,9 @@ def score(model: Any, input: Any, output: Any, *, text_column: str | None = None
     two blocks of scored rows before the run on Ray is cancelled and the parts not yet
     written run again, as after a lost node (default None: 10x the longest such wait so far,
     at least 120 s); a run's first rows may take 3x the longest start-up so far, 600 s
-    before any came back (score/watch.py). `progress`: Ray Data's progress
+    before any came back (score/watch.py). `gpus`: whole GPUs of this host (N, or 'all'),
+    an actor on each (the first N that CUDA sees; the local Ray only, not with `actors`;
+    bertfuse/gpu_plan.py); the summary's `gpus` gives the plan. `progress`: Ray Data's progress
     bars. `status`: called with each stage's name as it starts ('plan', 'ray cluster',
     'score'; the CLI's progress lines).
     Bad arguments or input raise BertfuseError before Ray starts."""
@@ -63,7 +65,7 @@ def score(model: Any, input: Any, output: Any, *, text_column: str | None = None
                     segment_column=segment_column, key_columns=key_columns, outputs=outputs,
                     max_seq=max_seq, batch_size=batch_size, actors=actors, device=device,
                     address=address, max_retries=max_retries, part_rows=part_rows,
-                    kernels=kernels, stall_s=stall_s)
+                    kernels=kernels, stall_s=stall_s, gpus=gpus)
     return run_job(job, progress, status)
 
 

@@ -24,6 +24,7 @@ import json
 
 import numpy as np
 
+from bertfuse.gpu_plan import GpuPlan, pin_to_gpu
 from bertfuse.score.output import PART, REJECT, ROW
 from bertfuse.score.rows import InputSpec, Prepared, RowPreparer
 from bertfuse.score.stages import Stages, actor_columns
@@ -180,8 +181,9 @@ class Scorer:
     def __init__(self, model: str, spec: InputSpec, keys: list[str], outputs: list[str],
                  ranks: dict[str, int], max_batch: int, device: str,
                  crash: str | None = None, kernels: str = "auto",
-                 hang: str | None = None) -> None:
+                 hang: str | None = None, gpus: GpuPlan | None = None) -> None:
         self.kernels: str | None = None  # the Session's KernelChoice as JSON, set by make()
+        pin_to_gpu(gpus)  # before the session's thread and buffers: on its GPU's NUMA node
 
         def make() -> Session:
             session = Session(model, max_batch=max_batch, max_seq=spec.max_seq, device=device,

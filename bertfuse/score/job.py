@@ -36,6 +36,7 @@ from bertfuse.ray_cluster import ray_for, task_error
 from bertfuse.score.actor import (CRASH_ENV, HANG_ENV, KERNELS, Scorer, UnreadableInput,
                                   read_parts)
 from bertfuse.score.output import PART, OutputDir, part_name
+from bertfuse.score.placement import place_actors
 from bertfuse.score.spec import ScoreJob
 from bertfuse.score.stages import Stages, Timing
 from bertfuse.score.watch import StallClock, Stalled, note, watched
@@ -84,9 +85,13 @@ class ScoreSummary:
     reruns: list[str] | None = None
     # Complete parts found damaged when the job resumed (score/damage.py), scored again
     damaged: list[str] | None = None
+    gpus: dict[str, Any] | None = None  # gpus' plan (GpuPlan.to_json); in the JSON where given
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if out["gpus"] is None:
+            del out["gpus"]
+        return out
 
 
 def run_job(job: ScoreJob, progress: bool = True,
@@ -107,8 +112,8 @@ def run_job(job: ScoreJob, progress: bool = True,
         reruns: list[str] = []
         if todo:
             say("ray cluster")
-            with _ray(job.address, progress) as ray:
-                device, actors = _placement(job, ray)
+            with _ray(job.address, progress, job.gpus.count if job.gpus else None) as ray:
+                device, actors = place_actors(job, ray)
                 say("score")
                 left, clock = todo, StallClock(job.stall_s)
                 while left:
@@ -141,6 +146,7 @@ def run_job(job: ScoreJob, progress: bool = True,
         summary.kernels = kernels or {"asked": job.kernels}
         summary.reruns = reruns
         summary.damaged = out.damaged
+        summary.gpus = job.gpus.to_json() if job.gpus else None
         out.write_manifest({"complete": True, "summary": summary.to_json()})
         return summary
 
@@ -210,35 +216,20 @@ def _finish(job: ScoreJob, out: OutputDir, done: set[int], todo: list, device: s
 
 
 @contextmanager
-def _ray(address: str | None, progress: bool) -> Iterator[Any]:
+def _ray(address: str | None, progress: bool, num_gpus: int | None) -> Iterator[Any]:
     """Ray as the caller has it (already initialized: used and left running), else a local
-    instance of our own (or the cluster at `address`), shut down on every exit path."""
+    instance of our own (with num_gpus GPUs, where given), or the cluster at `address`; shut
+    down on every exit path."""
     ray = optional("ray", why="Ray Data (ray extra)")
     DataContext = optional("ray.data", "DataContext", why="Ray Data (ray extra)")
 
     ctx = DataContext.get_current()
     shown, ctx.enable_progress_bars = ctx.enable_progress_bars, progress
     try:
-        with ray_for(address, logging_level=logging.WARNING):
+        with ray_for(address, logging_level=logging.WARNING, num_gpus=num_gpus):
             yield ray
     finally:
         ctx.enable_progress_bars = shown
-
-
-def _placement(job: ScoreJob, ray: Any) -> tuple[str, int]:
-    """(device, actors): a GPU per actor where the cluster has GPUs, else CPU actors."""
-    res = ray.cluster_resources()
-    gpus, cpus = int(res.get("GPU", 0)), int(res.get("CPU", 0))
-    device = job.device if job.device != "auto" else ("cuda" if gpus else "cpu")
-    if device == "cuda" and not gpus:
-        raise BertfuseError("device cuda, but the Ray cluster has no GPU")
-    actors = job.actors or (gpus if device == "cuda" else max(1, (cpus - 1) // 2))
-    if device == "cuda" and actors > gpus:
-        raise BertfuseError(f"{actors} actors need a GPU each; the Ray cluster has {gpus}")
-    if actors + 1 > cpus:  # each actor holds a CPU; reading the input needs one more
-        raise BertfuseError(f"{actors} actors need a CPU each and reading one more; the Ray "
-                            f"cluster has {cpus} CPUs")
-    return device, actors
 
 
 def _dataset(job: ScoreJob, todo: list, device: str, actors: int) -> Any:
@@ -277,7 +268,8 @@ def _dataset(job: ScoreJob, todo: list, device: str, actors: int) -> Any:
                                    "keys": job.key_columns, "outputs": job.outputs,
                                    "ranks": job.output_ranks, "max_batch": job.batch_size,
                                    "device": device, "crash": os.environ.get(CRASH_ENV),
-                                   "kernels": job.kernels, "hang": os.environ.get(HANG_ENV)})
+                                   "kernels": job.kernels, "hang": os.environ.get(HANG_ENV),
+                                   "gpus": job.gpus})
 
 
 def gather(blocks: Iterator[Any], out: OutputDir, job: ScoreJob, timing: Timing,

@@ -18,6 +18,7 @@ from typing import Any, Sequence
 
 from bertfuse.checks import check_int, check_path
 from bertfuse.errors import BertfuseError, require
+from bertfuse.gpu_plan import GpuPlan, host_plan
 from bertfuse.runtime.kernel_choice import check_kernels_option
 from bertfuse.score.rows import InputSpec
 from bertfuse.io.sidecars import find_vocab
@@ -66,6 +67,7 @@ class ScoreJob:
     # The longest wait for rows before a run is cancelled and rerun (watch.py); None: derived
     # from the job's own waits
     stall_s: float | None = None
+    gpus: GpuPlan | None = None  # gpus' plan (gpu_plan.py): an actor on each of its GPUs
 
     def identity(self) -> dict[str, Any]:
         """What a restarted job must share with the run that wrote the output so far: the
@@ -119,7 +121,7 @@ def build_job(model: Any, input: Any, output: Any, *, text_column: Any = None,
               max_seq: Any = None, batch_size: Any = DEFAULT_BATCH, actors: Any = None,
               device: Any = "auto", address: Any = None, max_retries: Any = 3,
               part_rows: Any = DEFAULT_PART_ROWS, kernels: Any = "auto",
-              stall_s: Any = None) -> ScoreJob:
+              stall_s: Any = None, gpus: Any = None) -> ScoreJob:
     """The job for score(...)'s arguments, every one checked (see score/__init__.py)."""
     model, input, output = (check_path(n, v) for n, v in (("model", model), ("input", input),
                                                              ("output", output)))
@@ -160,6 +162,10 @@ def build_job(model: Any, input: Any, output: Any, *, text_column: Any = None,
     if address is not None and (not isinstance(address, str) or not address):
         raise BertfuseError(f"address must be a Ray address ('auto', 'ray://host:10001'), "
                             f"not {address!r}")
+    if gpus is not None and actors is not None:
+        raise BertfuseError("give gpus or actors, not both: gpus N runs an actor on each of "
+                            "N GPUs")
+    plan = host_plan(gpus, device, address)  # before the model is read: one line, exit 2
     keys = _names("key_columns", key_columns)
     facts, names, ranks = _model(model, _names("outputs", outputs))
     positions = facts.max_positions or 512
@@ -181,7 +187,7 @@ def build_job(model: Any, input: Any, output: Any, *, text_column: Any = None,
     fingerprint["inputs"] = [{**_stamp(f), "rows": n} for f, n in _file_rows(files)]
     return ScoreJob(model, input, output, files, spec, keys, names, ranks, parts, rows,
                     batch_size, actors, device, address, max_retries, part_rows, fingerprint,
-                    kernels, None if stall_s is None else float(stall_s))
+                    kernels, None if stall_s is None else float(stall_s), plan)
 
 
 def _model(model: str, wanted: list[str]):

@@ -17,9 +17,10 @@ import signal
 import time
 
 from bertfuse.errors import BertfuseError
+from bertfuse.gpu_plan import GpuPlan, host_plan
 from bertfuse.ray_cluster import connect, disconnect, first_line, signal_handlers_kept
 from bertfuse.serve import quiesce
-from bertfuse.serve.config import ServeConfig, check_config, resolve
+from bertfuse.serve.config import ServeConfig, check_config, replicas_per_gpu, resolve
 from bertfuse.serve.haproxy_conf import SERVER_TIMEOUT_S
 from bertfuse.serve.replica_config import replica_config
 from bertfuse.serve.requests import body_limit
@@ -55,6 +56,7 @@ class Served:
     ingress_why: str | None = None
     # The secrets taken out of this process's environment while it serves (token.withhold)
     withheld: dict = dataclasses.field(default_factory=dict, repr=False)
+    gpus: GpuPlan | None = None  # the plan of `gpus` (gpu_plan.py); None: not asked for
 
     def metrics_urls(self) -> list[str]:
         """Each Ray node's Prometheus endpoint (Ray's and Serve's metrics, and bertfuse_*)."""
@@ -168,14 +170,19 @@ def _serve_running() -> bool:
     return True
 
 
-def _placement(cfg: ServeConfig) -> tuple[str, int, dict[str, float]]:
+def _placement(cfg: ServeConfig, plan: GpuPlan | None = None) -> tuple[str, int,
+                                                                       dict[str, float]]:
     """(device, replicas, each replica's Ray resources): gpus_per_replica of a GPU each where
     the cluster has GPUs (device 'auto' or 'cuda'), as many as its GPUs and CPUs hold unless
-    replicas says; else CPU replicas."""
+    replicas says; else CPU replicas. With a plan (gpus): as many as the plan's GPUs hold."""
     ray = optional("ray", why="Ray Serve (ray extra)")
 
     resources = ray.cluster_resources()
     gpus = int(resources.get("GPU", 0))
+    if plan is not None:
+        if gpus < plan.count:  # a Ray this process already ran, with fewer GPUs
+            raise BertfuseError(f"gpus {plan.count}: the Ray cluster has {gpus} GPUs")
+        gpus = plan.count
     device = cfg.device if cfg.device != "auto" else ("cuda" if gpus else "cpu")
     if device == "cuda" and not gpus:
         raise BertfuseError("device cuda, but the Ray cluster has no GPU (ray status shows "
@@ -186,7 +193,7 @@ def _placement(cfg: ServeConfig) -> tuple[str, int, dict[str, float]]:
         cpus = resources.get("CPU", 0)
         if cpu > 0:  # and its CPUs: a replica that cannot be placed would wait forever
             fit = min(fit, int(cpus / cpu + 1e-9))
-        replicas = cfg.replicas or max(fit, 1)
+        replicas = cfg.replicas or (plan.replicas if plan else max(fit, 1))
         if replicas > fit:
             raise BertfuseError(f"{replicas} replicas of {share:g} GPU and {cpu:g} CPU each "
                                 f"need {replicas * share:g} GPUs and {replicas * cpu:g} CPUs; "
@@ -228,6 +235,8 @@ def _deploy(cfg: ServeConfig, say: Any, withheld: dict[str, str]) -> Served:
     ingress, why = auto_ingress(cfg.address, ray.is_initialized()) if cfg.ingress == "auto" \
         else (cfg.ingress, None)
     cfg = resolve(cfg, ingress)  # before Ray starts: the ingress's flags go to its processes
+    plan = host_plan(cfg.gpus, cfg.device, cfg.address, replicas_per_gpu(cfg.gpus_per_replica)) \
+        if cfg.gpus is not None else None
     connected = started_ray = started_serve = deployed = False
     scratch = None
     if cfg.ingress != "proxy" and ray.is_initialized():
@@ -240,10 +249,11 @@ def _deploy(cfg: ServeConfig, say: Any, withheld: dict[str, str]) -> Served:
         with ingress_environment(cfg.ingress, cfg.metrics_host, max_body,
                                  cfg.token_sha256) as scratch:
             started_ray = connect(cfg.address, metrics_host=cfg.metrics_host,
-                                  leftovers=(scratch,) if scratch else ())
+                                  leftovers=(scratch,) if scratch else (),
+                                  num_gpus=plan.count if plan else None)
         connected = True
     try:
-        device, replicas, resources = _placement(cfg)
+        device, replicas, resources = _placement(cfg, plan)
         if _serve_running():
             if cfg.name in serve.status().applications:
                 raise BertfuseError(f"an application named {cfg.name!r} already runs on this "
@@ -262,10 +272,10 @@ def _deploy(cfg: ServeConfig, say: Any, withheld: dict[str, str]) -> Served:
             started_serve = True
             url_host, url_port = cfg.host, cfg.port
         # run: this deployment's key for the statistics its replicas share
-        config = replica_config(cfg, device, replicas, run=os.urandom(8).hex())
+        config = replica_config(cfg, device, replicas, run=os.urandom(8).hex(), gpus=plan)
         app = BertfuseReplica.options(
             num_replicas=replicas, ray_actor_options=resources, logging_config=_logging(cfg),
-            max_ongoing_requests=max(4 * cfg.max_batch, 16),
+            max_ongoing_requests=config.max_ongoing_requests,
             graceful_shutdown_timeout_s=DRAIN_S).bind(config)
         prefix = "/" if started_serve else f"/{cfg.name}"
         say("deploy replicas")  # each replica builds and warms its Session
@@ -295,7 +305,7 @@ def _deploy(cfg: ServeConfig, say: Any, withheld: dict[str, str]) -> Served:
                               "left running; Ray's logs say why") from None
         raise
     return Served(url, cfg, device, replicas, started_ray, connected, started_serve,
-                  urls=urls, scratch=scratch, ingress_why=why, withheld=withheld)
+                  urls=urls, scratch=scratch, ingress_why=why, withheld=withheld, gpus=plan)
 
 
 def _logging(cfg: ServeConfig) -> dict[str, Any]:

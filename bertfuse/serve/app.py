@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from bertfuse.gpu_plan import pin_to_gpu
 from bertfuse.serve.config import switch_interval_s
 from bertfuse.serve.guard import Access, check_access, check_post, is_loopback, read_body
 from bertfuse.serve.infer_stats import InferStats, merge
@@ -105,6 +106,8 @@ class BertfuseReplica:
             self.tokenizer = WordPiece(config.vocab, lower_case=config.lower_case,
                                        max_length=config.max_seq, model=config.model)
         self.warm: list[tuple[int, int]] = []
+        # Before the session's thread and buffers exist: they stay on the GPU's NUMA node
+        self.pinned = pin_to_gpu(config.gpus)
 
         def make() -> Session:
             buckets = {"batch_buckets": config.batch_buckets} if config.batch_buckets else {}
@@ -274,6 +277,11 @@ class BertfuseReplica:
                 "max_batch": self.config.max_batch, "max_seq": self.config.max_seq,
                 "max_wait_ms": self.config.max_wait_ms, "warm_buckets": len(self.warm),
                 "ingress": self.config.ingress,
+                # its GPU (one per replica: Ray sets CUDA_VISIBLE_DEVICES to it), the CPUs it
+                # is pinned to (0: none), and its queue: inflight of max_ongoing_requests
+                "gpu": os.environ.get("CUDA_VISIBLE_DEVICES") if self.config.device == "cuda"
+                else None, "pinned_cpus": len(self.pinned), "inflight": self.inflight,
+                "max_ongoing_requests": self.config.max_ongoing_requests,
                 "intra_op_threads": self.session.sessions["raw"].get_session_options()
                 .intra_op_num_threads,  # 0: ORT's default (one per physical core)
                 "switch_interval_ms": round(sys.getswitchinterval() * 1e3, 3),

@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
 from bertfuse.checks import check_int, check_text
+from bertfuse.errors import BertfuseError
+from bertfuse.gpu_plan import check_gpus
 from bertfuse.runtime.request_checks import (ConfigError, check_canonical, model_facts,
                                              servable_model)
 from bertfuse.serve.token import token_sha256
@@ -87,6 +89,9 @@ class ServeConfig:
     allow_readable_token_file: bool = False  # else a file others may read is refused
     kernels: str = "auto"  # runtime.kernel_choice: the replicas' choice of contrib or bertfuse ops
     cpu_threads: int | None = None  # each replica's ORT intra-op threads (None: ORT's default)
+    # gpus: whole GPUs of this host (N or 'all'), 1/gpus_per_replica replicas on each
+    # (gpu_plan.py); None: replicas on as many GPUs as the cluster has
+    gpus: int | str | None = None
     token_sha256: str | None = None  # filled by check_config (FILLED), not an argument
 
 
@@ -124,6 +129,8 @@ def check_config(model: Any = None, **kwargs: Any) -> ServeConfig:
     if cfg.cpu_threads is not None:
         check_int("cpu_threads", cfg.cpu_threads, 1, 1024, error=ConfigError)
     switch_interval_s()  # its environment variable, read by every replica
+    if cfg.gpus is not None:
+        _check_gpus_option(cfg)
     if cfg.device not in DEVICES:
         raise ConfigError(f"device must be one of {', '.join(DEVICES)}, not {cfg.device!r}")
 
@@ -167,6 +174,39 @@ def check_config(model: Any = None, **kwargs: Any) -> ServeConfig:
                           "batch_buckets": buckets,
                           "vocab": vocab, "token_sha256": token_sha256(
                               cfg.token_file, cfg.allow_readable_token_file)})
+
+
+def _check_gpus_option(cfg: ServeConfig) -> None:
+    try:
+        check_gpus(cfg.gpus)
+    except BertfuseError as exc:
+        raise ConfigError(str(exc)) from None
+    if cfg.replicas is not None:
+        raise ConfigError("give gpus or replicas, not both: gpus N places 1/gpus_per_replica "
+                          "replicas on each of N GPUs")
+    if cfg.device == "cpu":
+        raise ConfigError("gpus places the replicas on GPUs; device 'cpu' runs on none (give "
+                          "one of them)")
+    if cfg.address is not None:
+        raise ConfigError("gpus plans this host's GPUs, for the local Ray that bertfuse serve "
+                          "starts; on a cluster (address) use replicas")
+
+
+def replicas_per_gpu(share: float) -> int:
+    """Replicas on each GPU at gpus_per_replica `share` (with gpus: it must divide one GPU
+    into whole replicas: 1, 0.5, 0.25, ...)."""
+    per = max(1, round(1 / share))
+    if abs(per * share - 1) > 1e-6:
+        raise ConfigError(f"gpus_per_replica {share:g} does not divide a GPU into whole "
+                          "replicas; with gpus give 1, 0.5, 0.25, ...")
+    return per
+
+
+def max_ongoing(max_batch: int) -> int:
+    """Requests one replica takes at once (Serve's max_ongoing_requests): queued at it,
+    batched or running; Serve's router holds the rest until a replica has room. The bound
+    of a GPU's queue is this times its replicas."""
+    return max(4 * max_batch, 16)
 
 
 def resolve(cfg: ServeConfig, ingress: str) -> ServeConfig:

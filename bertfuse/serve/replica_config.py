@@ -11,7 +11,8 @@ import types
 import typing
 from dataclasses import dataclass, fields
 
-from bertfuse.serve.config import INGRESSES, ServeConfig
+from bertfuse.gpu_plan import GpuPlan
+from bertfuse.serve.config import INGRESSES, ServeConfig, max_ongoing
 
 REPLICA_DEVICES = ("cuda", "cpu")  # placement's choice: never 'auto'
 
@@ -21,7 +22,10 @@ class ReplicaConfig:
     """One replica's settings. device: 'cuda' or 'cpu'; ingress: the one in use (never
     'auto'); max_seq: the checked one (never None); outputs: the served outputs, in order;
     batch_buckets None: the runtime's; token_sha256 None: no token; run: this deployment's
-    key for the statistics its replicas share (Ray's key-value store)."""
+    key for the statistics its replicas share (Ray's key-value store); max_ongoing_requests:
+    the requests it takes at once (its queue's bound; a GPU's is this times its replicas);
+    gpus: the plan of `gpus` (gpu_plan.py: the replica pins its threads to its GPU's NUMA
+    node where the plan says), None where gpus was not given."""
 
     model: str
     name: str
@@ -41,6 +45,8 @@ class ReplicaConfig:
     ingress: str
     token_sha256: str | None
     run: str
+    max_ongoing_requests: int = 16
+    gpus: GpuPlan | None = None
 
     def __post_init__(self) -> None:
         hints = typing.get_type_hints(ReplicaConfig)
@@ -75,9 +81,10 @@ def _fits(value: object, hint: object) -> bool:
     return isinstance(value, int if hint is int else (int, float) if hint is float else hint)
 
 
-def replica_config(cfg: ServeConfig, device: str, replicas: int, run: str) -> ReplicaConfig:
-    """A replica's settings from cfg (check_config's, then resolve's) and placement's device
-    and replica count; run: the deployment's statistics key. check_config took any integral
+def replica_config(cfg: ServeConfig, device: str, replicas: int, run: str,
+                   gpus: GpuPlan | None = None) -> ReplicaConfig:
+    """A replica's settings from cfg (check_config's, then resolve's) and placement's device,
+    replica count and GPU plan; run: the deployment's statistics key. check_config took any integral
     or real number (NumPy's too): here they become Python's int and float."""
     wait = cfg.max_wait_ms
     return ReplicaConfig(
@@ -88,4 +95,5 @@ def replica_config(cfg: ServeConfig, device: str, replicas: int, run: str) -> Re
         outputs=tuple(cfg.outputs), vocab=cfg.vocab, lower_case=cfg.lower_case,
         kernels=cfg.kernels, cpu_threads=None if cfg.cpu_threads is None
         else int(cfg.cpu_threads), warmup=cfg.warmup, ingress=cfg.ingress,
-        token_sha256=cfg.token_sha256, run=run)
+        token_sha256=cfg.token_sha256, run=run,
+        max_ongoing_requests=max_ongoing(int(cfg.max_batch)), gpus=gpus)

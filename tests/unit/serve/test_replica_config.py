@@ -44,7 +44,8 @@ def test_replica_config_is_the_checked_config_placed(placed):
         "replicas": 3, "max_batch": 8, "max_seq": 16, "max_wait_ms": 5,
         "batch_buckets": (2, 4), "outputs": ("pooled_output",), "vocab": None,
         "lower_case": None, "kernels": "ort", "cpu_threads": 2, "warmup": True,
-        "ingress": "proxy", "token_sha256": None, "run": "0123abcd"}
+        "ingress": "proxy", "token_sha256": None, "run": "0123abcd",
+        "max_ongoing_requests": 32, "gpus": None}  # 4 x max_batch, at least 16
     assert type(config.max_wait_ms) is int  # as given: /stats reports 5, not 5.0
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.max_batch = 9  # type: ignore[misc]

@@ -558,7 +558,7 @@ def test_a_ray_failure_while_starting_is_one_line_and_leaves_nothing(served, tin
     import bertfuse.serve.api as api
     from bertfuse import cli
 
-    def died(cfg):
+    def died(cfg, plan=None):
         raise ActorDiedError()
 
     monkeypatch.setattr(api, "_placement", died)
