@@ -32,6 +32,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -115,9 +116,10 @@ def gpu(folder: str, out: str, iters: int, rounds: int) -> int:
              f"FP8 auto ({','.join(meta['auto'])})": to_fp8(kmodel, meta["amax"],
                                                              places=tuple(meta["auto"])),
              "FP8 every GEMM": to_fp8(kmodel, meta["amax"], places=PLACES)}
+    work = tempfile.TemporaryDirectory(prefix="fp8_trained_")  # gone on every exit path
     paths = {}
     for i, (name, model) in enumerate(forms.items()):
-        paths[name] = os.path.join("/tmp", f"fp8_trained_{i}.onnx")
+        paths[name] = os.path.join(work.name, f"form{i}.onnx")
         onnx.save(model, paths[name])
     inputs = np.load(os.path.join(folder, "inputs.npz"))
     ref = dict(np.load(os.path.join(folder, "reference.npz")))
@@ -173,6 +175,7 @@ def gpu(folder: str, out: str, iters: int, rounds: int) -> int:
         result["timing"][w].update({k: {"note": v} for k, v in notes.items() if k not in times})
         for s in keep:
             s.close()
+    work.cleanup()
     with open(os.path.join(out, "fp8_trained.json"), "w") as f:
         json.dump(result, f, indent=1)
     print()

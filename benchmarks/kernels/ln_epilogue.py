@@ -236,7 +236,8 @@ class Layer:
         self.f32 = {k: v.to(device) for k, v in f.items()}
         self.h = {k: v.to(device).half() for k, v in f.items()}
         # folded forms: qkv reads LN2's input, up reads LN1's
-        for w, b, g, beta, name in (("Wqkv", "bqkv", "g2", "b2", "qkv"), ("Wup", "bup", "g1", "b1", "up")):
+        for w, b, g, beta, name in (("Wqkv", "bqkv", "g2", "b2", "qkv"),
+                                    ("Wup", "bup", "g1", "b1", "up")):
             W, B, G, BE = (self.f32[k] for k in (w, b, g, beta))
             wf = (G[:, None] * W).half()
             self.h[f"W_{name}_f"] = wf
@@ -452,7 +453,8 @@ def main() -> int:
         json.dump({"meta": meta, "workloads": result}, f, indent=1)
     bad = []
     print(f"{meta['gpu']}; torch {meta['torch']}, triton {meta['triton']}")
-    print("workload | form | p50 us per layer chain | p90 | max |diff| q / h2 / h1 / u vs fp32 | mean")
+    print("workload | form | p50 us per layer chain | p90 | max |diff| q / h2 / h1 / u vs fp32 "
+          "| mean")
     for w, row in result.items():
         for f, r in row["forms"].items():
             e = r["errors"]

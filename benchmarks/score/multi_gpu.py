@@ -4,8 +4,9 @@ host. One Parquet corpus of --rows-per-gpu x the largest N rows (ids of lengths 
 time per GPU (a minute at the default on shenma-3l fp16); each N scores all of it, in a fresh
 `bertfuse score --json` process (its own local Ray; on the CPU, `--device cpu --actors N`
 stands in for N GPUs). Per N: rows/s end to end and steady (the summary's), the scaling of
-steady rows/s (end to end where a run had one block) against N=1 (target >= 0.9 x N), and the host's CPU per 1,000 rows (psutil's
-busy time of the whole host over the run: the driver, Ray, the actors).
+steady rows/s (end to end where a run had one block) against N=1 (target >= 0.9 x N), and
+the host's CPU per 1,000 rows (psutil's busy time of the whole host over the run: the
+driver, Ray, the actors).
 
     python benchmarks/score/multi_gpu.py --model model.onnx --gpus-list 1,2,4,8
     python benchmarks/score/multi_gpu.py --model tiny.onnx --device cpu --smoke   # a check
@@ -31,7 +32,8 @@ import psutil
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from score_bench import ROOT, make_input  # noqa: E402
 
-from bertfuse.gpu_plan import read_smi, visible_gpus  # noqa: E402
+from bertfuse.bench.scaling import (add_arguments, gpu_counts, report_head,  # noqa: E402
+                                    versus_one, write_report)
 
 
 def _host_busy() -> float:
@@ -70,7 +72,7 @@ def table(results: list[dict]) -> str:
              "| host CPU ms / 1k rows |", "|---|---|---|---|---|---|---|---|"]
     for r in results:
         x = rate(r) / base if base else None
-        xs, eff = (f"{x:.2f}", f"{x / (0.9 * r['n']):.0%}") if x else ("-", "-")
+        xs, eff = versus_one(x, r["n"])
         lines.append(f"| {r['n']} | {r['actors']} | {r['rows']:,} | {r['rows_per_s']:,.0f} | "
                      f"{r['steady_rows_per_s'] or '-'} | {xs} | {eff} | "
                      f"{r['host_cpu_ms_per_1k_rows']} |")
@@ -79,9 +81,7 @@ def table(results: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", required=True, help="a fused .onnx (bertfuse convert)")
-    ap.add_argument("--gpus-list", default="1,2,4,8", help="N values (capped at the GPUs seen)")
-    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    add_arguments(ap)
     ap.add_argument("--rows-per-gpu", type=int, default=2_000_000,
                     help="corpus rows per GPU of the largest N (default: about a minute "
                          "per GPU for shenma-3l fp16 on an H100)")
@@ -92,37 +92,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout-s", type=float, default=3600.0, help="each N's bound")
     ap.add_argument("--smoke", action="store_true",
                     help="a check, not a measurement: 2,000 rows of s16")
-    ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args(argv)
     if args.smoke:
         args.rows_per_gpu, args.seq, args.min_len = 2000, 16, 4
         args.vocab = min(args.vocab, 1000)  # within any BERT vocabulary, the tiny ones too
-    wanted = [int(x) for x in args.gpus_list.split(",") if x]
-    seen = len(visible_gpus(read_smi(), os.environ.get("CUDA_VISIBLE_DEVICES")))
-    ns = wanted if args.device == "cpu" else [n for n in wanted if n <= seen]
-    if not ns:
-        ap.error(f"no N of {wanted} fits the {seen} GPUs CUDA sees")
+    ns, seen = gpu_counts(ap, args)
     work = Path(tempfile.mkdtemp(prefix="score_multi_gpu_"))
     try:
         corpus = work / "corpus.parquet"
         rows = args.rows_per_gpu * max(ns)
         make_input(corpus, rows, args.seq, args.min_len, args.vocab, 8192)
-        report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                  "machine": f"{os.uname().machine}, {os.cpu_count()} CPUs, {seen} GPUs",
-                  "model": os.path.basename(args.model),
-                  "command": " ".join([os.path.basename(sys.argv[0]), *(argv or sys.argv[1:])]),
-                  "corpus": {"rows": rows, "seq": args.seq, "min_len": args.min_len},
-                  "results": []}
+        report = report_head(argv, args.model,
+                             f"{os.uname().machine}, {os.cpu_count()} CPUs, {seen} GPUs",
+                             corpus={"rows": rows, "seq": args.seq, "min_len": args.min_len})
         for n in ns:
             report["results"].append(one_n(args, n, corpus, work))
             print(json.dumps(report["results"][-1]), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "score_multi_gpu.json")
-    with open(path, "w") as f:
-        json.dump(report, f, indent=1)
-    print(f"wrote {path}\n{table(report['results'])}")
+    write_report(report, args.out, "score_multi_gpu.json", table(report["results"]))
     return 0
 
 

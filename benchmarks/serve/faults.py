@@ -47,7 +47,8 @@ import psutil
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from bertfuse.ray_cluster import alive, descendants  # noqa: E402 (after the path)
+from bertfuse.bench.scaling import write_report  # noqa: E402 (after the path)
+from bertfuse.ray_cluster import alive, descendants  # noqa: E402
 
 PHASES = ("load", "replica", "node", "sigterm")
 UP_S = 240
@@ -351,8 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     bad = [p for p in phases if p not in PHASES]
     if bad:
         ap.error(f"unknown phase {bad[0]!r}; phases: {', '.join(PHASES)}")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
-    env.pop("RAY_ADDRESS", None)
+    env = child_env()
     body = request_body(args.rows, args.seq)
     report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, "
@@ -367,12 +367,16 @@ def main(argv: list[str] | None = None) -> int:
         report["phases"][name] = result = run[name](args, env, body)
         result["phase_s"] = round(time.monotonic() - start, 1)
         print(f"{name:8s} {json.dumps(result)}", flush=True)
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "serve_faults.json")
-    with open(path, "w") as f:
-        json.dump(report, f, indent=1)
-    print(f"wrote {path}")
+    write_report(report, args.out, "serve_faults.json")
     return 0
+
+
+def child_env() -> dict[str, str]:
+    """The environment of the server processes started here: this checkout importable, and
+    no RAY_ADDRESS (each starts its own local Ray)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+    env.pop("RAY_ADDRESS", None)
+    return env
 
 
 def _cpu_name() -> str:

@@ -41,11 +41,12 @@ import numpy as np
 import psutil
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from faults import ROOT, Server, cmdline, request_body, versions  # noqa: E402
+from faults import ROOT, Server, child_env, cmdline, request_body, versions  # noqa: E402
 from faults import _cpu_name, _mem_gb  # noqa: E402
 
 sys.path.insert(0, ROOT)
-from bertfuse.gpu_plan import read_smi, visible_gpus  # noqa: E402
+from bertfuse.bench.scaling import (add_arguments, gpu_counts, report_head,  # noqa: E402
+                                    versus_one, write_report)
 from bertfuse.ray_cluster import descendants  # noqa: E402
 
 
@@ -228,8 +229,7 @@ def table(results: list[dict]) -> str:
             base["closed"]["seq_per_s"] else None
         p99 = o.get("p99_ms") / base["open"]["p99_ms"] if base and o.get("p99_ms") and \
             base["open"].get("p99_ms") else None
-        xs = f"{x:.2f}" if x else "-"
-        eff = f"{x / (0.9 * r['n']):.0%}" if x else "-"
+        xs, eff = versus_one(x, r["n"])
         p99s = f"{p99:.2f}" if p99 else "-"
         lines.append(f"| {r['n']} | {r['replicas']} | {c['seq_per_s']:,.0f} | {xs} | {eff} | "
                      f"{o.get('p50_ms')} | {o.get('p99_ms')} | {p99s} | "
@@ -239,9 +239,7 @@ def table(results: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", required=True, help="a fused .onnx (bertfuse convert)")
-    ap.add_argument("--gpus-list", default="1,2,4,8", help="N values (capped at the GPUs seen)")
-    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    add_arguments(ap)
     ap.add_argument("--rows", type=int, default=20, help="rows per request (b)")
     ap.add_argument("--seq", type=int, default=64, help="tokens per row (s)")
     ap.add_argument("--max-batch", type=int, default=64)
@@ -256,35 +254,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--serve-args", default="", help="more `bertfuse serve` flags")
     ap.add_argument("--smoke", action="store_true",
                     help="a check, not a measurement: 2 clients, 3 s loops, b4 s16")
-    ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args(argv)
     args.serve_args = args.serve_args.split()
     if args.smoke:
         args.clients_per_gpu, args.procs_per_gpu, args.seconds = 2, 1, 3.0
         args.rows, args.seq, args.settle_s, args.timeout_s = 4, 16, 1.0, 20.0
-    wanted = [int(x) for x in args.gpus_list.split(",") if x]
-    seen = len(visible_gpus(read_smi(), os.environ.get("CUDA_VISIBLE_DEVICES")))
-    ns = wanted if args.device == "cpu" else [n for n in wanted if n <= seen]
-    if not ns:
-        ap.error(f"no N of {wanted} fits the {seen} GPUs CUDA sees")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
-    env.pop("RAY_ADDRESS", None)
+    ns, seen = gpu_counts(ap, args)
+    env = child_env()
     body = request_body(args.rows, args.seq)
-    report = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-              "machine": f"{os.uname().machine}, {os.cpu_count()} CPUs, {_cpu_name()}, "
-                         f"{_mem_gb()} GB, {seen} GPUs",
-              "versions": versions(), "model": os.path.basename(args.model),
-              "command": " ".join([os.path.basename(sys.argv[0]), *(argv or sys.argv[1:])]),
-              "request": {"rows": args.rows, "seq": args.seq, "bytes": len(body)},
-              "results": []}
+    report = report_head(argv, args.model, f"{os.uname().machine}, {os.cpu_count()} CPUs, "
+                         f"{_cpu_name()}, {_mem_gb()} GB, {seen} GPUs", versions=versions(),
+                         request={"rows": args.rows, "seq": args.seq, "bytes": len(body)})
     for n in ns:
         report["results"].append(one_n(args, n, body, env))
         print(json.dumps(report["results"][-1]), flush=True)
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "serve_multi_gpu.json")
-    with open(path, "w") as f:
-        json.dump(report, f, indent=1)
-    print(f"wrote {path}\n{table(report['results'])}")
+    write_report(report, args.out, "serve_multi_gpu.json", table(report["results"]))
     return 0
 
 
