@@ -103,7 +103,8 @@ def gpu(folder: str, out: str, iters: int, rounds: int) -> int:
     import onnxruntime
 
     onnxruntime.preload_dlls()
-    from bertfuse.bench.peers import compiled_peer_call, torch_graph_call
+    from bertfuse.bench.peers import (COMPILED_PEER, TORCH_PEER, compiled_peer_call,
+                                      torch_graph_call)
     from bertfuse.bench.timing import time_interleaved
     from bertfuse.passes.fp8_weights import PLACES
     from bertfuse.pipeline.fp8 import to_fp8
@@ -160,15 +161,15 @@ def gpu(folder: str, out: str, iters: int, rounds: int) -> int:
         notes = {}
         try:
             call, _ = torch_graph_call(cfg, req)
-            calls["peer: torch SDPA fp16 + CUDA graph"] = call
+            calls[TORCH_PEER] = call
         except Exception as exc:  # noqa: BLE001
-            notes["peer: torch SDPA fp16 + CUDA graph"] = f"failed: {exc}"
+            notes[TORCH_PEER] = f"failed: {exc}"
         try:
             call, _, note = compiled_peer_call(cfg, req)
-            calls["peer: torch.compile max-autotune fp16 + CUDA graph"] = call
-            notes["peer: torch.compile max-autotune fp16 + CUDA graph"] = note
+            calls[COMPILED_PEER] = call
+            notes[COMPILED_PEER] = note
         except Exception as exc:  # noqa: BLE001
-            notes["peer: torch.compile max-autotune fp16 + CUDA graph"] = f"failed: {exc}"
+            notes[COMPILED_PEER] = f"failed: {exc}"
         times = time_interleaved(calls, iters, rounds=rounds)
         result["timing"][w] = {k: {"p50_us": v[0], "p99_us": v[1], "note": notes.get(k, "")}
                                for k, v in times.items()}

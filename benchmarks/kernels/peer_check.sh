@@ -13,8 +13,10 @@
 #    (--ort-rows reference) and of the contrib runtime rows only the kernels form's twins
 #    (--runtime-rows paired), to save setup time.
 # 3. `bertfuse bench --packed "$PACKED" --streams $STREAMS` (no padded workload): the contrib
-#    form's padded/packed rows and the bertfuse-kernels padded and device-packed forms.
-# 4. If at least 150 s are left: the same bench as 2 on base b1 s128.
+#    form's padded/packed rows and the bertfuse-kernels padded and device-packed forms
+#    (PACKED_PART=0 leaves it out).
+# 4. If at least 150 s are left: the same bench as 2 on $BASE (default 'base b1 s128'; several
+#    workloads separated by '|', e.g. BASE='base b1 s128|base b32 s128').
 # 5. summary.txt: per workload every peer (p50, parity, note), the best peer, bertfuse's rows
 #    against it; the device-packed rows: how many filled, how many failed and why.
 #
@@ -40,6 +42,8 @@ ITERS="${ITERS:-300}"
 BUDGET="${BUDGET:-470}"
 PACKED="${PACKED:-uniform [8,64] b20 s64}"
 STREAMS="${STREAMS:-4}"
+PACKED_PART="${PACKED_PART:-1}"
+BASE="${BASE:-base b1 s128}"
 PY="${PYTHON:-python3}"
 export PYTHONUNBUFFERED=1
 [ -f tests/support/builders/onnx_graphs.py ] || { echo "run from the repo root"; exit 2; }
@@ -110,8 +114,10 @@ bench() {  # bench DIR TIMEOUT BENCH-ARGS...; the forms flag left at its default
 }
 PADDED=(--ort-rows reference --runtime-rows paired --packed)  # --packed alone: no packed part
 bench shenma "$(cap 260 150)" --workloads "shenma-3l b20 s64" "${PADDED[@]}"
-bench packed "$(cap 180 10)" --workloads --packed "$PACKED" --streams $STREAMS
-[ "$(left)" -ge 150 ] && bench base "$(cap 400 10)" --workloads "base b1 s128" "${PADDED[@]}"
+[ "$PACKED_PART" = 0 ] ||
+    bench packed "$(cap 180 10)" --workloads --packed "$PACKED" --streams $STREAMS
+IFS='|' read -r -a BASE_WORKLOADS <<< "$BASE"
+[ "$(left)" -ge 150 ] && bench base "$(cap 400 10)" --workloads "${BASE_WORKLOADS[@]}" "${PADDED[@]}"
 
 "$PY" - "$OUT" <<'EOF' | tee "$OUT/summary.txt"
 import json, os, sys
@@ -126,12 +132,13 @@ for part in ("shenma", "base"):
     best = d.get("best_peer", {})
     for r in d["results"]:
         w, v = r["workload"], r["variant"]
-        if not (v.startswith("peer:") or v.startswith("bertfuse fp16 runtime")):
+        if not (v.startswith("peer:") or v.startswith("bertfuse") and " runtime" in v):
             continue
         b = best.get(w, {}).get("p50_us")
         ratio = f"{r['p50_us'] / b:.2f}x best peer" if b and r["p50_us"] == r["p50_us"] else ""
         gpu = f", GPU {r['gpu_us']:.1f}" if r.get("gpu_us") else ""
-        print(f"{w} | {v} | p50 {r['p50_us']:.1f}{gpu} | {ratio} | max {r['max_diff']:.2e} "
+        rate = f", {r['seq_per_s']:,.0f} seq/s" if r.get("seq_per_s") else ""
+        print(f"{w} | {v} | p50 {r['p50_us']:.1f}{gpu}{rate} | {ratio} | max {r['max_diff']:.2e} "
               f"mean {r['mean_diff']:.2e} | {r['note'][:230]}")
     for w, b in best.items():
         print(f"{w}: best peer {b['variant']} p50 {b['p50_us']:.1f} us")

@@ -75,4 +75,40 @@ def test_the_row_note_gives_the_mode_and_the_compile_time():
         in text and text.endswith("its kernels in one CUDA graph")
     assert "2 dynamo graphs" in compiled_peer.compile_note(3.0, 2)
     assert "(compiled in 3.0 s)" in compiled_peer.compile_note(3.0, None)
+    frozen = compiled_peer.compile_note(3.0, 1, "default", {"freezing": True})
+    assert "mode=default, inductor freezing=True (compiled" in frozen
     assert np.isnan(peers.best_peer([Result(W, peers.COMPILED_PEER)], W))
+
+
+def test_the_row_is_the_fastest_set_up_and_its_note_gives_every_one(monkeypatch):
+    """best_compiled_call keeps the set-up whose replays time fastest (alternating rounds) and
+    names the others' p50 and failures; every set-up failing is an error with the reason."""
+    import time
+
+    def made(mode: str = "", inductor: dict | None = None, pause: float = 0.0):
+        def call() -> None:
+            time.sleep(pause)
+        return call, lambda: {"mode": mode, **(inductor or {})}, f"mode={mode}"
+
+    pauses = {"slow": 0.003, "fast": 0.0}
+
+    def fake_compile(make, mode, inductor):  # the set-up's own model, timed for real below
+        make()
+        if mode == "broken":
+            raise RuntimeError("inductor: no kernel\nsecond line")
+        return made(mode, inductor, pauses[mode])
+
+    monkeypatch.setattr(compiled_peer, "missing_compiler", lambda: "")
+    monkeypatch.setattr(compiled_peer, "compiled_graph_call", fake_compile)
+    built: list[int] = []
+    setups = (("a", "slow", {}), ("b", "fast", {"freezing": True}), ("c", "broken", {}))
+    call, outputs, note = compiled_peer.best_compiled_call(lambda: built.append(1), setups,
+                                                           iters=10)
+    assert len(built) == 3  # each set-up compiles its own model
+    assert outputs() == {"mode": "fast", "freezing": True}
+    assert note.startswith("mode=fast; fastest of 3 set-ups (b): a ")
+    assert "c failed (inductor: no kernel)" in note and "second line" not in note
+    with pytest.raises(RuntimeError, match="failed in every set-up: inductor: no kernel"):
+        compiled_peer.best_compiled_call(lambda: None, (("c", "broken", {}),))
+    only = compiled_peer.best_compiled_call(lambda: None, (("b", "fast", {}),))
+    assert only[2] == "mode=fast"  # one set-up: nothing to choose between, nothing timed
