@@ -9,13 +9,14 @@ seeded model (peers.py), compiled by inductor and replayed as one CUDA graph.
     the set-ups' replays timed in alternating rounds ─► the fastest is row COMPILED_PEER;
     its note names it, with every set-up's p50 (or why it failed) and the compile times
 
-Why several: how the peer is set up changes its speed more than any one setting promises. On
-an H100 at shenma-3l b20 s64, mode="max-autotune-no-cudagraphs" gave 336 us in one run, where
-a user's own set-up gave 261; inductor's own CUDA graphs (mode="max-autotune") gave 394, so the
-capture is by hand. `freezing` treats the weights as constants (inductor folds them and may
-join the Q, K and V linears into one GEMM); mode="default" keeps cuBLAS for every GEMM, where
-max-autotune may pick triton templates. The row is checked like the other peers, against the
-same model's fp32 torch forward on valid positions. Where triton is missing or every set-up
+Why several: how the peer is set up changes its speed. On an H100 at shenma-3l b20 s64,
+mode="max-autotune-no-cudagraphs" alone gave 336 us where eager SDPA in a CUDA graph gave 287,
+its GEMMs all triton templates; a PyTorch user reported 261 from their own set-up and 394
+with inductor's own CUDA graphs (mode="max-autotune"), so the capture is by hand. `freezing`
+treats the weights as constants (inductor folds them and may join the Q, K and V linears into
+one GEMM); mode="default" keeps cuBLAS for every GEMM, where max-autotune may pick triton
+templates. The row is checked like the other peers, against the same model's fp32 torch
+forward on valid positions. Where triton is missing or every set-up
 fails, the row says why.
 """
 

@@ -63,7 +63,7 @@ class Bench(Command):
         g.add_argument("--peers", choices=("on", "off"), default="on",
                        help="on (default): also time the peers in the same run, ORT's "
                             "transformer optimizer on a PyTorch export of the same config, "
-                            "torch SDPA and torch.compile (max-autotune), all fp16 with CUDA "
+                            "torch SDPA and torch.compile (the fastest of its set-ups), all fp16 with CUDA "
                             "graphs (need torch and transformers, triton for torch.compile; "
                             "else those rows say why)")
         k = p.add_argument_group("forms")
