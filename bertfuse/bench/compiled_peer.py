@@ -128,7 +128,7 @@ def best_compiled_call(make: Callable[[], tuple], setups=SETUPS, iters: int = CH
     if not made:
         raise RuntimeError(f"torch.compile failed in every set-up: {next(iter(failed.values()))}")
     timed = time_interleaved({k: v[0] for k, v in made.items()}, iters, warmup=10) \
-        if len(made) > 1 else {}
+        if len(setups) > 1 else {}  # one set-up asked for: nothing to choose or report
     best = min(made, key=lambda k: timed[k][0]) if timed else next(iter(made))
     call, outputs, note = made.pop(best)
     made.clear()  # the others' graphs and models go now

@@ -112,3 +112,5 @@ def test_the_row_is_the_fastest_set_up_and_its_note_gives_every_one(monkeypatch)
         compiled_peer.best_compiled_call(lambda: None, (("c", "broken", {}),))
     only = compiled_peer.best_compiled_call(lambda: None, (("b", "fast", {}),))
     assert only[2] == "mode=fast"  # one set-up: nothing to choose between, nothing timed
+    left = compiled_peer.best_compiled_call(lambda: None, setups[1:], iters=4)[2]
+    assert left.startswith("mode=fast; fastest of 2 set-ups (b): b ") and " us, c failed (" in left
