@@ -16,8 +16,7 @@ with inductor's own CUDA graphs (mode="max-autotune"), so the capture is by hand
 treats the weights as constants (inductor folds them and may join the Q, K and V linears into
 one GEMM); mode="default" keeps cuBLAS for every GEMM, where max-autotune may pick triton
 templates. The row is checked like the other peers, against the same model's fp32 torch
-forward on valid positions. Where triton is missing or every set-up
-fails, the row says why.
+forward on valid positions. Where triton is missing or every set-up fails, the row says why.
 """
 
 from __future__ import annotations
@@ -57,6 +56,11 @@ def missing_compiler() -> str:
     if not hasattr(torch, "compile"):
         return f"torch {torch.__version__} has no torch.compile"
     return ""
+
+
+def why_failed(exc: BaseException, limit: int = 160) -> str:
+    """A peer's failure in one line: the first line of its message (its repr if empty)."""
+    return str(exc).splitlines()[0][:limit] if str(exc) else repr(exc)
 
 
 def compile_note(seconds: float, graphs: int | None, mode: str = MODE,
@@ -116,15 +120,16 @@ def best_compiled_call(make: Callable[[], tuple], setups=SETUPS, iters: int = CH
     compiled from its own make() and captured by compiled_graph_call; their replays timed in
     alternating rounds. The note names the set-up chosen and gives every set-up's p50 (or why
     it failed). Raises where none could run (the reason of the first failure)."""
+    why = missing_compiler()
+    if why:
+        raise RuntimeError(why)
     made: dict[str, tuple[Callable, Callable, str]] = {}
     failed: dict[str, str] = {}
     for name, mode, inductor in setups:
         try:
             made[name] = compiled_graph_call(make, mode=mode, inductor=inductor)
         except Exception as exc:  # noqa: BLE001 (one set-up failing leaves the others)
-            if missing_compiler():
-                raise
-            failed[name] = str(exc).splitlines()[0][:120] if str(exc) else repr(exc)
+            failed[name] = why_failed(exc, 120)
     if not made:
         raise RuntimeError(f"torch.compile failed in every set-up: {next(iter(failed.values()))}")
     timed = time_interleaved({k: v[0] for k, v in made.items()}, iters, warmup=10) \

@@ -24,7 +24,7 @@ import math
 
 import numpy as np
 
-from bertfuse.bench.compiled_peer import best_compiled_call
+from bertfuse.bench.compiled_peer import best_compiled_call, why_failed
 from bertfuse.bench.models import bound_session
 from bertfuse.optional import optional
 
@@ -227,16 +227,16 @@ def setup_peers(metadata: dict[str, str], feeds: dict[str, np.ndarray],
 
         peers[ORT_PEER] = (fn, ort_outputs, note)
     except Exception as exc:  # noqa: BLE001 (a peer that cannot run is a row that says why)
-        failed[ORT_PEER] = f"failed: {str(exc).splitlines()[0][:160] if str(exc) else exc!r}"
+        failed[ORT_PEER] = f"failed: {why_failed(exc)}"
     try:
         call, outputs = torch_graph_call(cfg, feeds)
         peers[TORCH_PEER] = (call, outputs, "transformers BertModel, attn_implementation sdpa")
     except Exception as exc:  # noqa: BLE001
-        failed[TORCH_PEER] = f"failed: {str(exc).splitlines()[0][:160] if str(exc) else exc!r}"
+        failed[TORCH_PEER] = f"failed: {why_failed(exc)}"
     try:
         peers[COMPILED_PEER] = compiled_peer_call(cfg, feeds)
     except Exception as exc:  # noqa: BLE001 (no triton, a failed compile or capture)
-        failed[COMPILED_PEER] = f"failed: {str(exc).splitlines()[0][:160] if str(exc) else exc!r}"
+        failed[COMPILED_PEER] = f"failed: {why_failed(exc)}"
     return peers, ref, failed
 
 
