@@ -5,7 +5,8 @@ seeded model (peers.py), compiled by inductor and replayed as one CUDA graph.
       torch_bert(cfg, "sdpa") fp16 ─► torch.compile(mode=..., inductor settings ...)
         ─► three calls on a side stream (the first compiles: with max-autotune inductor
            times its GEMM and attention choices on the device)
-        ─► its kernels captured in one torch.cuda.CUDAGraph ─► graph.replay()
+        ─► its kernels captured in one torch.cuda.CUDAGraph, after the request's
+           host->device copy (host_request.py) ─► per call: stage the request, replay
     the set-ups' replays timed in alternating rounds ─► the fastest is row COMPILED_PEER;
     its note names it, with every set-up's p50 (or why it failed) and the compile times
 
@@ -76,7 +77,8 @@ def compile_note(seconds: float, graphs: int | None, mode: str = MODE,
 def compiled_graph_call(make: Callable[[], tuple], mode: str = MODE,
                         inductor: dict | None = None) -> tuple[Callable, Callable, str]:
     """(call, outputs, note) as peers.torch_graph_call, of the compiled model; make() gives
-    (the fp16 SDPA encoder on the GPU, its device inputs), called once triton is known here.
+    (the fp16 SDPA encoder on the GPU, its request: host_request.HostRequest), called once
+    triton is known here. The graph begins with the request's host->device copy.
     `mode`: torch.compile's mode (one without inductor's own CUDA graphs: the capture here is
     the graph); `inductor`: torch._inductor.config settings in force while it compiles."""
     why = missing_compiler()
@@ -85,7 +87,8 @@ def compiled_graph_call(make: Callable[[], tuple], mode: str = MODE,
     torch = optional("torch", why="torch.compile, the compiled peer, where a host has PyTorch")
     config = optional("torch._inductor", "config", why="inductor's settings")
 
-    enc, inputs = make()
+    enc, request = make()
+    inputs = request.inputs
     graphs = _graph_count()
     start = time.perf_counter()
     compiled = torch.compile(enc, mode=mode, dynamic=False)
@@ -101,9 +104,11 @@ def compiled_graph_call(make: Callable[[], tuple], mode: str = MODE,
     made = None if graphs is None else _graph_count() - graphs
     graph = torch.cuda.CUDAGraph()
     with torch.no_grad(), torch.cuda.graph(graph):
+        request.copy_in()
         out = compiled(*inputs)
 
-    def call(keep=(enc, compiled, inputs)) -> None:  # the graph reads their memory
+    def call(keep=(enc, compiled, request)) -> None:  # the graph reads their memory
+        request.stage()
         graph.replay()
         torch.cuda.synchronize()
 

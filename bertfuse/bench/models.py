@@ -21,8 +21,11 @@ from bertfuse.optional import optional
 
 
 def bound_session(path: str, feeds: dict[str, np.ndarray], graph: bool = False,
-                  strict_gpu: bool = False, extra: dict | None = None):
-    """A CUDA session with inputs on the device and outputs bound to device buffers."""
+                  strict_gpu: bool = False, extra: dict | None = None,
+                  from_host: bool = False):
+    """A CUDA session with inputs on the device and outputs bound to device buffers.
+    from_host: each call first copies `feeds` (the request's host arrays) into the bound
+    device inputs (OrtValue.update_inplace), as a server would per request."""
     ort = optional("onnxruntime", why="ONNX Runtime's fusions, the bench's rival")
 
     def open_bound(cuda_graph: bool):
@@ -61,7 +64,17 @@ def bound_session(path: str, feeds: dict[str, np.ndarray], graph: bool = False,
         outs[o.name] = ort.OrtValue.ortvalue_from_shape_and_type(shape, np.float32, "cuda", 0)
         io.bind_ortvalue_output(o.name, outs[o.name])
     ro = ort.RunOptions()
-    return (lambda: sess.run_with_iobinding(io, ro)), outs, sess, keep
+    if not from_host:
+        return (lambda: sess.run_with_iobinding(io, ro)), outs, sess, keep
+    names = {i.name for i in sess.get_inputs()}
+    copies = [(ov, feeds[k]) for k, ov in zip([k for k in feeds if k in names], keep)]
+
+    def run_from_host() -> None:
+        for ov, array in copies:
+            ov.update_inplace(array)
+        sess.run_with_iobinding(io, ro)
+
+    return run_from_host, outs, sess, keep
 
 
 def prepare_models(skeleton: str, workdir: str, seed: int = 0, anchors: bool = True,

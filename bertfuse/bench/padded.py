@@ -127,7 +127,7 @@ def run_workload(name: str, skeleton: str, batch: int, seq: int, iters: int, wor
             profiles.append((res, call))
     for label, (call, outputs, note) in peers.items():
         res = Result(name, label, *timed[label], note=f"{note}; parity vs its own fp32 torch "
-                     "forward (other random weights); inputs already on the device")
+                     "forward (other random weights); each request from its host arrays")
         res.seq_per_s = batch / res.p50_us * 1e6
         res.max_diff, res.mean_diff = compare(outputs(), peer_ref, mask)
         results.append(res)

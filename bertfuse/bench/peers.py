@@ -9,8 +9,10 @@ random weights (the skeleton's config, transformers' BertModel).
                                └► torch.compile (inductor, max-autotune) ─► one CUDAGraph
                                                          row "peer: torch.compile ..."
 
-The peers time a replay on device-resident inputs (bertfuse's runtime rows also pay their
-own host->device copy of the request) and are checked against the same model's fp32 torch
+Every peer's timed call starts from the request's host arrays, as bertfuse's rows do: the
+torch peers stage them into page-locked buffers that their graph copies in
+(host_request.py), the ORT peer copies them into its bound device inputs (OrtValue
+.update_inplace) before the replay. The peers are checked against the same model's fp32 torch
 forward on valid positions: a peer that computes something else is no peer. Where torch or
 transformers is missing, the rows say so and the rest of the run goes on.
 """
@@ -25,6 +27,7 @@ import math
 import numpy as np
 
 from bertfuse.bench.compiled_peer import best_compiled_call, why_failed
+from bertfuse.bench.host_request import HostRequest
 from bertfuse.bench.models import bound_session
 from bertfuse.optional import optional
 
@@ -152,12 +155,14 @@ def export_ort_peer(enc, cfg: dict, feeds: dict[str, np.ndarray],
 
 
 def torch_graph_call(cfg: dict, feeds: dict[str, np.ndarray]) -> tuple[Callable, Callable]:
-    """(call, outputs): one replay of a CUDA graph of the SDPA fp16 model on device inputs,
-    synchronised; outputs() reads the graph's output buffers to the host."""
+    """(call, outputs): the request staged from its host arrays, then one replay of a CUDA
+    graph (the host->device copy, the SDPA fp16 model), synchronised; outputs() reads the
+    graph's output buffers to the host."""
     torch = optional("torch", why="the PyTorch peer, where installed")
 
     enc = encoder(torch_bert(cfg, "sdpa")).half().cuda()
-    inputs = _torch_inputs(feeds, "cuda")
+    request = HostRequest(feeds)
+    inputs = request.inputs
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.no_grad(), torch.cuda.stream(stream):
@@ -166,9 +171,11 @@ def torch_graph_call(cfg: dict, feeds: dict[str, np.ndarray]) -> tuple[Callable,
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.no_grad(), torch.cuda.graph(graph):
+        request.copy_in()
         out = enc(*inputs)
 
-    def call(keep=(enc, inputs)) -> None:  # the graph reads their memory: it must outlive them
+    def call(keep=(enc, request)) -> None:  # the graph reads their memory: it must outlive them
+        request.stage()
         graph.replay()
         torch.cuda.synchronize()
 
@@ -181,10 +188,10 @@ def torch_graph_call(cfg: dict, feeds: dict[str, np.ndarray]) -> tuple[Callable,
 
 def compiled_peer_call(cfg: dict, feeds: dict[str, np.ndarray]) -> tuple[Callable, Callable, str]:
     """(call, outputs, note) of torch.compile's peer: the fp16 SDPA model of `cfg` compiled
-    in the fastest of compiled_peer.SETUPS, its kernels in one CUDA graph on `feeds` copied to
-    the device."""
+    in the fastest of compiled_peer.SETUPS, its kernels in one CUDA graph that begins with
+    the copy of `feeds` (host_request.py)."""
     return best_compiled_call(lambda: (encoder(torch_bert(cfg, "sdpa")).half().cuda(),
-                                        _torch_inputs(feeds, "cuda")))
+                                        HostRequest(feeds)))
 
 
 def missing_peer_packages() -> str:
@@ -220,7 +227,7 @@ def setup_peers(metadata: dict[str, str], feeds: dict[str, np.ndarray],
     ref = reference(classic, feeds)
     try:
         path, note = export_ort_peer(classic, cfg, feeds, workdir)
-        fn, outs, sess, keep = bound_session(path, feeds, graph=True)
+        fn, outs, sess, keep = bound_session(path, feeds, graph=True, from_host=True)
 
         def ort_outputs(outs=outs, sess=sess, keep=keep) -> dict:  # keeps both alive
             return {k: v.numpy() for k, v in outs.items()}
