@@ -49,23 +49,19 @@ def _sentence_cosine(want: np.ndarray, got: np.ndarray, mask: np.ndarray) -> np.
 
 
 def test_fp8_in_every_gemm_is_refused_and_auto_keeps_the_gate(minilm, tmp_path, capsys):
+    """One convert with `--fp8-gemms auto`: its first trial, e4m3 in every GEMM, fails the
+    gate on these trained weights (what `--precision fp8` alone would refuse in one line:
+    tests/unit/pipeline/test_fp8_gate.py), and the GEMMs it keeps hold the gate."""
     src, vocab = minilm
-    code, report, err = _convert(src, tmp_path / "all.onnx", vocab, capsys=capsys)
-    assert code == 1 and not (tmp_path / "all.onnx").exists()
-    assert len(err.splitlines()) == 1 and "FP8 accuracy below its gate" in err, err
-    fp8 = report["fp8"]
-    assert fp8["gemms"] == ["qkv", "out", "up", "down"] and not fp8["ok"]
-    rows = {t["name"]: t for t in fp8["outputs"]}
-    assert rows["sequence_output"]["cosine_min"] < 0.999
-    assert f"{rows['sequence_output']['cosine_min']:.6f}" in err or \
-        f"{rows['pooled_output']['cosine_min']:.6f}" in err
-
     out, saved, inputs = tmp_path / "auto.onnx", tmp_path / "tf.npz", tmp_path / "in.npz"
     code, report, err = _convert(src, out, vocab, "--fp8-gemms", "auto", "--save-outputs",
                                  str(saved), "--save-inputs", str(inputs), capsys=capsys)
     assert code == 0 and out.exists(), err
     fp8 = report["fp8"]
-    assert fp8["ok"] and 0 < len(fp8["gemms"]) < 4 and fp8["tried"][0]["failure"]
+    assert fp8["ok"] and 0 < len(fp8["gemms"]) < 4
+    every = fp8["tried"][0]
+    assert every["places"] == ["qkv", "out", "up", "down"] and every["margin"] < 0
+    assert "cosine" in every["failure"] and "0.999" in every["failure"], every
     model = onnx.load(out)
     assert any(n.op_type.endswith("Fp8") for n in model.graph.node)
     feeds = {k: v.astype(np.int32) for k, v in np.load(inputs).items()}
