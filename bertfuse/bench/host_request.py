@@ -25,8 +25,10 @@ ROLES = ("input_ids", "input_mask", "segment_ids")
 
 class HostRequest:
     """One request's host arrays, their page-locked staging buffers and the device tensors
-    the model reads. `pin`: page-locked staging (False only where no CUDA is: the copies
-    then stay on the host, which the unit tests use)."""
+    the model reads (`device`). `pin`: page-locked staging (needs CUDA; False with
+    device="cpu" keeps every copy on the host). Checked on a GPU by
+    benchmarks/kernels/host_request_check.py: a graph captured on one request and replayed
+    after staging another gives the other's outputs."""
 
     def __init__(self, feeds: dict[str, np.ndarray], device: str = "cuda",
                  pin: bool = True) -> None:
