@@ -24,24 +24,21 @@ ROLES = ("input_ids", "input_mask", "segment_ids")
 
 
 class HostRequest:
-    """One request's host arrays, their page-locked staging buffers and the device tensors
-    the model reads (`device`). `pin`: page-locked staging (needs CUDA; False with
-    device="cpu" keeps every copy on the host). Checked on a GPU by
-    benchmarks/kernels/host_request_check.py: a graph captured on one request and replayed
-    after staging another gives the other's outputs."""
+    """One request's host arrays, their page-locked staging buffers and the CUDA tensors the
+    model reads. Checked on a GPU by benchmarks/kernels/host_request_check.py: a graph
+    captured on one request and replayed after staging another gives the other's outputs."""
 
-    def __init__(self, feeds: dict[str, np.ndarray], device: str = "cuda",
-                 pin: bool = True) -> None:
+    def __init__(self, feeds: dict[str, np.ndarray]) -> None:
         torch = optional("torch", why="the PyTorch peer, where installed")
         missing = [r for r in ROLES if r not in feeds]
         if missing:
             raise ValueError(f"the request has no {', '.join(missing)}")
         # int32 as bertfuse's rows get them (torch's embedding takes int32 indices)
         self.arrays = [np.ascontiguousarray(feeds[r], np.int32) for r in ROLES]
-        self.staging = [torch.empty(a.shape, dtype=torch.int32, pin_memory=pin)
+        self.staging = [torch.empty(a.shape, dtype=torch.int32, pin_memory=True)
                         for a in self.arrays]
         self._views = [t.numpy() for t in self.staging]
-        self.inputs: Sequence = tuple(torch.empty(a.shape, dtype=torch.int32, device=device)
+        self.inputs: Sequence = tuple(torch.empty(a.shape, dtype=torch.int32, device="cuda")
                                       for a in self.arrays)
         self.stage()
         self.copy_in()  # the warm-up calls before a capture read the request
